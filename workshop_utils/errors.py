@@ -1,0 +1,66 @@
+"""One exception type for every mistake a user can fix, shown as one line.
+
+Attendees should never have to read a traceback to learn that they typed
+``precision="bf61"``. Every check in the package raises ``WorkshopError`` with
+what went wrong and how to fix it; command-line entries print it on one line
+and exit with status 2, and notebooks show it without the stack (see
+``install_notebook_error_handler``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+class WorkshopError(ValueError):
+    """A problem in the user's input or environment, with its fix."""
+
+    def __init__(self, problem: str, fix: str | None = None):
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem} Fix: {fix}" if fix else problem)
+
+
+def choose(value, allowed, what: str):
+    """Return ``value`` if it is one of ``allowed``; otherwise a WorkshopError naming the choices."""
+    if value not in allowed:
+        names = ", ".join(repr(a) for a in allowed)
+        raise WorkshopError(f"Unknown {what} {value!r}.", f"use one of {names}.")
+    return value
+
+
+def exit_on_workshop_error(main):
+    """Decorator for ``main()`` functions: a WorkshopError becomes one line on stderr and exit code 2."""
+
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except WorkshopError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    wrapper.__name__ = main.__name__
+    wrapper.__doc__ = main.__doc__
+    return wrapper
+
+
+def install_notebook_error_handler() -> bool:
+    """In IPython, show a WorkshopError as one red line instead of a traceback.
+
+    Returns True when a handler was installed (i.e. we are inside IPython).
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        print(f"\033[91mWorkshopError: {value}\033[0m", file=sys.stderr)
+        # Returning the structured traceback keeps papermill and nbval aware that the cell failed.
+        return [f"WorkshopError: {value}"]
+
+    shell.set_custom_exc((WorkshopError,), handler)
+    return True

@@ -1,0 +1,177 @@
+"""What machine are we on, and how fast could it possibly go?
+
+``environment()`` gathers the facts every result is saved with (device, versions,
+CPU cores, Slurm allocation). ``peak_tflops()`` looks up the vendor's dense peak
+for a GPU and precision so that achieved FLOP/s can be turned into MFU; for a
+device not in the table it returns None, and MFU is then reported as unknown.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from datetime import datetime, timezone
+
+import torch
+
+from .errors import WorkshopError, choose
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+# Dense (no structured sparsity) peak TFLOP/s from the vendors' data sheets.
+# "fp32" is the plain FP32 pipeline (no tensor cores); "tf32", "fp16", "bf16" are
+# tensor-core rates with FP32 accumulation. None means the GPU has no such mode.
+# Order matters: the first pattern found in the device name wins.
+PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
+    "GH200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
+    "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},  # SXM5
+    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "fp16": 362.1, "bf16": 362.1},
+    "A40": {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7},
+    "A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
+    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
+    "V100": {"fp32": 15.7, "tf32": None, "fp16": 125.0, "bf16": None},
+    "T4": {"fp32": 8.1, "tf32": None, "fp16": 65.0, "bf16": None},
+}
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """The device to train on: ``prefer`` if given, else the local-rank GPU when CUDA works, else CPU."""
+    if prefer:
+        device = torch.device(prefer)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise WorkshopError(
+                f"Device {prefer!r} was asked for, but PyTorch sees no CUDA GPU.",
+                "run on a GPU node, or pass device='cpu'.",
+            )
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def device_name(device: torch.device | str | None = None) -> str:
+    device = torch.device(device) if device is not None else pick_device()
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def peak_tflops(name: str, precision: str) -> float | None:
+    """Vendor peak dense TFLOP/s for a GPU name and precision, or None when unknown."""
+    choose(precision, PRECISIONS, "precision")
+    for pattern, peaks in PEAK_TFLOPS.items():
+        if pattern.lower() in name.lower():
+            return peaks.get(precision)
+    return None
+
+
+def _gpu_facts() -> list[dict]:
+    facts = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        facts.append(
+            {
+                "index": i,
+                "name": props.name,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "compute_capability": f"{props.major}.{props.minor}",
+                "multiprocessors": props.multi_processor_count,
+            }
+        )
+    return facts
+
+
+def _nccl_version() -> str | None:
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def cpu_cores() -> int:
+    """Cores this process may use (respects Slurm/cgroup CPU binding, unlike os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def environment() -> dict:
+    """Everything needed to interpret a measurement later, as a JSON-ready dict."""
+    device = pick_device()
+    slurm = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_") and k in _SLURM_KEYS}
+    return {
+        "device_type": device.type,
+        "device_name": device_name(device),
+        "gpus": _gpu_facts() if torch.cuda.is_available() else [],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": _nccl_version(),
+        "python": platform.python_version(),
+        "cpu_cores": cpu_cores(),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "slurm": slurm,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+_SLURM_KEYS = {
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_PARTITION",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_CPUS_PER_TASK",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_RESTART_COUNT",
+}
+
+
+def environment_table(env: dict | None = None):
+    """The environment as a two-column pandas table for display."""
+    import pandas as pd
+
+    env = env or environment()
+    rows = {k: v for k, v in env.items() if k not in ("gpus", "slurm")}
+    for gpu in env["gpus"]:
+        rows[f"gpu{gpu['index']}"] = (
+            f"{gpu['name']}, {gpu['memory_gib']} GiB, sm_{gpu['compute_capability'].replace('.', '')}"
+        )
+    rows["slurm"] = ", ".join(f"{k}={v}" for k, v in env["slurm"].items()) or "(not in a Slurm job)"
+    return pd.DataFrame({"value": [str(v) for v in rows.values()]}, index=list(rows))
+
+
+def check_precision(precision: str, device: torch.device) -> list[str]:
+    """Raise when ``device`` cannot run ``precision``; return warnings for modes that run but mean little."""
+    choose(precision, PRECISIONS, "precision")
+    notes = []
+    if device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            raise WorkshopError(
+                f"{name} has no bfloat16 support (it needs an Ampere or newer GPU).",
+                "use precision='fp16' (with loss scaling) or 'fp32'.",
+            )
+        if precision == "fp16" and major < 6:
+            raise WorkshopError(f"{name} is too old for fast float16.", "use precision='fp32'.")
+        if precision == "tf32" and major < 8:
+            notes.append(f"{name} has no TF32 tensor cores: 'tf32' runs as plain FP32 here.")
+    elif device.type == "cpu":
+        if precision == "tf32":
+            notes.append("TF32 is a GPU tensor-core format: on the CPU 'tf32' runs as plain FP32.")
+        if precision == "fp16":
+            notes.append("float16 on the CPU is emulated and slow: use it here only to see the mechanics.")
+    else:
+        raise WorkshopError(f"Device type {device.type!r} is not supported.", "use 'cuda' or 'cpu'.")
+    return notes

@@ -1,0 +1,84 @@
+"""The two models of the workshop.
+
+* ``SimpleCNN`` (2,474,506 parameters): small enough that on a fast GPU the
+  data pipeline, not the maths, limits speed: the perfect patient for profiling.
+* ``resnet18`` for CIFAR (11,173,962 parameters): torchvision's ResNet-18 with a
+  3x3 stem and no max-pool, so 32x32 images are not shrunk away in the first
+  layer. Heavy enough in convolutions for mixed precision to show its worth.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchvision.models import resnet18 as torchvision_resnet18
+
+from .errors import choose
+
+MODELS = ("simplecnn", "resnet18")
+
+
+def _block(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, kernel_size=3, padding=1),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+    )
+
+
+class SimpleCNN(nn.Module):
+    """Three conv blocks (3->64->128->256, each halving the image) and a two-layer classifier."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(_block(3, 64), _block(64, 128), _block(128, 256))
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(256 * 4 * 4, 512),
+            nn.ReLU(inplace=True),
+            nn.Dropout(0.5),
+            nn.Linear(512, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def resnet18_cifar(num_classes: int = 10) -> nn.Module:
+    model = torchvision_resnet18(weights=None, num_classes=num_classes)
+    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+def build_model(name: str, num_classes: int = 10) -> nn.Module:
+    choose(name, MODELS, "model")
+    return SimpleCNN(num_classes) if name == "simplecnn" else resnet18_cifar(num_classes)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters (what the optimizer updates and DDP all-reduces)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DDP/DataParallel and torch.compile wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        else:
+            return model
+
+
+def parameter_checksum(model: nn.Module) -> str:
+    """A short fingerprint of every parameter and buffer: equal checksums mean equal models, bit for bit."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(unwrap(model).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,105 @@
+"""Run folders and result records.
+
+Every measurement is saved with what produced it: a JSON record holding the
+configuration, the metrics, the environment, the git commit and the time. The
+main job gives every notebook the same run folder (``runs/<timestamp>/``); a
+notebook opened by hand gets a fresh one. ``load_results`` turns a folder of
+records into one pandas table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+from .data import repo_root
+
+
+def runs_root() -> Path:
+    """Where run folders go: $WORKSHOP_RUNS, else <repo>/runs, else ./runs."""
+    if os.environ.get("WORKSHOP_RUNS"):
+        return Path(os.environ["WORKSHOP_RUNS"])
+    return (repo_root() or Path.cwd()) / "runs"
+
+
+def new_run_dir(tag: str | None = None) -> Path:
+    """A fresh, uniquely named folder under ``runs_root()``."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = runs_root() / (f"{stamp}-{tag}" if tag else stamp)
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True)
+    return path
+
+
+def resolve_run_dir(run_dir: str | os.PathLike | None, tag: str | None = None) -> Path:
+    """The run folder a notebook writes into: the one given (papermill, main job) or a new one."""
+    if run_dir:
+        path = Path(run_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return new_run_dir(tag)
+
+
+def git_commit() -> str | None:
+    root = repo_root()
+    if root is None:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; a missing value is the honest encoding
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "item"):  # numpy or torch scalar
+        return _jsonable(value.item())
+    return str(value)
+
+
+def save_record(record: dict, run_dir: str | os.PathLike, name: str) -> Path:
+    """Write ``record`` as ``<run_dir>/results/<name>.json`` (atomically) and return the path."""
+    folder = Path(run_dir) / "results"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"name": name, "git_commit": git_commit(), **record}
+    path = folder / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_jsonable(record), indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def read_records(run_dir: str | os.PathLike) -> list[dict]:
+    folder = Path(run_dir) / "results"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+
+def load_results(run_dir: str | os.PathLike, kind: str | None = None):
+    """Training records of a run folder as a DataFrame: one row each, config and metrics as columns."""
+    import pandas as pd
+
+    rows = []
+    for record in read_records(run_dir):
+        if kind is not None and record.get("kind") != kind:
+            continue
+        row = {"name": record["name"], "kind": record.get("kind")}
+        row.update(record.get("config", {}))
+        row.update(record.get("metrics", {}))
+        rows.append(row)
+    return pd.DataFrame(rows)

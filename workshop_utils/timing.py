@@ -1,0 +1,91 @@
+"""Honest step timing on GPU and CPU.
+
+GPU work is asynchronous: ``time.perf_counter()`` around a step measures how fast
+Python *queued* the kernels, not how fast they ran. ``StepTimer`` records a CUDA
+event after each step instead and reads them all once, after one synchronize, at
+the end, so timing adds no host sync to the hot loop. On the CPU, where work is
+synchronous, it uses ``perf_counter``. The first ``warmup_steps`` are dropped:
+they pay for cuDNN autotuning, torch.compile and the allocator warming up.
+
+Each interval runs from the end of one step to the end of the next, so waiting
+for data counts: the throughput is what the user would see.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+
+class StepTimer:
+    def __init__(self, device: torch.device, warmup_steps: int = 0):
+        self.cuda = device.type == "cuda"
+        self.warmup_steps = warmup_steps
+        self.segments: list[list] = []  # marks per uninterrupted stretch of training
+        self.steps: list[list[int]] = []  # global step number of each mark after the first
+        self.data_wait_s = 0.0  # host time spent blocked on the loader, timed steps only
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin(self) -> None:
+        """Start a stretch of timed steps (after evaluation or at an epoch start)."""
+        self.segments.append([self._now()])
+        self.steps.append([])
+
+    def step_done(self, step: int) -> None:
+        self.segments[-1].append(self._now())
+        self.steps[-1].append(step)
+
+    def add_data_wait(self, step: int, seconds: float) -> None:
+        if step >= self.warmup_steps:
+            self.data_wait_s += seconds
+
+    def step_times(self) -> np.ndarray:
+        """Seconds per timed step (one synchronize here, none in the loop)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        times = []
+        for marks, steps in zip(self.segments, self.steps):
+            for (a, b), step in zip(zip(marks, marks[1:]), steps):
+                if step >= self.warmup_steps:
+                    times.append(a.elapsed_time(b) / 1e3 if self.cuda else b - a)
+        return np.asarray(times)
+
+    def summary(self, samples_per_step: int) -> dict:
+        """Throughput and step-time statistics; None values when no step was timed."""
+        times = self.step_times()
+        if times.size == 0:
+            return {"timed_steps": 0, "samples_per_s": None, "step_ms_mean": None, "step_ms_median": None,
+                    "step_ms_p90": None, "step_ms_std": None, "data_wait_fraction": None, "timed_s": 0.0}
+        total = float(times.sum())
+        return {
+            "timed_steps": int(times.size),
+            "timed_s": total,
+            "samples_per_s": samples_per_step * times.size / total,
+            "step_ms_mean": 1e3 * float(times.mean()),
+            "step_ms_median": 1e3 * float(np.median(times)),
+            "step_ms_p90": 1e3 * float(np.percentile(times, 90)),
+            "step_ms_std": 1e3 * float(times.std()),
+            "data_wait_fraction": min(1.0, self.data_wait_s / total),
+        }
+
+
+def peak_memory_mib(device: torch.device) -> tuple[float, str]:
+    """Peak memory in MiB and what it measures: GPU allocator peak, or the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "GPU memory allocated (peak)"
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "host RSS of this process (peak)"
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

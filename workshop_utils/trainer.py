@@ -1,0 +1,321 @@
+"""The one training loop: a ``TrainConfig`` in, a result record out.
+
+The same function runs in a notebook, in ``python -m workshop_utils.train``,
+under torchrun on eight GPUs and under srun on many nodes: ``setup_distributed``
+says which rank this is, DDP wraps the model when there is more than one, and
+rank 0 alone prints and saves. Every optimization of the workshop is one field
+of the config, so a learner can switch exactly one thing and measure it.
+
+Inside the hot loop nothing waits for the GPU: losses and accuracies are summed
+on the device and read once per epoch; step times come from CUDA events read at
+the end (see ``timing.StepTimer``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from .checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from .data import LOADERS, CifarData, _mix, load_data, make_loader
+from .distributed import all_reduce_sum, setup_distributed
+from .errors import WorkshopError, choose
+from .flops import achieved_tflops, mfu, training_flops_per_sample
+from .hardware import PRECISIONS, device_name, environment
+from .models import MODELS, build_model, count_parameters, parameter_checksum, unwrap
+from .precision import autocast, configure_precision, grad_scaler
+from .results import save_record
+from .timing import StepTimer, peak_memory_mib, reset_peak_memory
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run. Units are in the comments."""
+
+    name: str = "run"  # label for the result record and progress bar
+    model: str = "simplecnn"  # "simplecnn" | "resnet18"
+    precision: str = "fp32"  # "fp32" (TF32 off) | "tf32" | "fp16" (+GradScaler) | "bf16"
+    batch_size: int = 128  # samples per process per optimizer step
+    epochs: int = 1  # passes over the training set
+    max_steps: int | None = None  # optimizer steps in total; caps `epochs` when set
+    lr: float = 0.05  # peak learning rate (SGD with Nesterov momentum)
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_warmup_steps: int = 0  # steps of linear LR warm-up before the cosine decay
+    loader: str = "torch"  # "torch" (DataLoader + PIL transforms) | "device" (data set resident on the device)
+    num_workers: int = 0  # DataLoader worker processes (torch loader only)
+    pin_memory: bool = False  # page-locked host buffers for faster, async copies (torch loader, GPU only)
+    persistent_workers: bool = False  # keep workers alive between epochs (torch loader)
+    prefetch_factor: int | None = None  # batches each worker loads ahead (torch loader)
+    channels_last: bool = False  # NHWC memory layout, what tensor-core convolutions prefer
+    compile: bool = False  # torch.compile the model
+    warmup_steps: int = 5  # first steps left out of timing (autotuning, compilation, allocator)
+    eval_batch_size: int = 512  # samples per evaluation batch
+    seed: int = 0
+    data_root: str | None = None  # folder with CIFAR-10; None searches WORKSHOP_DATA, ./data
+    train_size: int | None = None  # use the first N training images (None: all)
+    test_size: int | None = None  # use the first N test images (None: all)
+    synthetic: bool | str = "auto"  # "auto": stand-in only when no CIFAR-10 is found
+    device: str | None = None  # "cuda" | "cpu" | None (GPU when there is one)
+    checkpoint_dir: str | None = None  # where checkpoints go; None: no checkpoints
+    checkpoint_every: int | None = None  # steps between checkpoints; None: at each epoch's end
+    keep_checkpoints: int | None = 2  # newest checkpoints kept; None keeps all
+    resume: bool | str = False  # True: newest checkpoint in checkpoint_dir (if any); a path: that file
+    stop_after_step: int | None = None  # stop cleanly (checkpoint first) after this step: an interruption
+    fail_at_step: int | None = None  # last rank crashes at this step on the first attempt (fault-tolerance demo)
+    progress: bool = True  # tqdm progress bar on rank 0
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by ``fail_at_step``: a deliberate crash to show recovery."""
+
+
+@dataclass
+class RunResult:
+    """What ``train`` returns: the JSON-ready record and the trained (unwrapped) model."""
+
+    record: dict
+    model: torch.nn.Module = field(repr=False)
+
+    @property
+    def metrics(self) -> dict:
+        return self.record["metrics"]
+
+    @property
+    def history(self) -> list[dict]:
+        return self.record["history"]
+
+    def save(self, run_dir, name: str | None = None) -> Path:
+        return save_record(self.record, run_dir, name or self.record["config"]["name"])
+
+
+def validate_config(config: TrainConfig) -> None:
+    choose(config.model, MODELS, "model")
+    choose(config.precision, PRECISIONS, "precision")
+    choose(config.loader, LOADERS, "loader")
+    positive = {"batch_size": config.batch_size, "epochs": config.epochs, "eval_batch_size": config.eval_batch_size}
+    if config.max_steps is not None:
+        positive["max_steps"] = config.max_steps
+    if config.checkpoint_every is not None:
+        positive["checkpoint_every"] = config.checkpoint_every
+    for key, value in positive.items():
+        if not isinstance(value, int) or value <= 0:
+            raise WorkshopError(f"{key} must be a positive whole number, got {value!r}.", f"set {key} to 1 or more.")
+    if config.lr <= 0 or not math.isfinite(config.lr):
+        raise WorkshopError(f"lr must be a positive number, got {config.lr!r}.", "try lr=0.05.")
+    if config.num_workers < 0 or config.warmup_steps < 0 or config.lr_warmup_steps < 0:
+        raise WorkshopError("num_workers, warmup_steps and lr_warmup_steps cannot be negative.", "use 0 or more.")
+    if (config.resume or config.stop_after_step) and not config.checkpoint_dir:
+        raise WorkshopError("resume and stop_after_step need somewhere to keep checkpoints.",
+                            "set checkpoint_dir as well.")
+
+
+def _lr_lambda(warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def _restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, precision: str) -> tuple[float, float]:
+    """Mean loss and accuracy over ``loader``, summed across ranks."""
+    model.eval()
+    totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, count
+    for images, labels in loader.epoch(0):
+        with autocast(precision, device):
+            logits = model(images)
+        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
+        totals[1] += (logits.argmax(1) == labels).sum()
+        totals[2] += labels.numel()
+    loss_sum, correct, count = all_reduce_sum(totals).tolist()
+    return loss_sum / max(count, 1), correct / max(count, 1)
+
+
+def train(config: TrainConfig, data: CifarData | None = None) -> RunResult:
+    """Train as ``config`` says, on this process's share of the data; return the record and model."""
+    validate_config(config)
+    started = time.perf_counter()
+    info, device = setup_distributed(config.device and torch.device(config.device).type)
+    say = print if info.is_main else (lambda *a, **k: None)
+    notes = configure_precision(config.precision, device)
+    for note in notes:
+        say(f"note: {note}")
+    if data is None:
+        data = load_data(config.data_root, config.train_size, config.test_size, config.synthetic,
+                         seed=config.seed, quiet=not info.is_main)
+
+    common = dict(device=device, seed=config.seed, rank=info.rank, world_size=info.world_size,
+                  channels_last=config.channels_last)
+    dataloader_options = dict(num_workers=config.num_workers, pin_memory=config.pin_memory,
+                              persistent_workers=config.persistent_workers, prefetch_factor=config.prefetch_factor)
+    train_loader = make_loader(config.loader, data.train_images, data.train_labels, config.batch_size,
+                               train=True, **common, **dataloader_options)
+    test_loader = make_loader(config.loader, data.test_images, data.test_labels, config.eval_batch_size,
+                              train=False, **common, **dataloader_options)
+    steps_per_epoch = len(train_loader)
+    if steps_per_epoch == 0:
+        raise WorkshopError(
+            f"batch_size {config.batch_size} x {info.world_size} process(es) is larger than the "
+            f"{len(data.train_labels)} training images: not one full step fits.",
+            "use a smaller batch size or more training images.",
+        )
+    total_steps = config.epochs * steps_per_epoch
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+
+    torch.manual_seed(config.seed)  # same initial weights on every rank
+    model = build_model(config.model).to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                                weight_decay=config.weight_decay, nesterov=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config.lr_warmup_steps, total_steps))
+    scaler = grad_scaler(config.precision, device)
+
+    step, resumed_from = 0, None
+    if config.resume:
+        path = latest_checkpoint(config.checkpoint_dir) if config.resume is True else Path(config.resume)
+        if path is not None:
+            state = load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, scheduler=scheduler,
+                                    model_name=config.model)
+            step = resumed_from = state["step"]
+            say(f"Resumed from {path} at step {step}.")
+        else:
+            say(f"No checkpoint in {config.checkpoint_dir} yet: starting from scratch.")
+
+    flops_per_sample = training_flops_per_sample(model)
+    train_model = model
+    if info.distributed:
+        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if config.compile:
+        train_model = torch.compile(train_model)
+
+    def checkpoint(epoch_index: int) -> None:
+        if config.checkpoint_dir and info.is_main:
+            save_checkpoint(checkpoint_path(config.checkpoint_dir, step), model=model, optimizer=optimizer,
+                            scaler=scaler, scheduler=scheduler, step=step, epoch=epoch_index,
+                            model_name=config.model, extra={"config": dataclasses.asdict(config)})
+            prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints)
+
+    reset_peak_memory(device)
+    timer = StepTimer(device, warmup_steps=config.warmup_steps + (resumed_from or 0))
+    step_losses, history = [], []
+    interrupted = False
+    bar = tqdm(total=total_steps, initial=step, desc=config.name, unit="step", file=sys.stderr,
+               disable=not (config.progress and info.is_main), dynamic_ncols=True)
+    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+    epoch = step // steps_per_epoch
+    while step < total_steps and not interrupted:
+        train_model.train()
+        sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, samples
+        batches = train_loader.epoch(epoch, start_batch=step % steps_per_epoch)
+        timer.begin()
+        while step < total_steps:
+            waited = time.perf_counter()
+            try:
+                images, labels = next(batches)
+            except StopIteration:
+                break
+            timer.add_data_wait(step, time.perf_counter() - waited)
+            # Dropout draws from a seed that depends only on (seed, rank, step): exact resume, distinct ranks.
+            torch.manual_seed(_mix(config.seed, info.rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
+            with autocast(config.precision, device):
+                logits = train_model(images)
+                loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            loss = loss.detach()
+            sums[0] += loss.float() * labels.numel()
+            sums[1] += (logits.detach().argmax(1) == labels).sum()
+            sums[2] += labels.numel()
+            step_losses.append(loss)
+            timer.step_done(step)
+            step += 1
+            bar.update(1)
+            if config.fail_at_step == step and info.rank == info.world_size - 1 and _restart_count() == 0:
+                bar.close()
+                raise InjectedFailure(f"injected failure on rank {info.rank} at step {step} (--fail-at-step)")
+            if config.checkpoint_every and step % config.checkpoint_every == 0:
+                checkpoint(epoch)
+            if config.stop_after_step == step:
+                interrupted = True
+                break
+        batches.close()
+        loss_sum, correct, seen = all_reduce_sum(sums).tolist()
+        row = {"epoch": epoch + 1, "step": step, "train_loss": loss_sum / max(seen, 1),
+               "train_acc": correct / max(seen, 1), "lr": scheduler.get_last_lr()[0]}
+        row["test_loss"], row["test_acc"] = evaluate(train_model, test_loader, device, config.precision)
+        history.append(row)
+        bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.3f}")
+        epoch_done = step % steps_per_epoch == 0 or step == total_steps
+        if interrupted or (epoch_done and not config.checkpoint_every) or step == total_steps:
+            checkpoint(epoch + 1 if epoch_done else epoch)
+        epoch += 1
+    bar.close()
+
+    samples_per_step = config.batch_size * info.world_size
+    timing = timer.summary(samples_per_step)
+    memory, memory_kind = peak_memory_mib(device)
+    throughput = timing["samples_per_s"]
+    per_device_tflops = (achieved_tflops(flops_per_sample, throughput / info.world_size)
+                         if throughput else None)
+    name = device_name(device)
+    metrics = {
+        **timing,
+        "steps": step,
+        "steps_planned": total_steps,
+        "epochs_done": len(history),
+        "world_size": info.world_size,
+        "global_batch_size": samples_per_step,
+        "peak_memory_mib": memory,
+        "memory_kind": memory_kind,
+        "parameters": count_parameters(model),
+        "flops_per_sample": flops_per_sample,
+        "tflops_per_device": per_device_tflops,
+        "mfu": mfu(per_device_tflops, name, config.precision) if per_device_tflops else None,
+        "device_name": name,
+        "final_train_loss": history[-1]["train_loss"] if history else None,
+        "final_test_loss": history[-1]["test_loss"] if history else None,
+        "final_test_acc": history[-1]["test_acc"] if history else None,
+        "data_source": data.source,
+        "param_checksum": parameter_checksum(model),
+        "resumed_from_step": resumed_from,
+        "interrupted": interrupted,
+        "wall_s": time.perf_counter() - started,
+    }
+    record = {
+        "kind": "train",
+        "config": dataclasses.asdict(config),
+        "metrics": metrics,
+        "history": history,
+        "step_loss": torch.stack(step_losses).float().cpu().tolist() if step_losses else [],
+        "first_step": resumed_from or 0,
+        "notes": notes,
+        "environment": environment(),
+    }
+    return RunResult(record, unwrap(train_model))
