@@ -77,8 +77,11 @@ def save_checkpoint(path: str | os.PathLike, *, model, optimizer=None, scaler=No
         "extra": extra or {},
     }
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no debris; the previous checkpoint is untouched
     return path
 
 

@@ -171,10 +171,10 @@ _CHUNK = 1000  # samples are generated in fixed chunks so a smaller set is a pre
 def make_synthetic_cifar(n_train: int = 50_000, n_test: int = 10_000, seed: int = 0) -> CifarData:
     """A deterministic, learnable CIFAR-shaped data set.
 
-    Each class is a smooth random colour pattern. An image is 70% its class's
-    pattern and 30% another class's, shifted by up to 4 pixels, with pixel noise:
-    a small CNN learns it well above chance within a few hundred steps, but not
-    instantly, so curves still show learning.
+    Each class is a smooth random colour pattern. An image is 60% its class's
+    pattern and 40% another class's, shifted by up to 4 pixels, with strong pixel
+    noise: the SimpleCNN reaches about 85% test accuracy after 100 steps on 2,048
+    images, so curves still show learning rather than an instant 100%.
     """
     coarse = torch.from_numpy(np.random.default_rng([seed, 0]).uniform(0, 255, (10, 3, 4, 4)).astype(np.float32))
     templates = F.interpolate(coarse, size=(32, 32), mode="bicubic", align_corners=False).numpy()
@@ -183,19 +183,19 @@ def make_synthetic_cifar(n_train: int = 50_000, n_test: int = 10_000, seed: int 
         images, labels = [], []
         for chunk in range(-(-n // _CHUNK)):
             rng = np.random.default_rng([seed, split_id, chunk])
-            size = min(_CHUNK, n - chunk * _CHUNK)
+            size = _CHUNK  # always a whole chunk, cut below, so the draws never depend on n
             label = rng.integers(0, 10, size)
             other = (label + rng.integers(1, 10, size)) % 10
             shift = rng.integers(-4, 5, (size, 2))
             rows = (np.arange(32)[None, :] - shift[:, :1]) % 32
             cols = (np.arange(32)[None, :] - shift[:, 1:]) % 32
-            mixed = 0.7 * templates[label] + 0.3 * templates[other]
+            mixed = 0.6 * templates[label] + 0.4 * templates[other]
             picked = mixed[np.arange(size)[:, None, None, None], np.arange(3)[None, :, None, None],
                            rows[:, None, :, None], cols[:, None, None, :]]
-            noisy = picked + rng.normal(0, 40, picked.shape)
+            noisy = picked + rng.normal(0, 56, picked.shape)
             images.append(np.clip(noisy, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1))
             labels.append(label)
-        return np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels).astype(np.int64)
+        return np.ascontiguousarray(np.concatenate(images)[:n]), np.concatenate(labels)[:n].astype(np.int64)
 
     train_images, train_labels = split(n_train, 1)
     test_images, test_labels = split(n_test, 2)

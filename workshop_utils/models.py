@@ -82,3 +82,12 @@ def parameter_checksum(model: nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def max_parameter_difference(a: nn.Module, b: nn.Module) -> float:
+    """Largest absolute difference between matching parameters and buffers of two models."""
+    sa, sb = unwrap(a).state_dict(), unwrap(b).state_dict()
+    if sa.keys() != sb.keys():
+        raise ValueError("the two models have different parameter names")
+    return max(((sa[k].detach().cpu().double() - sb[k].detach().cpu().double()).abs().max().item()
+                for k in sa if sa[k].numel()), default=0.0)

@@ -1,0 +1,29 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from workshop_utils.data import FOLDER, TEST_FILES, TRAIN_FILES, md5sum
+
+
+def write_fake_cifar(root: Path, per_file: int = 20, seed: int = 0) -> dict[str, str]:
+    """Write tiny files in torchvision's CIFAR-10 on-disk format; return their MD5s."""
+    folder = Path(root) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i, name in enumerate(TRAIN_FILES + TEST_FILES):
+        entry = {
+            "batch_label": f"fake batch {i}",
+            "labels": rng.integers(0, 10, per_file).tolist(),
+            "data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+            "filenames": [f"img_{i}_{j}.png" for j in range(per_file)],
+        }
+        with open(folder / name, "wb") as f:
+            pickle.dump(entry, f, protocol=2)  # the original files are Python 2 pickles
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": ["airplane"] * 10, "num_cases_per_batch": per_file}, f, protocol=2)
+    return {p.name: md5sum(p) for p in folder.iterdir()}

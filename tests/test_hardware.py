@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+import workshop_utils as wu
+from workshop_utils.hardware import check_precision
+
+
+@pytest.mark.parametrize("name, precision, peak", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("NVIDIA H100 PCIe", "bf16", 756.0),
+    ("NVIDIA H100 NVL", "tf32", 417.5),
+    ("NVIDIA H200", "fp32", 67.0),
+    ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
+    ("Tesla V100-SXM2-32GB", "fp16", 125.0),
+    ("Tesla V100-SXM2-32GB", "bf16", None),  # no bf16 on Volta
+    ("NVIDIA L40S", "fp16", 362.1),
+    ("Some Future GPU", "bf16", None),  # unknown: never guessed
+])
+def test_peak_table_lookup(name, precision, peak):
+    assert wu.peak_tflops(name, precision) == peak
+
+
+def test_mfu_is_unknown_off_the_table():
+    assert wu.mfu(100.0, "x86_64", "fp32") is None
+    assert wu.mfu(98.94, "NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(0.1)
+
+
+def test_environment_records_versions_and_slurm(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    env = wu.environment()
+    assert env["torch"] == torch.__version__
+    assert env["cpu_cores"] >= 1
+    assert env["slurm"] == {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "8"}
+    assert "slurm" in wu.environment_table(env).index
+
+
+def test_bf16_on_a_gpu_without_it_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    with pytest.raises(wu.WorkshopError, match="no bfloat16 support.*Fix: use precision='fp16'"):
+        check_precision("bf16", torch.device("cuda", 0))
+
+
+def test_fp16_on_a_pre_pascal_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (5, 2))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla M60")
+    with pytest.raises(wu.WorkshopError, match="too old for fast float16"):
+        check_precision("fp16", torch.device("cuda", 0))
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(wu.WorkshopError, match="Unknown precision 'fp8'"):
+        check_precision("fp8", torch.device("cpu"))
+
+
+def test_cpu_modes_warn_but_run():
+    assert any("plain FP32" in n for n in check_precision("tf32", torch.device("cpu")))
+    assert check_precision("bf16", torch.device("cpu")) == []

@@ -1,0 +1,80 @@
+import json
+
+import pytest
+
+import workshop_utils as wu
+
+SMALL = dict(epochs=2, batch_size=32, warmup_steps=2, progress=False)
+
+
+@pytest.mark.parametrize("loader", ["torch", "device"])
+def test_interrupted_and_resumed_run_ends_bit_identical(tmp_path, tiny_data, loader):
+    config = wu.TrainConfig(loader=loader, checkpoint_dir=str(tmp_path / "ck"), **SMALL)
+    whole = wu.train(config.replace(checkpoint_dir=str(tmp_path / "whole")), tiny_data)
+    first = wu.train(config.replace(stop_after_step=5), tiny_data)  # stops mid-epoch 1
+    assert first.metrics["interrupted"] and first.metrics["steps"] == 5
+    second = wu.train(config.replace(resume=True), tiny_data)
+    assert second.metrics["resumed_from_step"] == 5 and second.metrics["steps"] == whole.metrics["steps"] == 16
+    assert second.metrics["param_checksum"] == whole.metrics["param_checksum"]
+
+
+def test_record_holds_config_metrics_environment_and_saves_as_json(tmp_path, tiny_data):
+    result = wu.train(wu.TrainConfig(name="r1", max_steps=6, **SMALL), tiny_data)
+    m = result.metrics
+    assert m["steps"] == 6 and m["timed_steps"] == 4  # 2 warm-up steps not timed
+    assert m["samples_per_s"] > 0 and m["flops_per_sample"] > 0 and m["tflops_per_device"] > 0
+    assert m["mfu"] is None  # a CPU is not in the peak table: unknown, not guessed
+    assert m["parameters"] == 2_474_506 and m["data_source"] == "synthetic"
+    assert len(result.record["step_loss"]) == 6 and len(result.record["step_ms"]) == 4
+    path = result.save(tmp_path)
+    saved = json.loads(path.read_text())
+    assert saved["config"]["max_steps"] == 6 and saved["environment"]["torch"]
+    frame = wu.load_results(tmp_path, kind="train")
+    assert frame.loc[0, "name"] == "r1" and frame.loc[0, "steps"] == 6
+
+
+def test_step_budget_overrides_epochs(tiny_data):
+    result = wu.train(wu.TrainConfig(epochs=5, max_steps=3, batch_size=64, warmup_steps=0, progress=False),
+                      tiny_data)
+    assert result.metrics["steps"] == 3 and result.metrics["epochs_done"] == 1
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_modes_run_on_cpu(precision, tiny_data):
+    result = wu.train(wu.TrainConfig(precision=precision, max_steps=3, batch_size=16, warmup_steps=0,
+                                     progress=False), tiny_data)
+    assert result.metrics["final_train_loss"] > 0
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(model="vgg"), "Unknown model 'vgg'"),
+    (dict(precision="fp8"), "Unknown precision 'fp8'"),
+    (dict(loader="dali"), "Unknown loader 'dali'"),
+    (dict(batch_size=0), "batch_size must be a positive whole number"),
+    (dict(batch_size=-8), "batch_size must be a positive whole number"),
+    (dict(epochs=0), "epochs must be a positive"),
+    (dict(lr=-1.0), "lr must be a positive number"),
+    (dict(resume=True), "need somewhere to keep checkpoints"),
+    (dict(batch_size=4096), "not one full step fits"),
+])
+def test_bad_config_is_one_clear_error(change, message, tiny_data):
+    with pytest.raises(wu.WorkshopError, match=message) as info:
+        wu.train(wu.TrainConfig(progress=False, **change), tiny_data)
+    assert "Fix:" in str(info.value)
+
+
+def test_resume_into_another_model_leaves_the_checkpoint(tmp_path, tiny_data):
+    config = wu.TrainConfig(max_steps=2, checkpoint_dir=str(tmp_path), **SMALL)
+    wu.train(config, tiny_data)
+    saved = wu.list_checkpoints(tmp_path)
+    with pytest.raises(wu.WorkshopError, match="from model 'simplecnn', not 'resnet18'"):
+        wu.train(config.replace(model="resnet18", resume=True), tiny_data)
+    assert wu.list_checkpoints(tmp_path) == saved
+
+
+def test_baseline_checks_read_a_real_record(tiny_data):
+    result = wu.train(wu.TrainConfig(**SMALL), tiny_data)
+    checks = wu.check_baseline(result.record)
+    assert checks.loc["parameter count", "result"] == "ok"
+    assert checks.loc["real data", "result"] == "LOOK"  # synthetic data is always flagged
+    assert "throughput" in wu.summary_table(result.record).index
