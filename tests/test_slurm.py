@@ -1,0 +1,309 @@
+"""The job scripts in slurm/, submitted with sbatch to a real Slurm started on this machine.
+
+Each test submits one script as a user would (training flags after the script name), waits for
+the job, then checks what the user relies on: exit code 0:0 in ``scontrol show job``, the lines
+the README promises in the job's output file, and the result JSON. Training runs are tiny (CPU,
+gloo, synthetic data). Needs munged, slurmctld and slurmd (Debian: slurm-wlm, munge); skipped,
+saying so, only where they are not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import SlurmCluster, missing_binaries
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
+# 1024 images in batches of 64: 16 steps an epoch, slow enough on a CPU to signal a job mid-run.
+# The CPU even where there is a GPU: only there is a resumed run bit-identical to an uninterrupted one.
+TINY = ("--model", "simplecnn", "--batch-size", "64", "--train-size", "1024", "--test-size", "64",
+        "--warmup-steps", "0", "--seed", "0", "--device", "cpu")
+LONG = (*TINY, "--epochs", "7", "--steps", "100", "--checkpoint-every", "10")  # the run the pre-emption test splits
+
+pytestmark = pytest.mark.skipif(bool(missing_binaries()),
+                                reason=f"Slurm/munge not installed (missing: {', '.join(missing_binaries())}); "
+                                       "install with: apt-get install slurm-wlm munge")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm")
+    slurm = SlurmCluster(root)
+    # Jobs run the same Python as the tests (the venv), and write their runs under the temporary folder.
+    slurm.env["PATH"] = f"{Path(sys.executable).parent}:{slurm.env.get('PATH', '/usr/bin:/bin')}"
+    slurm.env["WORKSHOP_RUNS"] = str(root / "runs")
+    started = time.monotonic()
+    try:
+        slurm.start()
+        print(f"\nlocal Slurm up in {time.monotonic() - started:.1f} s under {root}")
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+def submit_and_wait(cluster, tmp_path, script: str, *args: str, options=(), env=None, timeout_s=180):
+    """sbatch the script; return (job record once ended, its output text, its run folder)."""
+    out = tmp_path / f"{script}.out"
+    job_id = cluster.sbatch(REPO / "slurm" / script, *args, options=("--output", str(out), *options), env=env)
+    job = cluster.wait(job_id, timeout_s)
+    text = out.read_text() if out.exists() else ""
+    run_dirs = list(Path(cluster.env["WORKSHOP_RUNS"]).glob(f"*-{job_id}"))
+    return job, text, (run_dirs[0] if run_dirs else None)
+
+
+def assert_succeeded(job, text):
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), f"job failed:\n{job}\n--- output:\n{text}"
+
+
+def result_of(run_dir) -> dict:
+    return json.loads((run_dir / "result.json").read_text())
+
+
+# ---------------------------------------------------------------------- lint
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")
+def test_shellcheck_passes_on_every_script():
+    assert len(SCRIPTS) >= 7
+    result = subprocess.run(["shellcheck", "--shell=bash", *map(str, SCRIPTS)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_scripts_bake_in_no_site_account_partition_or_gpu_count():
+    for script in SCRIPTS:
+        directives = [line for line in script.read_text().splitlines() if line.startswith("#SBATCH")]
+        for line in directives:
+            assert not re.search(r"--(account|partition|gpus|gres|time|qos)\b|^#SBATCH -[Apt] ", line), \
+                f"{script.name}: '{line}' belongs on the sbatch command line"
+
+
+# ---------------------------------------------------------------------- training scripts
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(cluster, tmp_path_factory):
+    """The one-GPU script (on the CPU here) running LONG from start to end: the pre-emption test's reference."""
+    return submit_and_wait(cluster, tmp_path_factory.mktemp("one-gpu"), "train_one_gpu.sbatch", *LONG)
+
+
+def test_one_gpu_script_trains_and_writes_its_result(uninterrupted):
+    job, text, run_dir = uninterrupted
+    assert_succeeded(job, text)
+    assert "rank 0 of 1" in text and "GPUs none" in text
+    assert re.search(r"Done: 100 steps on 1 process\(es\)", text), text
+    assert f"results in {run_dir}" in text
+    result = result_of(run_dir)
+    assert result["metrics"]["steps"] == 100 and result["metrics"]["world_size"] == 1
+    assert result["metrics"]["interrupted"] is False
+    assert result["environment"]["slurm"]["SLURM_JOB_ID"] == job["JobId"]
+
+
+def test_one_node_script_starts_one_process_per_task_on_a_cpu_node(cluster, tmp_path):
+    job, text, run_dir = submit_and_wait(cluster, tmp_path, "train_one_node.sbatch", *TINY, "--steps", "6",
+                                         options=("--ntasks-per-node=2",))
+    assert_succeeded(job, text)
+    assert "2 process(es)" in text
+    assert "rank 0 of 2" in text and "rank 1 of 2" in text
+    assert "Done: 6 steps on 2 process(es)" in text
+    metrics = result_of(run_dir)["metrics"]
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 128
+
+
+def test_multi_node_script_runs_two_torchrun_agents_and_restarts_after_a_crash(cluster, tmp_path):
+    """Two agents (--nnodes=2) meet at the c10d rendezvous; one slurmd, so both run on this host.
+
+    Rank 1 crashes at step 3 on the first attempt: the agents restart both ranks (--max-restarts),
+    which resume from rank 0's checkpoint at step 2 and finish the run.
+    """
+    job, text, run_dir = submit_and_wait(
+        cluster, tmp_path, "train_multi_node.sbatch", *TINY, "--steps", "6", "--checkpoint-every", "2",
+        "--fail-at-step", "3", options=("--nodes=1", "--ntasks-per-node=2"), timeout_s=240)
+    assert_succeeded(job, text)
+    host = socket.gethostname().split(".")[0]
+    assert re.search(rf"2 agent\(s\) x 1 process\(es\), rendezvous at {host}:\d+", text), text
+    assert f"[{host} rank 0]" in text and f"[{host} rank 1]" in text, "per-rank prefixes missing"
+    assert "injected failure on rank 1 at step 3" in text
+    metrics = result_of(run_dir)["metrics"]
+    assert metrics["world_size"] == 2 and metrics["steps"] == 6
+    assert metrics["resumed_from_step"] == 2
+    assert (run_dir / "torchrun-logs").is_dir()
+
+
+def test_staged_data_script_copies_verifies_and_trains_from_local_storage(cluster, tmp_path):
+    shared = tmp_path / "shared-data"
+    (shared / "sub").mkdir(parents=True)
+    for i, name in enumerate(("a.bin", "b.bin", "sub/c.bin")):
+        (shared / name).write_bytes(bytes([i]) * 4096)
+    scratch = tmp_path / "node-local"
+    scratch.mkdir()
+    job, text, run_dir = submit_and_wait(cluster, tmp_path, "train_staged_data.sbatch", *TINY, "--steps", "3",
+                                         env={"WORKSHOP_DATA": str(shared), "WORKSHOP_LOCAL_SCRATCH": str(scratch)})
+    assert_succeeded(job, text)
+    local = scratch / f"workshop-data-{job['JobId']}"
+    assert "staged 3 file(s)" in text and f"to {local}" in text and "checksums match" in text
+    assert f"training reads {local}" in text
+    assert result_of(run_dir)["metrics"]["steps"] == 3
+    assert not local.exists(), "the node-local copy must be removed when the job ends"
+
+
+def test_staged_data_script_stops_with_a_clear_error_when_the_data_is_missing(cluster, tmp_path):
+    job, text, _ = submit_and_wait(cluster, tmp_path, "train_staged_data.sbatch", "--steps", "3",
+                                   env={"WORKSHOP_DATA": str(tmp_path / "nowhere")})
+    assert job["JobState"] == "FAILED" and job["ExitCode"] == "2:0", job
+    assert "is not a folder" in text and "Fix:" in text
+
+
+def test_env_check_reports_each_task_and_writes_the_environment(cluster, tmp_path):
+    import torch
+
+    job, text, run_dir = submit_and_wait(cluster, tmp_path, "env_check.sbatch", options=("--ntasks=2",))
+    assert_succeeded(job, text)
+    host = socket.gethostname().split(".")[0]
+    assert "nodes: 1 (" in text and "tasks: 2" in text
+    assert re.search(rf"^0: {host} rank 0 local 0 cpus \S+ gpus none$", text, re.M), text
+    assert re.search(rf"^1: {host} rank 1 local 1 cpus \S+ gpus none$", text, re.M), text
+    assert f"torch: {torch.__version__}" in text
+    assert ("CPU-only node" in text) == (shutil.which("nvidia-smi") is None)
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert env["torch"] == torch.__version__ and env["slurm"]["SLURM_JOB_ID"] == job["JobId"]
+
+
+# ---------------------------------------------------------------------- pre-emption
+
+
+def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(cluster, tmp_path, uninterrupted):
+    out = tmp_path / "preempt.out"
+    job_id = cluster.sbatch(REPO / "slurm" / "train_preemptible.sbatch", *LONG, options=("--output", str(out)))
+    # Wait until training is under way (step 10 logged), then send what Slurm sends before the time limit.
+    deadline = time.monotonic() + 120
+    while not (out.exists() and "step 10/100" in out.read_text()):
+        assert time.monotonic() < deadline and cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"), \
+            f"job never reached step 10: {cluster.job(job_id)}\n{out.read_text() if out.exists() else ''}"
+        time.sleep(0.2)
+    cluster.run("scancel", "--batch", "--signal=USR1", job_id)
+
+    # Done only when it has completed after a requeue (a job that merely finished would not count).
+    job = cluster.wait(job_id, 180, until=lambda j: j.get("JobState") in ("FAILED", "CANCELLED", "TIMEOUT")
+                       or (j.get("JobState") == "COMPLETED" and int(j.get("Restarts", 0)) >= 1))
+    text = out.read_text()
+    assert_succeeded(job, text)
+    assert job["Restarts"] == "1", job
+    stopped = re.search(r"Stop signal received: checkpointing at step (\d+)", text)
+    assert "USR1 received" in text and stopped, text
+    assert f"requeueing job {job_id}" in text and "attempt 2" in text
+    assert f"at step {stopped.group(1)}." in text.split("attempt 2")[1], "the requeued run did not resume there"
+
+    result = result_of(next(Path(cluster.env["WORKSHOP_RUNS"]).glob(f"*-{job_id}")))
+    reference = result_of(uninterrupted[2])
+    assert 10 <= result["metrics"]["resumed_from_step"] < 100
+    assert result["metrics"]["resumed_from_step"] == int(stopped.group(1))
+    assert result["metrics"]["steps"] == 100 and not result["metrics"]["interrupted"]
+    assert result["metrics"]["param_checksum"] == reference["metrics"]["param_checksum"], "work was lost or changed"
+
+
+# ---------------------------------------------------------------------- Jupyter
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on ``port``, from /proc/net/tcp{,6}."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                found.add(address)
+    return found
+
+
+def _outward_address() -> str | None:
+    """This machine's own non-loopback IPv4 address, if it has one (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.254", 9))
+            address = sock.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def _http_status(url: str, token: str | None = None) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _command_lines() -> str:
+    """Every process's command line, as `ps` would show them to any user of the node."""
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # the process ended meanwhile
+    return "\n".join(lines)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jupyterlab") is None,
+                    reason="JupyterLab is not installed in this environment (pip install jupyterlab)")
+def test_jupyter_listens_on_loopback_only_with_a_token_and_prints_the_tunnel(cluster, tmp_path):
+    out = tmp_path / "jupyter.out"
+    job_id = cluster.sbatch(REPO / "slurm" / "jupyter.sbatch", options=("--output", str(out)))
+    try:
+        url_pattern = re.compile(r"http://127\.0\.0\.1:(\d+)/lab\?token=([0-9a-f]{48})")
+        deadline = time.monotonic() + 120
+        while True:
+            text = out.read_text() if out.exists() else ""
+            found = url_pattern.search(text)
+            if found:
+                port, token = int(found.group(1)), found.group(2)
+                try:
+                    _http_status(f"http://127.0.0.1:{port}/api/status")
+                    break  # the server answers
+                except urllib.error.URLError:
+                    pass  # not listening yet
+            assert time.monotonic() < deadline and cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"), \
+                f"JupyterLab did not come up: {cluster.job(job_id)}\n{text}"
+            time.sleep(0.5)
+
+        host = socket.gethostname().split(".")[0]
+        assert re.search(rf"ssh -N -L {port}:127\.0\.0\.1:{port} -J \S+@\S+ \S+@{host}$", text, re.M), text
+        status = f"http://127.0.0.1:{port}/api/status"
+        assert _http_status(status) == 403, "answered without a token"
+        assert _http_status(status, token="wrong") == 403 and _http_status(f"{status}?token=wrong") == 403
+        assert _http_status(status, token=token) == 200
+        assert _http_status(f"http://127.0.0.1:{port}/lab?token={token}") == 200  # the URL the user opens
+        # Bound to the loopback address alone: 127.0.0.1 (0100007F), never 0.0.0.0 or the node's own address.
+        assert _listening_addresses(port) == {"0100007F"}
+        outward = _outward_address()
+        if outward:
+            with pytest.raises(OSError):
+                socket.create_connection((outward, port), timeout=5).close()
+        assert token not in _command_lines(), "the token must not show in any command line (ps)"
+    finally:
+        cluster.run("scancel", job_id, check=False)
+    cluster.wait(job_id, 60)
+    deadline = time.monotonic() + 30
+    while _listening_addresses(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _listening_addresses(port), "JupyterLab still listening after scancel"
