@@ -39,6 +39,12 @@ _EXPORTS = {
     "StepTimer": "timing", "peak_memory_mib": "timing",
     "InjectedFailure": "trainer", "RunResult": "trainer", "TrainConfig": "trainer", "evaluate": "trainer",
     "train": "trainer",
+    "ProfileRun": "profiling", "profile_training": "profiling", "top_ops": "profiling",
+    "DeviceMonitor": "monitor", "StepMemory": "monitor", "monitor_verdict": "monitor", "plot_monitor": "monitor",
+    "compare_layouts": "io_layouts", "loader_throughput": "io_layouts", "read_shards": "io_layouts",
+    "read_small_files": "io_layouts", "write_shards": "io_layouts", "write_small_files": "io_layouts",
+    "Rung": "sweeps", "amdahl_speedup": "sweeps", "batch_size_sweep": "sweeps", "climb_ladder": "sweeps",
+    "dataloader_sweep": "sweeps", "ladder_rungs": "sweeps", "worker_counts": "sweeps",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -55,3 +61,21 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+# notebook 03's numerics helpers (workshop_utils/numerics.py), loaded lazily like the rest
+_EXPORTS.update(dict.fromkeys((
+    "NonFinite", "autocast_dtypes", "capture_gradients", "check_fp8", "dtype_summary", "find_first_nonfinite",
+    "format_table", "fp8_matmul_benchmark", "fp8_support", "grad_scaler_trace", "mode_table", "overshoot",
+    "plot_gradient_magnitudes", "plot_mode_speeds", "plot_scale_trace", "precision_configs", "smallest_subnormal",
+    "training_batches", "underflow_table"), "numerics"))
+__all__ = sorted(_EXPORTS)
+
+# notebook 02's multi-process helpers (comm_model.py, launch.py), loaded lazily like the rest
+_EXPORTS.update(dict.fromkeys((
+    "LINKS", "Link", "fit_link", "plot_all_reduce", "plot_predicted_vs_measured", "plot_scaling",
+    "predict_scaling", "ring_all_reduce_s", "scaling_table"), "comm_model"))
+_EXPORTS.update(dict.fromkeys((
+    "Launched", "free_port", "launch_torchrun", "launch_nodes", "launch_training", "world_sizes_for_this_machine"), "launch"))
+_EXPORTS["stop_on_signals"] = "preemption"
+__all__ = sorted(_EXPORTS)

@@ -73,6 +73,13 @@ def setup_distributed(device_type: str | None = None, timeout_s: int = 300) -> t
         if not torch.cuda.is_available():
             raise WorkshopError("A GPU run was asked for, but PyTorch sees no CUDA GPU.", "run on a GPU node or use the CPU.")
         gpus = torch.cuda.device_count()
+        # torchrun says how many processes share this node: refuse before any of them waits at the rendezvous.
+        per_node = _int_env("LOCAL_WORLD_SIZE")
+        if per_node is not None and per_node > gpus:
+            raise WorkshopError(
+                f"{per_node} processes per node were started, but this node has {gpus} GPU(s).",
+                f"start at most one process per GPU (torchrun --nproc-per-node={gpus}).",
+            )
         if info.local_rank >= gpus:
             raise WorkshopError(
                 f"Local rank {info.local_rank} has no GPU: this node has {gpus}.",
@@ -89,8 +96,21 @@ def setup_distributed(device_type: str | None = None, timeout_s: int = 300) -> t
         os.environ["MASTER_ADDR"] = _first_slurm_host() or "127.0.0.1"
         os.environ.setdefault("MASTER_PORT", "29500")
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        try:
+            timeout = timedelta(seconds=timeout_s)
+            store, _, _ = next(dist.rendezvous("env://", info.rank, info.world_size, timeout=timeout))
+            # torchrun keeps its store across restarts: a per-attempt prefix stops a restarted rank from
+            # reading the address of a predecessor that no longer listens.
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+            dist.init_process_group(backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
+                                    rank=info.rank, world_size=info.world_size, timeout=timeout)
+        except dist.DistNetworkError as err:
+            if "EADDRINUSE" not in str(err) and "in use" not in str(err).lower():
+                raise
+            address = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT')}"
+            raise WorkshopError(f"Rank {info.rank} cannot listen on {address}: the port is already in use.",
+                                "pick a free port (MASTER_PORT=..., torchrun --master-port=...; "
+                                "wu.free_port() finds one).") from None
     return DistInfo(info.rank, info.local_rank, info.world_size, backend), device
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 import os
 import sys
 import time
@@ -35,6 +36,7 @@ from .flops import achieved_tflops, mfu, training_flops_per_sample
 from .hardware import PRECISIONS, device_name, environment
 from .models import MODELS, build_model, count_parameters, parameter_checksum, unwrap
 from .precision import autocast, configure_precision, grad_scaler
+from .preemption import handling_signals, stop_requested
 from .results import save_record
 from .timing import StepTimer, peak_memory_mib, reset_peak_memory
 
@@ -75,6 +77,7 @@ class TrainConfig:
     stop_after_step: int | None = None  # stop cleanly (checkpoint first) after this step: an interruption
     fail_at_step: int | None = None  # last rank crashes at this step on the first attempt (fault-tolerance demo)
     progress: bool = True  # tqdm progress bar on rank 0
+    log_every: int | None = None  # rank 0 prints one line every N steps (for logs and streamed output)
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -82,6 +85,15 @@ class TrainConfig:
 
 class InjectedFailure(RuntimeError):
     """Raised by ``fail_at_step``: a deliberate crash to show recovery."""
+
+
+STOP_POLL_STEPS = 10  # ranks agree on stopping every N steps: one tiny all-reduce, not one per step
+
+
+def _stop_agreed(device) -> bool:
+    # Every rank must stop at the same step, or the others would wait forever in the next all-reduce.
+    flag = torch.tensor([float(stop_requested())], device=device)
+    return all_reduce_sum(flag).item() > 0
 
 
 @dataclass
@@ -110,8 +122,9 @@ def validate_config(config: TrainConfig) -> None:
     positive = {"batch_size": config.batch_size, "epochs": config.epochs, "eval_batch_size": config.eval_batch_size}
     if config.max_steps is not None:
         positive["max_steps"] = config.max_steps
-    if config.checkpoint_every is not None:
-        positive["checkpoint_every"] = config.checkpoint_every
+    for key in ("checkpoint_every", "log_every"):
+        if getattr(config, key) is not None:
+            positive[key] = getattr(config, key)
     for key, value in positive.items():
         if not isinstance(value, int) or value <= 0:
             raise WorkshopError(f"{key} must be a positive whole number, got {value!r}.", f"set {key} to 1 or more.")
@@ -153,8 +166,12 @@ def evaluate(model, loader, device, precision: str) -> tuple[float, float]:
     return loss_sum / max(count, 1), correct / max(count, 1)
 
 
-def train(config: TrainConfig, data: CifarData | None = None) -> RunResult:
-    """Train as ``config`` says, on this process's share of the data; return the record and model."""
+def train(config: TrainConfig, data: CifarData | None = None,
+          on_step: Callable[[int], None] | None = None) -> RunResult:
+    """Train as ``config`` says, on this process's share of the data; return the record and model.
+
+    ``on_step(step)`` runs after every optimizer step (a profiler's ``step()``, a memory probe).
+    """
     validate_config(config)
     started = time.perf_counter()
     info, device = setup_distributed(config.device and torch.device(config.device).type)
@@ -224,7 +241,8 @@ def train(config: TrainConfig, data: CifarData | None = None) -> RunResult:
     step_losses, history = [], []
     interrupted = False
     bar = tqdm(total=total_steps, initial=step, desc=config.name, unit="step", file=sys.stderr,
-               disable=not (config.progress and info.is_main), dynamic_ncols=True)
+               disable=not (config.progress and info.is_main), dynamic_ncols=True,
+               mininterval=2.0)  # headless logs get a line every 2 s, not every step
     warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
     epoch = step // steps_per_epoch
     while step < total_steps and not interrupted:
@@ -257,12 +275,21 @@ def train(config: TrainConfig, data: CifarData | None = None) -> RunResult:
             timer.step_done(step)
             step += 1
             bar.update(1)
+            if on_step is not None:
+                on_step(step)
             if config.fail_at_step == step and info.rank == info.world_size - 1 and _restart_count() == 0:
                 bar.close()
                 raise InjectedFailure(f"injected failure on rank {info.rank} at step {step} (--fail-at-step)")
             if config.checkpoint_every and step % config.checkpoint_every == 0:
                 checkpoint(epoch)
+            if config.log_every and step % config.log_every == 0:
+                say(f"step {step}/{total_steps}  loss {loss.item():.4f}  lr {scheduler.get_last_lr()[0]:.4g}",
+                    flush=True)
             if config.stop_after_step == step:
+                interrupted = True
+                break
+            if handling_signals() and step % STOP_POLL_STEPS == 0 and _stop_agreed(device):
+                say(f"Stop signal received: checkpointing at step {step} and stopping.", flush=True)
                 interrupted = True
                 break
         batches.close()
@@ -314,6 +341,7 @@ def train(config: TrainConfig, data: CifarData | None = None) -> RunResult:
         "metrics": metrics,
         "history": history,
         "step_loss": torch.stack(step_losses).float().cpu().tolist() if step_losses else [],
+        "step_ms": (timer.step_times() * 1e3).tolist(),
         "first_step": resumed_from or 0,
         "notes": notes,
         "environment": environment(),

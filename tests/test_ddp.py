@@ -1,0 +1,110 @@
+"""DDP with the one training loop: two gloo ranks on the CPU, started by torchrun as a user would."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import workshop_utils as wu
+from workshop_utils.data import ResumableSampler, _mix
+from workshop_utils.launch import launch_nodes, launch_training
+from workshop_utils.trainer import _lr_lambda
+
+RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, test_size=16, seed=0, warmup_steps=0,
+           device="cpu")  # gloo on CPU processes, also on a GPU machine
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """8 steps (2 epochs) on 2 gloo ranks, global batch 16; rank 0 checkpoints at each epoch's end."""
+    folder = tmp_path_factory.mktemp("ddp")
+    launched = launch_training(2, checkpoint_dir=str(folder / "ckpt"), echo=False, timeout_s=300, **RUN)
+    return launched, folder / "ckpt"
+
+
+@pytest.mark.parametrize("length,world", [(64, 2), (60, 4), (61, 2)])
+def test_sampler_shards_are_disjoint_and_cover_the_data(length, world):
+    for epoch in (0, 1):
+        shards = []
+        for rank in range(world):
+            sampler = ResumableSampler(length, rank, world, shuffle=True, seed=0, drop_last=True)
+            sampler.set_epoch(epoch)
+            shards.append([index for _, index in sampler])
+        seen = [i for shard in shards for i in shard]
+        assert len(seen) == len(set(seen)), "two ranks got the same sample"
+        assert len({len(s) for s in shards}) == 1, "ranks must take the same number of steps"
+        assert len(seen) == length - length % world  # all of it, less the remainder drop_last leaves out
+
+
+def _reference_one_process(data, steps: int, per_rank_batch: int, world: int = 2):
+    """One process doing, step by step, exactly what the ranks compute together.
+
+    Each rank's micro-batch goes through the model separately (BatchNorm normalises per rank),
+    with that rank's dropout seed; the gradients are averaged as DDP's all-reduce does. BatchNorm's
+    running statistics are rank 0's (DDP broadcasts rank 0's buffers before every forward pass).
+    """
+    torch.manual_seed(0)
+    model = wu.build_model("simplecnn").train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(0, steps))
+    loaders = [wu.make_loader("torch", data.train_images, data.train_labels, per_rank_batch, torch.device("cpu"),
+                              train=True, seed=0, rank=r, world_size=world) for r in range(world)]
+    per_epoch = len(loaders[0])
+    for step in range(steps):
+        optimizer.zero_grad()
+        for rank in reversed(range(world)):  # rank 0 last: its running statistics are the ones kept
+            buffers = {k: v.clone() for k, v in model.named_buffers()}
+            images, labels = list(loaders[rank].epoch(step // per_epoch))[step % per_epoch]
+            torch.manual_seed(_mix(0, rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
+            (F.cross_entropy(model(images), labels) / world).backward()
+            if rank != 0:
+                model.load_state_dict({**model.state_dict(), **buffers})
+        optimizer.step()
+        scheduler.step()
+    return model
+
+
+def test_two_ranks_match_one_process_on_the_same_global_batch(ddp_run):
+    launched, checkpoints = ddp_run
+    assert launched.record["metrics"]["world_size"] == 2
+    assert launched.record["metrics"]["global_batch_size"] == 16
+    ddp_model = wu.build_model("simplecnn")
+    wu.load_checkpoint(wu.latest_checkpoint(checkpoints), model=ddp_model)  # strict: no "module." prefix
+    data = wu.load_data(train_size=RUN["train_size"], test_size=RUN["test_size"], seed=0, quiet=True)
+    reference = _reference_one_process(data, RUN["steps"], RUN["batch_size"])
+    assert wu.max_parameter_difference(ddp_model, reference) < 1e-4
+
+
+def test_ddp_checkpoint_has_no_module_prefix_and_resumes_in_one_process(ddp_run):
+    _, checkpoints = ddp_run
+    path = wu.latest_checkpoint(checkpoints)
+    state = torch.load(path, weights_only=True)
+    assert state["step"] == RUN["steps"]
+    assert not [k for k in state["model"] if k.startswith("module.")]
+    config = wu.TrainConfig(batch_size=16, epochs=3, max_steps=RUN["steps"] + 2, train_size=64, test_size=16,
+                            checkpoint_dir=str(checkpoints), resume=str(path), progress=False, device="cpu")
+    resumed = wu.train(config)
+    assert resumed.metrics["resumed_from_step"] == RUN["steps"]
+    assert resumed.metrics["steps"] == RUN["steps"] + 2
+
+
+def test_crashed_rank_is_restarted_and_ends_with_the_same_parameters(ddp_run, tmp_path):
+    uninterrupted, _ = ddp_run
+    crashed = launch_training(2, max_restarts=1, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3,
+                              resume=True, fail_at_step=5, echo=False, timeout_s=300, **RUN)
+    output = "\n".join(crashed.lines)
+    assert "injected failure on rank 1 at step 5" in output
+    assert "Resumed from" in output and "at step 3" in output
+    assert crashed.record["metrics"]["resumed_from_step"] == 3
+    assert crashed.record["metrics"]["param_checksum"] == uninterrupted.record["metrics"]["param_checksum"]
+
+
+def test_two_agents_on_one_machine_form_one_job():
+    launched = launch_nodes(2, 1, batch_size=8, steps=2, train_size=32, test_size=16, warmup_steps=0,
+                            device="cpu", echo=False, timeout_s=300)
+    output = "\n".join(launched.lines)
+    assert "rank 0 of 2 (local rank 0" in output and "rank 1 of 2 (local rank 0" in output
+    assert {line.split("]")[0] for line in launched.lines if "rank " in line and " of 2" in line} == \
+        {"[agent 0", "[agent 1"}
+    assert launched.record["metrics"]["world_size"] == 2

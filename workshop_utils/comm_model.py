@@ -1,0 +1,256 @@
+"""How much does DDP's gradient all-reduce cost, here and on a large cluster?
+
+A ring all-reduce of ``n`` bytes over ``p`` processes takes ``2(p-1)`` steps; in each
+step every process sends ``n/p`` bytes to its neighbour. With a per-step latency
+``alpha`` and a per-process link bandwidth ``B``::
+
+    t(n, p) = 2(p-1) * alpha + 2(p-1)/p * n / B
+
+The second term tends to ``2n/B``: the bandwidth cost hardly grows with ``p``, the
+latency term does. We measure ``t`` for several sizes on the devices present
+(``python -m workshop_utils.comm_model`` under torchrun), fit ``alpha`` and ``B``, and
+predict the step time of data-parallel training at any scale from the measured
+single-device step time and the gradient size, with published link figures as inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .errors import WorkshopError, exit_on_workshop_error
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bandwidth_gbps: float  # GB/s per process and direction: what one ring step can use
+    latency_us: float  # per ring step
+    source: str
+
+
+# Nominal figures, the inputs of the predictions. Vendors quote bidirectional totals; a ring uses one direction.
+LINKS = {
+    "nvlink4": Link("NVLink 4 (H100 SXM, within a node)", 450.0, 3.0,
+                    "NVIDIA H100 data sheet: 900 GB/s NVLink per GPU, bidirectional -> 450 GB/s each way; "
+                    "latency: order of magnitude of NCCL's small-message ring steps (nccl-tests), assumed"),
+    "ib_ndr": Link("InfiniBand NDR, one 400 Gb/s NIC per GPU (between nodes)", 50.0, 5.0,
+                   "NVIDIA DGX H100 user guide: 8 ConnectX-7 NDR 400 Gb/s ports per node, one per GPU; "
+                   "400 Gb/s = 50 GB/s each way; latency ~1 us per switch hop plus software, assumed 5 us"),
+}
+
+
+def ring_all_reduce_s(n_bytes: float, world_size: int, link: Link) -> float:
+    """Ring all-reduce time from the alpha-beta model above (0 for one process)."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * link.latency_us * 1e-6 + 2 * (p - 1) / p * n_bytes / (link.bandwidth_gbps * 1e9)
+
+
+def bus_bandwidth_gbps(n_bytes: float, seconds: float, world_size: int) -> float:
+    """nccl-tests' "bus bandwidth": the algorithm bandwidth n/t scaled by 2(p-1)/p, comparable across p."""
+    return n_bytes / seconds * 2 * (world_size - 1) / world_size / 1e9
+
+
+def fit_link(sizes_bytes, seconds, world_size: int, name: str = "measured") -> Link:
+    """Least-squares alpha and B from measured all-reduce times (needs two or more sizes, p >= 2)."""
+    if world_size < 2 or len(sizes_bytes) < 2:
+        raise WorkshopError("Fitting a link needs all-reduce times from 2+ processes at 2+ sizes.",
+                            "measure with torchrun --nproc-per-node=2 or more.")
+    seconds = np.asarray(seconds, float)
+    # Weights 1/t fit relative error, so the small messages that reveal the latency count as much as the large.
+    slope, intercept = np.polyfit(np.asarray(sizes_bytes, float), seconds, 1, w=1 / seconds)
+    p = world_size
+    latency = max(intercept, 0.0) / (2 * (p - 1))
+    bandwidth = 2 * (p - 1) / p / slope if slope > 0 else float("inf")
+    return Link(name, bandwidth / 1e9, latency * 1e6, f"fitted to all-reduce times measured on {p} processes")
+
+
+def predict_scaling(step_s: float, grad_bytes: float, world_sizes, link_within: Link, link_between: Link | None = None,
+                    gpus_per_node: int = 8, backward_share: float = 2 / 3):
+    """Predicted weak-scaling step time and efficiency for each world size, as a DataFrame.
+
+    ``step_s`` is the measured single-device step time; each process keeps its batch. A job
+    that fits in one node uses ``link_within``; beyond it the ring crosses ``link_between``,
+    the slowest link, which then sets the pace. Two bounds: no overlap (communication after
+    the backward pass) and the best DDP can do (buckets all-reduced while the backward pass,
+    ``backward_share`` of the step, is still running).
+    """
+    import pandas as pd
+
+    rows = []
+    for p in world_sizes:
+        link = link_within if (p <= gpus_per_node or link_between is None) else link_between
+        comm = ring_all_reduce_s(grad_bytes, p, link)
+        hidden = min(comm, backward_share * step_s)
+        rows.append({"world_size": p, "link": link.name if p > 1 else "-", "all_reduce_ms": 1e3 * comm,
+                     "step_ms_no_overlap": 1e3 * (step_s + comm), "step_ms_overlap": 1e3 * (step_s + comm - hidden),
+                     "efficiency_no_overlap": step_s / (step_s + comm),
+                     "efficiency_overlap": step_s / (step_s + comm - hidden)})
+    return pd.DataFrame(rows)
+
+
+def measure_all_reduce(sizes_bytes, repeats: int = 10, device: torch.device | None = None) -> list[dict]:
+    """Median time of an all-reduce (sum, fp32) per size, in an initialised process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise WorkshopError("measure_all_reduce needs a process group.",
+                            "run `torchrun --nproc-per-node=2 -m workshop_utils.comm_model`.")
+    device = device or torch.device("cpu")
+    p = dist.get_world_size()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    for n_bytes in sizes_bytes:
+        tensor = torch.ones(max(1, int(n_bytes) // 4), dtype=torch.float32, device=device)
+        times = []
+        for i in range(repeats + 2):  # two untimed rounds set up connections and buffers
+            dist.barrier()
+            sync()
+            started = time.perf_counter()
+            dist.all_reduce(tensor)
+            sync()
+            if i >= 2:
+                times.append(time.perf_counter() - started)
+        # Every rank waits for the slowest, so the slowest rank's median is the collective's time.
+        median = torch.tensor([float(np.median(times))])
+        dist.all_reduce(median, op=dist.ReduceOp.MAX)
+        seconds = median.item()
+        rows.append({"size_bytes": tensor.numel() * 4, "seconds": seconds, "world_size": p,
+                     "bus_bandwidth_gbps": bus_bandwidth_gbps(tensor.numel() * 4, seconds, p)})
+    return rows
+
+
+@exit_on_workshop_error
+def main(argv=None) -> None:
+    from .distributed import setup_distributed, teardown_distributed
+    from .train import write_json
+
+    parser = argparse.ArgumentParser(
+        prog="python -m workshop_utils.comm_model",
+        description="Measure all-reduce time over message sizes on every process of a torchrun job "
+                    "(NCCL on GPUs, gloo on CPUs) and fit the latency and bandwidth of the ring model.")
+    parser.add_argument("--min-kib", type=int, default=4, help="smallest message, KiB (default: %(default)s)")
+    parser.add_argument("--max-mib", type=int, default=64, help="largest message, MiB (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed all-reduces per size (default: %(default)s)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto: NCCL on GPUs when there are any, else gloo on CPUs (default: %(default)s)")
+    parser.add_argument("--out", default=None, help="JSON file for the measurements (written by rank 0)")
+    args = parser.parse_args(argv)
+    if args.min_kib <= 0 or args.max_mib * 1024 < args.min_kib or args.repeats <= 0:
+        raise WorkshopError("Sizes and repeats must be positive and --max-mib at least --min-kib.",
+                            "try --min-kib 4 --max-mib 64 --repeats 10.")
+    info, device = setup_distributed(None if args.device == "auto" else args.device)
+    if not info.distributed:
+        raise WorkshopError("One process has nobody to all-reduce with.",
+                            "start it with `torchrun --nproc-per-node=2 -m workshop_utils.comm_model`.")
+    try:
+        sizes = [args.min_kib * 1024 * 4**k for k in range(20) if args.min_kib * 1024 * 4**k <= args.max_mib * 2**20]
+        rows = measure_all_reduce(sizes, args.repeats, device)
+    finally:
+        teardown_distributed()
+    if info.is_main:
+        link = fit_link([r["size_bytes"] for r in rows], [r["seconds"] for r in rows], info.world_size,
+                        f"{info.backend} on {device.type}")
+        for r in rows:
+            print(f"{r['size_bytes'] / 2**20:9.3f} MiB  {1e3 * r['seconds']:8.3f} ms  "
+                  f"bus bandwidth {r['bus_bandwidth_gbps']:7.2f} GB/s", flush=True)
+        print(f"fit: latency {link.latency_us:.1f} us per ring step, bandwidth {link.bandwidth_gbps:.2f} GB/s",
+              flush=True)
+        if args.out:
+            write_json({"kind": "all_reduce", "backend": info.backend, "device": device.type,
+                        "world_size": info.world_size, "rows": rows, "link": asdict(link)}, args.out)
+
+
+if __name__ == "__main__":
+    main()
+
+
+# ---------------------------------------------------------------- measured scaling: tables and plots
+
+
+def scaling_table(records: list[dict]):
+    """Throughput, speedup and efficiency per (mode, world size) from training records.
+
+    Each record's ``config["name"]`` starts with its mode, "strong" or "weak". Strong scaling keeps the
+    global batch, so the ideal speedup is p; weak scaling keeps the per-process batch, so throughput
+    should also grow p-fold. Either way efficiency = speedup / p, against the one-process run.
+    """
+    import pandas as pd
+
+    rows = []
+    for record in records:
+        m = record["metrics"]
+        rows.append({"mode": record["config"]["name"].split("-")[0], "world_size": m["world_size"],
+                     "batch_per_process": record["config"]["batch_size"], "global_batch": m["global_batch_size"],
+                     "lr": record["config"]["lr"], "step_ms": m["step_ms_median"],
+                     "samples_per_s": m["samples_per_s"], "final_train_loss": m["final_train_loss"]})
+    table = pd.DataFrame(rows).sort_values(["mode", "world_size"]).reset_index(drop=True)
+    base = table[table.world_size == 1].set_index("mode")["samples_per_s"]
+    table["speedup"] = table["samples_per_s"] / table["mode"].map(base)
+    table["efficiency"] = table["speedup"] / table["world_size"]
+    return table
+
+
+def plot_scaling(table, title: str = "Data-parallel scaling"):
+    """Throughput and efficiency against world size, with the ideal line."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_speed, ax_eff) = plt.subplots(1, 2, figsize=(11, 3.8))
+    sizes = sorted(table.world_size.unique())
+    for mode, group in table.groupby("mode"):
+        ax_speed.plot(group.world_size, group.samples_per_s, "o-", label=f"{mode} scaling")
+        ax_eff.plot(group.world_size, group.efficiency, "o-", label=f"{mode} scaling")
+    one = table[table.world_size == 1].samples_per_s.mean()
+    ax_speed.plot(sizes, [one * p for p in sizes], "k:", label="ideal (linear)")
+    ax_speed.set(xlabel="processes (world size)", ylabel="samples / s", title="Throughput", xticks=sizes)
+    ax_eff.axhline(1.0, color="k", ls=":", label="ideal")
+    ax_eff.set(xlabel="processes (world size)", ylabel="speedup / processes", title="Efficiency",
+               xticks=sizes, ylim=(0, 1.15))
+    ax_speed.legend()
+    ax_eff.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_all_reduce(rows: list[dict], link: Link | None = None):
+    """Measured all-reduce time and bus bandwidth against message size (log-log), with the fitted model."""
+    import matplotlib.pyplot as plt
+
+    sizes = np.array([r["size_bytes"] for r in rows], float)
+    seconds = np.array([r["seconds"] for r in rows], float)
+    p = rows[0]["world_size"]
+    fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(11, 3.6))
+    ax_time.loglog(sizes / 2**20, seconds * 1e3, "o", label="measured")
+    if link is not None:
+        ax_time.loglog(sizes / 2**20, [1e3 * ring_all_reduce_s(n, p, link) for n in sizes], "-",
+                       label=f"model: {link.latency_us:.0f} us + n / {link.bandwidth_gbps:.2f} GB/s")
+    ax_time.set(xlabel="message (MiB)", ylabel="ms", title=f"All-reduce time, {p} processes")
+    ax_time.legend()
+    ax_bw.semilogx(sizes / 2**20, [r["bus_bandwidth_gbps"] for r in rows], "o-")
+    ax_bw.set(xlabel="message (MiB)", ylabel="GB/s", title="Bus bandwidth: small messages pay latency")
+    fig.tight_layout()
+    return fig
+
+
+def plot_predicted_vs_measured(predicted, measured=None, title: str = "Predicted weak-scaling efficiency"):
+    """Predicted efficiency (both overlap bounds) against world size, measured points beside them."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for label, group in predicted.groupby("model", sort=False):
+        line, = ax.semilogx(group.world_size, group.efficiency_no_overlap, "o--", base=2,
+                            label=f"{label}: no overlap")
+        ax.semilogx(group.world_size, group.efficiency_overlap, "s-", base=2, color=line.get_color(),
+                    label=f"{label}: overlapped with backward")
+    if measured is not None and len(measured):
+        ax.semilogx(measured.world_size, measured.efficiency, "k*", base=2, markersize=12, label="measured")
+    ax.set(xlabel="processes (log scale)", ylabel="efficiency", ylim=(0, 1.1), title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

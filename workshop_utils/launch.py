@@ -1,0 +1,231 @@
+"""Run torchrun from a notebook: a real multi-process job, its output streamed into the cell.
+
+A Jupyter kernel is one process; DDP needs one process per device. Forking
+workers from the kernel (``mp.spawn``) ties their fate to the kernel and hides
+their output, so instead we start ``torchrun`` as a subprocess, exactly as a
+Slurm script would, print its output line by line as it arrives, and read the
+result JSON that rank 0 writes back into Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import WorkshopError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            raise WorkshopError(f"Port {port} on {host} is already in use: the rendezvous could not listen there.",
+                                "pass port=None (a free port is picked) or another port.") from None
+    return port
+
+
+def cpu_threads_per_process(processes_on_this_machine: int) -> int:
+    """Share the cores: more threads than cores makes every rank slower."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // processes_on_this_machine)
+
+
+def check_process_count(nproc_per_node: int, device: str | None) -> None:
+    uses_gpu = device == "cuda" or (device in (None, "auto") and torch.cuda.is_available())
+    if uses_gpu and nproc_per_node > torch.cuda.device_count():
+        raise WorkshopError(f"{nproc_per_node} processes asked for, but this node has "
+                            f"{torch.cuda.device_count()} GPU(s): DDP needs one GPU per process.",
+                            f"use nproc <= {torch.cuda.device_count()}.")
+    if nproc_per_node < 1:
+        raise WorkshopError(f"nproc must be 1 or more, got {nproc_per_node}.", "start at least one process.")
+
+
+def torchrun_command(module: str, args: list[str], nproc_per_node: int, *, port: int, nnodes: int = 1,
+                     max_restarts: int = 0, rdzv_id: str = "workshop", is_host: bool | None = None) -> list[str]:
+    """The torchrun command line, with the venv's own torchrun (``sys.executable -m torch.distributed.run``)."""
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
+               f"--max-restarts={max_restarts}"]
+    if nnodes == 1:
+        command += ["--master-addr=127.0.0.1", f"--master-port={port}"]
+    else:  # several agents meet at a c10d rendezvous; the one with is_host=1 serves it
+        command += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                    f"--rdzv-id={rdzv_id}", f"--rdzv-conf=is_host={int(bool(is_host))}"]
+    return command + ["-m", module, *args]
+
+
+@dataclass
+class Launched:
+    """What a launch left behind: exit status, every output line, and rank 0's result record."""
+
+    returncode: int
+    lines: list[str] = field(repr=False)
+    record: dict | None = field(default=None, repr=False)
+    seconds: float = 0.0
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop torchrun and its workers: they share the process group we started (its id is the pid)."""
+    if process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: float = 600,
+           echo: bool = True) -> tuple[list[int], list[str]]:
+    """Run commands side by side, print their merged output line by line (prefixed by label), stop all at the end."""
+    lines: queue.Queue = queue.Queue()
+    processes = {}
+
+    def pump(label, process):
+        for line in process.stdout:
+            lines.put(f"{label}{line.rstrip()}")
+        lines.put(None)  # this process closed its output
+
+    try:
+        for label, command in commands.items():
+            processes[label] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                bufsize=1, env=env, start_new_session=True)
+            threading.Thread(target=pump, args=(label, processes[label]), daemon=True).start()
+        output, open_streams, deadline = [], len(processes), time.monotonic() + timeout_s
+        while open_streams:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise WorkshopError(f"The job ran longer than {timeout_s:.0f} s and was stopped.",
+                                    "give it more time (timeout_s=...) or fewer steps.") from None
+            if line is None:
+                open_streams -= 1
+                continue
+            output.append(line)
+            if echo:
+                print(line, flush=True)
+        return [p.wait() for p in processes.values()], output
+    finally:  # normal end, error or a user pressing stop: no process outlives the cell
+        for process in processes.values():
+            _stop(process)
+
+
+def _job_env(threads: int) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)  # a kernel started inside a job must not pass its own rank on
+    return env
+
+
+def _flags(options: dict) -> list[str]:
+    """{"batch_size": 64, "resume": True} -> ["--batch-size", "64", "--resume"]."""
+    args = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not None and value is not False:
+            args += [flag, str(value)]
+    return args
+
+
+def _failure(codes: list[int], lines: list[str]) -> WorkshopError:
+    errors = [line for line in lines if "error:" in line.lower()] or lines[-1:]
+    return WorkshopError(f"torchrun exited with status {max(codes, key=abs)}; first error: "
+                         f"{errors[0].strip() if errors else '(no output)'}",
+                         "read the streamed output above for the rank that failed.")
+
+
+def launch_torchrun(module: str, args: list[str], nproc: int = 1, *, max_restarts: int = 0, port: int | None = None,
+           device: str | None = None, timeout_s: float = 600, check: bool = True, echo: bool = True,
+           out: str | os.PathLike | None = None, threads: int | None = None) -> Launched:
+    """``torchrun --nproc-per-node=nproc -m module args``; ``out`` is the JSON rank 0 writes (read back).
+
+    ``threads`` is OMP_NUM_THREADS per process (None: the cores shared out evenly).
+    """
+    check_process_count(nproc, device)
+    port = check_port_free(port) if port is not None else free_port()
+    command = torchrun_command(module, args, nproc, port=port, max_restarts=max_restarts)
+    if echo:
+        print("$ torchrun " + " ".join(command[3:]), flush=True)
+    started = time.perf_counter()
+    codes, lines = stream({"": command}, _job_env(threads or cpu_threads_per_process(nproc)), timeout_s, echo)
+    seconds = time.perf_counter() - started
+    if check and any(codes):
+        raise _failure(codes, lines)
+    record = json.loads(Path(out).read_text()) if out is not None and Path(out).exists() else None
+    return Launched(max(codes, key=abs), lines, record, seconds)
+
+
+def launch_training(nproc: int = 1, *, max_restarts: int = 0, port: int | None = None, timeout_s: float = 600,
+                    check: bool = True, echo: bool = True, threads: int | None = None, **options) -> Launched:
+    """Train with ``python -m workshop_utils.train`` on ``nproc`` processes; options are its flags.
+
+    ``launch_training(2, batch_size=32, steps=20)`` runs
+    ``torchrun --nproc-per-node=2 -m workshop_utils.train --batch-size 32 --steps 20 --no-progress --out ...``.
+    """
+    options.setdefault("no_progress", True)  # progress bars redraw with \r: unreadable as streamed lines
+    with tempfile.TemporaryDirectory(prefix="workshop-launch-") as folder:
+        out = options.pop("out", None) or Path(folder) / "result.json"
+        return launch_torchrun("workshop_utils.train", _flags({**options, "out": out}), nproc, max_restarts=max_restarts,
+                      port=port, device=options.get("device"), timeout_s=timeout_s, check=check, echo=echo, out=out,
+                               threads=threads)
+
+
+def launch_nodes(nnodes: int = 2, nproc_per_node: int = 1, *, port: int | None = None, timeout_s: float = 300,
+                 echo: bool = True, threads: int | None = None, **options) -> Launched:
+    """Pretend to be ``nnodes`` machines: one torchrun agent per "node", all meeting at one c10d rendezvous.
+
+    On a cluster each agent runs on its own node (``srun torchrun ...``) with the same
+    ``--rdzv-endpoint=<first node>:<port>``; here they all run on this machine.
+    """
+    check_process_count(nproc_per_node, options.get("device"))
+    port = check_port_free(port) if port is not None else free_port()
+    options.setdefault("no_progress", True)
+    with tempfile.TemporaryDirectory(prefix="workshop-nodes-") as folder:
+        out = Path(folder) / "result.json"
+        args = _flags({**options, "out": out})
+        rdzv_id = f"workshop-{port}"
+        commands = {f"[agent {n}] ": torchrun_command("workshop_utils.train", args, nproc_per_node, port=port,
+                                                      nnodes=nnodes, rdzv_id=rdzv_id, is_host=n == 0)
+                    for n in range(nnodes)}
+        if echo:
+            for label, command in commands.items():
+                print(f"{label}$ torchrun " + " ".join(command[3:]), flush=True)
+        started = time.perf_counter()
+        env = _job_env(threads or cpu_threads_per_process(nnodes * nproc_per_node))
+        codes, lines = stream(commands, env, timeout_s, echo)
+        if any(codes):
+            raise _failure(codes, lines)
+        record = json.loads(out.read_text()) if out.exists() else None
+        return Launched(max(codes, key=abs), lines, record, time.perf_counter() - started)
+
+
+def world_sizes_for_this_machine(candidates=(1, 2, 4, 8)) -> list[int]:
+    """Process counts to scale over: one per GPU up to the GPUs present; 1 and 2 gloo processes on a CPU."""
+    limit = torch.cuda.device_count() if torch.cuda.is_available() else 2
+    return [p for p in candidates if p <= limit]

@@ -1,0 +1,458 @@
+"""Making the numbers behind mixed precision visible.
+
+Mixed precision is fast because half-width numbers move and multiply faster, and
+it is safe only as long as the numbers a network produces fit the format. This
+module lets a learner look at both sides with real tensors:
+
+* ``format_table``: range and precision of fp32, fp16, bf16 (and fp8), read from ``torch.finfo``;
+* ``capture_gradients`` / ``underflow_table`` / ``plot_gradient_magnitudes``: real gradient
+  magnitudes against fp16's smallest numbers, and what loss scaling rescues;
+* ``grad_scaler_trace``: the GradScaler's scale, step by step (growth, and back-off on overflow);
+* ``autocast_dtypes``: which layer autocast ran in which dtype, read from a forward pass with hooks;
+* ``find_first_nonfinite``: the first layer whose output or gradient is NaN/Inf;
+* ``precision_configs`` / ``mode_table``: the four modes as ``TrainConfig`` variants, and their comparison;
+* ``fp8_support`` / ``fp8_matmul_benchmark``: the next step, an FP8 matrix multiply (Ada/Hopper GPUs only).
+
+The demonstrations that need the GradScaler's inner state run a few steps by hand
+with ``precision.autocast``; real training always goes through ``trainer.train``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import CifarData, make_loader
+from .errors import WorkshopError
+from .hardware import PRECISIONS, check_precision
+from .precision import autocast
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+               torch.float8_e4m3fn: "fp8 e4m3", torch.float8_e5m2: "fp8 e5m2"}
+
+
+# ---------------------------------------------------------------- what each format can hold
+
+
+def smallest_subnormal(dtype: torch.dtype) -> float:
+    """The smallest positive number of ``dtype``: its smallest normal times its epsilon."""
+    info = torch.finfo(dtype)
+    return info.smallest_normal * info.eps
+
+
+def format_table(dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> pd.DataFrame:
+    """Bits, range and precision of each dtype, all derived from ``torch.finfo``."""
+    rows = []
+    for dtype in dtypes:
+        info = torch.finfo(dtype)
+        mantissa = round(-math.log2(info.eps))  # stored fraction bits: eps is 2**-mantissa
+        rows.append({"format": DTYPE_NAMES.get(dtype, str(dtype)), "bits": info.bits,
+                     "exponent bits": info.bits - 1 - mantissa, "mantissa bits": mantissa,
+                     "largest": info.max, "smallest normal": info.smallest_normal,
+                     "smallest subnormal": smallest_subnormal(dtype), "eps (gap above 1)": info.eps})
+    return pd.DataFrame(rows).set_index("format")
+
+
+# ---------------------------------------------------------------- gradients against fp16's range
+
+
+def _leaf_modules(model: nn.Module):
+    return [(name, module) for name, module in model.named_modules() if name and not list(module.children())]
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels)
+
+
+def capture_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """|gradient| of every parameter and of every layer's output, from one fp32 forward/backward.
+
+    The activation gradients matter most: under fp16 autocast they are the tensors that are
+    stored in fp16 during backward, so they are where small values are lost.
+    """
+    activation_grads, handles = [], []
+
+    def keep_grad(module, inputs, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: activation_grads.append(grad.detach().abs().flatten().float()))
+
+    for _, module in _leaf_modules(model):
+        if not getattr(module, "inplace", False):  # an in-place layer rewrites its input's tensor
+            handles.append(module.register_forward_hook(keep_grad))
+    model.zero_grad(set_to_none=True)
+    try:
+        _loss(model(images), labels).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    parameter_grads = torch.cat([p.grad.detach().abs().flatten().float() for p in model.parameters()
+                                 if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    return {"parameters": parameter_grads, "activations": torch.cat(activation_grads)}
+
+
+def underflow_table(gradients: dict[str, torch.Tensor], scales=(1.0, 2.0**8, 2.0**16),
+                    dtype: torch.dtype = torch.float16) -> pd.DataFrame:
+    """What casting the (scaled) gradients to ``dtype`` does: share flushed to zero, subnormal, overflowed."""
+    tiny = torch.finfo(dtype).smallest_normal
+    rows = []
+    for kind, grads in gradients.items():
+        nonzero = grads[grads > 0].double()
+        for scale in scales:
+            cast = (nonzero * scale).to(dtype)
+            rows.append({"gradients": kind, "loss scale": f"2^{round(math.log2(scale))}",
+                         "values": nonzero.numel(),
+                         "flushed to zero %": 100 * (cast == 0).double().mean().item(),
+                         "subnormal (imprecise) %": 100 * ((cast != 0) & (cast.abs() < tiny)).double().mean().item(),
+                         "overflowed to inf %": 100 * cast.isinf().double().mean().item()})
+    return pd.DataFrame(rows)
+
+
+def plot_gradient_magnitudes(gradients: dict[str, torch.Tensor], dtype: torch.dtype = torch.float16,
+                             title: str = "Gradient magnitudes against fp16's range"):
+    """Log-scale histograms of |gradient| with the format's smallest subnormal, smallest normal and largest value."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    values = {k: v[v > 0].double().log10().numpy() for k, v in gradients.items()}
+    low = min(min(v.min() for v in values.values()), math.log10(smallest_subnormal(dtype))) - 1
+    high = max(max(v.max() for v in values.values()), math.log10(torch.finfo(dtype).max)) + 0.5
+    bins = np.linspace(low, high, 90)
+    for kind, logs in values.items():
+        ax.hist(logs, bins=bins, alpha=0.55, label=f"{kind} ({len(logs):,} values)", density=True)
+    name = DTYPE_NAMES.get(dtype, str(dtype))
+    ax.axvspan(low, math.log10(smallest_subnormal(dtype)), color="tab:red", alpha=0.12,
+               label=f"becomes 0 in {name}")
+    for value, label, style in ((smallest_subnormal(dtype), "smallest subnormal", ":"),
+                                (torch.finfo(dtype).smallest_normal, "smallest normal", "--"),
+                                (torch.finfo(dtype).max, "largest", "-")):
+        ax.axvline(math.log10(value), color="k", ls=style, lw=1, label=f"{name} {label} {value:.2g}")
+    ax.set(xlabel="log10 |gradient|", ylabel="density", title=title)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- the GradScaler at work
+
+
+def training_batches(data: CifarData, batch_size: int, device: torch.device, steps: int, seed: int = 0):
+    """``steps`` augmented training batches on ``device``, cycling over epochs if needed."""
+    loader = make_loader("device", data.train_images, data.train_labels, batch_size, device, train=True, seed=seed)
+    if len(loader) == 0:
+        raise WorkshopError(f"batch_size {batch_size} is larger than the {len(data.train_labels)} training images.",
+                            "use a smaller batch size.")
+    batches, epoch = [], 0
+    while len(batches) < steps:
+        batches += list(loader.epoch(epoch))[: steps - len(batches)]
+        epoch += 1
+    return batches
+
+
+def grad_scaler_trace(model: nn.Module, batches, device: torch.device, init_scale: float = 2.0**16,
+                      growth_interval: int = 2, lr: float = 0.01) -> pd.DataFrame:
+    """Train ``model`` in fp16 on ``batches`` and record the GradScaler's scale at every step.
+
+    To show both of its moves in a few steps, pass an ``init_scale`` large enough for the
+    first scaled gradients to overflow (the step is skipped and the scale halved); the scale
+    grows again after ``growth_interval`` clean steps (PyTorch's default is 2000).
+    """
+    check_precision("fp16", device)
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    model.train()
+    rows = []
+    for step, (images, labels) in enumerate(batches, start=1):
+        with autocast("fp16", device):
+            loss = _loss(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale()
+        scaler.step(optimizer)  # skipped when any gradient is inf/NaN
+        scaler.update()
+        new_scale = scaler.get_scale()
+        event = "overflow: step skipped, scale halved" if new_scale < scale else (
+            "grew: scale doubled" if new_scale > scale else "")
+        rows.append({"step": step, "scale": scale, "loss": loss.item(), "next scale": new_scale, "event": event})
+    return pd.DataFrame(rows)
+
+
+def plot_scale_trace(trace: pd.DataFrame):
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    ax.step(trace["step"], np.log2(trace["scale"]), where="post", label="scale used at the step")
+    skipped = trace[trace["next scale"] < trace["scale"]]
+    ax.plot(skipped["step"], np.log2(skipped["scale"]), "rx", ms=9, label="overflow: step skipped")
+    ax.set(xlabel="step", ylabel="log2(loss scale)", title="GradScaler: growth and back-off")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- which dtype did autocast use?
+
+
+def _dtype_of(value) -> str:
+    if isinstance(value, (tuple, list)):
+        value = next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return DTYPE_NAMES.get(value.dtype, str(value.dtype)) if isinstance(value, torch.Tensor) else "-"
+
+
+def autocast_dtypes(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, precision: str,
+                    device: torch.device) -> pd.DataFrame:
+    """Input, output and weight dtype of every layer (and the loss) in one real forward pass under ``precision``."""
+    check_precision(precision, device)
+    rows, handles = [], []
+
+    def record(name):
+        def hook(module, inputs, output):
+            weight = getattr(module, "weight", None)
+            rows.append({"layer": name, "type": type(module).__name__, "input": _dtype_of(inputs),
+                         "output": _dtype_of(output), "weights": _dtype_of(weight)})
+        return hook
+
+    loss_fn = nn.CrossEntropyLoss()  # a module, so the loss is hooked like a layer
+    for name, module in [*_leaf_modules(model), ("loss", loss_fn)]:
+        handles.append(module.register_forward_hook(record(name)))
+    try:
+        with torch.no_grad(), autocast(precision, device):
+            loss_fn(model(images), labels)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return pd.DataFrame(rows)
+
+
+def dtype_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-layer table folded by layer type: which output dtypes each type produced."""
+    return (table.groupby("type", sort=False)
+            .agg(layers=("layer", "size"), input=("input", lambda s: ", ".join(sorted(set(s)))),
+                 output=("output", lambda s: ", ".join(sorted(set(s)))),
+                 weights=("weights", lambda s: ", ".join(sorted(set(s))))))
+
+
+# ---------------------------------------------------------------- where did the first NaN/Inf appear?
+
+
+@dataclass
+class NonFinite:
+    """The first non-finite tensor of a pass: where it was and what it held."""
+
+    phase: str  # "parameters" | "forward" | "loss" | "backward"
+    layer: str
+    kind: str  # module type
+    dtype: str
+    nan: int
+    inf: int
+    largest_finite: float
+
+    def __str__(self) -> str:
+        where = {"parameters": "weights of", "forward": "output of", "loss": "value of",
+                 "backward": "gradient arriving at the output of"}[self.phase]
+        largest = ("no finite value left" if math.isnan(self.largest_finite)
+                   else f"largest finite magnitude {self.largest_finite:.3g}")
+        return (f"{self.phase}: {where} {self.layer} ({self.kind}, {self.dtype}) has {self.inf} inf and "
+                f"{self.nan} NaN; {largest}")
+
+
+def _non_finite(tensor: torch.Tensor, phase: str, layer: str, kind: str) -> NonFinite | None:
+    tensor = tensor.detach()
+    bad = ~torch.isfinite(tensor)
+    if not bad.any():
+        return None
+    finite = tensor[~bad].abs()
+    return NonFinite(phase, layer, kind, _dtype_of(tensor), int(tensor.isnan().sum()), int(tensor.isinf().sum()),
+                     float(finite.max()) if finite.numel() else float("nan"))
+
+
+class _Found(Exception):
+    """Raised from a hook to stop the pass at the first non-finite tensor (nothing after it matters)."""
+
+    def __init__(self, found: NonFinite):
+        self.found = found
+
+
+def find_first_nonfinite(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, precision: str = "fp32",
+                         device: torch.device | None = None, loss_scale: float = 1.0) -> NonFinite | None:
+    """Run one forward (and, if that is clean, backward) pass; return the first NaN/Inf and its layer.
+
+    ``loss_scale`` multiplies the loss before backward, as a GradScaler does. Returns None
+    when every tensor stayed finite. Gradients are cleared afterwards and parameters are
+    untouched (in training mode, BatchNorm's running statistics do see the batch).
+    """
+    device = device or images.device
+    check_precision(precision, device)
+    for name, parameter in model.named_parameters():
+        found = _non_finite(parameter, "parameters", name.rsplit(".", 1)[0], "parameter")
+        if found:
+            return found
+
+    def check(tensor, phase, name, module):
+        found = _non_finite(tensor, phase, name, type(module).__name__)
+        if found:
+            raise _Found(found)
+        return None  # a tensor hook returning None leaves the gradient as it is
+
+    def watch(name):
+        def hook(module, inputs, output):
+            if isinstance(output, torch.Tensor):
+                check(output, "forward", name, module)
+                if output.requires_grad and not getattr(module, "inplace", False):
+                    output.register_hook(lambda grad: check(grad, "backward", name, module))
+        return hook
+
+    handles = [module.register_forward_hook(watch(name)) for name, module in _leaf_modules(model)]
+    model.zero_grad(set_to_none=True)
+    try:
+        with autocast(precision, device):
+            loss = _loss(model(images), labels)
+        check(loss, "loss", "cross_entropy", nn.CrossEntropyLoss())
+        (loss * loss_scale).backward()
+        return None
+    except _Found as stop:
+        return stop.found
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.zero_grad(set_to_none=True)
+
+
+def overshoot(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: float) -> nn.Module:
+    """A copy of ``model`` after one plain SGD step at learning rate ``lr``: what far too large a step does."""
+    broken = copy.deepcopy(model)
+    broken.zero_grad(set_to_none=True)
+    _loss(broken(images), labels).backward()
+    with torch.no_grad():
+        for parameter in broken.parameters():
+            if parameter.grad is not None:
+                parameter -= lr * parameter.grad
+    broken.zero_grad(set_to_none=True)
+    return broken
+
+
+# ---------------------------------------------------------------- the four modes side by side
+
+
+def precision_configs(base, modes=PRECISIONS, cpu_fp16_steps: int = 2) -> list:
+    """One ``TrainConfig`` per mode, identical except for the precision (and the name).
+
+    On a CPU, float16 maths is emulated and takes seconds per step, so fp16 runs only
+    ``cpu_fp16_steps`` steps there: enough to see it work, not to compare accuracy.
+    """
+    on_cpu = base.device == "cpu" or (base.device is None and not torch.cuda.is_available())
+    configs = []
+    for mode in modes:
+        config = base.replace(name=f"{base.model}-{mode}{'-cl' if base.channels_last else ''}", precision=mode)
+        if on_cpu and mode == "fp16":
+            steps = min(base.max_steps or cpu_fp16_steps, cpu_fp16_steps)
+            config = config.replace(max_steps=steps, warmup_steps=min(base.warmup_steps, steps - 1))
+        configs.append(config)
+    return configs
+
+
+def mode_table(records: list[dict]) -> pd.DataFrame:
+    """The comparison of training records that differ in precision: speed, memory, loss, accuracy, speed-ups.
+
+    Speed-ups are relative to the strict-fp32 and the tf32 record of the same model
+    (and memory layout); accuracy differences are in percentage points against fp32.
+    """
+    rows = []
+    for record in records:
+        c, m = record["config"], record["metrics"]
+        rows.append({"model": c["model"], "precision": c["precision"], "channels_last": c["channels_last"],
+                     "steps": m["steps"], "samples/s": m["samples_per_s"], "step ms (median)": m["step_ms_median"],
+                     "peak memory MiB": m["peak_memory_mib"], "final train loss": m["final_train_loss"],
+                     "test acc %": None if m["final_test_acc"] is None else 100 * m["final_test_acc"]})
+    table = pd.DataFrame(rows)
+    for reference in ("fp32", "tf32"):
+        base = table[table["precision"] == reference].set_index(["model", "channels_last"])
+        keys = list(zip(table["model"], table["channels_last"]))
+        speed = [base["samples/s"].get(k) for k in keys]
+        table[f"speed-up vs {reference}"] = [s / b if s and b else None for s, b in zip(table["samples/s"], speed)]
+    base_acc = table[table["precision"] == "fp32"].set_index(["model", "channels_last"])["test acc %"]
+    table["acc vs fp32 (points)"] = [a - base_acc.get(k) if a is not None and base_acc.get(k) is not None else None
+                                     for a, k in zip(table["test acc %"], zip(table["model"], table["channels_last"]))]
+    return table
+
+
+def plot_mode_speeds(table: pd.DataFrame, title: str = "Throughput by precision mode"):
+    """Grouped bars of samples/s per model and mode, each labelled with its speed-up over strict fp32."""
+    models = list(dict.fromkeys(table["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        part = table[table["model"] == model]
+        bars = ax.bar(part["precision"], part["samples/s"].fillna(0), color="tab:blue")
+        for bar, speedup in zip(bars, part["speed-up vs fp32"]):
+            if speedup:
+                ax.annotate(f"{speedup:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=8)
+        ax.set(title=model, ylabel="samples/s", xlabel="precision (labels: speed-up over strict fp32)")
+        ax.margins(y=0.2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- the next step: FP8
+
+
+def fp8_support(device: torch.device) -> str | None:
+    """None when ``device`` can run FP8 matrix multiplies; otherwise the reason it cannot."""
+    if device.type != "cuda":
+        return f"FP8 matrix multiplies need an NVIDIA GPU with FP8 tensor cores; this run is on {device.type}."
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        return (f"{torch.cuda.get_device_name(device)} (sm_{major}{minor}) has no FP8 tensor cores: "
+                "they start with Ada (sm_89) and Hopper (sm_90).")
+    if not hasattr(torch, "_scaled_mm"):
+        return f"this PyTorch ({torch.__version__}) has no torch._scaled_mm."
+    return None
+
+
+def check_fp8(device: torch.device) -> None:
+    reason = fp8_support(device)
+    if reason:
+        raise WorkshopError(reason, "skip the FP8 measurement, or run it on an H100/H200 (Hopper) or L40S (Ada) node.")
+
+
+def _time_ms(fn, repeats: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def fp8_matmul_benchmark(device: torch.device, size: int = 8192, repeats: int = 50) -> pd.DataFrame:
+    """Time a size x size matrix multiply in bf16 and in fp8 (e4m3, per-tensor scales, bf16 output)."""
+    check_fp8(device)
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    # Per-tensor scaling: map each matrix's largest magnitude onto fp8's largest value, undo it in the output.
+    scale_a, scale_b = a.abs().max() / fp8_max, b.abs().max() / fp8_max
+    a8 = (a / scale_a).to(torch.float8_e4m3fn)
+    b8 = (b / scale_b).to(torch.float8_e4m3fn).t().contiguous().t()  # the fp8 kernel wants b column-major
+    runs = {"bf16": lambda: a16 @ b16,
+            "fp8 e4m3": lambda: torch._scaled_mm(a8, b8, scale_a=scale_a.float(), scale_b=scale_b.float(),
+                                                 out_dtype=torch.bfloat16)}
+    reference = a.double() @ b.double()
+    rows = []
+    for name, fn in runs.items():
+        ms = _time_ms(fn, repeats)
+        error = ((fn().double() - reference).norm() / reference.norm()).item()
+        rows.append({"format": name, "ms": ms, "TFLOP/s": 2 * size**3 / ms / 1e9, "relative error": error})
+    table = pd.DataFrame(rows).set_index("format")
+    table["speed-up vs bf16"] = table.loc["bf16", "ms"] / table["ms"]
+    return table
+
