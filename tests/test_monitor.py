@@ -1,0 +1,54 @@
+"""Live utilisation sampling and the per-step memory probe (CPU paths; the GPU path reads NVML)."""
+
+import pandas as pd
+import pytest
+import torch
+
+import workshop_utils as wu
+
+
+def test_monitor_samples_cpu_utilisation_while_work_runs():
+    with wu.DeviceMonitor(interval_s=0.05, device="cpu") as monitor:
+        x = torch.randn(300, 300)
+        for _ in range(400):  # about half a second of work
+            x = torch.tanh(x @ x)
+    frame = monitor.frame()
+    assert monitor.source == "cpu" and len(frame) >= 3
+    assert frame["t_s"].is_monotonic_increasing
+    assert frame["utilization_pct"].between(0, 100).all() and (frame["memory_used_mib"] > 0).all()
+    assert frame["power_w"].isna().all()  # a CPU sample has no power or temperature reading
+
+
+def test_monitor_rejects_a_non_positive_interval():
+    with pytest.raises(wu.WorkshopError, match="interval_s"):
+        wu.DeviceMonitor(interval_s=0)
+
+
+def test_verdict_flags_a_starved_device_and_passes_a_busy_one():
+    starved = pd.DataFrame({"utilization_pct": [30.0, 50.0, 90.0]})
+    busy = pd.DataFrame({"utilization_pct": [95.0, 99.0, 97.0]})
+    assert "bottleneck" in wu.monitor_verdict(starved) and "67% of samples under 80%" in wu.monitor_verdict(starved)
+    assert "busy" in wu.monitor_verdict(busy)
+    assert "No samples" in wu.monitor_verdict(pd.DataFrame({"utilization_pct": []}))
+
+
+def test_plot_shows_the_threshold_and_skips_missing_power():
+    frame = pd.DataFrame({"t_s": [0.1, 0.2], "utilization_pct": [50.0, 90.0], "memory_used_mib": [10.0, 12.0],
+                          "power_w": [None, None], "temperature_c": [None, None]})
+    fig = wu.plot_monitor(frame)
+    assert len(fig.axes) == 2  # utilisation and memory; no empty power or temperature panels
+    assert any("80%" in text.get_text() for text in fig.axes[0].get_legend().get_texts())
+
+
+def test_step_memory_records_every_step_and_enforces_its_cap():
+    probe = wu.StepMemory("cpu")
+    block = torch.ones(8 * 2**20 // 4)  # 8 MiB held across the first step
+    probe(1)
+    del block
+    probe(2)
+    assert probe.frame()["step"].tolist() == [1, 2] and probe.max_mib >= 0
+    capped = wu.StepMemory("cpu", limit_mib=1.0)
+    big = torch.ones(64 * 2**20 // 4)  # 64 MiB: over the cap
+    with pytest.raises(torch.OutOfMemoryError, match="memory cap"):
+        capped(1)
+    del big

@@ -1,0 +1,91 @@
+"""The sweeps and the ladder: one switch per run, out-of-memory caught, Amdahl's bound."""
+
+import json
+import math
+
+import pytest
+
+import workshop_utils as wu
+
+def _config(**changes):
+    settings = dict(batch_size=32, max_steps=3, warmup_steps=1, progress=False, device="cpu")
+    return wu.TrainConfig(**{**settings, **changes})
+
+
+def test_amdahl_gives_the_ceiling_and_the_partial_gain():
+    assert wu.amdahl_speedup(0.5) == pytest.approx(2.0)  # removing half the time at best doubles speed
+    assert wu.amdahl_speedup(0.5, factor=2) == pytest.approx(1 / 0.75)
+    assert wu.amdahl_speedup(0.0) == 1.0
+    assert math.isinf(wu.amdahl_speedup(1.0))
+
+
+@pytest.mark.parametrize("fraction, factor", [(-0.1, 2), (1.5, 2), (0.5, 0)])
+def test_amdahl_rejects_impossible_inputs(fraction, factor):
+    with pytest.raises(wu.WorkshopError):
+        wu.amdahl_speedup(fraction, factor)
+
+
+def test_worker_counts_never_exceed_the_cores():
+    assert wu.worker_counts((0, 2, 4, 8), cores=2) == [0, 2]
+    assert wu.worker_counts((8, 0, 4), cores=16) == [0, 4, 8]
+
+
+def test_dataloader_sweep_caps_workers_and_skips_pinning_on_cpu(tiny_data, capsys):
+    table = wu.dataloader_sweep(_config(), tiny_data, workers=(0, 10_000), pin_memory=(False, True))
+    assert table[["num_workers", "pin_memory"]].values.tolist() == [[0, False]]
+    assert "pinned memory" in capsys.readouterr().out
+    row = table.iloc[0]
+    assert row["samples_per_s"] > 0 and 0 <= row["data_wait_fraction"] <= 1
+    assert row["amdahl_max_speedup"] == pytest.approx(1 / (1 - row["data_wait_fraction"]))
+
+
+def test_batch_size_sweep_reports_out_of_memory_instead_of_crashing(tiny_data):
+    table = wu.batch_size_sweep(_config(), tiny_data, start=32, largest=128, memory_cap_mib=1e-3)
+    assert table["status"].tolist() == ["out of memory at batch 32"]  # and the sweep stopped there
+    assert "memory cap" in table["detail"][0]
+
+
+def test_batch_size_sweep_doubles_and_measures_memory_without_a_cap(tiny_data, tmp_path):
+    table = wu.batch_size_sweep(_config(), tiny_data, start=32, largest=128, run_dir=tmp_path)
+    assert table["batch_size"].tolist() == [32, 64, 128]
+    assert (table["status"] == "ok").all() and (table["peak_memory_mib"] > 0).all()
+    saved = json.loads((tmp_path / "results" / "batch-128.json").read_text())
+    assert saved["config"]["batch_size"] == 128
+
+
+def test_batch_size_sweep_needs_room_for_one_batch(tiny_data):
+    with pytest.raises(wu.WorkshopError, match="no batch"):
+        wu.batch_size_sweep(_config(), tiny_data, start=1024, largest=2048)
+
+
+def test_ladder_is_cumulative_one_switch_per_rung(tiny_data, tmp_path):
+    rungs = [wu.Rung("baseline", {}, ""), wu.Rung("channels_last", {"channels_last": True}, ""),
+             wu.Rung("device-resident loader", {"loader": "device"}, "")]
+    table = wu.climb_ladder(_config(), tiny_data, rungs, run_dir=tmp_path)
+    assert table["rung"].tolist() == ["baseline", "channels_last", "device-resident loader"]
+    assert table["vs_baseline"].iloc[0] == 1.0
+    assert table["vs_baseline"].iloc[2] == pytest.approx(table["samples_per_s"].iloc[2] / table["samples_per_s"][0])
+    assert table["vs_previous"].iloc[2] == pytest.approx(table["samples_per_s"].iloc[2] / table["samples_per_s"][1])
+    configs = [json.loads(p.read_text())["config"] for p in sorted((tmp_path / "results").glob("ladder-*.json"))]
+    assert [(c["channels_last"], c["loader"]) for c in configs] == [(False, "torch"), (True, "torch"),
+                                                                    (True, "device")]
+
+
+def test_default_ladder_follows_the_workshop_order():
+    labels = [r.label for r in wu.ladder_rungs(compile=True)]
+    assert labels == ["baseline", "tuned DataLoader", "BF16 autocast", "channels_last", "device-resident loader",
+                      "torch.compile"]
+    assert "torch.compile" not in [r.label for r in wu.ladder_rungs(compile=False)]
+    with pytest.raises(wu.WorkshopError):
+        wu.climb_ladder(_config(), None, [])
+
+
+def test_ladder_repeats_round_robin_and_keeps_one_row_per_rung(tiny_data, tmp_path):
+    rungs = [wu.Rung("baseline", {}, ""), wu.Rung("channels_last", {"channels_last": True}, "")]
+    table = wu.climb_ladder(_config(max_steps=2), tiny_data, rungs, run_dir=tmp_path, repeats=2)
+    assert table["rung"].tolist() == ["baseline", "channels_last"]
+    saved = sorted(p.stem for p in (tmp_path / "results").glob("ladder-*.json"))
+    assert saved == ["ladder-0-baseline-r1", "ladder-0-baseline-r2", "ladder-1-channels_last-r1",
+                     "ladder-1-channels_last-r2"]
+    with pytest.raises(wu.WorkshopError, match="repeats"):
+        wu.climb_ladder(_config(), tiny_data, rungs, repeats=0)

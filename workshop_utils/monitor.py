@@ -1,0 +1,274 @@
+"""What the machine is doing while it trains: live utilisation and per-step peak memory.
+
+``DeviceMonitor`` samples in a background thread, so the training loop is not
+slowed down or changed. On a GPU it reads NVML (the library behind
+``nvidia-smi``, here through ``nvidia-ml-py``): utilisation, memory in use, power
+and temperature. On a CPU it reads, through ``psutil``, how busy this process
+and its DataLoader workers keep the cores, and their memory. The rule of thumb
+from the workshop slides: a GPU busy less than about 80% of the time is waiting
+for something (data, Python, synchronisation), so there is a bottleneck to find.
+
+``StepMemory`` is a per-step probe for ``train(..., on_step=...)``: the peak
+memory of each step, optionally with a cap that turns "too much" into the same
+``torch.OutOfMemoryError`` a full GPU raises, so out-of-memory handling can be
+shown, and tested, on a CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import re
+import sys
+import threading
+import time
+
+import pandas as pd
+import torch
+
+from .errors import WorkshopError
+from .hardware import cpu_cores, pick_device
+
+BUSY_THRESHOLD_PCT = 80  # below this a GPU is usually starved (rule of thumb of the workshop slides)
+_STATUS = "/proc/self/status"
+
+
+# ---------------------------------------------------------------- host memory high-water mark
+
+
+def host_peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM) in MiB; since the last reset where supported."""
+    try:
+        with open(_STATUS) as f:
+            return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
+    except (OSError, AttributeError):  # not Linux
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def host_rss_mib() -> float:
+    """This process's resident memory now, in MiB."""
+    try:
+        with open(_STATUS) as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+    except (OSError, AttributeError):
+        return host_peak_rss_mib()
+
+
+def release_free_host_memory() -> None:
+    """Hand memory that is freed but still held by glibc's malloc back to the system.
+
+    Without this, the resident size stays high after a large run, and the next run's
+    peak looks smaller than it is because it reuses memory the process already holds.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: measurements are only less precise
+        pass
+
+
+def reset_host_peak_rss() -> bool:
+    """Lower the high-water mark to the current RSS (Linux >= 4.0); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class StepMemory:
+    """Peak memory of every training step, measured above the level in use when the probe was made.
+
+    Pass it as ``train(config, data, on_step=probe)``. On a GPU it reads the caching allocator's
+    peak; on a CPU the process's resident-memory high-water mark. With ``limit_mib`` a step that
+    needs more raises ``torch.OutOfMemoryError``: a memory cap that works on any device.
+    """
+
+    def __init__(self, device: torch.device | str | None = None, limit_mib: float | None = None):
+        self.device = pick_device(device) if not isinstance(device, torch.device) else device
+        self.limit_mib = limit_mib
+        self.peaks: list[tuple[int, float]] = []
+        self.cuda = self.device.type == "cuda"
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base_mib = torch.cuda.memory_allocated(self.device) / 2**20
+        else:
+            release_free_host_memory()
+            reset_host_peak_rss()
+            self.base_mib = host_rss_mib()
+
+    def _peak_and_reset(self) -> float:
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            peak = host_peak_rss_mib()
+            reset_host_peak_rss()
+        return max(0.0, peak - self.base_mib)
+
+    def __call__(self, step: int) -> None:
+        peak = self._peak_and_reset()
+        self.peaks.append((step, peak))
+        if self.limit_mib is not None and peak > self.limit_mib:
+            raise torch.OutOfMemoryError(
+                f"step {step} needed {peak:,.0f} MiB, more than the {self.limit_mib:,.0f} MiB memory cap")
+
+    @property
+    def max_mib(self) -> float | None:
+        return max((p for _, p in self.peaks), default=None)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.peaks, columns=["step", "peak_memory_mib"])
+
+
+# ---------------------------------------------------------------- live sampling
+
+
+def _nvml_handle(device: torch.device):
+    try:
+        import pynvml
+    except ImportError:
+        return None, "nvidia-ml-py is not installed, so GPU metrics cannot be read (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+        try:  # NVML numbers GPUs physically; CUDA_VISIBLE_DEVICES may renumber them for PyTorch
+            index = torch.cuda._get_nvml_device_index(device)
+        except Exception:
+            index = device.index or 0
+        return pynvml.nvmlDeviceGetHandleByIndex(index), None
+    except pynvml.NVMLError as err:
+        return None, f"NVML is not usable here ({err})"
+
+
+def _gpu_sample(handle) -> dict:
+    import pynvml
+
+    def read(fn, scale=1.0):
+        try:
+            return fn(handle) * scale
+        except pynvml.NVMLError:  # some boards do not report power or temperature
+            return None
+
+    return {
+        "utilization_pct": read(lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+        "memory_used_mib": read(lambda h: pynvml.nvmlDeviceGetMemoryInfo(h).used, 1 / 2**20),
+        "power_w": read(pynvml.nvmlDeviceGetPowerUsage, 1e-3),
+        "temperature_c": read(lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+    }
+
+
+class _ProcessTreeSampler:
+    """CPU use and memory of this process and its children (DataLoader workers), not the whole machine.
+
+    On a shared node the machine-wide figure mostly shows other people's jobs. Utilisation is the
+    share of the cores this process may use, 100% meaning all of them busy with our training.
+    """
+
+    def __init__(self):
+        import psutil
+
+        self.psutil = psutil
+        self.cores = cpu_cores()
+        self.known: dict[int, object] = {}
+        self.sample()  # the first cpu_percent of each process only starts its interval
+
+    def sample(self) -> dict:
+        me = self.psutil.Process()
+        busy, rss = 0.0, 0
+        for process in [me, *me.children(recursive=True)]:
+            process = self.known.setdefault(process.pid, process)
+            try:
+                busy += process.cpu_percent(interval=None)
+                rss += process.memory_info().rss
+            except self.psutil.Error:  # a worker that exited between listing and reading
+                self.known.pop(process.pid, None)
+        return {"utilization_pct": min(100.0, busy / self.cores), "memory_used_mib": rss / 2**20,
+                "power_w": None, "temperature_c": None}
+
+
+class DeviceMonitor:
+    """Background sampler: ``with DeviceMonitor() as mon: train(...)``, then ``mon.frame()``.
+
+    Samples every ``interval_s`` seconds. It reads the GPU training runs on, or the CPU when
+    there is none (or when NVML cannot be used, which it says once).
+    """
+
+    def __init__(self, interval_s: float = 0.25, device: torch.device | str | None = None):
+        if interval_s <= 0:
+            raise WorkshopError(f"interval_s must be positive, got {interval_s}.", "try interval_s=0.25.")
+        self.interval_s = interval_s
+        self.device = pick_device(device) if not isinstance(device, torch.device) else device
+        self.samples: list[dict] = []
+        self.source = "cpu"
+        self._handle = None
+        if self.device.type == "cuda":
+            self._handle, problem = _nvml_handle(self.device)
+            if self._handle is not None:
+                self.source = "gpu"
+            else:
+                print(f"note: {problem}; sampling the CPU instead.", file=sys.stderr)
+        if self.source == "cpu":
+            try:
+                self._cpu = _ProcessTreeSampler()
+            except ImportError:
+                raise WorkshopError("psutil is not installed, so CPU utilisation cannot be read.",
+                                    "pip install psutil") from None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="device-monitor")
+
+    def _sample(self) -> dict:
+        return _gpu_sample(self._handle) if self.source == "gpu" else self._cpu.sample()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        while not self._stop.wait(self.interval_s):
+            self.samples.append({"t_s": time.perf_counter() - start, **self._sample()})
+
+    def __enter__(self) -> "DeviceMonitor":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def frame(self) -> pd.DataFrame:
+        columns = ["t_s", "utilization_pct", "memory_used_mib", "power_w", "temperature_c"]
+        return pd.DataFrame(self.samples, columns=columns)
+
+
+def monitor_verdict(frame: pd.DataFrame, threshold: float = BUSY_THRESHOLD_PCT, source: str = "gpu") -> str:
+    """One sentence: mean utilisation, share of samples under ``threshold``, and what it suggests."""
+    util = frame["utilization_pct"].dropna()
+    if util.empty:
+        return "No samples were taken: the run was shorter than one sampling interval."
+    below = float((util < threshold).mean())
+    what = "GPU" if source == "gpu" else "CPU (this process and its workers, share of all cores)"
+    verdict = ("a bottleneck outside the device's arithmetic: look at data loading, Python overhead and syncs"
+               if util.mean() < threshold else "the device is kept busy; speed now depends on the work itself")
+    return (f"{what} utilisation averaged {util.mean():.0f}% ({below:.0%} of samples under {threshold:.0f}%): "
+            f"{verdict}.")
+
+
+def plot_monitor(frame: pd.DataFrame, title: str = "Device metrics while training",
+                 threshold: float = BUSY_THRESHOLD_PCT):
+    """Utilisation (with the threshold line) and memory over time; power and temperature when known."""
+    import matplotlib.pyplot as plt
+
+    extra = [c for c in ("power_w", "temperature_c") if frame[c].notna().any()]
+    fig, axes = plt.subplots(1, 2 + len(extra), figsize=(4.2 * (2 + len(extra)), 3.2))
+    ax = axes[0]
+    ax.plot(frame["t_s"], frame["utilization_pct"], lw=1.2)
+    ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"{threshold:.0f}% rule of thumb")
+    ax.set(xlabel="seconds", ylabel="utilisation %", ylim=(0, 105), title="Utilisation")
+    ax.legend(fontsize=8, loc="lower right")
+    labels = {"memory_used_mib": "memory used (MiB)", "power_w": "power (W)", "temperature_c": "temperature (°C)"}
+    for ax, column in zip(axes[1:], ["memory_used_mib", *extra]):
+        ax.plot(frame["t_s"], frame[column], lw=1.2, color="tab:green")
+        ax.set(xlabel="seconds", ylabel=labels[column], title=labels[column].split(" (")[0].capitalize())
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,181 @@
+"""Measure, change one thing, measure again: the sweeps and the optimization ladder of notebook 04.
+
+Every point of every sweep is one call of the one training loop (``train``) with
+one field of ``TrainConfig`` changed, so a difference in the table can only come
+from that field. Each function returns a pandas table and, given a run folder,
+saves every run's full record there.
+
+* ``dataloader_sweep``: ``num_workers`` x ``pin_memory``, with the share of each
+  step spent waiting for data and Amdahl's bound on what fixing it could gain.
+* ``batch_size_sweep``: 32, 64, ... until memory runs out; the out-of-memory
+  error is caught and reported, never raised. A memory cap makes this work on CPU.
+* ``climb_ladder``: the cumulative optimization ladder, one switch per rung.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from .data import CifarData
+from .errors import WorkshopError
+from .hardware import cpu_cores, pick_device
+from .monitor import StepMemory
+from .trainer import TrainConfig, train
+
+METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
+
+
+def amdahl_speedup(fraction: float, factor: float = math.inf) -> float:
+    """Amdahl's law: the overall speed-up when ``fraction`` of the time becomes ``factor`` times faster.
+
+    With ``factor=inf`` it is the ceiling, 1 / (1 - fraction): removing a part of the work
+    entirely can never gain more than the rest of the work allows.
+    """
+    if not 0 <= fraction <= 1:
+        raise WorkshopError(f"fraction must be between 0 and 1, got {fraction}.", "pass a share of the time.")
+    if factor <= 0:
+        raise WorkshopError(f"factor must be positive, got {factor}.", "pass how many times faster the part gets.")
+    if fraction == 1 and math.isinf(factor):
+        return math.inf
+    return 1 / ((1 - fraction) + fraction / factor)
+
+
+def _run(config: TrainConfig, data: CifarData, run_dir, **extra):
+    result = train(config, data, **extra)
+    if run_dir is not None:
+        result.save(run_dir, config.name)
+    return result
+
+
+def _metrics(result) -> dict:
+    return {key: result.metrics.get(key) for key in METRICS}
+
+
+def worker_counts(candidates=(0, 2, 4, 8), cores: int | None = None) -> list[int]:
+    """The candidate worker counts this machine can run: more workers than cores only compete."""
+    cores = cpu_cores() if cores is None else cores
+    return sorted({c for c in candidates if c <= cores})
+
+
+def dataloader_sweep(config: TrainConfig, data: CifarData, workers=(0, 2, 4, 8), pin_memory=(False, True),
+                     run_dir=None) -> pd.DataFrame:
+    """Throughput and data-wait share for each ``num_workers`` x ``pin_memory`` (torch loader)."""
+    device = pick_device(config.device)
+    if device.type != "cuda" and True in pin_memory:
+        print("note: pinned memory only speeds up copies to a GPU; on the CPU only pin_memory=False is run.")
+        pin_memory = (False,)
+    rows = []
+    for count in worker_counts(workers):
+        for pin in pin_memory:
+            run = config.replace(name=f"loader-w{count}-pin{int(pin)}", loader="torch", num_workers=count,
+                                 pin_memory=pin, persistent_workers=count > 0)
+            metrics = _metrics(_run(run, data, run_dir))
+            wait = metrics["data_wait_fraction"] or 0.0
+            rows.append({"num_workers": count, "pin_memory": pin, **metrics,
+                         "amdahl_max_speedup": amdahl_speedup(wait)})
+    return pd.DataFrame(rows)
+
+
+def batch_sizes(start: int = 32, largest: int = 4096) -> list[int]:
+    if start <= 0 or largest < start:
+        raise WorkshopError(f"Cannot sweep batch sizes from {start} to {largest}.", "use 0 < start <= largest.")
+    sizes = [start]
+    while sizes[-1] * 2 <= largest:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, largest: int = 4096,
+                     memory_cap_mib: float | None = None, run_dir=None) -> pd.DataFrame:
+    """Double the batch size from ``start`` until ``largest`` or until memory runs out.
+
+    Out of memory (a real one on the GPU, or passing ``memory_cap_mib`` on any device) ends
+    the sweep with a row "out of memory at batch B" instead of an exception. Peak memory is what
+    the training steps needed above what was in use before the run started.
+    """
+    device = pick_device(config.device)
+    sizes = [b for b in batch_sizes(start, largest) if b <= len(data.train_labels)]
+    if not sizes:
+        raise WorkshopError(f"Only {len(data.train_labels)} training images: no batch of {start} fits.",
+                            "use more training images or a smaller start.")
+    rows = []
+    for size in sizes:
+        probe = StepMemory(device, limit_mib=memory_cap_mib)
+        try:
+            metrics = _metrics(_run(config.replace(name=f"batch-{size}", batch_size=size), data, run_dir,
+                                    on_step=probe))
+        except torch.OutOfMemoryError as err:
+            rows.append({"batch_size": size, "status": f"out of memory at batch {size}",
+                         "peak_memory_mib": probe.max_mib, "detail": str(err).splitlines()[0][:160]})
+            break
+        status = "ok" if metrics["samples_per_s"] else "not timed: no step left after warm-up"
+        rows.append({"batch_size": size, "status": status, **metrics, "peak_memory_mib": probe.max_mib})
+    # Outside the except block the failed run's frames (and their tensors) can really be freed.
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # hand the failed attempt's cached blocks back to the GPU
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of the ladder: a label, the TrainConfig fields it changes, and why it helps."""
+
+    label: str
+    changes: dict
+    why: str
+
+
+def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True) -> list[Rung]:
+    """The workshop's ladder; each rung keeps everything before it and switches one more thing."""
+    tuned_loader = tuned_loader or dict(num_workers=min(8, cpu_cores()), pin_memory=True,
+                                        persistent_workers=True, prefetch_factor=4)
+    rungs = [
+        Rung("baseline", {}, "notebook 01's settings: fp32, PIL DataLoader"),
+        Rung("tuned DataLoader", tuned_loader, "worker processes decode and augment ahead of the model"),
+        Rung("BF16 autocast", {"precision": "bf16"}, "tensor cores at half the bytes per value"),
+        Rung("channels_last", {"channels_last": True}, "the NHWC layout tensor-core convolutions read directly"),
+        Rung("device-resident loader", {"loader": "device"}, "data set on the device: no decode, no copies"),
+    ]
+    if compile:
+        rungs.append(Rung("torch.compile", {"compile": True}, "fused kernels, fewer launches and memory trips"))
+    return rungs
+
+
+def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=None,
+                 repeats: int = 1) -> pd.DataFrame:
+    """Train once per rung, each with all switches so far; speed-ups against the previous rung and the base.
+
+    With ``repeats`` > 1 the rungs are trained round-robin that many times and each rung keeps
+    its median run: a neighbour's job that slows a shared machine for a while then slows every
+    rung alike instead of one, so the ratios stay meaningful.
+    """
+    if not rungs:
+        raise WorkshopError("The ladder has no rungs.", "pass ladder_rungs() or a list of Rung.")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise WorkshopError(f"repeats must be a whole number >= 1, got {repeats!r}.", "use repeats=1 or more.")
+    configs, config = [], base
+    for index, rung in enumerate(rungs):
+        slug = rung.label.lower().replace(" ", "-").replace(".", "-")
+        config = config.replace(name=f"ladder-{index}-{slug}", **rung.changes)
+        configs.append(config)
+    runs = [[] for _ in rungs]
+    for repeat in range(repeats):
+        for index, config in enumerate(configs):
+            name = config.name if repeats == 1 else f"{config.name}-r{repeat + 1}"
+            runs[index].append(_metrics(_run(config.replace(name=name), data, run_dir)))
+    rows = []
+    for rung, measured in zip(rungs, runs):
+        measured.sort(key=lambda m: m["samples_per_s"] or 0.0)
+        changes = ", ".join(f"{k}={v}" for k, v in rung.changes.items()) or "-"
+        rows.append({"rung": rung.label, "switch": changes, **measured[len(measured) // 2]})
+    table = pd.DataFrame(rows)
+    speed = table["samples_per_s"].astype(float)
+    table.insert(3, "vs_previous", speed / speed.shift(1))
+    table.insert(4, "vs_baseline", speed / speed.iloc[0])
+    return table
