@@ -19,6 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from workshop_utils.launch import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "srun", "sinfo")
 SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")  # daemons live here, often outside a user's PATH
@@ -32,12 +34,6 @@ def which(name: str) -> str | None:
 
 def missing_binaries() -> list[str]:
     return [name for name in DAEMONS + CLIENTS if which(name) is None]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 SLURM_CONF = """\

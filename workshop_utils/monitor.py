@@ -16,9 +16,6 @@ shown, and tested, on a CPU.
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import re
 import sys
 import threading
 import time
@@ -28,55 +25,9 @@ import torch
 
 from .errors import WorkshopError
 from .hardware import cpu_cores, pick_device
+from .timing import host_peak_rss_mib, host_rss_mib, release_free_host_memory, reset_host_peak_rss
 
 BUSY_THRESHOLD_PCT = 80  # below this a GPU is usually starved (rule of thumb of the workshop slides)
-_STATUS = "/proc/self/status"
-
-
-# ---------------------------------------------------------------- host memory high-water mark
-
-
-def host_peak_rss_mib() -> float:
-    """This process's peak resident memory (VmHWM) in MiB; since the last reset where supported."""
-    try:
-        with open(_STATUS) as f:
-            return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
-    except (OSError, AttributeError):  # not Linux
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def host_rss_mib() -> float:
-    """This process's resident memory now, in MiB."""
-    try:
-        with open(_STATUS) as f:
-            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
-    except (OSError, AttributeError):
-        return host_peak_rss_mib()
-
-
-def release_free_host_memory() -> None:
-    """Hand memory that is freed but still held by glibc's malloc back to the system.
-
-    Without this, the resident size stays high after a large run, and the next run's
-    peak looks smaller than it is because it reuses memory the process already holds.
-    """
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: measurements are only less precise
-        pass
-
-
-def reset_host_peak_rss() -> bool:
-    """Lower the high-water mark to the current RSS (Linux >= 4.0); False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 class StepMemory:

@@ -13,6 +13,9 @@ for data counts: the throughput is what the user would see.
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import re
 import time
 
 import numpy as np
@@ -77,15 +80,66 @@ class StepTimer:
         }
 
 
+_STATUS = "/proc/self/status"
+
+
 def peak_memory_mib(device: torch.device) -> tuple[float, str]:
-    """Peak memory in MiB and what it measures: GPU allocator peak, or the process's peak RSS on CPU."""
+    """Peak memory in MiB since ``reset_peak_memory`` and what it measures.
+
+    On a GPU: the caching allocator's peak. On a CPU: the process's peak resident size
+    (Linux's VmHWM), which ``reset_peak_memory`` lowers so that each run reports its own peak.
+    """
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20, "GPU memory allocated (peak)"
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "host RSS of this process (peak)"
+    return host_peak_rss_mib(), "host RSS of this process (peak during the run)"
 
 
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    else:
+        release_free_host_memory()
+        reset_host_peak_rss()
+
+
+def host_peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM) in MiB; since the last reset where supported."""
+    try:
+        with open(_STATUS) as f:
+            return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
+    except (OSError, AttributeError):  # not Linux
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def host_rss_mib() -> float:
+    """This process's resident memory now, in MiB."""
+    try:
+        with open(_STATUS) as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+    except (OSError, AttributeError):
+        return host_peak_rss_mib()
+
+
+def release_free_host_memory() -> None:
+    """Hand memory that is freed but still held by glibc's malloc back to the system.
+
+    Without this, the resident size stays high after a large run, and the next run's
+    peak looks smaller than it is because it reuses memory the process already holds.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: measurements are only less precise
+        pass
+
+
+def reset_host_peak_rss() -> bool:
+    """Lower the high-water mark to the current RSS (Linux >= 4.0); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
