@@ -11,6 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import workshop_utils as wu
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 BASELINE = ROOT / "notebooks" / "01_single_gpu_baseline.ipynb"
@@ -48,8 +50,13 @@ def test_baseline_notebook_obeys_papermill_parameters(tmp_path):
 @pytest.mark.parametrize("notebook", [p for p in NOTEBOOKS if p != BASELINE], ids=lambda p: p.stem)
 def test_notebook_runs_headless_and_reports(notebook, tmp_path):
     _execute(notebook, tmp_path / "out.ipynb", run_dir=str(tmp_path), profile="cpu")
-    sections = list((tmp_path / "results").glob("section-*.json"))
+    sections = [json.loads(p.read_text()) for p in (tmp_path / "results").glob("section-*.json")]
     assert sections, "every notebook adds at least one section to the main job's report"
+    report = wu.write_report(tmp_path).read_text()
+    for section in sections:
+        assert f"## {section['title']}" in report
+        for figure in section["figures"]:
+            assert (tmp_path / figure).stat().st_size > 5_000, figure
 
 
 @pytest.mark.notebook

@@ -22,6 +22,10 @@ _MODULES = {
     "checks": (
         "check_baseline", "summary_table",
     ),
+    "collectives": (
+        "COLLECTIVES", "collective_table", "collectives_frame", "fit_all_reduce", "plot_collective_times",
+        "ring_time_s", "run_collective", "show_collectives", "time_collectives",
+    ),
     "comm_model": (
         "LINKS", "Link", "fit_link", "plot_all_reduce", "plot_predicted_vs_measured", "plot_scaling",
         "predict_scaling", "ring_all_reduce_s", "scaling_table",
@@ -29,6 +33,9 @@ _MODULES = {
     "data": (
         "CLASSES", "CifarData", "DeviceLoader", "TorchLoader", "load_data", "make_loader",
         "make_synthetic_cifar", "read_cifar10", "verify_cifar10",
+    ),
+    "dist_checkpoint": (
+        "checkpoint_stall", "full_parameter_checksum", "load_into_one_process", "sharded_round_trip",
     ),
     "distributed": (
         "DistInfo", "all_reduce_sum", "read_dist_env", "setup_distributed", "teardown_distributed",
@@ -53,7 +60,7 @@ _MODULES = {
     ),
     "models": (
         "MODELS", "SimpleCNN", "build_model", "count_parameters", "max_parameter_difference",
-        "parameter_checksum", "resnet18_cifar", "unwrap",
+        "parameter_checksum", "resnet18_cifar", "state_checksum", "unwrap",
     ),
     "monitor": (
         "DeviceMonitor", "StepMemory", "monitor_verdict", "plot_monitor",
@@ -63,6 +70,12 @@ _MODULES = {
         "find_first_nonfinite", "format_table", "fp8_matmul_benchmark", "fp8_support", "grad_scaler_trace",
         "mode_table", "overshoot", "plot_gradient_magnitudes", "plot_mode_speeds", "plot_scale_trace",
         "precision_configs", "smallest_subnormal", "training_batches", "underflow_table",
+    ),
+    "parallel_demos": (
+        "PARTS", "demo_world", "launch_demo",
+    ),
+    "pipeline": (
+        "bubble_fraction", "bubble_table", "gpipe_step", "measure_bubble", "plot_pipeline",
     ),
     "plots": (
         "plot_bars", "plot_step_times", "plot_training_curves", "save_figure",
@@ -79,15 +92,25 @@ _MODULES = {
     "profiling": (
         "ProfileRun", "profile_training", "top_ops",
     ),
+    "recompute": (
+        "BlockStack", "measure_recompute",
+    ),
     "report": (
         "add_report_section", "write_report",
     ),
     "results": (
         "load_results", "new_run_dir", "read_records", "resolve_run_dir", "save_record",
     ),
+    "sharding": (
+        "BYTES_PER_PARAMETER", "ZERO_STAGES", "compare_ddp_fsdp", "held_bytes", "memory_ratio", "plot_held_memory",
+        "shard_model", "zero_memory_table",
+    ),
     "sweeps": (
         "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "dataloader_sweep", "ladder_rungs",
         "worker_counts",
+    ),
+    "tensor_parallel": (
+        "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",
     ),
     "timing": (
         "StepTimer", "peak_memory_mib",

@@ -16,7 +16,6 @@ single-device step time and the gradient size, with published link figures as in
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -96,33 +95,20 @@ def predict_scaling(step_s: float, grad_bytes: float, world_sizes, link_within: 
     return pd.DataFrame(rows)
 
 
+def message_sizes(min_kib: int, max_mib: int) -> list[int]:
+    """Bytes from ``min_kib`` KiB up to ``max_mib`` MiB in steps of 4x."""
+    return [min_kib * 1024 * 4**k for k in range(20) if min_kib * 1024 * 4**k <= max_mib * 2**20]
+
+
 def measure_all_reduce(sizes_bytes, repeats: int = 10, device: torch.device | None = None) -> list[dict]:
     """Median time of an all-reduce (sum, fp32) per size, in an initialised process group."""
+    from .collectives import time_collectives  # it builds on this module's model
+
     if not (dist.is_available() and dist.is_initialized()):
         raise WorkshopError("measure_all_reduce needs a process group.",
                             "run `torchrun --nproc-per-node=2 -m workshop_utils.comm_model`.")
-    device = device or torch.device("cpu")
-    p = dist.get_world_size()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rows = []
-    for n_bytes in sizes_bytes:
-        tensor = torch.ones(max(1, int(n_bytes) // 4), dtype=torch.float32, device=device)
-        times = []
-        for i in range(repeats + 2):  # two untimed rounds set up connections and buffers
-            dist.barrier()
-            sync()
-            started = time.perf_counter()
-            dist.all_reduce(tensor)
-            sync()
-            if i >= 2:
-                times.append(time.perf_counter() - started)
-        # Every rank waits for the slowest, so the slowest rank's median is the collective's time.
-        median = torch.tensor([float(np.median(times))])
-        dist.all_reduce(median, op=dist.ReduceOp.MAX)
-        seconds = median.item()
-        rows.append({"size_bytes": tensor.numel() * 4, "seconds": seconds, "world_size": p,
-                     "bus_bandwidth_gbps": bus_bandwidth_gbps(tensor.numel() * 4, seconds, p)})
-    return rows
+    rows = time_collectives(sizes_bytes, ("all_reduce",), repeats, device)
+    return [{key: row[key] for key in ("size_bytes", "seconds", "world_size", "bus_bandwidth_gbps")} for row in rows]
 
 
 @exit_on_workshop_error
@@ -149,8 +135,7 @@ def main(argv=None) -> None:
         raise WorkshopError("One process has nobody to all-reduce with.",
                             "start it with `torchrun --nproc-per-node=2 -m workshop_utils.comm_model`.")
     try:
-        sizes = [args.min_kib * 1024 * 4**k for k in range(20) if args.min_kib * 1024 * 4**k <= args.max_mib * 2**20]
-        rows = measure_all_reduce(sizes, args.repeats, device)
+        rows = measure_all_reduce(message_sizes(args.min_kib, args.max_mib), args.repeats, device)
     finally:
         teardown_distributed()
     if info.is_main:

@@ -73,12 +73,18 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def parameter_checksum(model: nn.Module) -> str:
-    """A short fingerprint of every parameter and buffer: equal checksums mean equal models, bit for bit."""
+def parameter_checksum(model: nn.Module, buffers: bool = True) -> str:
+    """A short fingerprint of every parameter (and buffer): equal checksums mean equal models, bit for bit."""
+    model = unwrap(model)
+    return state_checksum(model.state_dict() if buffers else dict(model.named_parameters()))
+
+
+def state_checksum(state: dict) -> str:
+    """``parameter_checksum`` of a state dict (e.g. one gathered from a sharded model)."""
     import hashlib
 
     digest = hashlib.sha256()
-    for name, tensor in sorted(unwrap(model).state_dict().items()):
+    for name, tensor in sorted(state.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -143,3 +143,18 @@ def reset_host_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+def follow_tensors_in_rss(threshold_bytes: int = 256 * 1024) -> bool:
+    """Make the resident size follow tensor memory closely (glibc); False where that is not possible.
+
+    glibc serves large blocks straight from the OS and returns them when freed, but it raises that
+    threshold each time such a block is freed, after which blocks of that size stay in its heap
+    once freed: the resident size, and so the peak, then includes memory no tensor uses any more.
+    Fixing the threshold keeps every block of ``threshold_bytes`` or more out of the heap.
+    """
+    m_mmap_threshold = -3
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, threshold_bytes))
+    except (OSError, AttributeError):
+        return False

@@ -1,0 +1,141 @@
+"""Notebook 05's claims as tests: collectives, ZeRO arithmetic, FSDP, tensor and pipeline parallelism,
+activation checkpointing and distributed checkpoints, on gloo ranks started by torchrun."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import workshop_utils as wu
+from workshop_utils.comm_model import Link, ring_all_reduce_s
+from workshop_utils.errors import WorkshopError
+
+DEMO = dict(nproc=2, device="cpu", echo=False, timeout_s=300)
+
+
+def test_zero_stages_shard_adams_sixteen_bytes_per_parameter():
+    n, p = 1_000_000, 4
+    table = wu.zero_memory_table(n, p, "fp32").set_index("strategy").total_gib * 2**30
+    assert table["DDP (replicated)"] == pytest.approx(16 * n)
+    assert table["ZeRO-1 (optimizer state sharded)"] == pytest.approx((4 + 4 + 8 / p) * n)
+    assert table["ZeRO-2 (+ gradients sharded)"] == pytest.approx((4 + (4 + 8) / p) * n)
+    assert table["ZeRO-3 / FSDP (+ parameters sharded)"] == pytest.approx(16 * n / p)
+    mixed = wu.zero_memory_table(n, p, "mixed")
+    assert mixed.total_gib.iloc[0] * 2**30 == pytest.approx(16 * n)  # 2 + 2 + 12, as in the ZeRO paper
+    with pytest.raises(WorkshopError, match="Unknown precision"):
+        wu.zero_memory_table(n, p, "fp8")
+
+
+def test_ring_all_gather_and_reduce_scatter_cost_half_an_all_reduce():
+    link = Link("test", bandwidth_gbps=10.0, latency_us=20.0, source="made up")
+    full = ring_all_reduce_s(2**24, 8, link)
+    assert wu.ring_time_s("all_reduce", 2**24, 8, link) == full
+    assert wu.ring_time_s("all_gather", 2**24, 8, link) == pytest.approx(full / 2)
+    assert wu.ring_time_s("reduce_scatter", 2**24, 8, link) == pytest.approx(full / 2)
+    assert wu.ring_time_s("broadcast", 2**24, 8, link) is None
+
+
+def test_bubble_formula():
+    assert wu.bubble_fraction(2, 1) == pytest.approx(0.5)
+    assert wu.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert wu.bubble_fraction(1, 8) == 0
+
+
+def test_every_collective_delivers_what_its_definition_says():
+    rows = wu.launch_demo("collectives-show", **DEMO)["rows"]
+    got = {(r["collective"], r["rank"]): r["output"] for r in rows}
+    # rank 0 starts with [0, 1], rank 1 with [10, 11]; the root is rank 0
+    assert got["broadcast", 0] == got["broadcast", 1] == [0, 1]
+    assert got["scatter", 0] == [0] and got["scatter", 1] == [1]
+    assert got["gather", 0] == [0, 10] and got["gather", 1] == "-"
+    assert got["all_gather", 0] == got["all_gather", 1] == [0, 10]
+    assert got["reduce_scatter", 0] == [10] and got["reduce_scatter", 1] == [12]
+    assert got["all_reduce", 0] == got["all_reduce", 1] == [10, 12]
+    table = wu.collectives_frame(rows)
+    assert list(table.index) == list(wu.COLLECTIVES) and list(table.columns) == ["rank 0", "rank 1"]
+
+
+def test_collectives_are_timed_per_size_and_fitted():
+    record = wu.launch_demo("collectives-time", max_mib=1, repeats=3, **DEMO)
+    names = {r["collective"] for r in record["rows"]}
+    assert names == set(wu.COLLECTIVES)
+    assert all(r["seconds"] > 0 for r in record["rows"])
+    table = wu.collective_table(record["rows"])
+    assert table[table.collective == "all_reduce"].measured_over_model.notna().all()
+    assert table[table.collective == "broadcast"].model_seconds.isna().all()
+
+
+def test_fsdp_halves_the_bytes_per_rank_and_follows_ddps_loss_trajectory():
+    record = wu.launch_demo("fsdp", steps=3, batch_size=8, train_size=64, **DEMO)
+    ddp, fsdp = record["losses"]["DDP"], record["losses"]["FSDP"]
+    assert len(ddp) == len(fsdp) == 3
+    assert max(abs(a - b) for a, b in zip(ddp, fsdp)) < 1e-5
+    assert wu.memory_ratio(record) == pytest.approx(0.5, abs=0.01)
+    first = next(r for r in record["held_bytes"] if r["strategy"] == "DDP")
+    assert first["parameters"] == 4 * record["parameters"] and first["optimizer"] == 8 * record["parameters"]
+
+
+def test_tensor_parallel_splits_equal_the_unsplit_layer():
+    record = wu.launch_demo("tensor-parallel", batch=16, features=64, hidden=256, **DEMO)
+    assert len(record["rows"]) == 4
+    for row in record["rows"]:
+        assert row["max_abs_difference"] <= 1e-5 * row["scale"], row["split"]
+    assert record["rows"][0]["output_shape"] == [16, 256] and record["rows"][1]["output_shape"] == [16, 64]
+
+
+def test_pipeline_gradients_equal_the_unsplit_model_and_the_bubble_is_measured():
+    record = wu.launch_demo("pipeline", microbatch_counts=[1, 4], batch=64, width=64, layers_per_stage=1,
+                            repeats=1, **DEMO)
+    assert record["gradient_max_abs_difference"] < 1e-5
+    table = wu.bubble_table(record)
+    assert list(table.bubble_formula) == [pytest.approx(0.5), pytest.approx(0.2)]
+    assert table.bubble_measured.between(0, 1).all()
+    timeline = record["timelines"]["4"]
+    assert {(r["stage"], r["pass"]) for r in timeline} == {(s, p) for s in (0, 1) for p in "FB"}
+    assert sum(r["pass"] == "F" for r in timeline) == 2 * 4  # every stage runs every micro-batch forward
+
+
+def test_activation_checkpointing_keeps_gradients_and_cuts_memory():
+    result = wu.measure_recompute(width=128, depth=6, tokens=2048, steps=1)
+    assert result["gradient_max_abs_difference"] == 0.0
+    assert result["memory_ratio"] < 0.8  # about 0.25 measured; a generous margin for a busy machine
+
+
+def test_distributed_checkpoint_round_trip_and_reshard_into_one_process(tmp_path):
+    record = wu.launch_demo("checkpoint", folder=str(tmp_path), batch_size=8, round_trip_steps=2, stall_steps=2,
+                            every=1, **DEMO)
+    trip = record["round_trip"]
+    assert trip["parameters_equal"]
+    assert trip["next_step_loss"]["saved"] == trip["next_step_loss"]["restored"]  # optimizer state restored too
+    assert {f["file"] for f in trip["files"]} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    single = wu.load_into_one_process(tmp_path / "sharded", wu.build_model("simplecnn"))
+    assert wu.parameter_checksum(single, buffers=False) == trip["parameter_checksum"]
+    stall = {r["mode"]: r for r in record["stall"]["rows"]}
+    assert stall["none"]["saves"] == 0 and stall["sync"]["saves"] == stall["async"]["saves"] == 2
+    assert (tmp_path / "stall" / "async-step2" / ".metadata").exists()
+
+
+def test_loading_a_folder_that_is_not_a_checkpoint_says_so(tmp_path):
+    with pytest.raises(WorkshopError, match="not a distributed checkpoint"):
+        wu.load_into_one_process(tmp_path, wu.build_model("simplecnn"))
+
+
+def test_bad_demo_options_are_refused_before_any_process_starts():
+    with pytest.raises(WorkshopError, match="cannot take these options"):
+        wu.launch_demo("pipeline", micro_batches=[1, 2])
+    with pytest.raises(WorkshopError, match="Unknown part"):
+        wu.launch_demo("zero-bubble")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["pipeline", "--options", "{not json"], "not valid JSON"),
+    (["pipeline", "--options", "[1, 2]"], "must be a JSON object"),
+    (["pipeline"], "needs two or more processes"),
+])
+def test_command_line_mistakes_are_one_line_and_exit_2(args, message):
+    result = subprocess.run([sys.executable, "-m", "workshop_utils.parallel_demos", *args], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and message in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,183 @@
+"""The collective operations every parallel strategy is built from, shown and timed among real ranks.
+
+Data parallelism needs one collective (all-reduce); sharded, tensor- and pipeline-parallel
+training need the others. ``show_collectives`` runs each on tiny tensors so the inputs and
+outputs of every rank can be read side by side; ``time_collectives`` times each over message
+sizes, where ``n`` is always the size of the *full* tensor (the one all-reduced, gathered or
+scattered), so the rows compare like with like. A ring all-gather or reduce-scatter moves
+half of what a ring all-reduce moves: all-reduce = reduce-scatter + all-gather.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .comm_model import Link, bus_bandwidth_gbps, fit_link, ring_all_reduce_s
+
+COLLECTIVES = ("broadcast", "scatter", "gather", "all_gather", "reduce_scatter", "all_reduce")
+
+
+def _rank_input(rank: int, world: int, device) -> torch.Tensor:
+    """Rank r holds [10r, 10r+1, ...]: every value says which rank it came from."""
+    return torch.arange(world, dtype=torch.float32, device=device) + 10 * rank
+
+
+def run_collective(name: str, x: torch.Tensor) -> torch.Tensor | None:
+    """One collective on this rank's tensor ``x`` (length divisible by the world size); root is rank 0.
+
+    Returns what this rank holds afterwards (None where a rank receives nothing).
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if name == "broadcast":
+        out = x.clone()
+        dist.broadcast(out, src=0)
+        return out
+    if name == "scatter":
+        out = torch.empty(x.numel() // world, dtype=x.dtype, device=x.device)
+        dist.scatter(out, list(x.chunk(world)) if rank == 0 else None, src=0)
+        return out
+    if name == "gather":
+        piece = x[: x.numel() // world].contiguous()
+        parts = [torch.empty_like(piece) for _ in range(world)] if rank == 0 else None
+        dist.gather(piece, parts, dst=0)
+        return torch.cat(parts) if rank == 0 else None
+    if name == "all_gather":
+        piece = x[: x.numel() // world].contiguous()
+        out = torch.empty(piece.numel() * world, dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, piece)
+        return out
+    if name == "reduce_scatter":
+        out = torch.empty(x.numel() // world, dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(out, x)
+        return out
+    if name == "all_reduce":
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+    raise ValueError(f"unknown collective {name!r}")
+
+
+def _sent(name: str, x: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
+    """The part of ``x`` that ``run_collective`` actually contributes, for display."""
+    if name in ("broadcast", "scatter"):
+        return x if rank == 0 else None
+    if name in ("gather", "all_gather"):
+        return x[: x.numel() // world]
+    return x
+
+
+def show_collectives(device=None) -> list[dict]:
+    """Every collective on tiny tensors: one row per (collective, rank) with its input and output."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    x = _rank_input(rank, world, device or torch.device("cpu"))
+    mine = []
+    for name in COLLECTIVES:
+        sent, out = _sent(name, x, rank, world), run_collective(name, x)
+        mine.append({"collective": name, "rank": rank,
+                     "input": "-" if sent is None else sent.int().tolist(),
+                     "output": "-" if out is None else out.int().tolist()})
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    return sorted((row for rows in everyone for row in rows), key=lambda r: (COLLECTIVES.index(r["collective"]),
+                                                                              r["rank"]))
+
+
+def time_collectives(sizes_bytes, names=COLLECTIVES, repeats: int = 10, device=None) -> list[dict]:
+    """Median seconds per collective and full-tensor size (fp32), the slowest rank's median."""
+    device = device or torch.device("cpu")
+    world = dist.get_world_size()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    for name in names:
+        for n_bytes in sizes_bytes:
+            numel = max(world, int(n_bytes) // 4 // world * world)
+            x = torch.ones(numel, dtype=torch.float32, device=device)
+            times = []
+            for i in range(repeats + 2):  # two untimed rounds set up connections and buffers
+                dist.barrier()
+                sync()
+                started = time.perf_counter()
+                run_collective(name, x)
+                sync()
+                if i >= 2:
+                    times.append(time.perf_counter() - started)
+            # Every rank waits for the slowest, so the slowest rank's median is the collective's time.
+            median = torch.tensor([float(np.median(times))], device=device)
+            dist.all_reduce(median, op=dist.ReduceOp.MAX)
+            seconds = median.item()
+            rows.append({"collective": name, "size_bytes": numel * 4, "seconds": seconds, "world_size": world,
+                         "bus_bandwidth_gbps": bus_bandwidth_gbps(numel * 4, seconds, world)
+                         if name == "all_reduce" else None})
+    return rows
+
+
+def ring_time_s(name: str, n_bytes: float, world_size: int, link: Link) -> float | None:
+    """The ring model for the collectives it describes; None for the rooted ones.
+
+    A ring all-gather or reduce-scatter takes p-1 steps of n/p bytes each; an all-reduce is one
+    of each, so it takes twice as long.
+    """
+    full = ring_all_reduce_s(n_bytes, world_size, link)
+    return {"all_reduce": full, "all_gather": full / 2, "reduce_scatter": full / 2}.get(name)
+
+
+def collective_table(rows: list[dict], link: Link | None = None):
+    """Measured times as a DataFrame, one column per collective (ms), with the ring model where it applies."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    if link is None:
+        link = fit_all_reduce(rows)
+    frame["model_seconds"] = [ring_time_s(r.collective, r.size_bytes, r.world_size, link) for r in frame.itertuples()]
+    frame["measured_over_model"] = frame.seconds / frame.model_seconds.astype(float)
+    return frame
+
+
+def fit_all_reduce(rows: list[dict]) -> Link:
+    """Latency and bandwidth of the ring model, fitted to the all-reduce rows alone."""
+    ar = [r for r in rows if r["collective"] == "all_reduce"]
+    return fit_link([r["size_bytes"] for r in ar], [r["seconds"] for r in ar], ar[0]["world_size"],
+                    f"fitted to {ar[0]['world_size']}-rank all-reduce")
+
+
+def plot_collective_times(rows: list[dict], link: Link | None = None):
+    """Time against message size for every collective (log-log), the ring model as lines beside them."""
+    import matplotlib.pyplot as plt
+
+    link = link or fit_all_reduce(rows)
+    fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(12, 4))
+    for name in COLLECTIVES:
+        mine = [r for r in rows if r["collective"] == name]
+        if not mine:
+            continue
+        sizes = np.array([r["size_bytes"] for r in mine], float)
+        seconds = np.array([r["seconds"] for r in mine], float)
+        points, = ax_time.loglog(sizes / 2**20, seconds * 1e3, "o", label=name)
+        model = [ring_time_s(name, n, mine[0]["world_size"], link) for n in sizes]
+        if model[0] is not None:
+            ax_time.loglog(sizes / 2**20, np.array(model) * 1e3, "-", color=points.get_color(), alpha=0.6)
+        ax_bw.semilogx(sizes / 2**20, sizes / seconds / 1e9, "o-", color=points.get_color(), label=name)
+    p = rows[0]["world_size"]
+    ax_time.set(xlabel="full tensor (MiB)", ylabel="ms",
+                title=f"{p} ranks; lines: ring model ({link.latency_us:.0f} us, {link.bandwidth_gbps:.2f} GB/s)")
+    ax_time.legend(fontsize=8)
+    ax_bw.set(xlabel="full tensor (MiB)", ylabel="GB/s", title="Algorithm bandwidth n / t: latency bites small")
+    fig.tight_layout()
+    return fig
+
+
+def collectives_frame(rows: list[dict]):
+    """``show_collectives`` rows as one table: a row per collective, a column per rank, "input -> output"."""
+    import pandas as pd
+
+    def fmt(value):
+        return "-" if value == "-" else "[" + " ".join(str(v) for v in value) + "]"
+
+    frame = pd.DataFrame({"collective": r["collective"], "rank": f"rank {r['rank']}",
+                          "cell": f"{fmt(r['input'])} -> {fmt(r['output'])}"} for r in rows)
+    table = frame.pivot(index="collective", columns="rank", values="cell")
+    return table.reindex([c for c in COLLECTIVES if c in table.index]).rename_axis(columns=None)

@@ -1,0 +1,175 @@
+"""ZeRO and FSDP: stop keeping a full copy of everything on every GPU.
+
+Data parallelism replicates the parameters, the gradients and the optimizer state on every
+rank. Adam keeps two moments per parameter, so in fp32 a model of N parameters costs 16 N
+bytes on *each* GPU before a single activation is stored. ZeRO (Rajbhandari et al., 2020)
+shards these across the p ranks in three stages: the optimizer state (stage 1), then the
+gradients (stage 2), then the parameters themselves (stage 3, which is what PyTorch's FSDP
+does: parameters are all-gathered just in time for each layer and freed again).
+
+``zero_memory_table`` does the arithmetic; ``compare_ddp_fsdp`` measures it, on every rank of a
+torchrun job, by counting the bytes each rank actually holds under DDP and under FSDP2's
+``fully_shard``, and records both loss trajectories, which must agree.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import WorkshopError
+
+# Bytes per parameter: (parameters, gradients, optimizer state) for Adam.
+BYTES_PER_PARAMETER = {
+    "fp32": (4, 4, 8),  # fp32 weights and gradients, two fp32 moments
+    "mixed": (2, 2, 12),  # bf16/fp16 weights and gradients; fp32 master copy and two fp32 moments (ZeRO paper)
+}
+
+# Which of the three a stage shards across the ranks.
+ZERO_STAGES = {
+    "DDP (replicated)": (False, False, False),
+    "ZeRO-1 (optimizer state sharded)": (False, False, True),
+    "ZeRO-2 (+ gradients sharded)": (False, True, True),
+    "ZeRO-3 / FSDP (+ parameters sharded)": (True, True, True),
+}
+
+
+def zero_memory_table(parameters: int, world_size: int, precision: str = "fp32"):
+    """GiB per GPU for parameters, gradients and Adam state under DDP and each ZeRO stage (no activations)."""
+    import pandas as pd
+
+    if precision not in BYTES_PER_PARAMETER:
+        raise WorkshopError(f"Unknown precision {precision!r}.", f"use one of {sorted(BYTES_PER_PARAMETER)}.")
+    if parameters <= 0 or world_size <= 0:
+        raise WorkshopError("Parameters and world size must be positive.", "pass e.g. parameters=7e9, world_size=8.")
+    rows = []
+    for stage, sharded in ZERO_STAGES.items():
+        per_gpu = [b * parameters / (world_size if s else 1) / 2**30
+                   for b, s in zip(BYTES_PER_PARAMETER[precision], sharded)]
+        rows.append({"strategy": stage, "parameters_gib": per_gpu[0], "gradients_gib": per_gpu[1],
+                     "optimizer_gib": per_gpu[2], "total_gib": sum(per_gpu)})
+    return pd.DataFrame(rows)
+
+
+def local_bytes(tensors) -> int:
+    """Bytes this rank holds for ``tensors``: a sharded DTensor counts only its local shard."""
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """What this rank holds right after an optimizer step, in the three ZeRO categories."""
+    params = list(model.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    return {"parameters": local_bytes(params), "gradients": local_bytes(p.grad for p in params),
+            "optimizer": local_bytes(state)}
+
+
+def shard_model(model: nn.Module, mesh) -> nn.Module:
+    """FSDP2: each top-level child is one unit (gathered, used, freed in turn), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for child in model.children():
+        for block in (child.children() if isinstance(child, nn.Sequential) else [child]):
+            if any(p.requires_grad for p in block.parameters()):
+                fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _train(model, batches, steps: int, seed: int, rank: int, lr: float) -> tuple[list[float], dict]:
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses, held = [], {}
+    for step, (images, labels) in zip(range(steps), batches):
+        torch.manual_seed(seed * 100_003 + rank * 1_009 + step)  # same dropout masks under DDP and FSDP
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        if step == 0:
+            held = held_bytes(model, optimizer)  # gradients still present: the peak of the three
+        optimizer.zero_grad(set_to_none=True)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / dist.get_world_size())
+    return losses, held
+
+
+def compare_ddp_fsdp(model_name: str = "simplecnn", steps: int = 8, batch_size: int = 32, lr: float = 1e-3,
+                     train_size: int = 1024, seed: int = 0, device=None, data_root=None) -> dict:
+    """Train the same model from the same weights on the same batches, once with DDP and once with FSDP.
+
+    Runs on every rank of a process group; returns per-rank bytes held and both loss curves.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .data import load_data, make_loader
+    from .models import build_model, count_parameters
+
+    device = device or torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = load_data(data_root, train_size=train_size, test_size=64, seed=seed, quiet=True)
+
+    def batches():
+        loader = make_loader("device", data.train_images, data.train_labels, batch_size, device, train=True,
+                             seed=seed, rank=rank, world_size=world)
+        epoch = 0
+        while True:
+            yield from loader.epoch(epoch)
+            epoch += 1
+
+    def fresh_model():
+        torch.manual_seed(seed)
+        return build_model(model_name).to(device)
+
+    results = {}
+    ddp = DistributedDataParallel(fresh_model(), device_ids=[device.index] if device.type == "cuda" else None)
+    results["DDP"] = _train(ddp, batches(), steps, seed, rank, lr)
+    del ddp
+    mesh = init_device_mesh(device.type, (world,))
+    results["FSDP"] = _train(shard_model(fresh_model(), mesh), batches(), steps, seed, rank, lr)
+
+    everyone = [None] * world
+    dist.all_gather_object(everyone, {name: held for name, (_, held) in results.items()})
+    rows = [{"strategy": name, "rank": r, **everyone[r][name]} for name in results for r in range(world)]
+    for row in rows:
+        row["total"] = row["parameters"] + row["gradients"] + row["optimizer"]
+    return {"kind": "ddp_vs_fsdp", "model": model_name, "parameters": count_parameters(build_model(model_name)),
+            "world_size": world, "steps": steps, "batch_per_rank": batch_size, "data_source": data.source,
+            "losses": {name: losses for name, (losses, _) in results.items()}, "held_bytes": rows}
+
+
+def memory_ratio(record: dict) -> float:
+    """FSDP's bytes held per rank over DDP's (the largest rank of each): about 1/p."""
+    def largest(strategy):
+        return max(r["total"] for r in record["held_bytes"] if r["strategy"] == strategy)
+
+    return largest("FSDP") / largest("DDP")
+
+
+def plot_held_memory(record: dict):
+    """Stacked bars: parameters, gradients and Adam state held by each rank, DDP against FSDP."""
+    import matplotlib.pyplot as plt
+
+    rows = record["held_bytes"]
+    labels = [f"{r['strategy']}\nrank {r['rank']}" for r in rows]
+    fig, (ax_mem, ax_loss) = plt.subplots(1, 2, figsize=(12, 3.8))
+    bottom = [0.0] * len(rows)
+    for part in ("parameters", "gradients", "optimizer"):
+        values = [r[part] / 2**20 for r in rows]
+        ax_mem.bar(labels, values, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax_mem.set(ylabel="MiB held on the rank", title=f"{record['model']}, Adam, {record['world_size']} ranks")
+    ax_mem.legend()
+    for name, losses in record["losses"].items():
+        ax_loss.plot(range(1, len(losses) + 1), losses, "o-" if name == "DDP" else "x--", label=name)
+    ax_loss.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Same trajectory")
+    ax_loss.legend()
+    fig.tight_layout()
+    return fig
