@@ -19,7 +19,7 @@ RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, te
 def ddp_run(tmp_path_factory):
     """8 steps (2 epochs) on 2 gloo ranks, global batch 16; rank 0 checkpoints at each epoch's end."""
     folder = tmp_path_factory.mktemp("ddp")
-    launched = launch_training(2, checkpoint_dir=str(folder / "ckpt"), echo=False, timeout_s=300, **RUN)
+    launched = launch_training(2, checkpoint_dir=str(folder / "ckpt"), echo=False, timeout_s=300, threads=1, **RUN)
     return launched, folder / "ckpt"
 
 
@@ -72,7 +72,14 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(ddp_run):
     ddp_model = wu.build_model("simplecnn")
     wu.load_checkpoint(wu.latest_checkpoint(checkpoints), model=ddp_model)  # strict: no "module." prefix
     data = wu.load_data(train_size=RUN["train_size"], test_size=RUN["test_size"], seed=0, quiet=True)
-    reference = _reference_one_process(data, RUN["steps"], RUN["batch_size"])
+    # Each rank computes with one thread (two ranks on two cores). With more threads the CPU kernels sum
+    # in another order; a last-bit difference can flip a max-pool choice and the gradient with it.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reference = _reference_one_process(data, RUN["steps"], RUN["batch_size"])
+    finally:
+        torch.set_num_threads(threads)
     assert wu.max_parameter_difference(ddp_model, reference) < 1e-4
 
 
@@ -92,7 +99,7 @@ def test_ddp_checkpoint_has_no_module_prefix_and_resumes_in_one_process(ddp_run)
 def test_crashed_rank_is_restarted_and_ends_with_the_same_parameters(ddp_run, tmp_path):
     uninterrupted, _ = ddp_run
     crashed = launch_training(2, max_restarts=1, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3,
-                              resume=True, fail_at_step=5, echo=False, timeout_s=300, **RUN)
+                              resume=True, fail_at_step=5, echo=False, timeout_s=300, threads=1, **RUN)
     output = "\n".join(crashed.lines)
     assert "injected failure on rank 1 at step 5" in output
     assert "Resumed from" in output and "at step 3" in output

@@ -165,7 +165,7 @@ def checkpoint_stall(folder, model_name: str = "simplecnn", steps: int = 12, eve
             tail_s = time.perf_counter() - began  # the last write, finishing after training
         else:
             tail_s = 0.0
-        timing = torch.tensor([loop_s, blocked, tail_s], dtype=torch.float64)
+        timing = torch.tensor([loop_s, blocked, tail_s], dtype=torch.float64, device=device)
         dist.all_reduce(timing, op=dist.ReduceOp.MAX)  # the job goes at the pace of its slowest rank
         rows.append({"mode": mode, "saves": saves, "loop_s": timing[0].item(), "blocked_s": timing[1].item(),
                      "blocked_ms_per_save": 1e3 * timing[1].item() / saves if saves else 0.0,

@@ -106,6 +106,8 @@ def demo_world(nproc: int | None = None) -> tuple[int, str]:
     """How many processes, on what: one per GPU with two or more GPUs (NCCL), else CPU processes (gloo)."""
     import torch
 
+    if nproc is not None and nproc < 2:
+        raise WorkshopError(f"nproc={nproc}: these experiments need two or more ranks.", "use nproc=2 or more.")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= 2:
         return min(nproc or gpus, gpus), "cuda"

@@ -135,13 +135,14 @@ def measure_bubble(microbatch_counts=(1, 2, 4, 8), batch: int = 256, width: int 
             if attempt:
                 spans.append(_merge_spans(timeline))
         # The step lasts until the slowest stage finishes; busy is this stage's computing.
-        steps = torch.tensor([max(r["end"] for r in s) for s in spans], dtype=torch.float64)
+        steps = torch.tensor([max(r["end"] for r in s) for s in spans], dtype=torch.float64, device=device)
         dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+        steps = steps.cpu().numpy()
         busy = np.array([sum(r["end"] - r["start"] for r in s) for s in spans])
-        idle = torch.tensor(float(np.median(1 - busy / steps.numpy())), dtype=torch.float64)
+        idle = torch.tensor(float(np.median(1 - busy / steps)), dtype=torch.float64, device=device)
         dist.all_reduce(idle)
         rows.append({"microbatches": m, "microbatch_size": batch // m, "stages": stages,
-                     "step_ms": 1e3 * float(np.median(steps.numpy())),
+                     "step_ms": 1e3 * float(np.median(steps)),
                      "bubble_measured": idle.item() / stages, "bubble_formula": bubble_fraction(stages, m)})
         everyone = [None] * stages
         dist.all_gather_object(everyone, spans[-1])
