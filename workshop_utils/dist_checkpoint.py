@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from .errors import WorkshopError
 
@@ -77,13 +76,10 @@ class _ShardedRun:
         self.batches = list(self.loader.epoch(0))
 
     def step(self, step: int) -> float:
+        from .sharding import train_step
+
         images, labels = self.batches[step % len(self.batches)]
-        torch.manual_seed(self.seed * 100_003 + self.rank * 1_009 + step)  # dropout: a function of the step
-        loss = F.cross_entropy(self.model(images), labels)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return train_step(self.model, self.optimizer, images, labels, self.seed, self.rank, step).item()
 
 
 def sharded_round_trip(folder, model_name: str = "simplecnn", steps: int = 3, batch_size: int = 32, seed: int = 0,

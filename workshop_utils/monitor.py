@@ -25,7 +25,7 @@ import torch
 
 from .errors import WorkshopError
 from .hardware import cpu_cores, pick_device
-from .timing import host_peak_rss_mib, host_rss_mib, release_free_host_memory, reset_host_peak_rss
+from .timing import host_peak_rss_mib, memory_in_use_mib, reset_host_peak_rss, reset_peak_memory
 
 BUSY_THRESHOLD_PCT = 80  # below this a GPU is usually starved (rule of thumb of the workshop slides)
 
@@ -43,13 +43,8 @@ class StepMemory:
         self.limit_mib = limit_mib
         self.peaks: list[tuple[int, float]] = []
         self.cuda = self.device.type == "cuda"
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.base_mib = torch.cuda.memory_allocated(self.device) / 2**20
-        else:
-            release_free_host_memory()
-            reset_host_peak_rss()
-            self.base_mib = host_rss_mib()
+        reset_peak_memory(self.device)
+        self.base_mib = memory_in_use_mib(self.device)
 
     def _peak_and_reset(self) -> float:
         if self.cuda:

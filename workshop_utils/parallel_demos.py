@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -128,4 +127,4 @@ def launch_demo(part: str, nproc: int = 2, device: str = "cpu", timeout_s: float
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .timing import StepTimer, follow_tensors_in_rss, host_rss_mib, peak_memory_mib, reset_peak_memory
+from .timing import StepTimer, follow_tensors_in_rss, memory_in_use_mib, peak_memory_mib, reset_peak_memory
 
 
 class Block(nn.Module):
@@ -45,10 +45,6 @@ class BlockStack(nn.Module):
         return x
 
 
-def _memory_now_mib(device) -> float:
-    return torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else host_rss_mib()
-
-
 def measure_recompute(width: int = 256, depth: int = 8, tokens: int = 2048, steps: int = 3, seed: int = 0,
                       device=None) -> dict:
     """Peak memory above the model's own, median step time and gradients, without and with checkpointing."""
@@ -63,7 +59,7 @@ def measure_recompute(width: int = 256, depth: int = 8, tokens: int = 2048, step
         torch.manual_seed(seed)
         model = BlockStack(width, depth, recompute).to(device)
 
-        def step():
+        def step(model=model):
             model.zero_grad(set_to_none=True)
             model(x).square().mean().backward()
 
@@ -71,7 +67,7 @@ def measure_recompute(width: int = 256, depth: int = 8, tokens: int = 2048, step
         grads[recompute] = [p.grad.detach().clone() for p in model.parameters()]
         model.zero_grad(set_to_none=True)
         reset_peak_memory(device)
-        before = _memory_now_mib(device)
+        before = memory_in_use_mib(device)
         step()
         peak = peak_memory_mib(device)[0] - before
         timer = StepTimer(device)
@@ -81,7 +77,6 @@ def measure_recompute(width: int = 256, depth: int = 8, tokens: int = 2048, step
             timer.step_done(n)
         rows.append({"activation_checkpointing": recompute, "peak_memory_mib": peak,
                      "step_ms": 1e3 * float(np.median(timer.step_times()))})
-        del model
     table = pd.DataFrame(rows)
     return {"table": table, "memory_ratio": table.peak_memory_mib.iloc[1] / table.peak_memory_mib.iloc[0],
             "time_ratio": table.step_ms.iloc[1] / table.step_ms.iloc[0],

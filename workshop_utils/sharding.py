@@ -83,18 +83,25 @@ def shard_model(model: nn.Module, mesh) -> nn.Module:
     return fully_shard(model, mesh=mesh)
 
 
+def train_step(model, optimizer, images, labels, seed: int, rank: int, step: int) -> torch.Tensor:
+    """One optimizer step with the training loop's dropout seeding; the gradients stay until the next step."""
+    from .trainer import seed_dropout
+
+    optimizer.zero_grad(set_to_none=True)
+    seed_dropout(seed, rank, step)  # the same masks whichever way the model is wrapped
+    loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
 def _train(model, batches, steps: int, seed: int, rank: int, lr: float) -> tuple[list[float], dict]:
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     losses, held = [], {}
     for step, (images, labels) in zip(range(steps), batches):
-        torch.manual_seed(seed * 100_003 + rank * 1_009 + step)  # same dropout masks under DDP and FSDP
-        loss = F.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
+        mean = train_step(model, optimizer, images, labels, seed, rank, step)
         if step == 0:
             held = held_bytes(model, optimizer)  # gradients still present: the peak of the three
-        optimizer.zero_grad(set_to_none=True)
-        mean = loss.detach().clone()
         dist.all_reduce(mean)
         losses.append(mean.item() / dist.get_world_size())
     return losses, held

@@ -94,6 +94,11 @@ def peak_memory_mib(device: torch.device) -> tuple[float, str]:
     return host_peak_rss_mib(), "host RSS of this process (peak during the run)"
 
 
+def memory_in_use_mib(device: torch.device) -> float:
+    """Memory in use now, measured as ``peak_memory_mib`` measures the peak: subtract it to get a run's own peak."""
+    return torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else host_rss_mib()
+
+
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -151,7 +156,9 @@ def follow_tensors_in_rss(threshold_bytes: int = 256 * 1024) -> bool:
     glibc serves large blocks straight from the OS and returns them when freed, but it raises that
     threshold each time such a block is freed, after which blocks of that size stay in its heap
     once freed: the resident size, and so the peak, then includes memory no tensor uses any more.
-    Fixing the threshold keeps every block of ``threshold_bytes`` or more out of the heap.
+    Fixing the threshold keeps every block of ``threshold_bytes`` or more out of the heap. Each
+    such block is then a fresh mapping from the OS, which slows CPU training by some 10%: this is
+    for memory experiments, not for runs whose speed is measured.
     """
     m_mmap_threshold = -3
     try:

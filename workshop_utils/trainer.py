@@ -41,6 +41,11 @@ from .results import save_record
 from .timing import StepTimer, peak_memory_mib, reset_peak_memory
 
 
+def seed_dropout(seed: int, rank: int, step: int) -> None:
+    """Dropout draws from a seed that depends only on (seed, rank, step): exact resume, distinct ranks."""
+    torch.manual_seed(_mix(seed, rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines a training run. Units are in the comments."""
@@ -257,8 +262,7 @@ def train(config: TrainConfig, data: CifarData | None = None,
             except StopIteration:
                 break
             timer.add_data_wait(step, time.perf_counter() - waited)
-            # Dropout draws from a seed that depends only on (seed, rank, step): exact resume, distinct ranks.
-            torch.manual_seed(_mix(config.seed, info.rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
+            seed_dropout(config.seed, info.rank, step)
             with autocast(config.precision, device):
                 logits = train_model(images)
                 loss = F.cross_entropy(logits, labels)
