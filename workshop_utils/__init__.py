@@ -68,7 +68,8 @@ _MODULES = {
     "numerics": (
         "NonFinite", "autocast_dtypes", "capture_gradients", "check_fp8", "dtype_summary",
         "find_first_nonfinite", "format_table", "fp8_matmul_benchmark", "fp8_support", "grad_scaler_trace",
-        "mode_table", "overshoot", "plot_gradient_magnitudes", "plot_mode_speeds", "plot_scale_trace",
+        "mode_table", "overflowing_scale", "overshoot", "overshoot_until_nonfinite", "plot_gradient_magnitudes",
+        "plot_mode_speeds", "plot_scale_trace",
         "precision_configs", "smallest_subnormal", "training_batches", "underflow_table",
     ),
     "parallel_demos": (
@@ -113,10 +114,10 @@ _MODULES = {
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",
     ),
     "timing": (
-        "StepTimer", "peak_memory_mib",
+        "StepTimer", "init_cuda", "peak_memory_mib",
     ),
     "trainer": (
-        "InjectedFailure", "RunResult", "TrainConfig", "evaluate", "train",
+        "InjectedFailure", "RunResult", "TrainConfig", "deterministic_kernels", "evaluate", "train",
     ),
 }
 _EXPORTS = {name: module for module, names in _MODULES.items() for name in names}

@@ -32,7 +32,8 @@ def rng_state() -> dict:
         "python": random.getstate(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # This rank's own GPU only: a checkpoint written where 8 GPUs are visible must resume where 1 is.
+        state["cuda_device"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
@@ -40,8 +41,13 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if not torch.cuda.is_available():
+        return
+    device = torch.cuda.current_device()
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(state["cuda_device"], device)
+    elif state.get("cuda"):  # older checkpoints kept every visible GPU's state
+        torch.cuda.set_rng_state(state["cuda"][min(device, len(state["cuda"]) - 1)], device)
 
 
 def _numpy_state_to_plain(state: tuple) -> list:

@@ -69,6 +69,18 @@ class CifarData:
     def is_synthetic(self) -> bool:
         return self.source == "synthetic"
 
+    def fingerprint(self) -> str:
+        """A short digest of what the data are: equal on every rank that reads the same data set."""
+        import hashlib
+
+        digest = hashlib.sha256(self.source.encode())
+        for array in (self.train_images, self.train_labels, self.test_images, self.test_labels):
+            # Sizes plus the first and last items: cheap, and enough to tell CIFAR-10 from the stand-in or a subset.
+            digest.update(str(array.shape).encode())
+            digest.update(np.ascontiguousarray(array[:8]).tobytes())
+            digest.update(np.ascontiguousarray(array[-8:]).tobytes())
+        return digest.hexdigest()[:16]
+
     def describe(self) -> str:
         return (
             f"{self.source} from {self.location}: {len(self.train_labels):,} training and "

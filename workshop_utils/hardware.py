@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 from datetime import datetime, timezone
 
@@ -22,7 +23,8 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 # Dense (no structured sparsity) peak TFLOP/s from the vendors' data sheets.
 # "fp32" is the plain FP32 pipeline (no tensor cores); "tf32", "fp16", "bf16" are
 # tensor-core rates with FP32 accumulation. None means the GPU has no such mode.
-# Order matters: the first pattern found in the device name wins.
+# Order matters: the first pattern found in the device name wins. A pattern matches a whole
+# model name only, so "L4" does not match an L40 nor "A10" an A10G, whose peaks differ.
 PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
     "GH200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
     "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
@@ -65,7 +67,7 @@ def peak_tflops(name: str, precision: str) -> float | None:
     """Vendor peak dense TFLOP/s for a GPU name and precision, or None when unknown."""
     choose(precision, PRECISIONS, "precision")
     for pattern, peaks in PEAK_TFLOPS.items():
-        if pattern.lower() in name.lower():
+        if re.search(rf"(?<![a-z0-9]){re.escape(pattern.lower())}(?![a-z0-9])", name.lower()):
             return peaks.get(precision)
     return None
 
@@ -93,6 +95,20 @@ def _nccl_version() -> str | None:
         return None
 
 
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version through NVML, or None without a GPU or NVML."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # no NVML library, or one that does not answer: the version stays unknown
+        return None
+
+
 def cpu_cores() -> int:
     """Cores this process may use (respects Slurm/cgroup CPU binding, unlike os.cpu_count)."""
     try:
@@ -101,9 +117,13 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def environment() -> dict:
-    """Everything needed to interpret a measurement later, as a JSON-ready dict."""
-    device = pick_device()
+def environment(device: torch.device | str | None = None) -> dict:
+    """Everything needed to interpret a measurement later, as a JSON-ready dict.
+
+    ``device`` is the device the measurement ran on (default: the one ``pick_device`` would
+    choose). A CPU run on a GPU node must say "cpu", or its figures read as the GPU's.
+    """
+    device = torch.device(device) if device is not None else pick_device()
     slurm = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_") and k in _SLURM_KEYS}
     return {
         "device_type": device.type,
@@ -111,6 +131,7 @@ def environment() -> dict:
         "gpus": _gpu_facts() if torch.cuda.is_available() else [],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "driver": _driver_version(),
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "nccl": _nccl_version(),
         "python": platform.python_version(),

@@ -189,8 +189,12 @@ class DeviceMonitor:
 def monitor_verdict(frame: pd.DataFrame, threshold: float = BUSY_THRESHOLD_PCT, source: str = "gpu") -> str:
     """One sentence: mean utilisation, share of samples under ``threshold``, and what it suggests."""
     util = frame["utilization_pct"].dropna()
-    if util.empty:
+    if frame.empty:
         return "No samples were taken: the run was shorter than one sampling interval."
+    if util.empty:
+        # NVML answers "not supported" for a MIG slice's utilisation (and on some virtual GPUs).
+        return ("This GPU does not report its utilisation (a MIG slice or virtual GPU does not): read the "
+                "profiler's GPU time per step instead (section 1), or DCGM's profiling metrics where the site has them.")
     below = float((util < threshold).mean())
     what = "GPU" if source == "gpu" else "CPU (this process and its workers, share of all cores)"
     verdict = ("a bottleneck outside the device's arithmetic: look at data loading, Python overhead and syncs"

@@ -120,7 +120,7 @@ def plot_gradient_magnitudes(gradients: dict[str, torch.Tensor], dtype: torch.dt
                              title: str = "Gradient magnitudes against fp16's range"):
     """Log-scale histograms of |gradient| with the format's smallest subnormal, smallest normal and largest value."""
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    values = {k: v[v > 0].double().log10().numpy() for k, v in gradients.items()}
+    values = {k: v[v > 0].double().log10().cpu().numpy() for k, v in gradients.items()}
     low = min(min(v.min() for v in values.values()), math.log10(smallest_subnormal(dtype))) - 1
     high = max(max(v.max() for v in values.values()), math.log10(torch.finfo(dtype).max)) + 0.5
     bins = np.linspace(low, high, 90)
@@ -333,6 +333,40 @@ def overshoot(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: 
                 parameter -= lr * parameter.grad
     broken.zero_grad(set_to_none=True)
     return broken
+
+
+def overshoot_until_nonfinite(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, precision: str = "fp16",
+                              lrs=(1e2, 1e3, 1e4, 1e5, 1e6, 1e7)) -> tuple[nn.Module, float, NonFinite | None]:
+    """The first learning rate in ``lrs`` whose one overshooting step overflows under ``precision`` but not in fp32.
+
+    How large a step breaks a model depends on its gradients: a well-trained model on a GPU
+    has small ones and survives a learning rate that breaks a fresh one. Searching keeps the
+    demonstration true on every machine. Returns the broken copy, its learning rate and the
+    first non-finite tensor (None when no rate in ``lrs`` overflowed: then say so).
+    """
+    broken, lr, found = model, lrs[-1], None
+    for lr in lrs:
+        broken = overshoot(model, images, labels, lr)
+        if find_first_nonfinite(broken, images, labels, "fp32") is not None:
+            break  # too far: even fp32 overflows, so larger rates show nothing fp16-specific
+        found = find_first_nonfinite(broken, images, labels, precision)
+        if found is not None:
+            break
+    return broken, lr, found
+
+
+def overflowing_scale(gradients: dict[str, torch.Tensor], dtype: torch.dtype = torch.float16,
+                      margin: float = 4.0) -> float:
+    """A power-of-two loss scale that pushes the largest of these gradients past ``dtype``'s largest value.
+
+    Derived from measured gradients rather than fixed, so an "overflow" demonstration overflows
+    whatever the model's state; ``margin`` keeps it overflowing while the gradients shrink a little.
+    """
+    largest = max(float(g.max()) for g in gradients.values() if g.numel())
+    if largest <= 0:
+        raise WorkshopError("All gradients are zero: no loss scale can overflow them.", "use a batch with a loss > 0.")
+    exponent = math.ceil(math.log2(torch.finfo(dtype).max / largest) + math.log2(margin))
+    return float(2.0 ** min(exponent, 120))  # 2**120 x a gradient stays finite in fp32
 
 
 # ---------------------------------------------------------------- the four modes side by side

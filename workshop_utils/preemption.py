@@ -11,6 +11,7 @@ warning, so one process may well receive two.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -18,9 +19,19 @@ _requested = threading.Event()
 _installed = False
 
 
-def stop_on_signals(signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
-    """On any of ``signals``, ask the training loop to checkpoint and stop."""
+def stop_on_signals(signals=None) -> None:
+    """On any of ``signals``, ask the training loop to checkpoint and stop.
+
+    By default SIGUSR1 and SIGTERM, but SIGUSR1 alone in a torchrun worker: torchrun stops
+    the survivors of a failed rank with SIGTERM, and a rank blocked in a collective waiting
+    for the dead peer never gets to run a Python handler, so torchrun would wait out its grace
+    period and kill it anyway, on every restart. Slurm's warning arrives as SIGUSR1 there
+    (the batch script forwards it).
+    """
     global _installed
+    if signals is None:
+        under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+        signals = (signal.SIGUSR1,) if under_torchrun else (signal.SIGTERM, signal.SIGUSR1)
     for sig in signals:
         signal.signal(sig, lambda signum, frame: _requested.set())
     _installed = True

@@ -15,8 +15,12 @@ throws away ``warmup`` steps (the profiler's own start-up cost), then keeps
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import socket
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +63,36 @@ def _exporter(chrome_trace: Path, tensorboard_dir: Path):
     return export
 
 
+# What the profiler's C++ side prints on a machine whose PyTorch was built with CUDA but has no
+# GPU (Kineto probing for devices, CUPTI, allocator notices): true but irrelevant, and an
+# attendee reads "ERROR" as a failure of their cell.
+_NATIVE_NOISE = re.compile(r"gpuGetDeviceCount|cudaGetDeviceCount|CUPTI|cupti|\[W .*alloc", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def native_noise_filtered(noise: re.Pattern = _NATIVE_NOISE):
+    """Hold back what native libraries write to the process's stderr in the block; replay all but the noise.
+
+    Python's own warnings and prints are untouched where they do not go through file
+    descriptor 2 (a notebook), and replayed in order where they do (a terminal).
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().decode(errors="replace").splitlines()
+                    if line.strip() and not noise.search(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
+
+
 def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = "profile", wait: int = 1,
                      warmup: int = 1, active: int = 3) -> ProfileRun:
     """Train for ``wait + warmup + active`` steps under ``torch.profiler`` and export the traces."""
@@ -72,9 +106,10 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
     # The profiled steps are also the timed ones, so the record's throughput matches the trace.
     config = config.replace(name=name, max_steps=wait + warmup + active, warmup_steps=wait + warmup)
     memory = StepMemory(device)
-    with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                 on_trace_ready=_exporter(chrome_trace, tensorboard_dir), profile_memory=True,
-                 record_shapes=True) as prof:
+    plan = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+    with native_noise_filtered(), profile(activities=activities, schedule=plan, profile_memory=True,
+                                          on_trace_ready=_exporter(chrome_trace, tensorboard_dir),
+                                          record_shapes=True) as prof:
 
         def on_step(step: int) -> None:
             memory(step)

@@ -90,17 +90,32 @@ def peak_memory_mib(device: torch.device) -> tuple[float, str]:
     (Linux's VmHWM), which ``reset_peak_memory`` lowers so that each run reports its own peak.
     """
     if device.type == "cuda":
+        init_cuda()
         return torch.cuda.max_memory_allocated(device) / 2**20, "GPU memory allocated (peak)"
     return host_peak_rss_mib(), "host RSS of this process (peak during the run)"
 
 
 def memory_in_use_mib(device: torch.device) -> float:
     """Memory in use now, measured as ``peak_memory_mib`` measures the peak: subtract it to get a run's own peak."""
-    return torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else host_rss_mib()
+    if device.type == "cuda":
+        init_cuda()
+        return torch.cuda.memory_allocated(device) / 2**20
+    return host_rss_mib()
+
+
+def init_cuda() -> None:
+    """Initialise CUDA in this process if nothing has yet.
+
+    The caching allocator's statistics exist only once CUDA is initialised: resetting them
+    as the first CUDA call of a process fails ("Invalid device argument ... did you call
+    init?"), and reading them returns zeros. Every memory probe calls this first.
+    """
+    torch.cuda.init()
 
 
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
+        init_cuda()
         torch.cuda.reset_peak_memory_stats(device)
     else:
         release_free_host_memory()

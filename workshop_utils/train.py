@@ -44,8 +44,9 @@ step (the global batch). Give --global-batch-size instead to keep the global bat
 number of processes changes (strong scaling). When the global batch grows, scale --lr with it (the
 linear scaling rule) and warm it up with --lr-warmup-steps.
 
-pre-emption: SIGTERM or SIGUSR1 makes every rank finish its step, checkpoint and exit with status 0
-(within 10 steps); with --resume the requeued job continues where it stopped.
+pre-emption: SIGUSR1 (and SIGTERM, except under torchrun, which stops its workers with it) makes
+every rank finish its step, checkpoint and exit with status 0 (within 20 steps); with --resume the
+requeued job continues where it stopped.
 bad input prints one line and exits with status 2; an injected failure exits with status 1.
 """
 

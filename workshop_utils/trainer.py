@@ -13,6 +13,7 @@ the end (see ``timing.StepTimer``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -23,7 +24,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import socket
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -38,7 +42,7 @@ from .models import MODELS, build_model, count_parameters, parameter_checksum, u
 from .precision import autocast, configure_precision, grad_scaler
 from .preemption import handling_signals, stop_requested
 from .results import save_record
-from .timing import StepTimer, peak_memory_mib, reset_peak_memory
+from .timing import StepTimer, memory_in_use_mib, peak_memory_mib, reset_peak_memory
 
 
 def seed_dropout(seed: int, rank: int, step: int) -> None:
@@ -67,6 +71,7 @@ class TrainConfig:
     prefetch_factor: int | None = None  # batches each worker loads ahead (torch loader)
     channels_last: bool = False  # NHWC memory layout, what tensor-core convolutions prefer
     compile: bool = False  # torch.compile the model
+    deterministic: bool = False  # deterministic GPU kernels where PyTorch has them: exact resume, some speed lost
     warmup_steps: int = 5  # first steps left out of timing (autotuning, compilation, allocator)
     eval_batch_size: int = 512  # samples per evaluation batch
     seed: int = 0
@@ -95,10 +100,50 @@ class InjectedFailure(RuntimeError):
 STOP_POLL_STEPS = 10  # ranks agree on stopping every N steps: one tiny all-reduce, not one per step
 
 
-def _stop_agreed(device) -> bool:
-    # Every rank must stop at the same step, or the others would wait forever in the next all-reduce.
-    flag = torch.tensor([float(stop_requested())], device=device)
-    return all_reduce_sum(flag).item() > 0
+def _to_host_async(tensor: torch.Tensor):
+    """Start copying a small tensor to host memory; ``_read_host`` reads it later without stalling the GPU.
+
+    Reading a GPU value (``.item()``) makes the host wait until every kernel queued so far has
+    run, which empties the launch queue and understates throughput. Copied asynchronously and
+    read some steps later, the value has long arrived and nothing waits.
+    """
+    tensor = tensor.detach()
+    if tensor.device.type != "cuda":
+        return tensor.clone(), None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
+def _read_host(pending) -> torch.Tensor:
+    host, ready = pending
+    if ready is not None:
+        ready.synchronize()  # waits for that old copy only, not for the steps queued since
+    return host
+
+
+class _StopPoll:
+    """Every rank stops at the same step after a stop signal, without a host sync in the loop.
+
+    Every ``STOP_POLL_STEPS`` steps each rank starts an all-reduce of its "stop requested"
+    flag and reads the previous poll's result, which arrived long ago: all ranks read the
+    same sum at the same step, so they stop together, one poll interval after the signal.
+    A single process needs no agreement and checks its flag directly.
+    """
+
+    def __init__(self, device: torch.device, distributed: bool):
+        self.device, self.distributed, self.pending = device, distributed, None
+
+    def should_stop(self) -> bool:
+        if not self.distributed:
+            return stop_requested()
+        agreed = self.pending is not None and _read_host(self.pending).item() > 0
+        flag = torch.tensor([float(stop_requested())], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+        self.pending = _to_host_async(flag)
+        return agreed
 
 
 @dataclass
@@ -156,6 +201,24 @@ def _restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
+def _print_log(pending, total_steps: int) -> None:
+    if pending is not None:
+        step, loss, lr = pending
+        print(f"step {step}/{total_steps}  loss {_read_host(loss).item():.4f}  lr {lr:.4g}", flush=True)
+
+
+def check_same_data(data: CifarData) -> None:
+    """Refuse to train when the ranks read different data (one node without CIFAR-10 falls back to synthetic)."""
+    mine = (data.fingerprint(), data.source, socket.gethostname(), data.location)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if len({entry[0] for entry in everyone}) > 1:
+        seen = sorted({f"{host}: {source} from {location}" for _, source, host, location in everyone})
+        raise WorkshopError("The ranks read different data: " + "; ".join(seen) + ".",
+                            "give every node the same data (data_root on a shared file system, or stage it "
+                            "to each node), or set synthetic=True on all of them.")
+
+
 @torch.no_grad()
 def evaluate(model, loader, device, precision: str) -> tuple[float, float]:
     """Mean loss and accuracy over ``loader``, summed across ranks."""
@@ -171,6 +234,31 @@ def evaluate(model, loader, device, precision: str) -> tuple[float, float]:
     return loss_sum / max(count, 1), correct / max(count, 1)
 
 
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool = True):
+    """Ask PyTorch for deterministic kernels inside the block; the previous settings come back after it.
+
+    Several fast GPU kernels (cuDNN's backward convolutions, scatter-adds) sum in whatever
+    order their threads finish, so two identical runs drift apart by rounding, and over
+    thousands of steps the drift grows. Deterministic kernels are often slower. Operations
+    with no deterministic version only warn, so a run never fails for asking.
+    """
+    if not enabled:
+        yield
+        return
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    # cuBLAS needs a fixed workspace to be deterministic; it reads this when it creates its handle.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
+
+
 def train(config: TrainConfig, data: CifarData | None = None,
           on_step: Callable[[int], None] | None = None) -> RunResult:
     """Train as ``config`` says, on this process's share of the data; return the record and model.
@@ -178,6 +266,11 @@ def train(config: TrainConfig, data: CifarData | None = None,
     ``on_step(step)`` runs after every optimizer step (a profiler's ``step()``, a memory probe).
     """
     validate_config(config)
+    with deterministic_kernels(config.deterministic):
+        return _train(config, data, on_step)
+
+
+def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int], None] | None) -> RunResult:
     started = time.perf_counter()
     info, device = setup_distributed(config.device and torch.device(config.device).type)
     say = print if info.is_main else (lambda *a, **k: None)
@@ -187,6 +280,9 @@ def train(config: TrainConfig, data: CifarData | None = None,
     if data is None:
         data = load_data(config.data_root, config.train_size, config.test_size, config.synthetic,
                          seed=config.seed, quiet=not info.is_main)
+    if info.distributed:
+        check_same_data(data)
+    memory_at_start = memory_in_use_mib(device)
 
     common = dict(device=device, seed=config.seed, rank=info.rank, world_size=info.world_size,
                   channels_last=config.channels_last)
@@ -207,6 +303,10 @@ def train(config: TrainConfig, data: CifarData | None = None,
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
 
+    # The run's memory is what it adds from here: the device-resident data set and models
+    # still alive from earlier runs in this process are already counted in the baseline.
+    reset_peak_memory(device)
+    memory_before = memory_in_use_mib(device)
     torch.manual_seed(config.seed)  # same initial weights on every rank
     model = build_model(config.model).to(device)
     if config.channels_last:
@@ -228,11 +328,11 @@ def train(config: TrainConfig, data: CifarData | None = None,
             say(f"No checkpoint in {config.checkpoint_dir} yet: starting from scratch.")
 
     flops_per_sample = training_flops_per_sample(model)
-    train_model = model
+    eval_model = model
     if info.distributed:
-        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if config.compile:
-        train_model = torch.compile(train_model)
+        eval_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # Evaluation uses the uncompiled model: compiled, eval mode and the ragged last batch would recompile.
+    train_model = torch.compile(eval_model) if config.compile else eval_model
 
     def checkpoint(epoch_index: int) -> None:
         if config.checkpoint_dir and info.is_main:
@@ -241,8 +341,9 @@ def train(config: TrainConfig, data: CifarData | None = None,
                             model_name=config.model, extra={"config": dataclasses.asdict(config)})
             prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints)
 
-    reset_peak_memory(device)
     timer = StepTimer(device, warmup_steps=config.warmup_steps + (resumed_from or 0))
+    stop_poll = _StopPoll(device, info.distributed) if handling_signals() else None
+    pending_log = None
     step_losses, history = [], []
     interrupted = False
     bar = tqdm(total=total_steps, initial=step, desc=config.name, unit="step", file=sys.stderr,
@@ -286,13 +387,14 @@ def train(config: TrainConfig, data: CifarData | None = None,
                 raise InjectedFailure(f"injected failure on rank {info.rank} at step {step} (--fail-at-step)")
             if config.checkpoint_every and step % config.checkpoint_every == 0:
                 checkpoint(epoch)
-            if config.log_every and step % config.log_every == 0:
-                say(f"step {step}/{total_steps}  loss {loss.item():.4f}  lr {scheduler.get_last_lr()[0]:.4g}",
-                    flush=True)
+            if config.log_every and step % config.log_every == 0 and info.is_main:
+                # Printed one log interval late, so that reading the loss never waits for the GPU.
+                _print_log(pending_log, total_steps)
+                pending_log = (step, _to_host_async(loss), scheduler.get_last_lr()[0])
             if config.stop_after_step == step:
                 interrupted = True
                 break
-            if handling_signals() and step % STOP_POLL_STEPS == 0 and _stop_agreed(device):
+            if stop_poll is not None and step % STOP_POLL_STEPS == 0 and stop_poll.should_stop():
                 say(f"Stop signal received: checkpointing at step {step} and stopping.", flush=True)
                 interrupted = True
                 break
@@ -300,7 +402,9 @@ def train(config: TrainConfig, data: CifarData | None = None,
         loss_sum, correct, seen = all_reduce_sum(sums).tolist()
         row = {"epoch": epoch + 1, "step": step, "train_loss": loss_sum / max(seen, 1),
                "train_acc": correct / max(seen, 1), "lr": scheduler.get_last_lr()[0]}
-        row["test_loss"], row["test_acc"] = evaluate(train_model, test_loader, device, config.precision)
+        _print_log(pending_log, total_steps)
+        pending_log = None
+        row["test_loss"], row["test_acc"] = evaluate(eval_model, test_loader, device, config.precision)
         history.append(row)
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.3f}")
         epoch_done = step % steps_per_epoch == 0 or step == total_steps
@@ -311,7 +415,8 @@ def train(config: TrainConfig, data: CifarData | None = None,
 
     samples_per_step = config.batch_size * info.world_size
     timing = timer.summary(samples_per_step)
-    memory, memory_kind = peak_memory_mib(device)
+    peak, memory_kind = peak_memory_mib(device)
+    memory = max(0.0, peak - memory_before)
     throughput = timing["samples_per_s"]
     per_device_tflops = (achieved_tflops(flops_per_sample, throughput / info.world_size)
                          if throughput else None)
@@ -324,7 +429,8 @@ def train(config: TrainConfig, data: CifarData | None = None,
         "world_size": info.world_size,
         "global_batch_size": samples_per_step,
         "peak_memory_mib": memory,
-        "memory_kind": memory_kind,
+        "memory_kind": f"{memory_kind}, above what was in use before the model was built",
+        "data_on_device_mib": max(0.0, memory_before - memory_at_start) if config.loader == "device" else 0.0,
         "parameters": count_parameters(model),
         "flops_per_sample": flops_per_sample,
         "tflops_per_device": per_device_tflops,
@@ -348,6 +454,6 @@ def train(config: TrainConfig, data: CifarData | None = None,
         "step_ms": (timer.step_times() * 1e3).tolist(),
         "first_step": resumed_from or 0,
         "notes": notes,
-        "environment": environment(),
+        "environment": environment(device),
     }
     return RunResult(record, unwrap(train_model))

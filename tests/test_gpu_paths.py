@@ -1,0 +1,261 @@
+"""GPU failures a CPU can catch: device tensors handed to numpy, CUDA memory probes as a process's
+first CUDA call, checkpoints moved between nodes with different GPU counts, GPU names in the
+peak table, and the host syncs the training loop must not make."""
+
+import os
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+import workshop_utils as wu
+from workshop_utils import checkpoint, hardware, numerics, timing, trainer
+from workshop_utils.errors import WorkshopError
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor that refuses numpy hand-offs the way a CUDA tensor does, until it is moved with ``.cpu()``."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.numpy, torch.Tensor.__array__):
+            raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() first.")
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if func is torch.Tensor.cpu and isinstance(out, OnDevice):
+            return out.as_subclass(torch.Tensor)
+        return out
+
+
+def on_device(tensor: torch.Tensor) -> OnDevice:
+    return tensor.as_subclass(OnDevice)
+
+
+def test_the_stand_in_refuses_numpy_like_a_cuda_tensor():
+    with pytest.raises(TypeError, match="cuda"):
+        (on_device(torch.ones(3)) * 2).numpy()
+    assert (on_device(torch.ones(3)) * 2).cpu().numpy().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_gradient_plots_and_tables_take_device_tensors(tiny_data):
+    model = wu.build_model("simplecnn")
+    images = torch.randn(8, 3, 32, 32)
+    labels = torch.arange(8) % 10
+    grads = {kind: on_device(values) for kind, values in wu.capture_gradients(model, images, labels).items()}
+    figure = wu.plot_gradient_magnitudes(grads)
+    assert len(figure.axes[0].patches) > 0  # the histograms were drawn
+    table = wu.underflow_table(grads)
+    assert set(table["gradients"]) == {"parameters", "activations"}
+
+
+class FakeCuda:
+    """torch.cuda as a process sees it before its first CUDA call: the allocator's statistics need init()."""
+
+    def __init__(self):
+        self.initialised = False
+
+    def init(self):
+        self.initialised = True
+
+    def _need_init(self):
+        if not self.initialised:
+            raise RuntimeError("Invalid device argument : did you call init?")
+
+    def reset_peak_memory_stats(self, device=None):
+        self._need_init()
+
+    def max_memory_allocated(self, device=None):
+        self._need_init()
+        return 3 * 2**20
+
+    def memory_allocated(self, device=None):
+        self._need_init()
+        return 2**20
+
+
+@pytest.mark.parametrize("probe", ["reset", "peak", "in_use"])
+def test_every_cuda_memory_probe_works_as_the_first_cuda_call(monkeypatch, probe):
+    fake = FakeCuda()
+    for name in ("init", "reset_peak_memory_stats", "max_memory_allocated", "memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    gpu = torch.device("cuda", 0)
+    if probe == "reset":
+        timing.reset_peak_memory(gpu)
+    elif probe == "peak":
+        assert timing.peak_memory_mib(gpu)[0] == 3.0
+    else:
+        assert timing.memory_in_use_mib(gpu) == 1.0
+    assert fake.initialised
+
+
+def _fake_gpus(monkeypatch, count: int, current: int = 0):
+    """torch.cuda with ``count`` GPUs whose RNG states are tensors holding their index."""
+    states = {i: torch.tensor([i], dtype=torch.uint8) for i in range(count)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=0: states[int(device)].clone())
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [states[i].clone() for i in range(count)])
+
+    def set_state(state, device=0):
+        if int(device) >= count:
+            raise IndexError("list index out of range")
+        states[int(device)] = state.clone()
+
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    return states
+
+
+def test_checkpoint_written_on_eight_gpus_resumes_where_one_is_visible(monkeypatch, tmp_path):
+    model = wu.build_model("simplecnn")
+    _fake_gpus(monkeypatch, 8, current=5)
+    path = wu.save_checkpoint(tmp_path / "step.pt", model=model, step=3, model_name="simplecnn")
+    saved = torch.load(path, weights_only=True)["rng"]
+    assert saved["cuda_device"].tolist() == [5]  # the rank's own GPU, not all eight
+    states = _fake_gpus(monkeypatch, 1, current=0)
+    state = wu.load_checkpoint(path, model=model, model_name="simplecnn")
+    assert state["step"] == 3 and states[0].tolist() == [5]
+
+
+def test_older_checkpoints_with_every_gpus_rng_state_still_resume_on_fewer_gpus(monkeypatch):
+    states = _fake_gpus(monkeypatch, 2, current=1)
+    legacy = checkpoint.rng_state()
+    legacy.pop("cuda_device")
+    legacy["cuda"] = [torch.tensor([i + 10], dtype=torch.uint8) for i in range(8)]
+    checkpoint.set_rng_state(legacy)
+    assert states[1].tolist() == [11]
+
+
+@pytest.mark.parametrize("name, precision, expected", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("NVIDIA H100 PCIe", "bf16", 756.0),
+    ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
+    ("NVIDIA L4", "fp16", 121.0),
+    ("NVIDIA L40S", "fp16", 362.1),
+    ("NVIDIA L40", "fp16", None),  # not L4, not L40S: unknown, never guessed
+    ("NVIDIA A10", "fp32", 31.2),
+    ("NVIDIA A10G", "fp32", None),  # not an A10
+    ("NVIDIA GH200 480GB", "bf16", 989.4),
+])
+def test_peak_table_matches_whole_model_names(name, precision, expected):
+    assert wu.peak_tflops(name, precision) == expected
+
+
+def test_environment_describes_the_device_the_run_used(monkeypatch):
+    monkeypatch.setattr(hardware, "pick_device", lambda prefer=None: torch.device("cuda", 0))
+    env = wu.environment(torch.device("cpu"))
+    assert env["device_type"] == "cpu" and env["device_name"] == hardware.device_name("cpu")
+
+
+def test_training_records_the_device_it_ran_on(tiny_data, monkeypatch):
+    # On a GPU node a CPU fall-back run must not be labelled with the GPU.
+    monkeypatch.setattr(hardware, "pick_device", lambda prefer=None: torch.device("cuda", 0))
+    result = wu.train(wu.TrainConfig(device="cpu", batch_size=64, max_steps=2, warmup_steps=0, progress=False,
+                                     test_size=64), tiny_data)
+    assert result.record["environment"]["device_type"] == "cpu"
+
+
+def test_log_lines_name_the_step_they_report(tiny_data, capsys):
+    # Logged losses are read one interval late (no host sync): every logged step still gets its line.
+    wu.train(wu.TrainConfig(batch_size=32, max_steps=6, log_every=2, warmup_steps=0, progress=False, test_size=64),
+             tiny_data)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["2/6", "4/6", "6/6"]
+    assert all(float(line.split()[3]) > 0 for line in lines)
+
+
+def test_ranks_stop_together_one_poll_after_the_signal(monkeypatch):
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        poll = trainer._StopPoll(torch.device("cpu"), distributed=True)
+        monkeypatch.setattr(trainer, "stop_requested", lambda: False)
+        assert not poll.should_stop()
+        monkeypatch.setattr(trainer, "stop_requested", lambda: True)
+        assert not poll.should_stop()  # this poll's agreement is still in flight
+        assert poll.should_stop()  # read at the next poll, the same step on every rank
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_refuse_to_train_on_different_data(tiny_data, monkeypatch):
+    import torch.distributed as dist
+
+    other = wu.make_synthetic_cifar(128, 64, seed=1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+
+    def gather(out, mine):
+        out[0] = mine
+        out[1] = (other.fingerprint(), "cifar10", "node-b", "/shared/data")
+
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    with pytest.raises(WorkshopError, match="different data.*cifar10 from /shared/data"):
+        trainer.check_same_data(tiny_data)
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), [mine, mine]))
+    trainer.check_same_data(tiny_data)  # the same data everywhere: no complaint
+
+
+def test_evaluation_never_calls_the_compiled_model(tiny_data, monkeypatch):
+    calls = []
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            calls.append(self.module.training)
+            return self.module(x)
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: Compiled(module))
+    wu.train(wu.TrainConfig(compile=True, batch_size=32, max_steps=3, warmup_steps=0, progress=False, test_size=100),
+             tiny_data)
+    assert calls and all(calls), "the compiled model ran in eval mode (a recompile on a GPU)"
+
+
+def test_deterministic_runs_restore_the_global_settings(tiny_data):
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    config = wu.TrainConfig(batch_size=32, max_steps=3, warmup_steps=0, progress=False, test_size=64)
+    plain = wu.train(config, tiny_data)
+    exact = wu.train(config.replace(deterministic=True), tiny_data)
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark) == before
+    assert exact.metrics["param_checksum"] == plain.metrics["param_checksum"]  # CPU kernels are deterministic
+
+
+def test_profiler_noise_from_native_code_is_kept_out_of_the_cell(capfd):
+    from workshop_utils.profiling import native_noise_filtered
+
+    with native_noise_filtered():
+        os.write(2, b"ERROR: 1 (pid) gpuGetDeviceCount failed with code 35\n")
+        os.write(2, b"a real problem worth reading\n")
+    err = capfd.readouterr().err
+    assert "gpuGetDeviceCount" not in err and "a real problem worth reading" in err
+
+
+def test_monitor_says_when_the_gpu_reports_no_utilisation():
+    frame = pd.DataFrame({"t_s": [0.2, 0.4], "utilization_pct": [None, None], "memory_used_mib": [1.0, 1.0],
+                          "power_w": [None, None], "temperature_c": [None, None]})
+    assert "does not report its utilisation" in wu.monitor_verdict(frame)
+    assert "No samples" in wu.monitor_verdict(frame.iloc[:0])
+
+
+def test_torchrun_workers_leave_sigterm_to_torchrun(monkeypatch):
+    import signal
+
+    from workshop_utils import preemption
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+        preemption.stop_on_signals()
+        assert signal.getsignal(signal.SIGTERM) is saved[signal.SIGTERM]
+        assert signal.getsignal(signal.SIGUSR1) is not saved[signal.SIGUSR1]
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+        preemption.stop_on_signals()  # srun or a plain process: pre-emption arrives as SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is not saved[signal.SIGTERM]
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        monkeypatch.setattr(preemption, "_installed", False)
