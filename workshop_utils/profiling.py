@@ -66,7 +66,8 @@ def _exporter(chrome_trace: Path, tensorboard_dir: Path):
 # What the profiler's C++ side prints on a machine whose PyTorch was built with CUDA but has no
 # GPU (Kineto probing for devices, CUPTI, allocator notices): true but irrelevant, and an
 # attendee reads "ERROR" as a failure of their cell.
-_NATIVE_NOISE = re.compile(r"gpuGetDeviceCount|cudaGetDeviceCount|CUPTI|cupti|\[W .*alloc", re.IGNORECASE)
+_NATIVE_NOISE = re.compile(r"gpuGetDeviceCount|cudaGetDeviceCount|CUPTI|ActivityProfiler|^USDT:|"
+                           r"^\[W\d* [^\]]*Allocator\.cpp", re.IGNORECASE)
 
 
 @contextlib.contextmanager
