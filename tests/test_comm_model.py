@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from workshop_utils.comm_model import (LINKS, Link, bus_bandwidth_gbps, fit_link, predict_scaling,
-                                       ring_all_reduce_s)
+from workshop_utils.comm_model import (LINKS, Link, bus_bandwidth_gbps, ddp_buckets, exposed_communication_s,
+                                       fit_link, link_measurement_plan, predict_scaling, ring_all_reduce_s)
+from workshop_utils.errors import WorkshopError
 from workshop_utils.launch import launch_torchrun
 
 LINK = Link("test link", bandwidth_gbps=2.0, latency_us=50.0, source="made up")
@@ -34,6 +35,60 @@ def test_predictions_lose_efficiency_with_scale_and_across_nodes():
     assert efficiency == sorted(efficiency, reverse=True) and efficiency[-1] < efficiency[1]
     assert (table["efficiency_overlap"] >= table["efficiency_no_overlap"]).all()
     assert table.loc[1, "link"] == LINKS["nvlink4"].name and table.loc[2, "link"] == LINKS["ib_ndr"].name
+
+
+@pytest.mark.parametrize("step_s,grad_bytes", [(0.02, 45e6), (0.1, 9.9e6), (0.005, 45e6), (0.5, 2e5), (0.03, 4e8)])
+def test_overlap_hides_some_communication_but_never_all(step_s, grad_bytes):
+    table = predict_scaling(step_s, grad_bytes, [1, 2, 8, 64, 512], LINKS["nvlink4"], LINKS["ib_ndr"])
+    assert (table["efficiency_overlap"] <= 1).all()
+    assert (table["efficiency_overlap"] >= table["efficiency_no_overlap"]).all()
+    talking = table[table.all_reduce_ms > 0]
+    assert len(talking) == 4 and (talking["efficiency_overlap"] < 1).all(), "the last bucket can never hide"
+    assert table.loc[0, "efficiency_overlap"] == 1.0  # one process: nothing to communicate
+    overlap = table["efficiency_overlap"].tolist()
+    assert overlap[-1] < overlap[1], "at 512 processes more is exposed than at 2"
+
+
+def test_ddp_buckets_follow_the_default_caps():
+    mib = 2**20
+    assert ddp_buckets(45 * mib) == [1 * mib, 25 * mib, 19 * mib]
+    assert ddp_buckets(0.5 * mib) == [0.5 * mib]
+    assert sum(ddp_buckets(123_456_789)) == pytest.approx(123_456_789)
+    assert ddp_buckets(0) == []
+
+
+def test_exposed_time_is_the_last_bucket_when_backward_is_long_and_everything_when_it_is_one_bucket():
+    buckets = ddp_buckets(45 * 2**20)
+    last = ring_all_reduce_s(buckets[-1], 8, LINK)
+    total = sum(ring_all_reduce_s(b, 8, LINK) for b in buckets)
+    assert exposed_communication_s(100.0, buckets, 8, LINK) == pytest.approx(last)  # a very long backward pass
+    assert exposed_communication_s(1e-9, buckets, 8, LINK) == pytest.approx(total, rel=1e-6)  # no time to hide
+    one = ddp_buckets(2**19)
+    assert exposed_communication_s(1.0, one, 8, LINK) == pytest.approx(ring_all_reduce_s(2**19, 8, LINK))
+    assert exposed_communication_s(1.0, buckets, 1, LINK) == 0.0
+
+
+def test_bad_prediction_inputs_are_one_line_errors():
+    with pytest.raises(WorkshopError, match="step time"):
+        predict_scaling(0, 45e6, [1, 2], LINK)
+    with pytest.raises(WorkshopError, match="backward_share"):
+        predict_scaling(0.02, 45e6, [1, 2], LINK, backward_share=1.5)
+    with pytest.raises(WorkshopError, match="World sizes"):
+        predict_scaling(0.02, 45e6, [0, 2], LINK)
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 4, 8])
+def test_the_link_measured_is_the_one_the_ranks_use(gpus):
+    world_sizes = [p for p in (1, 2, 4, 8) if p <= max(gpus, 2)]
+    plan = link_measurement_plan(gpus, world_sizes)
+    if gpus >= 2:
+        assert plan.device == "cuda" and plan.is_training_link and plan.processes == gpus
+    elif gpus == 1:
+        # A CPU gloo link is only a demonstration on a GPU node, never the GPU's link.
+        assert plan.device == "cpu" and not plan.is_training_link and "no GPU-to-GPU link" in plan.note
+    else:
+        assert plan.device == "cpu" and plan.is_training_link and plan.processes == 2
+    assert "\n" not in plan.note
 
 
 def test_every_link_figure_says_where_it_comes_from():

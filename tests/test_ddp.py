@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import workshop_utils as wu
 from workshop_utils.data import ResumableSampler, _mix
-from workshop_utils.launch import launch_nodes, launch_training
+from workshop_utils.launch import fresh_folder, launch_nodes, launch_training, resume_verdict
 from workshop_utils.trainer import _lr_lambda
 
 RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, test_size=16, seed=0, warmup_steps=0,
@@ -17,10 +17,15 @@ RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, te
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
-    """8 steps (2 epochs) on 2 gloo ranks, global batch 16; rank 0 checkpoints at each epoch's end."""
-    folder = tmp_path_factory.mktemp("ddp")
-    launched = launch_training(2, checkpoint_dir=str(folder / "ckpt"), echo=False, timeout_s=300, threads=1, **RUN)
-    return launched, folder / "ckpt"
+    """8 steps (2 epochs) on 2 gloo ranks, global batch 16; rank 0 checkpoints at each epoch's end.
+
+    Its checkpoints go where the notebook's crash-and-resume demo puts its own (a run folder's
+    ``checkpoints/``), so the demo below meets an earlier run's final checkpoint there.
+    """
+    run_dir = tmp_path_factory.mktemp("ddp")
+    checkpoints = fresh_folder(run_dir / "checkpoints", "ddp_crash_resume")
+    launched = launch_training(2, checkpoint_dir=str(checkpoints), echo=False, timeout_s=300, threads=1, **RUN)
+    return launched, checkpoints
 
 
 @pytest.mark.parametrize("length,world", [(64, 2), (60, 4), (61, 2)])
@@ -96,14 +101,22 @@ def test_ddp_checkpoint_has_no_module_prefix_and_resumes_in_one_process(ddp_run)
     assert resumed.metrics["steps"] == RUN["steps"] + 2
 
 
-def test_crashed_rank_is_restarted_and_ends_with_the_same_parameters(ddp_run, tmp_path):
-    uninterrupted, _ = ddp_run
-    crashed = launch_training(2, max_restarts=1, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3,
+def test_crashed_rank_is_restarted_and_ends_with_the_same_parameters(ddp_run):
+    uninterrupted, earlier = ddp_run
+    stale = torch.load(wu.latest_checkpoint(earlier), weights_only=True)["step"]
+    assert stale >= RUN["steps"] > 5  # an earlier run's checkpoint, from after the failure step below
+    # A second run into the same run folder, as the notebook run twice with one run_dir: it must not
+    # resume from the earlier run's final checkpoint (that would skip the crash and compare nothing).
+    checkpoints = fresh_folder(earlier.parent, earlier.name)
+    assert checkpoints != earlier and wu.latest_checkpoint(checkpoints) is None
+    crashed = launch_training(2, max_restarts=1, checkpoint_dir=str(checkpoints), checkpoint_every=3,
                               resume=True, fail_at_step=5, echo=False, timeout_s=300, threads=1, **RUN)
     output = "\n".join(crashed.lines)
     assert "injected failure on rank 1 at step 5" in output
     assert "Resumed from" in output and "at step 3" in output
     assert crashed.record["metrics"]["resumed_from_step"] == 3
+    identical, line = resume_verdict(crashed.record, uninterrupted.record, 5, "cpu")
+    assert identical, line
     assert crashed.record["metrics"]["param_checksum"] == uninterrupted.record["metrics"]["param_checksum"]
 
 
@@ -111,6 +124,8 @@ def test_two_agents_on_one_machine_form_one_job():
     launched = launch_nodes(2, 1, batch_size=8, steps=2, train_size=32, test_size=16, warmup_steps=0,
                             device="cpu", echo=False, timeout_s=300)
     output = "\n".join(launched.lines)
+    assert launched.lines[0].startswith("Layout: 2 agent(s) x 1 process(es) as gloo CPU processes")
+    assert launched.layout.visible_devices == ("", "")
     assert "rank 0 of 2 (local rank 0" in output and "rank 1 of 2 (local rank 0" in output
     assert {line.split("]")[0] for line in launched.lines if "rank " in line and " of 2" in line} == \
         {"[agent 0", "[agent 1"}

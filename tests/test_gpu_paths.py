@@ -261,3 +261,15 @@ def test_torchrun_workers_leave_sigterm_to_torchrun(monkeypatch):
         for sig, handler in saved.items():
             signal.signal(sig, handler)
         monkeypatch.setattr(preemption, "_installed", False)
+
+
+def test_large_synthetic_sets_are_generated_once_then_read_back(tmp_path, monkeypatch):
+    from workshop_utils import data
+
+    monkeypatch.setenv("WORKSHOP_CACHE", str(tmp_path))
+    monkeypatch.setattr(data, "_CACHE_FROM_IMAGES", 100)
+    first = data.make_synthetic_cifar(96, 32, seed=3)
+    assert len(list(tmp_path.glob("synthetic-*.npz"))) == 1
+    monkeypatch.setattr(data, "_generate_synthetic", lambda *a: pytest.fail("generated again instead of read"))
+    again = data.make_synthetic_cifar(96, 32, seed=3)
+    assert again.fingerprint() == first.fingerprint() and "cached" in again.location

@@ -27,7 +27,8 @@ _MODULES = {
         "ring_time_s", "run_collective", "show_collectives", "time_collectives",
     ),
     "comm_model": (
-        "LINKS", "Link", "fit_link", "plot_all_reduce", "plot_predicted_vs_measured", "plot_scaling",
+        "LINKS", "Link", "LinkPlan", "ddp_buckets", "exposed_communication_s", "fit_link", "link_measurement_plan",
+        "plot_all_reduce", "plot_predicted_vs_measured", "plot_scaling",
         "predict_scaling", "ring_all_reduce_s", "scaling_table",
     ),
     "data": (
@@ -38,7 +39,8 @@ _MODULES = {
         "checkpoint_stall", "full_parameter_checksum", "load_into_one_process", "sharded_round_trip",
     ),
     "distributed": (
-        "DistInfo", "all_reduce_sum", "read_dist_env", "setup_distributed", "teardown_distributed",
+        "DistInfo", "all_reduce_sum", "collective_device", "gpu_for_local_rank", "rank_device", "read_dist_env",
+        "setup_distributed", "teardown_distributed",
     ),
     "errors": (
         "WorkshopError", "install_notebook_error_handler",
@@ -55,8 +57,8 @@ _MODULES = {
         "write_small_files",
     ),
     "launch": (
-        "Launched", "free_port", "launch_nodes", "launch_torchrun", "launch_training",
-        "world_sizes_for_this_machine",
+        "Launched", "NodeLayout", "free_port", "fresh_folder", "launch_nodes", "launch_torchrun", "launch_training",
+        "node_layout", "resume_verdict", "world_sizes_for_this_machine",
     ),
     "models": (
         "MODELS", "SimpleCNN", "build_model", "count_parameters", "max_parameter_difference",

@@ -7,10 +7,11 @@ step every process sends ``n/p`` bytes to its neighbour. With a per-step latency
     t(n, p) = 2(p-1) * alpha + 2(p-1)/p * n / B
 
 The second term tends to ``2n/B``: the bandwidth cost hardly grows with ``p``, the
-latency term does. We measure ``t`` for several sizes on the devices present
-(``python -m workshop_utils.comm_model`` under torchrun), fit ``alpha`` and ``B``, and
-predict the step time of data-parallel training at any scale from the measured
-single-device step time and the gradient size, with published link figures as inputs.
+latency term does. We measure ``t`` for several sizes on the link the training ranks
+use (``python -m workshop_utils.comm_model`` under torchrun: NCCL between GPUs, gloo
+between CPU processes), fit ``alpha`` and ``B``, and predict the step time of
+data-parallel training at any scale from the measured single-device step time and the
+gradient size, with published link figures as inputs where no link can be measured.
 """
 
 from __future__ import annotations
@@ -71,28 +72,125 @@ def fit_link(sizes_bytes, seconds, world_size: int, name: str = "measured") -> L
     return Link(name, bandwidth / 1e9, latency * 1e6, f"fitted to all-reduce times measured on {p} processes")
 
 
+# DistributedDataParallel's defaults: a small first bucket starts communication early, then 25 MiB buckets.
+DDP_FIRST_BUCKET_MIB = 1.0  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_CAP_MIB = 25.0  # DistributedDataParallel(bucket_cap_mb=25)
+
+
+def ddp_buckets(grad_bytes: float, bucket_cap_mib: float = DDP_BUCKET_CAP_MIB,
+                first_bucket_mib: float = DDP_FIRST_BUCKET_MIB) -> list[float]:
+    """Gradient bytes per DDP bucket, in the order the backward pass fills them.
+
+    Real buckets end at parameter boundaries; here the bytes are cut at the caps exactly.
+    """
+    if grad_bytes <= 0:
+        return []
+    sizes, left, cap = [], float(grad_bytes), first_bucket_mib * 2**20
+    while left > 0:
+        sizes.append(min(cap, left))
+        left -= sizes[-1]
+        cap = bucket_cap_mib * 2**20
+    return sizes
+
+
+def exposed_communication_s(step_s: float, buckets, world_size: int, link: Link,
+                            backward_share: float = 2 / 3) -> float:
+    """Communication time left after the backward pass when DDP overlaps bucket all-reduces with it.
+
+    The backward pass takes ``T = backward_share * step_s`` and produces gradients at an even
+    rate, so bucket ``i`` is ready at ``r_i = T * (b_1 + ... + b_i) / G``. Buckets are
+    all-reduced one after another, each as soon as it is ready and the previous one is done,
+    each costing ``c_i = ring_all_reduce_s(b_i)``. The last one ends at
+    ``max_i (r_i + c_i + ... + c_k)``, so the exposed time is::
+
+        exposed = max_i (r_i + sum_{j >= i} c_j) - T
+
+    It is at least ``c_k``: the last bucket is ready only when the backward pass ends, so its
+    all-reduce never hides. It is at most ``sum c_j``, the same all-reduces run after backward.
+    """
+    buckets = list(buckets)
+    total = sum(buckets)
+    if world_size <= 1 or total <= 0:
+        return 0.0
+    backward = backward_share * step_s
+    costs = [ring_all_reduce_s(b, world_size, link) for b in buckets]
+    ready = np.cumsum(buckets) / total * backward
+    remaining = np.cumsum(costs[::-1])[::-1]  # c_i + ... + c_k
+    # The bounds hold exactly; clamping only removes the rounding of (T + c) - T.
+    return min(float(remaining[0]), max(costs[-1], float(np.max(ready + remaining)) - backward))
+
+
 def predict_scaling(step_s: float, grad_bytes: float, world_sizes, link_within: Link, link_between: Link | None = None,
-                    gpus_per_node: int = 8, backward_share: float = 2 / 3):
+                    gpus_per_node: int = 8, backward_share: float = 2 / 3,
+                    bucket_cap_mib: float = DDP_BUCKET_CAP_MIB, first_bucket_mib: float = DDP_FIRST_BUCKET_MIB):
     """Predicted weak-scaling step time and efficiency for each world size, as a DataFrame.
 
     ``step_s`` is the measured single-device step time; each process keeps its batch. A job
     that fits in one node uses ``link_within``; beyond it the ring crosses ``link_between``,
-    the slowest link, which then sets the pace. Two bounds: no overlap (communication after
-    the backward pass) and the best DDP can do (buckets all-reduced while the backward pass,
-    ``backward_share`` of the step, is still running).
+    the slowest link, which then sets the pace. Gradients travel in DDP's buckets (1 MiB, then
+    ``bucket_cap_mib``), one ring all-reduce each; ``all_reduce_ms`` is their sum. Two bounds:
+
+    * no overlap: every all-reduce after the backward pass, ``step + sum c_i``;
+    * overlap: all-reduces run while the backward pass (``backward_share`` of the step) still
+      computes, ``step + exposed`` with ``exposed`` from ``exposed_communication_s``. The last
+      bucket never hides, so with any communication the efficiency stays below 1.
+
+    Efficiency = step / predicted step, so 1 >= efficiency_overlap >= efficiency_no_overlap.
     """
     import pandas as pd
 
+    if not (step_s > 0 and np.isfinite(step_s)) or not grad_bytes >= 0:
+        raise WorkshopError(f"A step time above 0 and gradient bytes of 0 or more are needed, got step_s={step_s!r}, "
+                            f"grad_bytes={grad_bytes!r}.", "pass the measured step time in seconds and 4 x parameters.")
+    if not 0 <= backward_share <= 1:
+        raise WorkshopError(f"backward_share is a fraction of the step, got {backward_share!r}.",
+                            "use a number from 0 to 1 (about 2/3 for training).")
+    if bucket_cap_mib <= 0 or first_bucket_mib <= 0:
+        raise WorkshopError("DDP bucket sizes must be positive.", "use the defaults (1 MiB first, then 25 MiB).")
+    buckets = ddp_buckets(grad_bytes, bucket_cap_mib, first_bucket_mib)
     rows = []
     for p in world_sizes:
+        if int(p) != p or p < 1:
+            raise WorkshopError(f"World sizes are whole numbers of processes, got {p!r}.", "use 1, 2, 4, 8, ...")
         link = link_within if (p <= gpus_per_node or link_between is None) else link_between
-        comm = ring_all_reduce_s(grad_bytes, p, link)
-        hidden = min(comm, backward_share * step_s)
-        rows.append({"world_size": p, "link": link.name if p > 1 else "-", "all_reduce_ms": 1e3 * comm,
-                     "step_ms_no_overlap": 1e3 * (step_s + comm), "step_ms_overlap": 1e3 * (step_s + comm - hidden),
+        comm = sum(ring_all_reduce_s(b, p, link) for b in buckets)
+        exposed = exposed_communication_s(step_s, buckets, p, link, backward_share)
+        rows.append({"world_size": p, "link": link.name if p > 1 else "-", "buckets": len(buckets),
+                     "all_reduce_ms": 1e3 * comm, "exposed_ms": 1e3 * exposed,
+                     "step_ms_no_overlap": 1e3 * (step_s + comm), "step_ms_overlap": 1e3 * (step_s + exposed),
                      "efficiency_no_overlap": step_s / (step_s + comm),
-                     "efficiency_overlap": step_s / (step_s + comm - hidden)})
+                     "efficiency_overlap": step_s / (step_s + exposed)})
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    """Which all-reduce to time on this machine, and what the measurement may stand for."""
+
+    processes: int
+    device: str  # "cuda": NCCL between GPUs; "cpu": gloo between CPU processes
+    is_training_link: bool  # True: the link the training ranks here use, fit to predict their scaling
+    max_mib: int  # largest message timed
+    note: str  # one line for the reader
+
+
+def link_measurement_plan(gpus: int, world_sizes=(1, 2)) -> LinkPlan:
+    """Measure the link the ranks really use: NCCL between GPUs when there are two or more.
+
+    One GPU has no GPU-to-GPU link: two gloo CPU processes then only demonstrate the method,
+    and predictions must use the documented figures (``LINKS``), never that CPU link.
+    """
+    if gpus >= 2:
+        processes = max([p for p in world_sizes if 2 <= p <= gpus] or [2])
+        return LinkPlan(processes, "cuda", True, 256,
+                        f"Measuring NCCL all-reduce between {processes} GPUs: the link the DDP ranks above used.")
+    if gpus == 1:
+        return LinkPlan(2, "cpu", False, 16,
+                        "One GPU: no GPU-to-GPU link can be measured here, so predictions use the documented "
+                        "NVLink/InfiniBand figures; the gloo all-reduce between two CPU processes below only "
+                        "demonstrates the method and is not this GPU's link.")
+    return LinkPlan(2, "cpu", True, 16,
+                    "No GPU: measuring gloo all-reduce between two CPU processes, the link the CPU ranks above used.")
 
 
 def message_sizes(min_kib: int, max_mib: int) -> list[int]:
@@ -101,13 +199,18 @@ def message_sizes(min_kib: int, max_mib: int) -> list[int]:
 
 
 def measure_all_reduce(sizes_bytes, repeats: int = 10, device: torch.device | None = None) -> list[dict]:
-    """Median time of an all-reduce (sum, fp32) per size, in an initialised process group."""
+    """Median time of an all-reduce (sum, fp32) per size, in an initialised process group.
+
+    ``device`` None: where the process group's collectives run (this rank's GPU under NCCL).
+    """
     from .collectives import time_collectives  # it builds on this module's model
+    from .distributed import collective_device
 
     if not (dist.is_available() and dist.is_initialized()):
         raise WorkshopError("measure_all_reduce needs a process group.",
                             "run `torchrun --nproc-per-node=2 -m workshop_utils.comm_model`.")
-    rows = time_collectives(sizes_bytes, ("all_reduce",), repeats, device)
+    # Under NCCL the buffers must be on this rank's GPU; a CPU default would fail in the first all-reduce.
+    rows = time_collectives(sizes_bytes, ("all_reduce",), repeats, device or collective_device())
     return [{key: row[key] for key in ("size_bytes", "seconds", "world_size", "bus_bandwidth_gbps")} for row in rows]
 
 
@@ -203,8 +306,11 @@ def plot_scaling(table, title: str = "Data-parallel scaling"):
     return fig
 
 
-def plot_all_reduce(rows: list[dict], link: Link | None = None):
-    """Measured all-reduce time and bus bandwidth against message size (log-log), with the fitted model."""
+def plot_all_reduce(rows: list[dict], link: Link | None = None, title: str | None = None):
+    """Measured all-reduce time and bus bandwidth against message size (log-log), with the fitted model.
+
+    ``title`` says what was measured (which backend, between what), above both panels.
+    """
     import matplotlib.pyplot as plt
 
     sizes = np.array([r["size_bytes"] for r in rows], float)
@@ -219,6 +325,8 @@ def plot_all_reduce(rows: list[dict], link: Link | None = None):
     ax_time.legend()
     ax_bw.semilogx(sizes / 2**20, [r["bus_bandwidth_gbps"] for r in rows], "o-")
     ax_bw.set(xlabel="message (MiB)", ylabel="GB/s", title="Bus bandwidth: small messages pay latency")
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     return fig
 

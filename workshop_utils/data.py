@@ -180,7 +180,44 @@ def read_cifar10(folder: Path, checksums: dict[str, str] | None = None) -> Cifar
 _CHUNK = 1000  # samples are generated in fixed chunks so a smaller set is a prefix of a larger one
 
 
+_SYNTHETIC_VERSION = 1  # bump when the generator below changes: cached copies of the old one are then ignored
+_CACHE_FROM_IMAGES = 20_000  # smaller sets take a second or two to generate: not worth a file
+
+
+def _synthetic_cache_path(n_train: int, n_test: int, seed: int) -> Path:
+    root = Path(os.environ.get("WORKSHOP_CACHE") or Path.home() / ".cache" / "workshop-utils")
+    return root / f"synthetic-v{_SYNTHETIC_VERSION}-{n_train}-{n_test}-{seed}.npz"
+
+
 def make_synthetic_cifar(n_train: int = 50_000, n_test: int = 10_000, seed: int = 0) -> CifarData:
+    """The synthetic set of ``_generate_synthetic``, cached on disk when it is large.
+
+    Generating the full-size set takes 10-20 s of one core, and every rank of every torchrun
+    launch needs it: the first process writes it (atomically), later ones read it in a second.
+    The cache is only a copy; it is never required (a read-only home just regenerates).
+    """
+    if n_train + n_test < _CACHE_FROM_IMAGES:
+        return _generate_synthetic(n_train, n_test, seed)
+    path = _synthetic_cache_path(n_train, n_test, seed)
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            arrays = [saved[key] for key in ("train_images", "train_labels", "test_images", "test_labels")]
+        return CifarData(*arrays, "synthetic", f"generator (seed {seed}), cached in {path}")
+    except (OSError, KeyError, ValueError):  # not cached yet, or a damaged copy: generate afresh
+        pass
+    data = _generate_synthetic(n_train, n_test, seed)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
+        np.savez(tmp, train_images=data.train_images, train_labels=data.train_labels,
+                 test_images=data.test_images, test_labels=data.test_labels)
+        os.replace(tmp, path)  # concurrent ranks each write their own file; the last rename wins, all equal
+    except OSError:
+        pass
+    return data
+
+
+def _generate_synthetic(n_train: int, n_test: int, seed: int) -> CifarData:
     """A deterministic, learnable CIFAR-shaped data set.
 
     Each class is a smooth random colour pattern. An image is 60% its class's

@@ -4,7 +4,8 @@ The training loop asks ``setup_distributed()`` who it is. Under torchrun the
 launcher sets RANK, LOCAL_RANK and WORLD_SIZE; under ``srun`` without torchrun,
 Slurm's SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS say the same. With neither,
 this is one process and no process group is created at all. GPUs use NCCL (one
-GPU per local rank), CPUs use gloo, so the same code runs on a laptop.
+GPU per process: the local rank's, or under ``srun --gpus-per-task`` the task's own), CPUs
+use gloo, so the same code runs on a laptop.
 """
 
 from __future__ import annotations
@@ -65,30 +66,71 @@ def _first_slurm_host() -> str | None:
         return None
 
 
+def _gpus_per_task(env) -> int | None:
+    """GPUs Slurm gave each task (``--gpus-per-task=[type:]N``, several types comma-separated), or None."""
+    text = env.get("SLURM_GPUS_PER_TASK", "").strip()
+    if not text:
+        return None
+    try:
+        return sum(int(part.rsplit(":", 1)[-1]) for part in text.split(","))
+    except ValueError:
+        return None
+
+
+def gpu_for_local_rank(local_rank: int, visible: int, env=None) -> int:
+    """Which of the GPUs this process sees it trains on (an index for ``cuda:<index>``).
+
+    Under torchrun every process of a node sees all the node's GPUs and ``LOCAL_RANK`` picks
+    one. Under ``srun`` without torchrun, ``--gpus-per-task`` makes Slurm bind GPUs per task:
+    each task sees only its own (``CUDA_VISIBLE_DEVICES`` differs per task), so ``cuda:0`` is
+    this task's own GPU whatever its ``SLURM_LOCALID``. Otherwise the tasks of a node share the
+    GPUs they see, and two of them on one GPU would make NCCL fail: then the local rank must
+    name a distinct GPU, or the error says there are too few.
+    """
+    env = os.environ if env is None else env
+    if visible < 1:
+        raise WorkshopError("A GPU run was asked for, but PyTorch sees no CUDA GPU.", "run on a GPU node or use the CPU.")
+    under_torchrun = bool(env.get("LOCAL_RANK", "").strip())
+    if under_torchrun:
+        # torchrun says how many processes share this node: refuse before any of them waits at the rendezvous.
+        per_node = int(env["LOCAL_WORLD_SIZE"]) if env.get("LOCAL_WORLD_SIZE", "").strip() else None
+        if per_node is not None and per_node > visible:
+            raise WorkshopError(
+                f"{per_node} processes per node were started, but this node has {visible} GPU(s).",
+                f"start at most one process per GPU (torchrun --nproc-per-node={visible}).",
+            )
+    else:
+        per_task = _gpus_per_task(env)
+        # A task that sees no more GPUs than Slurm gave it sees only its own (a binding like
+        # --gpu-bind=none would show it every task's GPUs, and then the local rank must choose).
+        if per_task is not None and visible <= per_task:
+            return 0
+    if local_rank >= visible:
+        fix = (f"start at most {visible} processes per node (torchrun --nproc-per-node={visible})." if under_torchrun
+               else f"start at most {visible} tasks per node (srun --ntasks-per-node={visible}), or give each task "
+                    "its own GPU (srun --gpus-per-task=1).")
+        raise WorkshopError(
+            f"Local rank {local_rank} has no GPU: this process sees {visible}, shared by every process of its node.",
+            fix)
+    return local_rank
+
+
+def rank_device(local_rank: int, device_type: str | None = None, env=None) -> torch.device:
+    """The device this rank trains on: ``cuda:<i>`` (see ``gpu_for_local_rank``) or the CPU. Touches no GPU."""
+    use_cuda = torch.cuda.is_available() if device_type is None else device_type == "cuda"
+    if not use_cuda:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise WorkshopError("A GPU run was asked for, but PyTorch sees no CUDA GPU.", "run on a GPU node or use the CPU.")
+    return torch.device("cuda", gpu_for_local_rank(local_rank, torch.cuda.device_count(), env))
+
+
 def setup_distributed(device_type: str | None = None, timeout_s: int = 300) -> tuple[DistInfo, torch.device]:
     """Join the process group (if there is one) and pick this rank's device."""
     info = read_dist_env()
-    use_cuda = torch.cuda.is_available() if device_type is None else device_type == "cuda"
-    if use_cuda:
-        if not torch.cuda.is_available():
-            raise WorkshopError("A GPU run was asked for, but PyTorch sees no CUDA GPU.", "run on a GPU node or use the CPU.")
-        gpus = torch.cuda.device_count()
-        # torchrun says how many processes share this node: refuse before any of them waits at the rendezvous.
-        per_node = _int_env("LOCAL_WORLD_SIZE")
-        if per_node is not None and per_node > gpus:
-            raise WorkshopError(
-                f"{per_node} processes per node were started, but this node has {gpus} GPU(s).",
-                f"start at most one process per GPU (torchrun --nproc-per-node={gpus}).",
-            )
-        if info.local_rank >= gpus:
-            raise WorkshopError(
-                f"Local rank {info.local_rank} has no GPU: this node has {gpus}.",
-                f"start at most {gpus} processes per node (torchrun --nproc_per_node={gpus}).",
-            )
-        device = torch.device("cuda", info.local_rank)
+    device = rank_device(info.local_rank, device_type)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     if not info.distributed:
         return info, device
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -119,10 +161,28 @@ def teardown_distributed() -> None:
         dist.destroy_process_group()
 
 
+def collective_device() -> torch.device:
+    """Where a tensor must live for this process group's collectives: this rank's GPU under NCCL, else the CPU.
+
+    NCCL reduces GPU memory only; a helper that makes its buffers with ``torch.zeros(...)``
+    (on the CPU) fails under NCCL unless it asks here first.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over all ranks in place (a no-op for a single process)."""
+    """Sum a tensor over all ranks in place (a no-op for a single process), wherever the tensor lives."""
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        target = collective_device()
+        if target.type == "cuda" and tensor.device.type != "cuda":
+            # A CPU tensor under NCCL: reduce a GPU copy, then write the sum back into the caller's tensor.
+            staged = tensor.to(target)
+            dist.all_reduce(staged, op=dist.ReduceOp.SUM)
+            tensor.copy_(staged)
+        else:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 

@@ -81,6 +81,7 @@ class Launched:
     lines: list[str] = field(repr=False)
     record: dict | None = field(default=None, repr=False)
     seconds: float = 0.0
+    layout: "NodeLayout | None" = field(default=None, repr=False)  # launch_nodes only: who got which device
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -100,8 +101,11 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: float = 600,
-           echo: bool = True) -> tuple[list[int], list[str]]:
-    """Run commands side by side, print their merged output line by line (prefixed by label), stop all at the end."""
+           echo: bool = True, envs: dict[str, dict] | None = None) -> tuple[list[int], list[str]]:
+    """Run commands side by side, print their merged output line by line (prefixed by label), stop all at the end.
+
+    ``envs`` gives a command its own environment (by label), in place of ``env``.
+    """
     lines: queue.Queue = queue.Queue()
     processes = {}
 
@@ -113,7 +117,7 @@ def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: f
     try:
         for label, command in commands.items():
             processes[label] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                                bufsize=1, env=env, start_new_session=True)
+                                                bufsize=1, env=(envs or {}).get(label, env), start_new_session=True)
             threading.Thread(target=pump, args=(label, processes[label]), daemon=True).start()
         output, open_streams, deadline = [], len(processes), time.monotonic() + timeout_s
         while open_streams:
@@ -196,16 +200,78 @@ def launch_training(nproc: int = 1, *, max_restarts: int = 0, port: int | None =
                                threads=threads)
 
 
+@dataclass(frozen=True)
+class NodeLayout:
+    """How ``launch_nodes`` places its agents on this machine's devices."""
+
+    backend: str  # "nccl" or "gloo"
+    device: str  # "cuda" or "cpu": what every rank trains on
+    visible_devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES of each agent; "" hides every GPU
+    reason: str  # one line for the reader
+
+
+def visible_gpu_ids(env=None) -> list[str] | None:
+    """The entries of CUDA_VISIBLE_DEVICES (indices or UUIDs), or None when it is not set."""
+    text = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return None
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def node_layout(gpus: int, nnodes: int, nproc_per_node: int, device: str | None = "auto",
+                visible: list[str] | None = None) -> NodeLayout:
+    """Give each simulated node's agent its own GPUs, or fall back to gloo on CPU processes.
+
+    Every agent numbers its processes from local rank 0 and each takes ``cuda:<local rank>``:
+    two agents that see the same GPUs would put two ranks on one GPU, which NCCL refuses
+    ("Duplicate GPU detected"). So agent ``n`` sees only GPUs ``n*nproc ... n*nproc+nproc-1``
+    (its CUDA_VISIBLE_DEVICES slice), as a real node sees only its own. With fewer GPUs than
+    ranks (or ``device="cpu"``) every agent runs gloo on CPU processes and sees no GPU.
+    ``visible`` is this process's CUDA_VISIBLE_DEVICES list: a child's entries must name the
+    same physical GPUs, not indices into the parent's list.
+    """
+    if device is None:
+        device = "auto"
+    if device not in ("auto", "cuda", "cpu"):
+        raise WorkshopError(f"Unknown device {device!r} for the agents.", "use 'auto', 'cuda' or 'cpu'.")
+    if nnodes < 1 or nproc_per_node < 1:
+        raise WorkshopError(f"{nnodes} node(s) x {nproc_per_node} process(es) is not a job.",
+                            "use 1 or more nodes and 1 or more processes per node.")
+    ranks = nnodes * nproc_per_node
+    shape = f"{nnodes} agent(s) x {nproc_per_node} process(es)"
+    if device != "cpu" and gpus >= ranks:
+        ids = visible[:gpus] if visible is not None and len(visible) >= gpus else [str(i) for i in range(gpus)]
+        slices = tuple(",".join(ids[n * nproc_per_node:(n + 1) * nproc_per_node]) for n in range(nnodes))
+        where = "; ".join(f"agent {n}: GPU {ids_}" for n, ids_ in enumerate(slices))
+        return NodeLayout("nccl", "cuda", slices, f"{shape} on distinct GPUs ({where}), NCCL.")
+    if device == "cuda":
+        raise WorkshopError(f"{shape} need {ranks} distinct GPUs, but this machine has {gpus}: NCCL cannot put "
+                            "two ranks on one GPU ('Duplicate GPU detected').",
+                            f"use at most {gpus} ranks in all, or device='cpu' (gloo).")
+    if device == "cpu":
+        why = "as asked (device='cpu')"
+    elif gpus == 0:
+        why = "no GPU here"
+    else:
+        why = f"{ranks} ranks need {ranks} distinct GPUs and this machine has {gpus}"
+    return NodeLayout("gloo", "cpu", ("",) * nnodes, f"{shape} as gloo CPU processes: {why}.")
+
+
 def launch_nodes(nnodes: int = 2, nproc_per_node: int = 1, *, port: int | None = None, timeout_s: float = 300,
                  echo: bool = True, threads: int | None = None, **options) -> Launched:
     """Pretend to be ``nnodes`` machines: one torchrun agent per "node", all meeting at one c10d rendezvous.
 
     On a cluster each agent runs on its own node (``srun torchrun ...``) with the same
-    ``--rdzv-endpoint=<first node>:<port>``; here they all run on this machine.
+    ``--rdzv-endpoint=<first node>:<port>``; here they all run on this machine, each agent with
+    its own GPUs when there are enough, else as gloo CPU processes (``node_layout``; one line says which).
     """
-    check_process_count(nproc_per_node, options.get("device"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    layout = node_layout(gpus, nnodes, nproc_per_node, options.get("device"), visible_gpu_ids())
     port = check_port_free(port) if port is not None else free_port()
-    options.setdefault("no_progress", True)
+    options = {**options, "device": layout.device, "no_progress": options.get("no_progress", True)}
+    announce = f"Layout: {layout.reason}"
+    if echo:
+        print(announce, flush=True)
     with tempfile.TemporaryDirectory(prefix="workshop-nodes-") as folder:
         out = Path(folder) / "result.json"
         args = _flags({**options, "out": out})
@@ -218,14 +284,69 @@ def launch_nodes(nnodes: int = 2, nproc_per_node: int = 1, *, port: int | None =
                 print(f"{label}$ torchrun " + " ".join(command[3:]), flush=True)
         started = time.perf_counter()
         env = _job_env(threads or cpu_threads_per_process(nnodes * nproc_per_node))
-        codes, lines = stream(commands, env, timeout_s, echo)
+        envs = {label: {**env, "CUDA_VISIBLE_DEVICES": visible}
+                for label, visible in zip(commands, layout.visible_devices)}
+        codes, lines = stream(commands, env, timeout_s, echo, envs)
         if any(codes):
             raise _failure(codes, lines)
         record = json.loads(out.read_text()) if out.exists() else None
-        return Launched(max(codes, key=abs), lines, record, time.perf_counter() - started)
+        return Launched(max(codes, key=abs), [announce, *lines], record, time.perf_counter() - started, layout)
 
 
-def world_sizes_for_this_machine(candidates=(1, 2, 4, 8)) -> list[int]:
-    """Process counts to scale over: one per GPU up to the GPUs present; 1 and 2 gloo processes on a CPU."""
+def world_sizes_for_this_machine(candidates=(1, 2, 4, 8), at_most: int | None = None) -> list[int]:
+    """Process counts to scale over: one per GPU up to the GPUs present; 1 and 2 gloo processes on a CPU.
+
+    ``at_most`` keeps that many: the smallest ones and the largest (every launch costs a start-up).
+    """
+    if at_most is not None and at_most < 2:
+        raise WorkshopError(f"at_most={at_most} leaves nothing to scale over.", "use 2 or more, or None for all.")
     limit = torch.cuda.device_count() if torch.cuda.is_available() else 2
-    return [p for p in candidates if p <= limit]
+    sizes = [p for p in candidates if p <= limit]
+    if at_most is not None and len(sizes) > at_most:
+        sizes = sizes[:at_most - 1] + sizes[-1:]
+    return sizes
+
+
+def fresh_folder(parent: str | os.PathLike, name: str) -> Path:
+    """A new, empty folder ``parent/name`` (``name-2``, ``name-3``, ... when taken), never an existing one.
+
+    A demo that resumes from "the newest checkpoint in its folder" must not find an earlier
+    run's: it would skip the very work it claims to redo.
+    """
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        path = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()  # atomic: two runs racing for one name get different folders
+            return path
+        except FileExistsError:
+            n += 1
+
+
+def resume_verdict(crashed: dict, reference: dict, fail_step: int, device_type: str) -> tuple[bool, str]:
+    """Did a crash-and-resume run really crash and resume, and does it end where the uninterrupted run ends?
+
+    Returns (identical, one line). Equal parameters prove exact resume only when the run
+    resumed from a checkpoint written *before* the failure; a run that resumed from a later
+    step, or not at all, did not redo the work, so its equality proves nothing.
+    """
+    resumed = crashed["metrics"].get("resumed_from_step")
+    if resumed is None:
+        return False, ("Not a resume test: the run never loaded a checkpoint, so its parameters say nothing "
+                       "about resuming.")
+    if resumed >= fail_step:
+        return False, (f"Not a resume test: the failure was injected at step {fail_step}, but the run resumed from "
+                       f"step {resumed}, a checkpoint the crashed run cannot have written (an earlier run's?).")
+    head = f"Failed at step {fail_step}, resumed from step {resumed}: "
+    if crashed["metrics"]["steps"] != reference["metrics"]["steps"]:
+        return False, head + (f"it ran {crashed['metrics']['steps']} steps, the uninterrupted run "
+                              f"{reference['metrics']['steps']}: not comparable.")
+    if crashed["metrics"]["param_checksum"] == reference["metrics"]["param_checksum"]:
+        return True, head + "final parameters identical to the uninterrupted run, bit for bit."
+    losses = (f" (final training loss {crashed['metrics']['final_train_loss']:.4f} vs "
+              f"{reference['metrics']['final_train_loss']:.4f})")
+    why = ("GPU kernels and NCCL reductions are not bitwise deterministic, so two runs drift apart" if
+           device_type == "cuda" else "on CPUs they should match bit for bit: something was not restored")
+    return False, head + f"final parameters differ from the uninterrupted run{losses}: {why}."
