@@ -3,16 +3,30 @@ activation checkpointing and distributed checkpoints, on gloo ranks started by t
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
+import torch.distributed as dist
 
 import workshop_utils as wu
+from workshop_utils import collectives, parallel_demos, pipeline
 from workshop_utils.comm_model import Link, ring_all_reduce_s
 from workshop_utils.errors import WorkshopError
 
 DEMO = dict(nproc=2, device="cpu", echo=False, timeout_s=300)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A process group of this test process alone (gloo): enough to call the helpers directly."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def test_zero_stages_shard_adams_sixteen_bytes_per_parameter():
@@ -57,6 +71,35 @@ def test_every_collective_delivers_what_its_definition_says():
     assert list(table.index) == list(wu.COLLECTIVES) and list(table.columns) == ["rank 0", "rank 1"]
 
 
+def test_the_timed_call_only_communicates_into_buffers_allocated_before_it(one_rank_group):
+    for name in wu.COLLECTIVES:
+        op = collectives.Collective(name, torch.arange(4, dtype=torch.float32))
+        buffers = {key: value.data_ptr() for key, value in vars(op).items() if torch.is_tensor(value)}
+        op.refill()
+        op()
+        op()  # twice: an in-place collective must not need a fresh copy between rounds
+        assert {key: value.data_ptr() for key, value in vars(op).items() if torch.is_tensor(value)} == buffers, name
+        assert op.result().tolist() == [0.0, 1.0, 2.0, 3.0], name  # one rank: every collective returns its input
+    with pytest.raises(WorkshopError, match="Unknown collective"):
+        collectives.Collective("all_to_all", torch.zeros(4))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where allocating on a GPU fails")
+@pytest.mark.parametrize("helper", [
+    lambda: wu.show_collectives(),
+    lambda: wu.time_collectives([4096], repeats=1),
+    lambda: wu.measure_bubble([1], batch=4, width=8, layers_per_stage=1, repeats=1),
+    lambda: wu.check_tensor_parallel(batch=2, features=4, hidden=8),
+], ids=["show_collectives", "time_collectives", "measure_bubble", "check_tensor_parallel"])
+def test_helpers_called_without_a_device_use_the_process_groups(one_rank_group, monkeypatch, helper):
+    helper()  # gloo: CPU tensors, and it works
+    # Under NCCL the same call must put its tensors on this rank's GPU; here that attempt fails.
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises((RuntimeError, AssertionError), match="(?i)cuda|nvidia|driver"):
+        helper()
+
+
 def test_collectives_are_timed_per_size_and_fitted():
     record = wu.launch_demo("collectives-time", max_mib=1, repeats=3, **DEMO)
     names = {r["collective"] for r in record["rows"]}
@@ -85,16 +128,52 @@ def test_tensor_parallel_splits_equal_the_unsplit_layer():
     assert record["rows"][0]["output_shape"] == [16, 256] and record["rows"][1]["output_shape"] == [16, 64]
 
 
+def test_tensor_parallel_runs_on_a_world_size_that_divides_nothing():
+    record = wu.launch_demo("tensor-parallel", batch=16, features=64, hidden=256, **{**DEMO, "nproc": 3})
+    assert record["asked"] == {"features": 64, "hidden": 256} and record["rounded_up"]
+    assert (record["features"], record["hidden"]) == (66, 258)  # the next multiples of 3
+    for row in record["rows"]:
+        assert row["world_size"] == 3 and row["max_abs_difference"] <= 1e-5 * row["scale"], row["split"]
+    assert record["rows"][0]["output_shape"] == [16, 258] and record["rows"][1]["output_shape"] == [16, 66]
+
+
+def test_a_split_that_does_not_divide_says_how_to_fix_it(one_rank_group, monkeypatch):
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    with pytest.raises(WorkshopError, match="does not split into 3 equal parts"):
+        wu.ColumnParallelLinear(torch.nn.Linear(4, 8))
+
+
 def test_pipeline_gradients_equal_the_unsplit_model_and_the_bubble_is_measured():
+    # Three stages: the middle one receives and sends in both directions, and checks its own gradients.
     record = wu.launch_demo("pipeline", microbatch_counts=[1, 4], batch=64, width=64, layers_per_stage=1,
-                            repeats=1, **DEMO)
+                            repeats=1, **{**DEMO, "nproc": 3})
     assert record["gradient_max_abs_difference"] < 1e-5
     table = wu.bubble_table(record)
-    assert list(table.bubble_formula) == [pytest.approx(0.5), pytest.approx(0.2)]
+    assert list(table.bubble_formula) == [pytest.approx(2 / 3), pytest.approx(1 / 3)]
     assert table.bubble_measured.between(0, 1).all()
     timeline = record["timelines"]["4"]
-    assert {(r["stage"], r["pass"]) for r in timeline} == {(s, p) for s in (0, 1) for p in "FB"}
-    assert sum(r["pass"] == "F" for r in timeline) == 2 * 4  # every stage runs every micro-batch forward
+    assert {(r["stage"], r["pass"]) for r in timeline} == {(s, p) for s in (0, 1, 2) for p in "FB"}
+    assert sum(r["pass"] == "F" for r in timeline) == 3 * 4  # every stage runs every micro-batch forward
+    assert all(0 <= r["start"] <= r["end"] for r in timeline)
+
+
+def test_the_pipeline_gradient_check_catches_a_wrong_gradient():
+    full = pipeline.build_full_model(2, 1, 8)
+    stage = pipeline.stage_of(full, 1, 2)
+    inputs, labels = torch.randn(4, 8), torch.arange(4)
+    torch.nn.functional.cross_entropy(full(inputs), labels).backward()
+    right = [p.grad.clone() for p in stage.parameters()]
+    assert pipeline.gradient_difference(right, [p.grad for p in stage.parameters()]) == 0.0
+    wrong = [g.clone() for g in right]
+    wrong[-1][0] += 0.5
+    assert pipeline.gradient_difference(wrong, [p.grad for p in stage.parameters()]) == pytest.approx(0.5)
+    with pytest.raises(WorkshopError, match="parameter for parameter"):
+        pipeline.gradient_difference(right, [p.grad for p in pipeline.stage_of(full, 0, 2).parameters()])
+
+
+def test_micro_batches_that_do_not_divide_the_batch_are_refused_in_one_line(one_rank_group):
+    with pytest.raises(WorkshopError, match="does not split into"):
+        wu.measure_bubble([3], batch=64, width=8)
 
 
 def test_activation_checkpointing_keeps_gradients_and_cuts_memory():
@@ -127,6 +206,62 @@ def test_bad_demo_options_are_refused_before_any_process_starts():
         wu.launch_demo("pipeline", micro_batches=[1, 2])
     with pytest.raises(WorkshopError, match="Unknown part"):
         wu.launch_demo("zero-bubble")
+    with pytest.raises(WorkshopError, match="Unknown device"):
+        wu.launch_demo("pipeline", device="gpu")
+    with pytest.raises(WorkshopError, match="time limit"):
+        wu.launch_demo("pipeline", timeout_s=None)
+
+
+def test_a_part_that_outlives_its_time_limit_is_stopped_with_one_line():
+    # Starting torchrun and its ranks alone takes longer than this limit.
+    with pytest.raises(WorkshopError, match=r"'collectives-show' on 2 cpu ranks: The job ran longer than 1 s"):
+        wu.launch_demo("collectives-show", **{**DEMO, "timeout_s": 1})
+
+
+# Loaded by every Python process of the job through PYTHONPATH: torch.cuda answers as on a GPU node
+# (unless CUDA_VISIBLE_DEVICES hides the GPUs), and anything that would initialise CUDA fails.
+FAKE_GPU_NODE = """
+import os
+
+import torch
+
+
+def _hidden():
+    return os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+
+
+def _initialise(*args, **kwargs):
+    raise RuntimeError("a CPU rank initialised CUDA")
+
+
+torch.cuda.is_available = lambda: not _hidden()
+torch.cuda.device_count = lambda: 0 if _hidden() else 1
+torch.cuda._lazy_init = _initialise
+torch.cuda.init = _initialise
+"""
+
+
+def test_cpu_ranks_on_a_gpu_node_never_initialise_cuda(tmp_path, monkeypatch):
+    fake = tmp_path / "fake-gpu-node"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(FAKE_GPU_NODE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])))
+    # The checkpoint part covers the most: FSDP's device mesh, DCP's writer and async staging, environment().
+    record = wu.launch_demo("checkpoint", folder=str(tmp_path / "dcp"), batch_size=8, round_trip_steps=1,
+                            stall_steps=1, every=1, **DEMO)
+    assert record["device"] == "cpu"
+    assert record["environment"]["device_type"] == "cpu" and record["environment"]["gpus"] == []
+
+
+def test_hiding_the_gpus_must_come_before_cuda_starts(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(WorkshopError, match="already initialised"):
+        parallel_demos.hide_gpus()
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    parallel_demos.hide_gpus()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
 @pytest.mark.parametrize("args,message", [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -179,3 +181,26 @@ def test_all_reduce_sum_of_a_cpu_tensor_under_nccl_goes_through_the_gpu(monkeypa
     assert distributed.all_reduce_sum(values) is values
     assert moved == [(torch.device("cuda", 0),)] and reduced[0] is not values
     assert values.tolist() == [2.0, 4.0]  # the sum is written back into the caller's tensor
+
+
+def test_a_job_that_keeps_printing_still_times_out():
+    from workshop_utils.errors import WorkshopError
+    from workshop_utils.launch import stream
+
+    chatty = [sys.executable, "-c", "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.02)"]
+    with pytest.raises(WorkshopError, match="longer than 1 s"):
+        stream({"": chatty}, timeout_s=1, echo=False)
+
+
+def test_cpu_ranks_are_launched_without_gpus(monkeypatch):
+    from workshop_utils import launch
+
+    seen = {}
+
+    def fake_stream(commands, env=None, timeout_s=600, echo=True, envs=None):
+        seen.update(env)
+        return [0], []
+
+    monkeypatch.setattr(launch, "stream", fake_stream)
+    launch.launch_torchrun("workshop_utils.train", [], 2, device="cpu", echo=False)
+    assert seen["CUDA_VISIBLE_DEVICES"] == ""

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from .comm_model import Link, bus_bandwidth_gbps, fit_link, ring_all_reduce_s
+from .distributed import collective_device
+from .errors import WorkshopError
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "all_gather", "reduce_scatter", "all_reduce")
 
@@ -26,39 +28,68 @@ def _rank_input(rank: int, world: int, device) -> torch.Tensor:
     return torch.arange(world, dtype=torch.float32, device=device) + 10 * rank
 
 
-def run_collective(name: str, x: torch.Tensor) -> torch.Tensor | None:
+# Newer PyTorch renamed the two tensor-in, tensor-out collectives and warns on the old names in every cell.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class Collective:
     """One collective on this rank's tensor ``x`` (length divisible by the world size); root is rank 0.
 
-    Returns what this rank holds afterwards (None where a rank receives nothing).
+    Every output buffer is allocated here, once, so that calling the object does nothing but
+    communicate: a timer around the call then measures the link, not the allocator or a copy.
     """
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if name == "broadcast":
-        out = x.clone()
-        dist.broadcast(out, src=0)
-        return out
-    if name == "scatter":
-        out = torch.empty(x.numel() // world, dtype=x.dtype, device=x.device)
-        dist.scatter(out, list(x.chunk(world)) if rank == 0 else None, src=0)
-        return out
-    if name == "gather":
-        piece = x[: x.numel() // world].contiguous()
-        parts = [torch.empty_like(piece) for _ in range(world)] if rank == 0 else None
-        dist.gather(piece, parts, dst=0)
-        return torch.cat(parts) if rank == 0 else None
-    if name == "all_gather":
-        piece = x[: x.numel() // world].contiguous()
-        out = torch.empty(piece.numel() * world, dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, piece)
-        return out
-    if name == "reduce_scatter":
-        out = torch.empty(x.numel() // world, dtype=x.dtype, device=x.device)
-        dist.reduce_scatter_tensor(out, x)
-        return out
-    if name == "all_reduce":
-        out = x.clone()
-        dist.all_reduce(out)
-        return out
-    raise ValueError(f"unknown collective {name!r}")
+
+    def __init__(self, name: str, x: torch.Tensor):
+        if name not in COLLECTIVES:
+            raise WorkshopError(f"Unknown collective {name!r}.", f"use one of {', '.join(COLLECTIVES)}.")
+        self.name, self.x = name, x
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        share = x.numel() // self.world
+        if name in ("broadcast", "all_reduce"):  # these work in place, so they get a buffer of their own
+            self.out = x.clone()
+        elif name in ("scatter", "reduce_scatter"):
+            self.out = torch.empty(share, dtype=x.dtype, device=x.device)
+            self.pieces = list(x.chunk(self.world)) if name == "scatter" and self.rank == 0 else None
+        else:  # gather, all_gather: every rank contributes the first 1/p of its tensor
+            self.piece = x[:share].contiguous()
+            if name == "gather":
+                self.parts = [torch.empty_like(self.piece) for _ in range(self.world)] if self.rank == 0 else None
+            else:
+                self.out = torch.empty(share * self.world, dtype=x.dtype, device=x.device)
+
+    def refill(self) -> None:
+        """Put the input back where an in-place collective overwrote it (untimed, between rounds)."""
+        if self.name in ("broadcast", "all_reduce"):
+            self.out.copy_(self.x)
+
+    def __call__(self) -> None:
+        name = self.name
+        if name == "broadcast":
+            dist.broadcast(self.out, src=0)
+        elif name == "scatter":
+            dist.scatter(self.out, self.pieces, src=0)
+        elif name == "gather":
+            dist.gather(self.piece, self.parts, dst=0)
+        elif name == "all_gather":
+            _all_gather_tensor(self.out, self.piece)
+        elif name == "reduce_scatter":
+            _reduce_scatter_tensor(self.out, self.x)
+        else:
+            dist.all_reduce(self.out)
+
+    def result(self) -> torch.Tensor | None:
+        """What this rank holds after the call (None where a rank receives nothing)."""
+        if self.name == "gather":
+            return torch.cat(self.parts) if self.rank == 0 else None
+        return self.out
+
+
+def run_collective(name: str, x: torch.Tensor) -> torch.Tensor | None:
+    """One collective on this rank's tensor ``x``; returns what this rank holds afterwards."""
+    collective = Collective(name, x)
+    collective()
+    return collective.result()
 
 
 def _sent(name: str, x: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
@@ -73,7 +104,7 @@ def _sent(name: str, x: torch.Tensor, rank: int, world: int) -> torch.Tensor | N
 def show_collectives(device=None) -> list[dict]:
     """Every collective on tiny tensors: one row per (collective, rank) with its input and output."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    x = _rank_input(rank, world, device or torch.device("cpu"))
+    x = _rank_input(rank, world, torch.device(device) if device is not None else collective_device())
     mine = []
     for name in COLLECTIVES:
         sent, out = _sent(name, x, rank, world), run_collective(name, x)
@@ -87,21 +118,25 @@ def show_collectives(device=None) -> list[dict]:
 
 
 def time_collectives(sizes_bytes, names=COLLECTIVES, repeats: int = 10, device=None) -> list[dict]:
-    """Median seconds per collective and full-tensor size (fp32), the slowest rank's median."""
-    device = device or torch.device("cpu")
+    """Median seconds per collective and full-tensor size (fp32), the slowest rank's median.
+
+    ``device`` None: where the process group's collectives run (this rank's GPU under NCCL).
+    """
+    device = torch.device(device) if device is not None else collective_device()
     world = dist.get_world_size()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for name in names:
         for n_bytes in sizes_bytes:
             numel = max(world, int(n_bytes) // 4 // world * world)
-            x = torch.ones(numel, dtype=torch.float32, device=device)
+            collective = Collective(name, torch.ones(numel, dtype=torch.float32, device=device))
             times = []
             for i in range(repeats + 2):  # two untimed rounds set up connections and buffers
+                collective.refill()
                 dist.barrier()
                 sync()
                 started = time.perf_counter()
-                run_collective(name, x)
+                collective()
                 sync()
                 if i >= 2:
                     times.append(time.perf_counter() - started)

@@ -122,7 +122,10 @@ def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: f
         output, open_streams, deadline = [], len(processes), time.monotonic() + timeout_s
         while open_streams:
             try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:  # checked on every line: a hung job that keeps printing still times out
+                    raise queue.Empty
+                line = lines.get(timeout=remaining)
             except queue.Empty:
                 raise WorkshopError(f"The job ran longer than {timeout_s:.0f} s and was stopped.",
                                     "give it more time (timeout_s=...) or fewer steps.") from None
@@ -176,8 +179,13 @@ def launch_torchrun(module: str, args: list[str], nproc: int = 1, *, max_restart
     command = torchrun_command(module, args, nproc, port=port, max_restarts=max_restarts)
     if echo:
         print("$ torchrun " + " ".join(command[3:]), flush=True)
+    env = _job_env(threads or cpu_threads_per_process(nproc))
+    if device == "cpu":
+        # CPU ranks on a GPU node must not see the GPUs: library code (Adam's step, checkpoint writers)
+        # would otherwise start CUDA on GPU 0 in every rank, costing time and memory there.
+        env["CUDA_VISIBLE_DEVICES"] = ""
     started = time.perf_counter()
-    codes, lines = stream({"": command}, _job_env(threads or cpu_threads_per_process(nproc)), timeout_s, echo)
+    codes, lines = stream({"": command}, env, timeout_s, echo)
     seconds = time.perf_counter() - started
     if check and any(codes):
         raise _failure(codes, lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -65,6 +66,23 @@ def check_options(part: str, options: dict) -> None:
         raise WorkshopError(f"'{part}' cannot take these options: {err}.", f"use some of {known}.") from None
 
 
+def hide_gpus() -> None:
+    """Make this process see no GPU; call it before anything asks CUDA.
+
+    A CPU rank on a GPU node otherwise finds CUDA "available", and library code that checks no
+    more than that reaches for the GPU: Adam's step asks for the current CUDA stream (to refuse
+    graph capture), DCP's checkpoint writer opens a stream, ``environment()`` reads the GPU's
+    properties. Each creates a CUDA context on GPU 0 in a rank that computes on the CPU: start-up
+    time and GPU memory for every rank, and an error where GPUs are in exclusive-process mode.
+    """
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise WorkshopError("CUDA was already initialised in this process: it can no longer hide the GPUs.",
+                            "call hide_gpus() first thing in the process.")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 @exit_on_workshop_error
 def main(argv=None) -> None:
     from .distributed import setup_distributed, teardown_distributed
@@ -86,6 +104,8 @@ def main(argv=None) -> None:
     if not isinstance(options, dict):
         raise WorkshopError("--options must be a JSON object.", """pass e.g. --options '{"steps": 8}'.""")
     check_options(args.part, options)
+    if args.device == "cpu":
+        hide_gpus()
     info, device = setup_distributed(None if args.device == "auto" else args.device)
     if not info.distributed:
         raise WorkshopError(f"'{args.part}' needs two or more processes.",
@@ -95,7 +115,9 @@ def main(argv=None) -> None:
     finally:
         teardown_distributed()
     if info.is_main:
-        result.update(backend=info.backend, device=device.type, world_size=info.world_size, environment=environment())
+        # The device the ranks used: CPU ranks on a GPU node must not be labelled with the GPU.
+        result.update(backend=info.backend, device=device.type, world_size=info.world_size,
+                      environment=environment(device))
         if args.out:
             write_json(result, args.out)
         print(f"{args.part}: done on {info.world_size} {info.backend} ranks", flush=True)
@@ -113,17 +135,31 @@ def demo_world(nproc: int | None = None) -> tuple[int, str]:
     return nproc or 2, "cpu"
 
 
-def launch_demo(part: str, nproc: int = 2, device: str = "cpu", timeout_s: float = 600, echo: bool = True,
+def launch_demo(part: str, nproc: int = 2, device: str = "cpu", timeout_s: float = 300, echo: bool = True,
                 **options) -> dict:
-    """Run ``part`` under torchrun on ``nproc`` processes; return the record rank 0 wrote."""
+    """Run ``part`` under torchrun on ``nproc`` processes; return the record rank 0 wrote.
+
+    ``timeout_s`` bounds the whole launch: a rank that hangs (a collective some rank never
+    joins) stops the job and becomes a one-line error naming the part, not a silent cell.
+    """
     from .launch import launch_torchrun
 
     check_options(part, options)
+    choose(device, ("cpu", "cuda"), "device")
+    if not timeout_s or timeout_s <= 0:
+        raise WorkshopError(f"timeout_s={timeout_s!r}: every part needs a time limit.", "use e.g. timeout_s=120.")
     with tempfile.TemporaryDirectory(prefix="workshop-demo-") as folder:
         out = Path(folder) / "result.json"
         args = [part, "--device", device, "--options", json.dumps(options), "--out", str(out)]
-        return launch_torchrun("workshop_utils.parallel_demos", args, nproc, device=device, out=out,
-                               timeout_s=timeout_s, echo=echo).record
+        try:
+            launched = launch_torchrun("workshop_utils.parallel_demos", args, nproc, device=device, out=out,
+                                       timeout_s=timeout_s, echo=echo)
+        except WorkshopError as err:
+            raise WorkshopError(f"'{part}' on {nproc} {device} ranks: {err.problem}", err.fix) from None
+        if launched.record is None:
+            raise WorkshopError(f"'{part}' on {nproc} {device} ranks wrote no result.",
+                                "read the streamed output above for the rank that failed.")
+        return launched.record
 
 
 if __name__ == "__main__":

@@ -9,19 +9,22 @@ do: with p equal stages the idle share of each stage, the **bubble**, is (p-1)/(
 ``gpipe_step`` runs one such step on every rank and records when each stage computed what;
 ``measure_bubble`` repeats it for several m and compares the measured idle share with the
 formula. The schedule is written out by hand so that it can be read; for real work
-``torch.distributed.pipelining`` provides the same schedule (``ScheduleGPipe``) and better ones
-(1F1B, interleaved, zero-bubble).
+``torch.distributed.pipelining`` provides it (``ScheduleGPipe``) and others: 1F1B has the same
+bubble for the same m but holds at most p micro-batches' activations instead of m; interleaved
+1F1B (v stages per rank) divides the bubble by v; zero-bubble schedules fill it with the
+weight-gradient part of the backward pass.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from .errors import WorkshopError
+from .timing import StepTimer
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
@@ -56,18 +59,20 @@ def gpipe_step(stage: nn.Module, inputs: torch.Tensor | None, labels: torch.Tens
     rank, stages = dist.get_rank(), dist.get_world_size()
     first, last = rank == 0, rank == stages - 1
     rows = labels.shape[0] // microbatches
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    timeline, sends, kept, loss_sum = [], [], [], 0.0
+    # StepTimer marks the start and end of every pass: CUDA events on a GPU, read once after the
+    # step, so the step itself has no host sync; an event after a recv fires only when the data
+    # is there, so waiting is not counted as work. On a CPU it reads the clock.
+    clock, passes = StepTimer(device), []
+    sends, kept = [], []
+    loss_sum = torch.zeros((), device=device)
     dist.barrier()
-    start = time.perf_counter()
+    clock.begin()
 
     def timed(kind, index, work):
-        sync()
-        began = time.perf_counter()
+        clock.step_done(2 * len(passes))
         result = work()
-        sync()
-        timeline.append({"stage": rank, "pass": kind, "microbatch": index, "start": began - start,
-                         "end": time.perf_counter() - start})
+        clock.step_done(2 * len(passes) + 1)
+        passes.append((kind, index))
         return result
 
     for i in range(microbatches):
@@ -80,7 +85,7 @@ def gpipe_step(stage: nn.Module, inputs: torch.Tensor | None, labels: torch.Tens
         y = timed("F", i, lambda: stage(x))
         if last:
             y = timed("F", i, lambda: F.cross_entropy(y, labels[i * rows:(i + 1) * rows]) / microbatches)
-            loss_sum += y.item()
+            loss_sum += y.detach()  # read after the step: an .item() here would wait for the GPU
         else:
             outgoing = y.detach().contiguous()
             sends.append((dist.isend(outgoing, dst=rank + 1), outgoing))  # keep the tensor alive until sent
@@ -98,7 +103,10 @@ def gpipe_step(stage: nn.Module, inputs: torch.Tensor | None, labels: torch.Tens
             sends.append((dist.isend(outgoing, dst=rank - 1), outgoing))
     for handle, _ in sends:
         handle.wait()
-    return timeline, (loss_sum if last else None)
+    marks = np.cumsum(clock.step_times())  # seconds from the step's start to every mark
+    timeline = [{"stage": rank, "pass": kind, "microbatch": index, "start": float(marks[2 * n]),
+                 "end": float(marks[2 * n + 1])} for n, (kind, index) in enumerate(passes)]
+    return timeline, (loss_sum.item() if last else None)
 
 
 def _merge_spans(timeline: list[dict]) -> list[dict]:
@@ -116,8 +124,21 @@ def _merge_spans(timeline: list[dict]) -> list[dict]:
 
 def measure_bubble(microbatch_counts=(1, 2, 4, 8), batch: int = 256, width: int = 1024, layers_per_stage: int = 2,
                    repeats: int = 3, seed: int = 0, device=None) -> dict:
-    """Measured idle share of the stages against (p-1)/(m+p-1), and the pipeline's gradients checked."""
-    device = device or torch.device("cpu")
+    """Measured idle share of the stages against (p-1)/(m+p-1), and the pipeline's gradients checked.
+
+    ``device`` None: where the process group's collectives run (this rank's GPU under NCCL).
+    """
+    from .distributed import collective_device
+
+    microbatch_counts = list(microbatch_counts)
+    bad = [m for m in microbatch_counts if not (isinstance(m, int) and 0 < m <= batch and batch % m == 0)]
+    if bad or not microbatch_counts:
+        raise WorkshopError(f"A batch of {batch} does not split into {bad or 'no'} equal micro-batches.",
+                            "use micro-batch counts that divide the batch, e.g. 1, 2, 4, 8.")
+    if repeats < 1:
+        raise WorkshopError(f"repeats={repeats}: at least one timed step per micro-batch count is needed.",
+                            "use repeats=3.")
+    device = torch.device(device) if device is not None else collective_device()
     rank, stages = dist.get_rank(), dist.get_world_size()
     full = build_full_model(stages, layers_per_stage, width, seed=seed).to(device)
     stage = stage_of(full, rank, stages)
@@ -126,8 +147,6 @@ def measure_bubble(microbatch_counts=(1, 2, 4, 8), batch: int = 256, width: int 
     labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
     rows, timelines = [], {}
     for m in microbatch_counts:
-        if batch % m:
-            raise ValueError(f"batch {batch} does not split into {m} equal micro-batches")
         spans = []
         for attempt in range(repeats + 1):  # the first step warms up allocator and connections
             stage.zero_grad(set_to_none=True)
@@ -145,27 +164,41 @@ def measure_bubble(microbatch_counts=(1, 2, 4, 8), batch: int = 256, width: int 
                      "step_ms": 1e3 * float(np.median(steps)),
                      "bubble_measured": idle.item() / stages, "bubble_formula": bubble_fraction(stages, m)})
         everyone = [None] * stages
-        dist.all_gather_object(everyone, spans[-1])
+        dist.all_gather_object(everyone, spans[-1])  # a few dozen numbers per stage
         timelines[str(m)] = [row for stage_rows in everyone for row in stage_rows]
     return {"kind": "pipeline", "stages": stages, "batch": batch, "width": width, "layers_per_stage": layers_per_stage,
             "rows": rows, "timelines": timelines,
             "gradient_max_abs_difference": _check_gradients(full, stage, inputs, labels, width, device)}
 
 
-def _check_gradients(full, stage, inputs, labels, width, device) -> float | None:
-    """A 4-micro-batch pipeline step's gradients against the unsplit model's on the whole batch (rank 0)."""
-    rank, stages = dist.get_rank(), dist.get_world_size()
+def gradient_difference(ours, reference) -> float:
+    """The largest absolute difference between two lists of gradients, pair by pair."""
+    ours, reference = list(ours), list(reference)
+    if len(ours) != len(reference) or any(a.shape != b.shape for a, b in zip(ours, reference)):
+        raise WorkshopError("The two gradient lists do not match parameter for parameter.",
+                            "compare a stage with the same stage of the unsplit model (stage_of).")
+    return max(((a - b).abs().max().item() for a, b in zip(ours, reference)), default=0.0)
+
+
+def _check_gradients(full, stage, inputs, labels, width, device, microbatches: int = 4) -> float:
+    """A 4-micro-batch pipeline step's gradients against the unsplit model's on the whole batch.
+
+    Every rank holds the same unsplit model and input, so each computes the reference itself
+    and compares its own stage only: one number per rank crosses the network, not every
+    stage's gradients to every rank. ``stage`` shares its layers with ``full``, so the pipeline's
+    gradients are copied before the reference pass overwrites them.
+    """
+    rank = dist.get_rank()
     stage.zero_grad(set_to_none=True)
-    gpipe_step(stage, inputs if rank == 0 else None, labels, 4, width, device)
-    grads = [None] * stages
-    dist.all_gather_object(grads, [p.grad.cpu() for p in stage.parameters()])
-    if rank != 0:
-        return None
+    gpipe_step(stage, inputs if rank == 0 else None, labels, microbatches, width, device)
+    pipelined = [p.grad.detach().clone() for p in stage.parameters()]
     full.zero_grad(set_to_none=True)
     F.cross_entropy(full(inputs), labels).backward()
-    pipelined = [g for stage_grads in grads for g in stage_grads]
-    reference = [p.grad.cpu() for s in range(stages) for p in stage_of(full, s, stages).parameters()]
-    return max((a - b).abs().max().item() for a, b in zip(pipelined, reference))
+    worst = torch.tensor(gradient_difference(pipelined, [p.grad for p in stage.parameters()]),
+                         dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    full.zero_grad(set_to_none=True)
+    return worst.item()
 
 
 def bubble_table(record: dict):

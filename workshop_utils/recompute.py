@@ -4,7 +4,10 @@ The backward pass needs the activations of the forward pass, so training keeps e
 intermediate tensors alive until backward reaches it: activation memory grows with depth x
 batch. ``torch.utils.checkpoint.checkpoint`` keeps only each block's *input* and runs the
 block's forward a second time during backward to recreate the rest. The result is exactly the
-same; the price is about one extra forward pass (roughly a third more compute per step).
+same; the price is one extra forward pass per step. A forward pass is about a third of the
+arithmetic of forward plus backward, so expect up to about a third more time per step, less
+where the backward pass takes more than twice the forward's time; ``time_ratio`` is what it
+costs on the machine that ran it.
 
 ``measure_recompute`` trains a stack of transformer-style MLP blocks with and without it and
 reports peak memory, step time and the largest gradient difference (which must be zero).

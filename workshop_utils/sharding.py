@@ -112,14 +112,16 @@ def compare_ddp_fsdp(model_name: str = "simplecnn", steps: int = 8, batch_size: 
     """Train the same model from the same weights on the same batches, once with DDP and once with FSDP.
 
     Runs on every rank of a process group; returns per-rank bytes held and both loss curves.
+    ``device`` None: where the process group's collectives run (this rank's GPU under NCCL).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
     from .data import load_data, make_loader
+    from .distributed import collective_device
     from .models import build_model, count_parameters
 
-    device = device or torch.device("cpu")
+    device = torch.device(device) if device is not None else collective_device()
     rank, world = dist.get_rank(), dist.get_world_size()
     data = load_data(data_root, train_size=train_size, test_size=64, seed=seed, quiet=True)
 

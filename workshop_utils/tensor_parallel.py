@@ -10,6 +10,9 @@
 A transformer MLP chains the two (column, activation, row) so that it needs a single all-reduce:
 the column layer's output slice is exactly the row layer's input slice. ``check_tensor_parallel``
 builds each split from a full layer and compares it with the unsplit layer on the same input.
+Each rank holds an equal slice, so the split dimensions must divide by the number of ranks:
+``check_tensor_parallel`` rounds its sizes up to the next multiple (and says so), which lets
+it run on 3, 5, 6 or 7 GPUs as well as on 2, 4 or 8.
 """
 
 from __future__ import annotations
@@ -19,11 +22,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import WorkshopError
+
 
 def _shard(tensor: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
-    if tensor.shape[dim] % world:
-        raise ValueError(f"dimension {dim} of size {tensor.shape[dim]} does not split into {world} equal parts")
+    size = tensor.shape[dim]
+    if size % world:
+        raise WorkshopError(f"A dimension of size {size} does not split into {world} equal parts, one per rank.",
+                            f"use sizes divisible by {world} (check_tensor_parallel rounds its sizes up to one).")
     return tensor.chunk(world, dim=dim)[rank].contiguous()
+
+
+def round_up(size: int, world: int) -> int:
+    """The smallest multiple of ``world`` that is at least ``size``."""
+    return -(-size // world) * world
 
 
 class ColumnParallelLinear(nn.Module):
@@ -77,9 +89,21 @@ def _library_mlp(up: nn.Linear, down: nn.Linear, device) -> nn.Module:
 
 def check_tensor_parallel(batch: int = 64, features: int = 512, hidden: int = 2048, seed: int = 0,
                           device=None) -> dict:
-    """Each split against the unsplit layer, on every rank; the largest difference and the bytes moved."""
-    device = device or torch.device("cpu")
+    """Each split against the unsplit layer, on every rank; the largest difference and the bytes moved.
+
+    ``features`` and ``hidden`` are rounded up to multiples of the world size so that every
+    rank holds an equal slice; the record keeps the sizes asked for and the sizes used.
+    ``device`` None: where the process group's collectives run (this rank's GPU under NCCL).
+    """
+    from .distributed import collective_device
+
+    if min(batch, features, hidden) < 1:
+        raise WorkshopError(f"batch={batch}, features={features}, hidden={hidden}: sizes must be positive.",
+                            "use e.g. batch=64, features=512, hidden=2048.")
+    device = torch.device(device) if device is not None else collective_device()
     world = dist.get_world_size()
+    asked = {"features": features, "hidden": hidden}
+    features, hidden = round_up(features, world), round_up(hidden, world)
     torch.manual_seed(seed)  # every rank builds the same full layers and input
     up, down = nn.Linear(features, hidden).to(device), nn.Linear(hidden, features).to(device)
     x = torch.randn(batch, features, device=device)
@@ -101,4 +125,5 @@ def check_tensor_parallel(batch: int = 64, features: int = 512, hidden: int = 20
                      "max_abs_difference": difference.item(), "scale": full.abs().max().item(),
                      "communicated_mib": communicated * 4 / 2**20,
                      "weights_per_rank": f"1/{world}"})
-    return {"kind": "tensor_parallel", "batch": batch, "features": features, "hidden": hidden, "rows": rows}
+    return {"kind": "tensor_parallel", "batch": batch, "features": features, "hidden": hidden, "asked": asked,
+            "rounded_up": asked != {"features": features, "hidden": hidden}, "rows": rows}
