@@ -2,12 +2,15 @@
 #   make run   executes every notebook in notebooks/ into a new runs/<timestamp>/ folder and writes its report
 #   make test  runs the whole test suite
 #   make slides builds the instructor's decks (HTML and PDF) from the newest run folder
+# Compute nodes without internet (README, "Offline install"):
+#   make wheelhouse PY_VERSION=3.12   on a login node: every wheel the kit needs, into wheelhouse/
+#   make install-offline              on the node: .venv from wheelhouse/ alone; then make run / make test
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test slides install clean-venv
+.PHONY: run test slides install clean-venv wheelhouse install-offline
 
 install: $(STAMP)
 
@@ -34,3 +37,58 @@ slides: $(STAMP) $(SLIDES_DEPS)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# ---------------------------------------------------------------- offline install
+# WHEELHOUSE: the wheel folder, on a file system both the login node and the compute nodes see.
+# PY_VERSION, PLATFORM: the compute node's Python (e.g. 3.12) and, when it differs from the login
+#   node's, its platform tag (e.g. manylinux_2_28_aarch64); empty means this machine's.
+# WITH_TORCH=no: the node's image already holds torch and torchvision; they are not downloaded, and
+#   install-offline with SYSTEM_SITE_PACKAGES=yes reuses the image's.
+# EXTRAS: test (what make test needs, the default) or notebooks (make run only).
+WHEELHOUSE ?= wheelhouse
+PY_VERSION ?=
+PLATFORM ?=
+WITH_TORCH ?= yes
+EXTRAS ?= test
+SYSTEM_SITE_PACKAGES ?= no
+comma := ,
+SKIP_PACKAGES = $(if $(filter no,$(WITH_TORCH)),torch$(comma)torchvision)
+
+# The kit's dependencies, read from its own wheel's metadata (pyproject.toml is the one list), with the
+# extras asked for expanded and the packages to skip left out: one requirement a line.
+define REQUIREMENTS_PY
+import pathlib, re, sys, zipfile
+folder, extras, skip = pathlib.Path(sys.argv[1]), set(sys.argv[2].split(",")), set(sys.argv[3].split(","))
+wheel = max(folder.glob("workshop_utils-*.whl"), key=lambda p: p.stat().st_mtime)
+with zipfile.ZipFile(wheel) as z:
+    meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+reqs = [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+name = lambda r: re.split(r"[\s\[<>=!~;(]", r, maxsplit=1)[0].lower().replace("_", "-")
+extra = lambda r: (re.findall(r"extra\s*==\s*.([\w.-]+)", r) or [None])[0]
+for _ in reqs:
+    extras |= {e for r in reqs if name(r) == "workshop-utils" and extra(r) in extras for e in re.findall(r"\[([^]]*)\]", r)[0].split(",")}
+for r in reqs:
+    if name(r) != "workshop-utils" and name(r) not in skip and extra(r) in extras | {None}:
+        print(re.sub(r"\s*;\s*extra\s*==\s*.[\w.-]+.\s*$$", "", r))
+print("setuptools>=64")
+endef
+export REQUIREMENTS_PY
+
+wheelhouse:
+	@mkdir -p $(WHEELHOUSE)
+	$(PYTHON) -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir $(WHEELHOUSE) .
+	$(PYTHON) -c "$$REQUIREMENTS_PY" $(WHEELHOUSE) $(EXTRAS) "$(SKIP_PACKAGES)" > $(WHEELHOUSE)/requirements.txt
+	@echo "Downloading wheels for Python $(or $(PY_VERSION),of this machine) on $(or $(PLATFORM),this machine's platform)$(if $(SKIP_PACKAGES), without $(SKIP_PACKAGES)) into $(WHEELHOUSE)/"
+	$(PYTHON) -m pip download --disable-pip-version-check --only-binary=:all: --dest $(WHEELHOUSE) \
+		$(if $(PY_VERSION),--python-version $(PY_VERSION)) $(if $(PLATFORM),--platform $(PLATFORM)) \
+		-r $(WHEELHOUSE)/requirements.txt
+	@echo "Done: copy or keep $(WHEELHOUSE)/ next to this checkout, then on the compute node: make install-offline$(if $(SKIP_PACKAGES), SYSTEM_SITE_PACKAGES=yes)"
+
+# Never reaches for the network: pip sees only $(WHEELHOUSE). The checkout is installed editable, as
+# make install does, so the main job, the notebooks' kernels and the tests all run the same code.
+install-offline:
+	@test -d $(WHEELHOUSE) || { echo "error: no wheel folder $(WHEELHOUSE)/. Fix: run make wheelhouse on a login node first (README, Offline install)." >&2; exit 2; }
+	$(PYTHON) -m venv $(if $(filter yes,$(SYSTEM_SITE_PACKAGES)),--system-site-packages) $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --find-links $(WHEELHOUSE) -e '.[$(EXTRAS)]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null
+	touch $(STAMP)

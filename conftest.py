@@ -10,3 +10,6 @@ def pytest_configure(config):
     # Tests must not pick up a developer's real CIFAR-10 unless they ask for it.
     os.environ.pop("WORKSHOP_DATA", None)
     os.environ.setdefault("MPLBACKEND", "Agg")
+    # A notebook's profile "auto" means cpu inside the tests, even on a GPU node: the full gpu profile
+    # is the main job's and the pre-flight's, not the test suite's. WORKSHOP_PROFILE=gpu make test asks for it.
+    os.environ.setdefault("WORKSHOP_PROFILE", "cpu")

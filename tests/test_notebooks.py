@@ -67,7 +67,10 @@ def test_main_job_runs_notebooks_and_writes_the_report(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "## Single-GPU baseline (notebook 01)" in report and "| throughput" in report
     assert "Synthetic data" in report  # no CIFAR-10 here, and the report says so
-    assert json.loads((tmp_path / "notebooks.json").read_text())[0]["status"] == "ok"
+    entry = json.loads((tmp_path / "notebooks.json").read_text())[0]
+    assert (entry["status"], entry["profile"], entry["budget_s"], entry["error"]) == ("ok", "cpu", 300, "")
+    assert f"ok      {BASELINE.name} {entry['seconds']:.1f} s" in proc.stdout
+    assert f"| {BASELINE.name} | ok | {entry['seconds']:.1f} | 300 |" in report
     assert (tmp_path / "notebooks" / BASELINE.name).exists()
 
 

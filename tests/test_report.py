@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -36,3 +37,76 @@ def test_profiles_pick_cpu_without_a_gpu_and_apply_overrides(monkeypatch):
         wu.pick_settings(profiles, "cpu", epoch=3)
     with pytest.raises(wu.WorkshopError, match="no CUDA GPU"):
         wu.pick_settings(profiles, "gpu")
+
+
+# ---------------------------------------------------------------------- banners follow the records
+
+
+def _env(device_type: str, name: str) -> dict:
+    gpus = [{"index": 0, "name": name, "memory_gib": 79.2}] if device_type == "cuda" else []
+    return {"device_type": device_type, "device_name": name, "gpus": gpus, "torch": "2.x", "cuda": "12.x",
+            "cudnn": None, "nccl": None, "python": "3.x", "cpu_cores": 16, "hostname": "gpu-node",
+            "slurm": {}, "date": "2026-01-01T00:00:00+00:00"}
+
+
+def _record(run_dir, name: str, device_type: str, data_source: str = "cifar10"):
+    device = "NVIDIA H100 80GB HBM3" if device_type == "cuda" else "x86_64"
+    wu.save_record({"kind": "train", "metrics": {"data_source": data_source}, "environment": _env(device_type, device)},
+                   run_dir, name)
+
+
+def test_cpu_banner_follows_the_records_not_the_machine_writing_the_report(tmp_path, monkeypatch):
+    """A GPU node's results read on a CPU login node get no CPU banner; a CPU fallback on the GPU node does."""
+    monkeypatch.setattr(wu.profiles.torch.cuda, "is_available", lambda: False)  # the writer has no GPU
+    gpu_run = tmp_path / "gpu"
+    _record(gpu_run, "baseline", "cuda")
+    _record(gpu_run, "ddp-strong-2", "cuda")
+    text = wu.write_report(gpu_run).read_text()
+    assert "Measured on a CPU" not in text and "Measured on the CPU" not in text
+    assert "**NVIDIA H100 80GB HBM3** (cuda)" in text and "Synthetic data" not in text
+
+    _record(gpu_run, "beyond-collectives", "cpu", data_source="synthetic")  # gloo ranks on the GPU node
+    text = wu.write_report(gpu_run).read_text()
+    assert "> Measured on the CPU, not on a GPU: `beyond-collectives`." in text
+    assert "**NVIDIA H100 80GB HBM3** (cuda)" in text, "the header still describes the GPU run"
+    assert "Synthetic data" in text
+
+    monkeypatch.setattr(wu.profiles.torch.cuda, "is_available", lambda: True)  # now the writer has a GPU
+    cpu_run = tmp_path / "cpu"
+    _record(cpu_run, "baseline", "cpu")
+    assert "> Measured on a CPU: speed figures show the method" in wu.write_report(cpu_run).read_text()
+
+
+def test_report_lists_each_notebook_with_its_time_budget_and_cause(tmp_path):
+    runs = [
+        {"notebook": "01_a.ipynb", "status": "ok", "seconds": 95.04, "profile": "gpu", "budget_s": 300,
+         "limit_s": 300, "over_budget": False, "check": True, "cell": None, "cell_source": "", "error": ""},
+        {"notebook": "03_b.ipynb", "status": "FAILED", "seconds": 40.2, "profile": "gpu", "budget_s": 300,
+         "limit_s": 300, "over_budget": False, "check": True, "cell": 9,
+         "cell_source": "fig = wu.plot_gradient_magnitudes(grads)",
+         "error": "TypeError: can't convert cuda:0 device type tensor to numpy | use .cpu()"},
+        {"notebook": "05_c.ipynb", "status": "ok", "seconds": 301.5, "profile": "gpu", "budget_s": 300,
+         "limit_s": 300, "over_budget": True, "check": True, "cell": None, "cell_source": "", "error": ""},
+        {"notebook": "old.ipynb", "status": "ok", "seconds": 24.1, "error": ""},  # a log from before budgets
+    ]
+    (tmp_path / "notebooks.json").write_text(json.dumps(runs))
+    text = wu.write_report(tmp_path).read_text()
+    assert "Profile gpu; time budget 300 s per notebook, each stopped at 300 s." in text
+    assert "**Pre-flight: NOT ready.** 1 failed, 1 passed over their time budget." in text
+    assert "| 01_a.ipynb | ok | 95.0 | 300 |  |" in text
+    assert ("| 03_b.ipynb | **FAILED** | 40.2 | 300 | In [9] `fig = wu.plot_gradient_magnitudes(grads)`: "
+            "TypeError: can't convert cuda:0 device type tensor to numpy \\| use .cpu() |") in text
+    assert "| 05_c.ipynb | ok, **over budget** | 301.5 | 300 |" in text and "Over budget: 05_c.ipynb." in text
+    assert "| old.ipynb | ok | 24.1 |  |  |" in text
+
+
+def test_one_unreadable_record_does_not_cost_the_report(tmp_path):
+    _record(tmp_path, "baseline", "cuda")
+    (tmp_path / "results" / "cut-short.json").write_text('{"kind": "train", "metr')
+    with pytest.raises(wu.WorkshopError, match="cut-short.json is not a readable result record"):
+        wu.read_records(tmp_path)
+    (tmp_path / "notebooks.json").write_text('[{"notebook": "01_a.ipynb", "sta')  # an edit gone wrong
+    text = wu.write_report(tmp_path).read_text()
+    assert "Unreadable results, left out of this report" in text and "cut-short.json" in text
+    assert "**notebooks.json is unreadable**" in text
+    assert "**NVIDIA H100 80GB HBM3** (cuda)" in text

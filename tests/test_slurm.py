@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -179,6 +181,34 @@ def test_env_check_reports_each_task_and_writes_the_environment(cluster, tmp_pat
     assert ("CPU-only node" in text) == (shutil.which("nvidia-smi") is None)
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["torch"] == torch.__version__ and env["slurm"]["SLURM_JOB_ID"] == job["JobId"]
+
+
+# ---------------------------------------------------------------------- pre-flight
+
+# What the pre-flight job runs here: notebook 01 in its cpu profile. On a GPU node,
+# WORKSHOP_TEST_PREFLIGHT_ARGS="" submits the real pre-flight (every notebook, gpu profile).
+PREFLIGHT_ARGS = shlex.split(os.environ.get("WORKSHOP_TEST_PREFLIGHT_ARGS", "--only 01 --profile cpu"))
+
+
+def test_preflight_job_runs_the_notebooks_and_reports_each_against_its_budget(cluster, tmp_path):
+    job, text, run_dir = submit_and_wait(cluster, tmp_path, "preflight.sbatch", *PREFLIGHT_ARGS,
+                                         timeout_s=600 if "--only" in PREFLIGHT_ARGS else 1800)
+    assert_succeeded(job, text)
+    log = json.loads((run_dir / "notebooks.json").read_text())
+    assert log and all(e["status"] == "ok" and e["check"] and e["limit_s"] == e["budget_s"] == 300 for e in log)
+    for entry in log:
+        assert f"ok      {entry['notebook']} {entry['seconds']:.1f} s" in text
+        assert (run_dir / "notebooks" / entry["notebook"]).exists()
+    assert f"Pre-flight: ready: {len(log)} of {len(log)} notebook(s) pass within their budget" in text
+    report = (run_dir / "report.md").read_text()
+    assert "**Pre-flight: ready.**" in report and f"| {log[0]['notebook']} | ok |" in report
+
+
+def test_preflight_job_fails_with_one_line_on_a_bad_selection(cluster, tmp_path):
+    job, text, _ = submit_and_wait(cluster, tmp_path, "preflight.sbatch", "--only", "99", "--profile", "cpu")
+    assert job["JobState"] == "FAILED" and job["ExitCode"] == "2:0", job
+    assert re.search(r"^error: No notebook in \S+ matches \['99'\]\. Fix: ", text, re.M), text
+    assert "Traceback" not in text
 
 
 # ---------------------------------------------------------------------- pre-emption

@@ -90,7 +90,7 @@ _MODULES = {
         "stop_on_signals",
     ),
     "profiles": (
-        "pick_settings", "resolve_profile",
+        "pick_settings", "profile_choice", "resolve_profile",
     ),
     "profiling": (
         "ProfileRun", "profile_training", "top_ops",

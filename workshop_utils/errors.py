@@ -58,9 +58,11 @@ def install_notebook_error_handler() -> bool:
         return False
 
     def handler(shell, etype, value, tb, tb_offset=None):
-        print(f"\033[91mWorkshopError: {value}\033[0m", file=sys.stderr)
-        # Returning the structured traceback keeps papermill and nbval aware that the cell failed.
-        return [f"WorkshopError: {value}"]
+        stb = [f"\033[91mWorkshopError: {value}\033[0m"]
+        # IPython ignores what a custom handler returns: showing it is the handler's job. Shown as the
+        # cell's error output (not a stderr print), papermill, nbval and the main job's report see it.
+        shell._showtraceback(etype, value, stb)
+        return stb
 
     shell.set_custom_exc((WorkshopError,), handler)
     return True

@@ -37,8 +37,9 @@ def _markdown_table(rows: list[dict]) -> str:
 
 def _environment_lines(env: dict) -> list[str]:
     gpus = "; ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in env.get("gpus", [])) or "none"
+    driver = f", driver {env['driver']}" if env.get("driver") else ""
     return [
-        f"- Device: **{env['device_name']}** ({env['device_type']}); GPUs: {gpus}",
+        f"- Device: **{env['device_name']}** ({env['device_type']}); GPUs: {gpus}{driver}",
         f"- PyTorch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, NCCL {env['nccl']}, "
         f"Python {env['python']}",
         f"- CPU cores available: {env['cpu_cores']}; host {env['hostname']}; measured {env['date']}",
@@ -46,33 +47,112 @@ def _environment_lines(env: dict) -> list[str]:
     ]
 
 
+def _device_banner(records: list[dict]) -> list[str]:
+    """The CPU warning, decided by the devices the records say they ran on.
+
+    Never by the machine writing the report (a login node, a laptop), and per record: on a GPU
+    node a run that fell back to the CPU (gloo ranks, a CPU comparison) is named, since its speed
+    figures sit next to the GPU's. Measurements count first; report sections only say where the
+    notebook ran, so they decide only when there is nothing else.
+    """
+    measured = [r for r in records if r.get("kind") != "section" and isinstance(r.get("environment"), dict)]
+    judged = measured or [r for r in records if isinstance(r.get("environment"), dict)]
+    on_cpu = [r for r in judged if r["environment"].get("device_type") == "cpu"]
+    if not on_cpu:
+        return []
+    if len(on_cpu) == len(judged):
+        return ["> Measured on a CPU: speed figures show the method, not GPU performance.", ""]
+    names = ", ".join(f"`{r.get('name', '?')}`" for r in on_cpu)
+    return [f"> Measured on the CPU, not on a GPU: {names}. Their speed figures show the method, "
+            "not GPU performance.", ""]
+
+
+def _report_environment(records: list[dict]) -> dict | None:
+    """The environment the report's header describes: a GPU run's when there is one (its GPUs, driver)."""
+    envs = [r["environment"] for r in records if isinstance(r.get("environment"), dict)]
+    return next((e for e in envs if e.get("device_type") != "cpu"), envs[0] if envs else None)
+
+
+def _cell(value) -> str:
+    """Text safe inside a Markdown table cell: error messages carry pipes and line breaks."""
+    return " ".join(str(value).split()).replace("|", "\\|") if value not in (None, "") else ""
+
+
+def _notebook_lines(runs: list[dict]) -> list[str]:
+    """Per notebook: pass/fail, wall time against its budget, and where and why it failed."""
+    lines = ["## Notebooks executed", ""]
+    profiles = sorted({r["profile"] for r in runs if r.get("profile")})
+    budgets = sorted({r["budget_s"] for r in runs if r.get("budget_s")})
+    limits = sorted({r["limit_s"] for r in runs if r.get("limit_s")})
+    if profiles or budgets:
+        lines += [f"Profile {', '.join(profiles) or 'unknown'}; time budget "
+                  f"{', '.join(f'{b:g} s' for b in budgets) or 'none'} per notebook"
+                  + (f", each stopped at {', '.join(f'{x:g} s' for x in limits)}" if limits else "") + ".", ""]
+    failed = [r for r in runs if r.get("status") != "ok"]
+    slow = [r for r in runs if r.get("status") == "ok" and r.get("over_budget")]
+    if any(r.get("check") for r in runs):
+        verdict = ("**Pre-flight: ready.** Every notebook passed within its time budget."
+                   if not failed and not slow else
+                   f"**Pre-flight: NOT ready.** {len(failed)} failed, {len(slow)} passed over their time budget.")
+        lines += [verdict, ""]
+    lines += ["| notebook | result | wall time (s) | budget (s) | first error, and the cell it happened in |",
+              "|:--|:--|--:|--:|:--|"]
+    for r in runs:
+        status = r.get("status", "?")
+        result = {"ok": "ok", "running": "no result (stopped)"}.get(status, f"**{status}**")
+        if status == "ok" and r.get("over_budget"):
+            result = "ok, **over budget**"
+        seconds = f"{r['seconds']:.1f}" if isinstance(r.get("seconds"), (int, float)) else ""
+        budget = f"{r['budget_s']:g}" if r.get("budget_s") else ""
+        where = f"In [{r['cell']}] `{r.get('cell_source', '')}`: " if r.get("cell") else ""
+        error = f"{where}{r.get('error', '')}" if status != "ok" else ""
+        lines.append(f"| {_cell(r.get('notebook', '?'))} | {result} | {seconds} | {budget} | {_cell(error)} |")
+    lines.append("")
+    if failed:
+        lines += ["The executed copy of each notebook, with its outputs up to the failure, is in `notebooks/`.", ""]
+    if slow:
+        lines += [f"Over budget: {', '.join(r['notebook'] for r in slow)}. A notebook must finish within its "
+                  "budget to be run live in a session.", ""]
+    return lines
+
+
 def write_report(run_dir) -> Path:
     """Write ``<run_dir>/report.md`` from the run folder's sections and notebook log."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise WorkshopError(f"Run folder {run_dir} does not exist.", "run the main job first (see README).")
-    records = read_records(run_dir)
-    sections = sorted((r for r in records if r.get("kind") == "section"), key=lambda r: (r["order"], r["name"]))
+    problems: list[str] = []
+    records = read_records(run_dir, problems)
+    sections = sorted((r for r in records if r.get("kind") == "section"),
+                      key=lambda r: (r.get("order", 0), r.get("name", "")))
     lines = [f"# Workshop run report: {run_dir.name}", ""]
-    env = next((r["environment"] for r in records if "environment" in r), None)
+    env = _report_environment(records)
     lines += ["## Environment", "", *(_environment_lines(env) if env else ["(no results recorded)"]), ""]
-    if any(r.get("environment", {}).get("device_type") == "cpu" for r in records):
-        lines += ["> Measured on a CPU: speed figures show the method, not GPU performance.", ""]
-    if any(r.get("metrics", {}).get("data_source") == "synthetic" for r in records):
+    lines += _device_banner(records)
+    if any((r.get("metrics") or {}).get("data_source") == "synthetic" for r in records):
         lines += ["> **Synthetic data**: no CIFAR-10 was found, so accuracies are on the synthetic stand-in.", ""]
+    if problems:
+        lines += ["> **Unreadable results, left out of this report:**", *(f"> - {p}" for p in problems), ""]
     log = run_dir / "notebooks.json"
     if log.exists():
-        runs = json.loads(log.read_text())
-        lines += ["## Notebooks executed", "", _markdown_table(runs), ""]
+        try:
+            runs = json.loads(log.read_text())
+            if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+                raise ValueError("not a list of notebook entries")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            runs = []
+            lines += [f"> **{log.name} is unreadable** ({err}): the notebooks' outcomes are not listed.", ""]
+        if runs:
+            lines += _notebook_lines(runs)
     if not sections:
         lines += ["No notebook recorded a report section in this folder.", ""]
     for section in sections:
         lines += [f"## {section['title']}", ""]
-        if section["text"]:
+        if section.get("text"):
             lines += [section["text"], ""]
-        if section["table"]:
+        if section.get("table"):
             lines += [_markdown_table(section["table"]), ""]
-        for figure in section["figures"]:
+        for figure in section.get("figures", []):
             lines += [f"![{Path(figure).stem}]({figure})", ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))

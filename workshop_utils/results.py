@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .data import repo_root
+from .errors import WorkshopError
 
 
 def runs_root() -> Path:
@@ -85,9 +86,25 @@ def save_record(record: dict, run_dir: str | os.PathLike, name: str) -> Path:
     return path
 
 
-def read_records(run_dir: str | os.PathLike) -> list[dict]:
+def read_records(run_dir: str | os.PathLike, problems: list[str] | None = None) -> list[dict]:
+    """Every record of a run folder. A file that is not a readable record (a write cut short by a killed
+    process, an edit gone wrong) raises a WorkshopError naming it, or, when ``problems`` is a list, is
+    skipped and named there, so one bad file cannot cost the report of all the others."""
     folder = Path(run_dir) / "results"
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    records = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            problem = f"{path} is not a readable result record ({type(err).__name__}: {err})."
+            if problems is None:
+                raise WorkshopError(problem, "move it out of the results/ folder, or rerun what wrote it.") from None
+            problems.append(problem)
+            continue
+        records.append(record)
+    return records
 
 
 def load_results(run_dir: str | os.PathLike, kind: str | None = None):
