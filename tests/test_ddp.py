@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 import workshop_utils as wu
 from workshop_utils.data import ResumableSampler, _mix
-from workshop_utils.launch import fresh_folder, launch_nodes, launch_training, resume_verdict
+from workshop_utils.results import fresh_folder
+from workshop_utils.launch import launch_nodes, launch_training, resume_verdict
 from workshop_utils.trainer import _lr_lambda
 
 RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, test_size=16, seed=0, warmup_steps=0,

@@ -126,21 +126,6 @@ def test_older_checkpoints_with_every_gpus_rng_state_still_resume_on_fewer_gpus(
     assert states[1].tolist() == [11]
 
 
-@pytest.mark.parametrize("name, precision, expected", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
-    ("NVIDIA H100 PCIe", "bf16", 756.0),
-    ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
-    ("NVIDIA L4", "fp16", 121.0),
-    ("NVIDIA L40S", "fp16", 362.1),
-    ("NVIDIA L40", "fp16", None),  # not L4, not L40S: unknown, never guessed
-    ("NVIDIA A10", "fp32", 31.2),
-    ("NVIDIA A10G", "fp32", None),  # not an A10
-    ("NVIDIA GH200 480GB", "bf16", 989.4),
-])
-def test_peak_table_matches_whole_model_names(name, precision, expected):
-    assert wu.peak_tflops(name, precision) == expected
-
-
 def test_environment_describes_the_device_the_run_used(monkeypatch):
     monkeypatch.setattr(hardware, "pick_device", lambda prefer=None: torch.device("cuda", 0))
     env = wu.environment(torch.device("cpu"))

@@ -15,6 +15,11 @@ from workshop_utils.hardware import check_precision
     ("Tesla V100-SXM2-32GB", "bf16", None),  # no bf16 on Volta
     ("NVIDIA L40S", "fp16", 362.1),
     ("Some Future GPU", "bf16", None),  # unknown: never guessed
+    ("NVIDIA L4", "fp16", 121.0),
+    ("NVIDIA L40", "fp16", None),  # whole model names only: not an L4, not an L40S
+    ("NVIDIA A10", "fp32", 31.2),
+    ("NVIDIA A10G", "fp32", None),  # not an A10
+    ("NVIDIA GH200 480GB", "bf16", 989.4),
 ])
 def test_peak_table_lookup(name, precision, peak):
     assert wu.peak_tflops(name, precision) == peak

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from workshop_utils import comm_model, distributed
 from workshop_utils.distributed import gpu_for_local_rank, rank_device
 from workshop_utils.errors import WorkshopError
-from workshop_utils.launch import (fresh_folder, node_layout, resume_verdict, visible_gpu_ids,
+from workshop_utils.results import fresh_folder
+from workshop_utils.launch import (node_layout, resume_verdict, visible_gpu_ids,
                                    world_sizes_for_this_machine)
 
 

@@ -57,7 +57,7 @@ _MODULES = {
         "write_small_files",
     ),
     "launch": (
-        "Launched", "NodeLayout", "free_port", "fresh_folder", "launch_nodes", "launch_torchrun", "launch_training",
+        "Launched", "NodeLayout", "free_port", "launch_nodes", "launch_torchrun", "launch_training",
         "node_layout", "resume_verdict", "world_sizes_for_this_machine",
     ),
     "models": (
@@ -102,7 +102,7 @@ _MODULES = {
         "add_report_section", "write_report",
     ),
     "results": (
-        "load_results", "new_run_dir", "read_records", "resolve_run_dir", "save_record",
+        "fresh_folder", "load_results", "new_run_dir", "read_records", "resolve_run_dir", "save_record",
     ),
     "sharding": (
         "BYTES_PER_PARAMETER", "ZERO_STAGES", "compare_ddp_fsdp", "held_bytes", "memory_ratio", "plot_held_memory",

@@ -315,24 +315,6 @@ def world_sizes_for_this_machine(candidates=(1, 2, 4, 8), at_most: int | None = 
     return sizes
 
 
-def fresh_folder(parent: str | os.PathLike, name: str) -> Path:
-    """A new, empty folder ``parent/name`` (``name-2``, ``name-3``, ... when taken), never an existing one.
-
-    A demo that resumes from "the newest checkpoint in its folder" must not find an earlier
-    run's: it would skip the very work it claims to redo.
-    """
-    parent = Path(parent)
-    parent.mkdir(parents=True, exist_ok=True)
-    n = 1
-    while True:
-        path = parent / (name if n == 1 else f"{name}-{n}")
-        try:
-            path.mkdir()  # atomic: two runs racing for one name get different folders
-            return path
-        except FileExistsError:
-            n += 1
-
-
 def resume_verdict(crashed: dict, reference: dict, fail_step: int, device_type: str) -> tuple[bool, str]:
     """Did a crash-and-resume run really crash and resume, and does it end where the uninterrupted run ends?
 

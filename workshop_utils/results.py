@@ -30,13 +30,25 @@ def runs_root() -> Path:
 def new_run_dir(tag: str | None = None) -> Path:
     """A fresh, uniquely named folder under ``runs_root()``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = runs_root() / (f"{stamp}-{tag}" if tag else stamp)
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    path.mkdir(parents=True)
-    return path
+    return fresh_folder(runs_root(), f"{stamp}-{tag}" if tag else stamp)
+
+
+def fresh_folder(parent: str | os.PathLike, name: str) -> Path:
+    """A new, empty folder ``parent/name`` (``name-2``, ``name-3``, ... when taken), never an existing one.
+
+    A demo that resumes from "the newest checkpoint in its folder" must not find an earlier
+    run's: it would skip the very work it claims to redo.
+    """
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        path = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()  # atomic: two runs racing for one name get different folders
+            return path
+        except FileExistsError:
+            n += 1
 
 
 def resolve_run_dir(run_dir: str | os.PathLike | None, tag: str | None = None) -> Path:
