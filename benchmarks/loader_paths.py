@@ -26,8 +26,8 @@ import statistics
 import pandas as pd
 
 import workshop_utils as wu
-from workshop_utils.errors import exit_on_workshop_error
-from workshop_utils.hardware import cpu_cores
+from workshop_utils.system.errors import exit_on_workshop_error
+from workshop_utils.system.hardware import cpu_cores
 
 PROFILES = {
     "cpu": dict(train_size=4096, batch_size=64, batches=40),  # images, samples per batch, timed batches

@@ -4,7 +4,7 @@
     python benchmarks/optimization_ladder.py --profile cpu --no-compile
 
 Each rung is one more switch of ``TrainConfig`` on top of the rungs before it
-(``workshop_utils.sweeps.ladder_rungs``), trained with the one training loop for
+(``workshop_utils.lessons.sweeps.ladder_rungs``), trained with the one training loop for
 the same number of steps. The rungs are trained round-robin ``--repeats`` times and
 each keeps its median run, so a busy shared machine slows all rungs alike. Prints the
 cumulative table and writes a JSON record (with the environment) into a run folder.
@@ -19,8 +19,8 @@ import argparse
 import os
 
 import workshop_utils as wu
-from workshop_utils.errors import exit_on_workshop_error
-from workshop_utils.hardware import cpu_cores
+from workshop_utils.system.errors import exit_on_workshop_error
+from workshop_utils.system.hardware import cpu_cores
 
 PROFILES = {
     # images, optimizer steps per rung, untimed first steps, samples per step (notebook 01's baseline batch)

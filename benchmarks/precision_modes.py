@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 import workshop_utils as wu
-from workshop_utils.errors import exit_on_workshop_error
-from workshop_utils.results import runs_root
+from workshop_utils.system.errors import exit_on_workshop_error
+from workshop_utils.system.results import runs_root
 
 # samples per step, steps (warm-up included), images, learning rate: on a CPU only enough to show the method
 SIZES = {"gpu": dict(batch_size=256, steps=120, warmup_steps=10, train_size=None, test_size=10_000, lr=0.1),

@@ -4,7 +4,7 @@
     .venv/bin/python slides/build.py --run-dir runs/20260101-120000
     .venv/bin/python slides/build.py --html-only     # skip the PDFs (no Chromium needed)
 
-Every deck in ``slides/decks/*.md`` is a Markdown template. Lines such as ``{{code workshop_utils.precision:autocast}}``
+Every deck in ``slides/decks/*.md`` is a Markdown template. Lines such as ``{{code workshop_utils.spine.precision:autocast}}``
 are filled in at build time (the directives are listed in slides/README.md): code comes from the package, the
 notebooks or the repository's files, numbers and tables from the result records of one run folder, figures from its
 ``figures/`` folder (inlined as data: URIs, so the HTML needs no other file). Marp CLI (pinned in package-lock.json)
@@ -86,7 +86,7 @@ def _load_records(folder: Path) -> dict[str, dict]:
 def runs_root() -> Path:
     try:
         sys.path.insert(0, str(REPO))
-        from workshop_utils.results import runs_root as package_runs_root
+        from workshop_utils.system.results import runs_root as package_runs_root
         return package_runs_root()
     except ImportError:  # the package is not installed: use the same rule by hand
         return Path(os.environ.get("WORKSHOP_RUNS") or REPO / "runs")

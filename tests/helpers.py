@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workshop_utils.data import FOLDER, TEST_FILES, TRAIN_FILES, md5sum
+from workshop_utils.spine.data import FOLDER, TEST_FILES, TRAIN_FILES, md5sum
 
 
 def write_fake_cifar(root: Path, per_file: int = 20, seed: int = 0) -> dict[str, str]:

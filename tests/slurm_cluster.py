@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from workshop_utils.launch import free_port
+from workshop_utils.parallel.launch import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "srun", "sinfo")

@@ -12,9 +12,11 @@ import torch
 import torch.distributed as dist
 
 import workshop_utils as wu
-from workshop_utils import collectives, parallel_demos, pipeline
-from workshop_utils.comm_model import Link, ring_all_reduce_s
-from workshop_utils.errors import WorkshopError
+from workshop_utils import parallel_demos
+from workshop_utils.parallel import collectives
+from workshop_utils.parallel import pipeline
+from workshop_utils.parallel.comm_model import Link, ring_all_reduce_s
+from workshop_utils.system.errors import WorkshopError
 
 DEMO = dict(nproc=2, device="cpu", echo=False, timeout_s=300)
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import workshop_utils as wu
-from workshop_utils import checkpoint as ckpt
+from workshop_utils.spine import checkpoint as ckpt
 
 
 def _state(seed=0):

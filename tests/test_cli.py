@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from workshop_utils import WorkshopError
-from workshop_utils.launch import check_process_count, launch_training
+from workshop_utils.parallel.launch import check_process_count, launch_training
 
 SMALL = ["--batch-size", "8", "--train-size", "64", "--test-size", "16", "--no-progress"]
 

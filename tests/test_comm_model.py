@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from workshop_utils.comm_model import (LINKS, Link, bus_bandwidth_gbps, ddp_buckets, exposed_communication_s,
+from workshop_utils.parallel.comm_model import (LINKS, Link, bus_bandwidth_gbps, ddp_buckets, exposed_communication_s,
                                        fit_link, link_measurement_plan, predict_scaling, ring_all_reduce_s)
-from workshop_utils.errors import WorkshopError
-from workshop_utils.launch import launch_torchrun
+from workshop_utils.system.errors import WorkshopError
+from workshop_utils.parallel.launch import launch_torchrun
 
 LINK = Link("test link", bandwidth_gbps=2.0, latency_us=50.0, source="made up")
 

@@ -7,7 +7,7 @@ import torch
 
 import workshop_utils as wu
 from helpers import write_fake_cifar
-from workshop_utils.data import FOLDER, TorchLoader, DeviceLoader
+from workshop_utils.spine.data import FOLDER, TorchLoader, DeviceLoader
 
 
 def test_synthetic_is_deterministic_and_cifar_shaped():
@@ -76,7 +76,7 @@ def test_truncated_pickle_is_a_clear_error(tmp_path):
     checksums = write_fake_cifar(tmp_path)
     path = tmp_path / FOLDER / "data_batch_1"
     path.write_bytes(path.read_bytes()[:100])
-    checksums["data_batch_1"] = wu.data.md5sum(path)  # checksum passes, content is still broken
+    checksums["data_batch_1"] = wu.spine.data.md5sum(path)  # checksum passes, content is still broken
     with pytest.raises(wu.WorkshopError, match="Cannot read CIFAR-10 file .*data_batch_1"):
         wu.load_data(tmp_path, checksums=checksums, quiet=True)
 
@@ -88,7 +88,7 @@ def test_explicit_root_without_data_never_falls_back(tmp_path):
 
 def test_no_data_anywhere_falls_back_loudly(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(wu.data, "repo_root", lambda: None)
+    monkeypatch.setattr(wu.spine.data, "repo_root", lambda: None)
     data = wu.load_data(train_size=64, test_size=32)
     assert data.is_synthetic and len(data.train_labels) == 64
     assert "SYNTHETIC" in capsys.readouterr().err

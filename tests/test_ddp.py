@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import workshop_utils as wu
-from workshop_utils.data import ResumableSampler, _mix
-from workshop_utils.results import fresh_folder
-from workshop_utils.launch import launch_nodes, launch_training, resume_verdict
-from workshop_utils.trainer import _lr_lambda
+from workshop_utils.spine.data import ResumableSampler, mix_seeds
+from workshop_utils.system.results import fresh_folder
+from workshop_utils.parallel.launch import launch_nodes, launch_training, resume_verdict
+from workshop_utils.spine.trainer import _lr_lambda
 
 RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, test_size=16, seed=0, warmup_steps=0,
            device="cpu")  # gloo on CPU processes, also on a GPU machine
@@ -62,7 +62,7 @@ def _reference_one_process(data, steps: int, per_rank_batch: int, world: int = 2
         for rank in reversed(range(world)):  # rank 0 last: its running statistics are the ones kept
             buffers = {k: v.clone() for k, v in model.named_buffers()}
             images, labels = list(loaders[rank].epoch(step // per_epoch))[step % per_epoch]
-            torch.manual_seed(_mix(0, rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
+            torch.manual_seed(mix_seeds(0, rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
             (F.cross_entropy(model(images), labels) / world).backward()
             if rank != 0:
                 model.load_state_dict({**model.state_dict(), **buffers})

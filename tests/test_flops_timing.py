@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 import workshop_utils as wu
-from workshop_utils import timing
+from workshop_utils.spine import timing
 
 
 def test_flop_counter_counts_forward_and_backward():

@@ -10,8 +10,12 @@ import pytest
 import torch
 
 import workshop_utils as wu
-from workshop_utils import checkpoint, hardware, numerics, timing, trainer
-from workshop_utils.errors import WorkshopError
+from workshop_utils.spine import checkpoint
+from workshop_utils.system import hardware
+from workshop_utils.lessons import numerics
+from workshop_utils.spine import timing
+from workshop_utils.spine import trainer
+from workshop_utils.system.errors import WorkshopError
 
 
 class OnDevice(torch.Tensor):
@@ -210,7 +214,7 @@ def test_deterministic_runs_restore_the_global_settings(tiny_data):
 
 
 def test_profiler_noise_from_native_code_is_kept_out_of_the_cell(capfd):
-    from workshop_utils.profiling import native_noise_filtered
+    from workshop_utils.lessons.profiling import native_noise_filtered
 
     with native_noise_filtered():
         os.write(2, b"ERROR: 1 (pid) gpuGetDeviceCount failed with code 35\n")
@@ -231,7 +235,7 @@ def test_monitor_says_when_the_gpu_reports_no_utilisation():
 def test_torchrun_workers_leave_sigterm_to_torchrun(monkeypatch):
     import signal
 
-    from workshop_utils import preemption
+    from workshop_utils.spine import preemption
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
@@ -249,7 +253,7 @@ def test_torchrun_workers_leave_sigterm_to_torchrun(monkeypatch):
 
 
 def test_large_synthetic_sets_are_generated_once_then_read_back(tmp_path, monkeypatch):
-    from workshop_utils import data
+    from workshop_utils.spine import data
 
     monkeypatch.setenv("WORKSHOP_CACHE", str(tmp_path))
     monkeypatch.setattr(data, "_CACHE_FROM_IMAGES", 100)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import workshop_utils as wu
-from workshop_utils.hardware import check_precision
+from workshop_utils.system.hardware import check_precision
 
 
 @pytest.mark.parametrize("name, precision, peak", [

@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workshop_utils import comm_model, distributed
-from workshop_utils.distributed import gpu_for_local_rank, rank_device
-from workshop_utils.errors import WorkshopError
-from workshop_utils.results import fresh_folder
-from workshop_utils.launch import (node_layout, resume_verdict, visible_gpu_ids,
+from workshop_utils.parallel import comm_model
+from workshop_utils.spine import distributed
+from workshop_utils.spine.distributed import gpu_for_local_rank, rank_device
+from workshop_utils.system.errors import WorkshopError
+from workshop_utils.system.results import fresh_folder
+from workshop_utils.parallel.launch import (node_layout, resume_verdict, visible_gpu_ids,
                                    world_sizes_for_this_machine)
 
 
@@ -159,7 +160,7 @@ def test_collectives_under_nccl_use_the_ranks_gpu(monkeypatch):
 
 
 def test_measuring_all_reduce_under_nccl_does_not_default_to_the_cpu(monkeypatch):
-    import workshop_utils.collectives as collectives
+    import workshop_utils.parallel.collectives as collectives
 
     _pretend_nccl(monkeypatch, gpu=1)
     seen = {}
@@ -169,7 +170,7 @@ def test_measuring_all_reduce_under_nccl_does_not_default_to_the_cpu(monkeypatch
         return []
 
     monkeypatch.setattr(collectives, "time_collectives", fake_time_collectives)
-    comm_model.measure_all_reduce([4096], repeats=1)
+    collectives.measure_all_reduce([4096], repeats=1)
     assert seen["device"] == torch.device("cuda", 1)
 
 
@@ -185,8 +186,8 @@ def test_all_reduce_sum_of_a_cpu_tensor_under_nccl_goes_through_the_gpu(monkeypa
 
 
 def test_a_job_that_keeps_printing_still_times_out():
-    from workshop_utils.errors import WorkshopError
-    from workshop_utils.launch import stream
+    from workshop_utils.system.errors import WorkshopError
+    from workshop_utils.parallel.launch import stream
 
     chatty = [sys.executable, "-c", "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.02)"]
     with pytest.raises(WorkshopError, match="longer than 1 s"):
@@ -194,7 +195,7 @@ def test_a_job_that_keeps_printing_still_times_out():
 
 
 def test_cpu_ranks_are_launched_without_gpus(monkeypatch):
-    from workshop_utils import launch
+    from workshop_utils.parallel import launch
 
     seen = {}
 

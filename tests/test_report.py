@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import workshop_utils as wu
-import workshop_utils.profiles  # noqa: F401  (for monkeypatching)
+import workshop_utils.system.profiles  # noqa: F401  (for monkeypatching)
 
 
 def test_report_gathers_sections_in_order(tmp_path):
@@ -29,7 +29,7 @@ def test_report_of_a_missing_folder_says_what_to_run(tmp_path):
 
 
 def test_profiles_pick_cpu_without_a_gpu_and_apply_overrides(monkeypatch):
-    monkeypatch.setattr(wu.profiles.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(wu.system.profiles.torch.cuda, "is_available", lambda: False)
     profiles = {"cpu": {"epochs": 1, "batch_size": 8}, "gpu": {"epochs": 9, "batch_size": 512}}
     settings = wu.pick_settings(profiles, "auto", epochs=3, batch_size=None)
     assert settings == {"epochs": 3, "batch_size": 8, "profile": "cpu"}
@@ -57,7 +57,7 @@ def _record(run_dir, name: str, device_type: str, data_source: str = "cifar10"):
 
 def test_cpu_banner_follows_the_records_not_the_machine_writing_the_report(tmp_path, monkeypatch):
     """A GPU node's results read on a CPU login node get no CPU banner; a CPU fallback on the GPU node does."""
-    monkeypatch.setattr(wu.profiles.torch.cuda, "is_available", lambda: False)  # the writer has no GPU
+    monkeypatch.setattr(wu.system.profiles.torch.cuda, "is_available", lambda: False)  # the writer has no GPU
     gpu_run = tmp_path / "gpu"
     _record(gpu_run, "baseline", "cuda")
     _record(gpu_run, "ddp-strong-2", "cuda")
@@ -71,7 +71,7 @@ def test_cpu_banner_follows_the_records_not_the_machine_writing_the_report(tmp_p
     assert "**NVIDIA H100 80GB HBM3** (cuda)" in text, "the header still describes the GPU run"
     assert "Synthetic data" in text
 
-    monkeypatch.setattr(wu.profiles.torch.cuda, "is_available", lambda: True)  # now the writer has a GPU
+    monkeypatch.setattr(wu.system.profiles.torch.cuda, "is_available", lambda: True)  # now the writer has a GPU
     cpu_run = tmp_path / "cpu"
     _record(cpu_run, "baseline", "cpu")
     assert "> Measured on a CPU: speed figures show the method" in wu.write_report(cpu_run).read_text()

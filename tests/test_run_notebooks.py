@@ -20,7 +20,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 import workshop_utils as wu
 import workshop_utils.run_notebooks as rn
-from workshop_utils.profiles import PROFILE_VARIABLE, profile_choice
+from workshop_utils.system.profiles import PROFILE_VARIABLE, profile_choice
 
 PARAMETERS = 'profile = "auto"\nrun_dir = None'
 

@@ -16,58 +16,58 @@ __version__ = "0.1.0"
 
 # module -> the public names it defines
 _MODULES = {
-    "checkpoint": (
+    "spine.checkpoint": (
         "latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint",
     ),
-    "checks": (
+    "lessons.checks": (
         "check_baseline", "summary_table",
     ),
-    "collectives": (
+    "parallel.collectives": (
         "COLLECTIVES", "collective_table", "collectives_frame", "fit_all_reduce", "plot_collective_times",
         "ring_time_s", "run_collective", "show_collectives", "time_collectives",
     ),
-    "comm_model": (
+    "parallel.comm_model": (
         "LINKS", "Link", "LinkPlan", "ddp_buckets", "exposed_communication_s", "fit_link", "link_measurement_plan",
         "plot_all_reduce", "plot_predicted_vs_measured", "plot_scaling",
         "predict_scaling", "ring_all_reduce_s", "scaling_table",
     ),
-    "data": (
+    "spine.data": (
         "CLASSES", "CifarData", "DeviceLoader", "TorchLoader", "load_data", "make_loader",
         "make_synthetic_cifar", "read_cifar10", "verify_cifar10",
     ),
-    "dist_checkpoint": (
+    "parallel.dist_checkpoint": (
         "checkpoint_stall", "full_parameter_checksum", "load_into_one_process", "sharded_round_trip",
     ),
-    "distributed": (
+    "spine.distributed": (
         "DistInfo", "all_reduce_sum", "collective_device", "gpu_for_local_rank", "rank_device", "read_dist_env",
         "setup_distributed", "teardown_distributed",
     ),
-    "errors": (
+    "system.errors": (
         "WorkshopError", "install_notebook_error_handler",
     ),
-    "flops": (
+    "spine.flops": (
         "achieved_tflops", "mfu", "training_flops_per_sample",
     ),
-    "hardware": (
+    "system.hardware": (
         "PEAK_TFLOPS", "PRECISIONS", "check_precision", "environment", "environment_table", "peak_tflops",
         "pick_device",
     ),
-    "io_layouts": (
+    "lessons.io_layouts": (
         "compare_layouts", "loader_throughput", "read_shards", "read_small_files", "write_shards",
         "write_small_files",
     ),
-    "launch": (
+    "parallel.launch": (
         "Launched", "NodeLayout", "free_port", "launch_nodes", "launch_torchrun", "launch_training",
         "node_layout", "resume_verdict", "world_sizes_for_this_machine",
     ),
-    "models": (
+    "spine.models": (
         "MODELS", "SimpleCNN", "build_model", "count_parameters", "max_parameter_difference",
         "parameter_checksum", "resnet18_cifar", "state_checksum", "unwrap",
     ),
-    "monitor": (
+    "lessons.monitor": (
         "DeviceMonitor", "StepMemory", "monitor_verdict", "plot_monitor",
     ),
-    "numerics": (
+    "lessons.numerics": (
         "NonFinite", "autocast_dtypes", "capture_gradients", "check_fp8", "dtype_summary",
         "find_first_nonfinite", "format_table", "fp8_matmul_benchmark", "fp8_support", "grad_scaler_trace",
         "mode_table", "overflowing_scale", "overshoot", "overshoot_until_nonfinite", "plot_gradient_magnitudes",
@@ -77,48 +77,48 @@ _MODULES = {
     "parallel_demos": (
         "PARTS", "demo_world", "launch_demo",
     ),
-    "pipeline": (
+    "parallel.pipeline": (
         "bubble_fraction", "bubble_table", "gpipe_step", "measure_bubble", "plot_pipeline",
     ),
-    "plots": (
+    "lessons.plots": (
         "plot_bars", "plot_step_times", "plot_training_curves", "save_figure",
     ),
-    "precision": (
+    "spine.precision": (
         "autocast", "configure_precision", "grad_scaler", "set_tf32",
     ),
-    "preemption": (
+    "spine.preemption": (
         "stop_on_signals",
     ),
-    "profiles": (
+    "system.profiles": (
         "pick_settings", "profile_choice", "resolve_profile",
     ),
-    "profiling": (
+    "lessons.profiling": (
         "ProfileRun", "profile_training", "top_ops",
     ),
-    "recompute": (
+    "lessons.recompute": (
         "BlockStack", "measure_recompute",
     ),
     "report": (
         "add_report_section", "write_report",
     ),
-    "results": (
+    "system.results": (
         "fresh_folder", "load_results", "new_run_dir", "read_records", "resolve_run_dir", "save_record",
     ),
-    "sharding": (
+    "parallel.sharding": (
         "BYTES_PER_PARAMETER", "ZERO_STAGES", "compare_ddp_fsdp", "held_bytes", "memory_ratio", "plot_held_memory",
         "shard_model", "zero_memory_table",
     ),
-    "sweeps": (
+    "lessons.sweeps": (
         "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "dataloader_sweep", "ladder_rungs",
         "worker_counts",
     ),
-    "tensor_parallel": (
+    "parallel.tensor_parallel": (
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",
     ),
-    "timing": (
+    "spine.timing": (
         "StepTimer", "init_cuda", "peak_memory_mib",
     ),
-    "trainer": (
+    "spine.trainer": (
         "InjectedFailure", "RunResult", "TrainConfig", "deterministic_kernels", "evaluate", "train",
     ),
 }

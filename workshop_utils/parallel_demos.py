@@ -18,13 +18,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from .collectives import show_collectives, time_collectives
-from .comm_model import message_sizes
-from .dist_checkpoint import checkpoint_stall, sharded_round_trip
-from .errors import WorkshopError, choose, exit_on_workshop_error
-from .pipeline import measure_bubble
-from .sharding import compare_ddp_fsdp
-from .tensor_parallel import check_tensor_parallel
+from .parallel.collectives import show_collectives, time_collectives
+from .parallel.comm_model import message_sizes
+from .parallel.dist_checkpoint import checkpoint_stall, sharded_round_trip
+from .system.errors import WorkshopError, choose, exit_on_workshop_error
+from .parallel.pipeline import measure_bubble
+from .parallel.sharding import compare_ddp_fsdp
+from .parallel.tensor_parallel import check_tensor_parallel
 
 
 def _collectives_show(device):
@@ -85,9 +85,9 @@ def hide_gpus() -> None:
 
 @exit_on_workshop_error
 def main(argv=None) -> None:
-    from .distributed import setup_distributed, teardown_distributed
-    from .hardware import environment
-    from .train import write_json
+    from .spine.distributed import setup_distributed, teardown_distributed
+    from .system.hardware import environment
+    from .system.results import write_json
 
     parser = argparse.ArgumentParser(prog="python -m workshop_utils.parallel_demos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,7 +142,7 @@ def launch_demo(part: str, nproc: int = 2, device: str = "cpu", timeout_s: float
     ``timeout_s`` bounds the whole launch: a rank that hangs (a collective some rank never
     joins) stops the job and becomes a one-line error naming the part, not a silent cell.
     """
-    from .launch import launch_torchrun
+    from .parallel.launch import launch_torchrun
 
     check_options(part, options)
     choose(device, ("cpu", "cuda"), "device")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import WorkshopError, exit_on_workshop_error
-from .hardware import environment
-from .results import read_records, save_record
+from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.hardware import environment
+from .system.results import read_records, save_record
 
 
 def add_report_section(run_dir, key: str, title: str, order: float, text: str = "",

@@ -31,11 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-from .data import repo_root
-from .errors import WorkshopError, exit_on_workshop_error
-from .profiles import PROFILE_NAMES, TIME_BUDGET_S, profile_choice
+from .system.results import repo_root
+from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.profiles import PROFILE_NAMES, TIME_BUDGET_S, profile_choice
 from .report import write_report
-from .results import resolve_run_dir
+from .system.results import resolve_run_dir
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # Catch a pre-emption warning that arrives while torch is still importing (seconds on a busy node).
-    from workshop_utils.preemption import stop_on_signals
+    from workshop_utils.spine.preemption import stop_on_signals
 
     stop_on_signals()
 
@@ -23,14 +23,14 @@ import socket
 import sys
 from pathlib import Path
 
-from .data import LOADERS
-from .distributed import read_dist_env, teardown_distributed
-from .errors import WorkshopError, exit_on_workshop_error
-from .hardware import PRECISIONS
-from .models import MODELS
-from .results import _jsonable, git_commit
-from .preemption import stop_on_signals
-from .trainer import InjectedFailure, TrainConfig, train
+from .spine.data import LOADERS
+from .spine.distributed import read_dist_env, teardown_distributed
+from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.hardware import PRECISIONS
+from .spine.models import MODELS
+from .system.results import git_commit, write_json
+from .spine.preemption import stop_on_signals
+from .spine.trainer import InjectedFailure, TrainConfig, train
 
 EPILOG = """\
 examples:
@@ -141,16 +141,6 @@ def config_from_args(args, world_size: int) -> TrainConfig:
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         fail_at_step=args.fail_at_step, log_every=args.log_every, progress=not args.no_progress,
     )
-
-
-def write_json(record: dict, path: str | os.PathLike) -> Path:
-    """Write the record atomically: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_jsonable(record), indent=2))
-    os.replace(tmp, path)
-    return path
 
 
 @exit_on_workshop_error

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import WorkshopError
+from ..system.errors import WorkshopError
 
 
 def _shard(tensor: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
@@ -95,7 +95,7 @@ def check_tensor_parallel(batch: int = 64, features: int = 512, hidden: int = 20
     rank holds an equal slice; the record keeps the sizes asked for and the sizes used.
     ``device`` None: where the process group's collectives run (this rank's GPU under NCCL).
     """
-    from .distributed import collective_device
+    from ..spine.distributed import collective_device
 
     if min(batch, features, hidden) < 1:
         raise WorkshopError(f"batch={batch}, features={features}, hidden={hidden}: sizes must be positive.",

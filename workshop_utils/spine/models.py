@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torchvision.models import resnet18 as torchvision_resnet18
 
-from .errors import choose
+from ..system.errors import choose
 
 MODELS = ("simplecnn", "resnet18")
 

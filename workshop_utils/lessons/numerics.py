@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import CifarData, make_loader
-from .errors import WorkshopError
-from .hardware import PRECISIONS, check_precision
-from .precision import autocast
+from ..spine.data import CifarData, make_loader
+from ..system.errors import WorkshopError
+from ..system.hardware import PRECISIONS, check_precision
+from ..spine.precision import autocast
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
                torch.float8_e4m3fn: "fp8 e4m3", torch.float8_e5m2: "fp8 e5m2"}

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from .comm_model import Link, bus_bandwidth_gbps, fit_link, ring_all_reduce_s
-from .distributed import collective_device
-from .errors import WorkshopError
+from ..spine.distributed import collective_device
+from ..system.errors import WorkshopError
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "all_gather", "reduce_scatter", "all_reduce")
 
@@ -216,3 +216,17 @@ def collectives_frame(rows: list[dict]):
                           "cell": f"{fmt(r['input'])} -> {fmt(r['output'])}"} for r in rows)
     table = frame.pivot(index="collective", columns="rank", values="cell")
     return table.reindex([c for c in COLLECTIVES if c in table.index]).rename_axis(columns=None)
+
+
+def measure_all_reduce(sizes_bytes, repeats: int = 10, device: torch.device | None = None) -> list[dict]:
+    """Median time of an all-reduce (sum, fp32) per size, in an initialised process group.
+
+    ``device`` None: where the process group's collectives run (this rank's GPU under NCCL).
+    """
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise WorkshopError("measure_all_reduce needs a process group.",
+                            "run `torchrun --nproc-per-node=2 -m workshop_utils.comm_model`.")
+    # Under NCCL the buffers must be on this rank's GPU; a CPU default would fail in the first all-reduce.
+    rows = time_collectives(sizes_bytes, ("all_reduce",), repeats, device or collective_device())
+    return [{key: row[key] for key in ("size_bytes", "seconds", "world_size", "bus_bandwidth_gbps")} for row in rows]

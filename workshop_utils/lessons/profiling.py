@@ -29,11 +29,11 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from .data import CifarData
-from .errors import WorkshopError
-from .hardware import pick_device
+from ..spine.data import CifarData
+from ..system.errors import WorkshopError
+from ..system.hardware import pick_device
 from .monitor import StepMemory
-from .trainer import RunResult, TrainConfig, train
+from ..spine.trainer import RunResult, TrainConfig, train
 
 
 @dataclass

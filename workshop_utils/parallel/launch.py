@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import WorkshopError
+from ..system.errors import WorkshopError
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import WorkshopError
+from ..system.errors import WorkshopError
 from .models import unwrap
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")

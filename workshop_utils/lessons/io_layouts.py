@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .data import make_loader
-from .errors import WorkshopError, choose
-from .hardware import pick_device
+from ..spine.data import make_loader
+from ..system.errors import WorkshopError, choose
+from ..system.hardware import pick_device
 
 LAYOUTS = ("small files", "shards", "memory", "device")
 IMAGE_SHAPE = (32, 32, 3)

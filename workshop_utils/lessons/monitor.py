@@ -23,9 +23,9 @@ import time
 import pandas as pd
 import torch
 
-from .errors import WorkshopError
-from .hardware import cpu_cores, pick_device
-from .timing import host_peak_rss_mib, memory_in_use_mib, reset_host_peak_rss, reset_peak_memory
+from ..system.errors import WorkshopError
+from ..system.hardware import cpu_cores, pick_device
+from ..spine.timing import host_peak_rss_mib, memory_in_use_mib, reset_host_peak_rss, reset_peak_memory
 
 BUSY_THRESHOLD_PCT = 80  # below this a GPU is usually starved (rule of thumb of the workshop slides)
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import WorkshopError
+from ..system.errors import WorkshopError
 
 # Bytes per parameter: (parameters, gradients, optimizer state) for Adam.
 BYTES_PER_PARAMETER = {
@@ -85,7 +85,7 @@ def shard_model(model: nn.Module, mesh) -> nn.Module:
 
 def train_step(model, optimizer, images, labels, seed: int, rank: int, step: int) -> torch.Tensor:
     """One optimizer step with the training loop's dropout seeding; the gradients stay until the next step."""
-    from .trainer import seed_dropout
+    from ..spine.trainer import seed_dropout
 
     optimizer.zero_grad(set_to_none=True)
     seed_dropout(seed, rank, step)  # the same masks whichever way the model is wrapped
@@ -117,9 +117,9 @@ def compare_ddp_fsdp(model_name: str = "simplecnn", steps: int = 8, batch_size: 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
-    from .data import load_data, make_loader
-    from .distributed import collective_device
-    from .models import build_model, count_parameters
+    from ..spine.data import load_data, make_loader
+    from ..spine.distributed import collective_device
+    from ..spine.models import build_model, count_parameters
 
     device = torch.device(device) if device is not None else collective_device()
     rank, world = dist.get_rank(), dist.get_world_size()

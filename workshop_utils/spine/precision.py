@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from .hardware import check_precision
+from ..system.hardware import check_precision
 
 AUTOCAST_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -33,21 +33,21 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from .data import LOADERS, CifarData, _mix, load_data, make_loader
+from .data import LOADERS, CifarData, mix_seeds, load_data, make_loader
 from .distributed import all_reduce_sum, setup_distributed
-from .errors import WorkshopError, choose
+from ..system.errors import WorkshopError, choose
 from .flops import achieved_tflops, mfu, training_flops_per_sample
-from .hardware import PRECISIONS, device_name, environment
+from ..system.hardware import PRECISIONS, device_name, environment
 from .models import MODELS, build_model, count_parameters, parameter_checksum, unwrap
 from .precision import autocast, configure_precision, grad_scaler
 from .preemption import handling_signals, stop_requested
-from .results import save_record
+from ..system.results import save_record
 from .timing import StepTimer, memory_in_use_mib, peak_memory_mib, reset_peak_memory
 
 
 def seed_dropout(seed: int, rank: int, step: int) -> None:
     """Dropout draws from a seed that depends only on (seed, rank, step): exact resume, distinct ranks."""
-    torch.manual_seed(_mix(seed, rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
+    torch.manual_seed(mix_seeds(seed, rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
 @dataclass

@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import WorkshopError
-from .timing import StepTimer
+from ..system.errors import WorkshopError
+from ..spine.timing import StepTimer
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
@@ -128,7 +128,7 @@ def measure_bubble(microbatch_counts=(1, 2, 4, 8), batch: int = 256, width: int 
 
     ``device`` None: where the process group's collectives run (this rank's GPU under NCCL).
     """
-    from .distributed import collective_device
+    from ..spine.distributed import collective_device
 
     microbatch_counts = list(microbatch_counts)
     bad = [m for m in microbatch_counts if not (isinstance(m, int) and 0 < m <= batch and batch % m == 0)]

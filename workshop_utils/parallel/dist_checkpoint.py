@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .errors import WorkshopError
+from ..system.errors import WorkshopError
 
 
 def _state(model, optimizer) -> dict:
@@ -49,7 +49,7 @@ def full_parameter_checksum(model) -> str | None:
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from .models import state_checksum
+    from ..spine.models import state_checksum
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     names = {name for name, _ in model.named_parameters()}
@@ -63,14 +63,14 @@ def _data(data_root, train_size: int, seed: int):
     One demo builds five sharded runs on every rank, and with CIFAR-10 on disk each read
     verifies 170 MB of checksums: five times over, on every rank at once, for the same data.
     """
-    from .data import load_data
+    from ..spine.data import load_data
 
     return load_data(data_root, train_size=train_size, test_size=64, seed=seed, quiet=True)
 
 
 def _device(device) -> torch.device:
     """``device`` None: where the process group's collectives run (this rank's GPU under NCCL)."""
-    from .distributed import collective_device
+    from ..spine.distributed import collective_device
 
     return torch.device(device) if device is not None else collective_device()
 
@@ -81,8 +81,8 @@ class _ShardedRun:
     def __init__(self, model_name: str, seed: int, device, batch_size: int, data_root=None):
         from torch.distributed.device_mesh import init_device_mesh
 
-        from .data import make_loader
-        from .models import build_model
+        from ..spine.data import make_loader
+        from ..spine.models import build_model
         from .sharding import shard_model
 
         self.rank, world = dist.get_rank(), dist.get_world_size()

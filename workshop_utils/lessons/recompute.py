@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .timing import StepTimer, follow_tensors_in_rss, memory_in_use_mib, peak_memory_mib, reset_peak_memory
+from ..spine.timing import StepTimer, follow_tensors_in_rss, memory_in_use_mib, peak_memory_mib, reset_peak_memory
 
 
 class Block(nn.Module):

@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .errors import WorkshopError
+from ..system.errors import WorkshopError
 
 
 @dataclass(frozen=True)

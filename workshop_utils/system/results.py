@@ -16,7 +16,6 @@ import subprocess
 from datetime import datetime
 from pathlib import Path
 
-from .data import repo_root
 from .errors import WorkshopError
 
 
@@ -60,6 +59,12 @@ def resolve_run_dir(run_dir: str | os.PathLike | None, tag: str | None = None) -
     return new_run_dir(tag)
 
 
+def repo_root() -> Path | None:
+    """The checkout this package lives in (None when installed elsewhere)."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "pyproject.toml").exists() else None
+
+
 def git_commit() -> str | None:
     root = repo_root()
     if root is None:
@@ -72,18 +77,28 @@ def git_commit() -> str | None:
         return None
 
 
-def _jsonable(value):
+def jsonable(value):
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN; a missing value is the honest encoding
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if hasattr(value, "item"):  # numpy or torch scalar
-        return _jsonable(value.item())
+        return jsonable(value.item())
     return str(value)
+
+
+def write_json(record: dict, path: str | os.PathLike) -> Path:
+    """Write the record atomically: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(jsonable(record), indent=2))
+    os.replace(tmp, path)
+    return path
 
 
 def save_record(record: dict, run_dir: str | os.PathLike, name: str) -> Path:
@@ -93,7 +108,7 @@ def save_record(record: dict, run_dir: str | os.PathLike, name: str) -> Path:
     record = {"name": name, "git_commit": git_commit(), **record}
     path = folder / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_jsonable(record), indent=2))
+    tmp.write_text(json.dumps(jsonable(record), indent=2))
     os.replace(tmp, path)
     return path
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from .hardware import peak_tflops
+from ..system.hardware import peak_tflops
 
 
 def training_flops_per_sample(model: nn.Module, input_shape=(3, 32, 32), batch: int = 2) -> int:

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from .data import CifarData
-from .errors import WorkshopError
-from .hardware import cpu_cores, pick_device
+from ..spine.data import CifarData
+from ..system.errors import WorkshopError
+from ..system.hardware import cpu_cores, pick_device
 from .monitor import StepMemory
-from .trainer import TrainConfig, train
+from ..spine.trainer import TrainConfig, train
 
 METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
 
