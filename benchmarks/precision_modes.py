@@ -1,84 +1,93 @@
 """Benchmark: the four precision modes side by side, printed and written to JSON.
 
-    python benchmarks/precision_modes.py                              # ResNet-18, sized for the machine
-    python benchmarks/precision_modes.py --model simplecnn --steps 20 --out /tmp/modes.json
+    python benchmarks/precision_modes.py                               # ResNet-18, sized for the machine
+    python benchmarks/precision_modes.py --profile cpu --model simplecnn --steps 20 --run-dir runs/my-run
 
 Every mode is the same ``TrainConfig`` with only ``precision`` changed, trained by
-the one training loop on the same data and step budget. The goal on an H100-class
+the one training loop on the same data and step budget. With ``--repeats`` > 1 the
+modes are trained round-robin and each keeps its median run. Writes
+<run-dir>/benchmarks/precision_modes.json in the layout every benchmark shares
+(workshop_utils.system.benchmark), with the environment. The goal on an H100-class
 GPU: bf16 with channels_last at least 2x tf32 and 3x strict fp32 on ResNet-18.
 This is a measurement to read, not a test: nothing here passes or fails on speed.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from datetime import datetime
-from pathlib import Path
-
-import torch
-
 import workshop_utils as wu
+from workshop_utils.system.benchmark import benchmark_parser, start_benchmark
 from workshop_utils.system.errors import exit_on_workshop_error
-from workshop_utils.system.results import runs_root
 
+NAME = "precision_modes"
 # samples per step, steps (warm-up included), images, learning rate: on a CPU only enough to show the method
-SIZES = {"gpu": dict(batch_size=256, steps=120, warmup_steps=10, train_size=None, test_size=10_000, lr=0.1),
-         "cpu": dict(batch_size=16, steps=6, warmup_steps=2, train_size=512, test_size=256, lr=0.01)}
+PROFILES = {"gpu": dict(batch_samples=256, steps=120, warmup_steps=10, train_images=None, test_images=10_000,
+                        lr=0.1),
+            "cpu": dict(batch_samples=16, steps=6, warmup_steps=2, train_images=512, test_images=256, lr=0.01)}
 # Emulated float16 convolutions make one ResNet-18 step take over a minute on a CPU: left out unless asked for.
 CPU_DEFAULT_SKIPS = {("resnet18", "fp16")}
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    parser = benchmark_parser(NAME, __doc__, repeats=1,
+                              repeats_help="round-robin passes over the modes (each mode keeps its median run)")
     parser.add_argument("--model", default="resnet18", choices=wu.MODELS)
     parser.add_argument("--modes", nargs="+", help="precision modes to measure (default: all four)")
-    parser.add_argument("--batch-size", type=int, help="samples per step (default: by device)")
-    parser.add_argument("--steps", type=int, help="optimizer steps per mode, warm-up included (default: by device)")
-    parser.add_argument("--warmup-steps", type=int, help="first steps left out of timing (default: by device)")
+    parser.add_argument("--batch-size", type=int, help="samples per step (default: by profile)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per mode, warm-up included (default: by profile)")
+    parser.add_argument("--warmup-steps", type=int, help="first steps left out of timing (default: by profile)")
     parser.add_argument("--train-size", type=int, help="training images (default: all on a GPU, 512 on a CPU)")
     parser.add_argument("--no-channels-last", dest="channels_last", action="store_false",
                         help="keep the NCHW layout (default: channels_last, what tensor cores prefer)")
-    parser.add_argument("--cpu-fp16-steps", type=int, default=2,
-                        help="steps for fp16 on a CPU, where float16 is emulated and takes seconds per step")
-    parser.add_argument("--out", help="JSON file to write "
-                        "(default: runs/<time>-precision-benchmark/precision_modes.json)")
-    return parser.parse_args(argv)
+    parser.add_argument("--cpu-emulated-steps", "--cpu-fp16-steps", dest="cpu_emulated_steps", type=int, default=2,
+                        help="steps for a mode the CPU emulates (fp16, bf16 without native support): seconds per "
+                             "step there; 0 skips it")
+    return parser
 
 
 @exit_on_workshop_error
-def main(argv=None) -> Path:
-    args = parse_args(argv)
-    on_gpu = torch.cuda.is_available()
+def main(argv=None):
+    run = start_benchmark(build_parser(), argv)
+    args = run.args
+    on_cpu = run.device.type == "cpu"
     if args.modes is None:
-        args.modes = [m for m in wu.PRECISIONS if on_gpu or (args.model, m) not in CPU_DEFAULT_SKIPS]
+        args.modes = [m for m in wu.PRECISIONS if not on_cpu or (args.model, m) not in CPU_DEFAULT_SKIPS]
         if len(args.modes) < len(wu.PRECISIONS):
             print(f"note: on a CPU, {args.model} in fp16 is left out (emulated, minutes per step); "
                   "name it in --modes to run it anyway.")
     for mode in args.modes:
-        wu.check_precision(mode, wu.pick_device())  # an impossible mode fails now, not after the others ran
-    sizes = SIZES["gpu" if on_gpu else "cpu"]
-    base = wu.TrainConfig(model=args.model, batch_size=args.batch_size or sizes["batch_size"],
-                          max_steps=args.steps or sizes["steps"],
-                          warmup_steps=sizes["warmup_steps"] if args.warmup_steps is None else args.warmup_steps,
-                          train_size=args.train_size or sizes["train_size"], test_size=sizes["test_size"],
-                          lr=sizes["lr"], loader="device",
-                          channels_last=args.channels_last, progress=False)
+        wu.check_precision(mode, run.device)  # an impossible mode fails now, not after the others ran
+    hp = run.settings(PROFILES, batch_samples=args.batch_size, steps=args.steps, warmup_steps=args.warmup_steps,
+                      train_images=args.train_size)
+    base = wu.TrainConfig(model=args.model, batch_size=hp["batch_samples"], max_steps=hp["steps"],
+                          warmup_steps=hp["warmup_steps"], train_size=hp["train_images"],
+                          test_size=hp["test_images"], lr=hp["lr"], loader="device", channels_last=args.channels_last,
+                          device=str(run.device), progress=False)
     data = wu.load_data(base.data_root, base.train_size, base.test_size)
+    configs = wu.precision_configs(base, args.modes, cpu_emulated_steps=args.cpu_emulated_steps)
+    runs = {config.name: [] for config in configs}
+    with run.progress(run.repeats * len(configs), "precision modes") as bar:
+        for repeat in range(run.repeats):
+            for config in configs:
+                bar.set_postfix_str(f"{config.name}: {config.max_steps} steps of {config.batch_size}")
+                runs[config.name].append(wu.train(config, data).record)
+                bar.update()
+    # each mode's median run by throughput (the only run when --repeats is 1)
     records = []
-    for config in wu.precision_configs(base, args.modes, cpu_fp16_steps=args.cpu_fp16_steps):
-        print(f"--- {config.name}: {config.max_steps} steps of {config.batch_size}", flush=True)
-        records.append(wu.train(config, data).record)
+    for measured in runs.values():
+        measured.sort(key=lambda r: r["metrics"]["samples_per_s"] or 0.0)
+        records.append(measured[len(measured) // 2])
     table = wu.mode_table(records)
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.3g}"))
-    default = runs_root() / f"{datetime.now():%Y%m%d-%H%M%S}-precision-benchmark" / "precision_modes.json"
-    out = Path(args.out) if args.out else default
-    out.parent.mkdir(parents=True, exist_ok=True)
-    summary = {"kind": "precision_benchmark", "model": args.model, "channels_last": args.channels_last,
-               "modes": json.loads(table.to_json(orient="records")), "environment": wu.environment()}
-    out.write_text(json.dumps(summary, indent=2))
-    print(f"Written to {out}")
-    return out
+    settings = {**hp, "model": args.model, "channels_last": args.channels_last, "modes": args.modes,
+                "cpu_emulated_steps": args.cpu_emulated_steps}
+    summary = {}
+    by_mode = table.set_index("precision")["samples/s"]
+    for fast, slow in (("bf16", "fp32"), ("bf16", "tf32")):
+        if fast in by_mode and slow in by_mode and by_mode[fast] and by_mode[slow]:
+            summary[f"{fast}_vs_{slow}"] = by_mode[fast] / by_mode[slow]
+    path = run.write(settings, table, summary)
+    print(f"Written to {path}")
+    return path
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """The I/O layouts hold the same samples, and the throughput comparison reads every one of them."""
 
 import sys
+import time
 
 import numpy as np
 import pytest
 
 import workshop_utils as wu
+from workshop_utils.lessons import io_layouts
 
 
 def _samples(batches):
@@ -61,3 +63,22 @@ def test_loader_throughput_times_each_loader_path(tiny_data, kind):
     assert wu.loader_throughput(kind, tiny_data.train_images, tiny_data.train_labels, 32, device="cpu") > 0
     with pytest.raises(wu.WorkshopError, match="Too few batches"):
         wu.loader_throughput(kind, tiny_data.train_images, tiny_data.train_labels, 128, device="cpu")
+
+
+class SlowStartLoader:
+    """Two slow batches (worker start-up, first allocations), then fast ones: 10 samples each."""
+
+    def __init__(self, slow_s=0.3, fast_s=0.01, batches=7):
+        self.slow_s, self.fast_s, self.batches = slow_s, fast_s, batches
+
+    def epoch(self, epoch):
+        for index in range(self.batches):
+            time.sleep(self.slow_s if index < 2 else self.fast_s)
+            yield np.zeros((10, 3, 32, 32)), np.zeros(10)
+
+
+def test_loader_throughput_starts_its_clock_after_the_warmup_batches(tiny_data, monkeypatch):
+    monkeypatch.setattr(io_layouts, "make_loader", lambda *args, **kwargs: SlowStartLoader())
+    rate = wu.loader_throughput("torch", tiny_data.train_images, tiny_data.train_labels, 10, device="cpu")
+    # timed: the 4 batches after the third (40 samples in about 0.04 s); with the warm-up it would be < 70/s
+    assert 300 < rate <= 40 / 0.04

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import workshop_utils as wu
+from workshop_utils.spine import precision
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,9 +22,10 @@ def test_precision_configs_differ_only_in_precision_and_name():
         assert config.replace(name=base.name, precision=base.precision) == base
 
 
-def test_fp16_on_cpu_runs_only_a_few_steps():
+def test_an_emulated_mode_on_cpu_runs_only_a_few_steps(monkeypatch):
+    monkeypatch.setattr(precision, "_slowdowns", {"fp16": 19.4, "bf16": 0.9})  # fp16 emulated, bf16 native
     base = wu.TrainConfig(max_steps=40, warmup_steps=5, device="cpu")
-    fp16 = {c.precision: c for c in wu.precision_configs(base, cpu_fp16_steps=3)}["fp16"]
+    fp16 = {c.precision: c for c in wu.precision_configs(base, cpu_emulated_steps=3)}["fp16"]
     assert fp16.max_steps == 3 and fp16.warmup_steps == 2  # at least one step is still timed
     assert {c.max_steps for c in wu.precision_configs(base, ("fp32", "bf16"))} == {40}
 
@@ -56,19 +58,22 @@ def test_trainer_runs_the_modes_and_the_table_reads_the_records():
 
 
 def test_benchmark_script_writes_json(tmp_path):
-    out = tmp_path / "modes.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision_modes.py"), "--model", "simplecnn",
-                    "--modes", "fp32", "bf16", "--steps", "2", "--warmup-steps", "1", "--batch-size", "16",
-                    "--train-size", "32", "--out", str(out)], check=True, cwd=tmp_path, capture_output=True)
-    summary = json.loads(out.read_text())
-    assert [row["precision"] for row in summary["modes"]] == ["fp32", "bf16"]
-    assert summary["modes"][0]["speed-up vs fp32"] == 1
-    assert summary["environment"]["device_type"] == "cpu"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision_modes.py"), "--profile", "cpu",
+                    "--model", "simplecnn", "--modes", "fp32", "bf16", "--steps", "2", "--warmup-steps", "1",
+                    "--batch-size", "16", "--train-size", "32", "--run-dir", str(tmp_path)],
+                   check=True, cwd=tmp_path, capture_output=True)
+    record = json.loads((tmp_path / "benchmarks" / "precision_modes.json").read_text())
+    assert record["benchmark"] == "precision_modes" and record["profile"] == "cpu"
+    assert [row["precision"] for row in record["rows"]] == ["fp32", "bf16"]
+    assert record["rows"][0]["speed-up vs fp32"] == 1
+    assert record["settings"]["model"] == "simplecnn" and record["settings"]["steps"] == 2
+    assert record["environment"]["device_type"] == "cpu"
 
 
 def test_benchmark_rejects_an_unknown_mode_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision_modes.py"), "--modes", "fp32", "fp8",
-                           "--out", str(tmp_path / "x.json")], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision_modes.py"), "--profile", "cpu",
+                           "--modes", "fp32", "fp8", "--run-dir", str(tmp_path / "run")],
+                          cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: Unknown precision 'fp8'.")
-    assert not (tmp_path / "x.json").exists()
+    assert not (tmp_path / "run").exists()

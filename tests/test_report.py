@@ -110,3 +110,32 @@ def test_one_unreadable_record_does_not_cost_the_report(tmp_path):
     assert "Unreadable results, left out of this report" in text and "cut-short.json" in text
     assert "**notebooks.json is unreadable**" in text
     assert "**NVIDIA H100 80GB HBM3** (cuda)" in text
+
+
+def test_report_shows_every_benchmark_as_a_table_and_counts_it_as_a_measurement(tmp_path, monkeypatch):
+    from workshop_utils.system import benchmark
+
+    monkeypatch.setattr(benchmark, "environment", lambda device: _env("cuda", "NVIDIA H100 80GB HBM3"))
+    wu.add_report_section(tmp_path, "ladder", "The ladder", order=1, text="notebook 04")
+    wu.write_benchmark("optimization_ladder", "gpu", "cuda", {"steps": 300, "batch_samples": 128},
+                       pd.DataFrame({"rung": ["baseline", "bf16"], "samples_per_s": [1000.0, 4000.0]}), tmp_path,
+                       summary={"top_vs_baseline": 4.0}, repeats=3)
+    wu.write_benchmark("loader_paths", "gpu", "cuda", {"timed_batches": 200}, [{"path": "device", "samples_per_s": 9e5}],
+                       tmp_path)
+    (tmp_path / "benchmarks" / "broken.json").write_text('{"benchmark": "bro')
+    text = wu.write_report(tmp_path).read_text()
+    assert text.index("## The ladder") < text.index("## Benchmarks")
+    assert text.index("### loader_paths") < text.index("### optimization_ladder")  # by name
+    assert "Settings: steps=300, batch_samples=128, repeats=3." in text
+    assert "| baseline |" in text.replace("| baseline   |", "| baseline |") and "Summary: top_vs_baseline = 4." in text
+    assert "**NVIDIA H100 80GB HBM3** (cuda)" in text and "Measured on" not in text
+    assert "broken.json is not a readable benchmark result" in text  # named, and the rest still reported
+    assert "No notebook recorded a report section" not in text
+
+
+def test_a_folder_with_only_benchmarks_gets_a_report_with_their_environment(tmp_path):
+    wu.write_benchmark("loader_paths", "cpu", "cpu", {"timed_batches": 3}, [{"path": "device", "samples_per_s": 1.0}],
+                       tmp_path)
+    text = wu.write_report(tmp_path).read_text()
+    assert "### loader_paths" in text and "(no results recorded)" not in text
+    assert "> Measured on a CPU" in text

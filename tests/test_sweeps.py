@@ -80,10 +80,12 @@ def test_default_ladder_follows_the_workshop_order():
         wu.climb_ladder(_config(), None, [])
 
 
-def test_ladder_repeats_round_robin_and_keeps_one_row_per_rung(tiny_data, tmp_path):
+def test_ladder_repeats_round_robin_and_keeps_one_row_per_rung(tiny_data, tmp_path, capsys):
     rungs = [wu.Rung("baseline", {}, ""), wu.Rung("channels_last", {"channels_last": True}, "")]
-    table = wu.climb_ladder(_config(max_steps=2), tiny_data, rungs, run_dir=tmp_path, repeats=2)
+    table = wu.climb_ladder(_config(max_steps=2), tiny_data, rungs, run_dir=tmp_path, repeats=2, progress=True)
     assert table["rung"].tolist() == ["baseline", "channels_last"]
+    err = capsys.readouterr().err  # the progress bar: two passes over two rungs
+    assert "ladder runs" in err and "4/4" in err
     saved = sorted(p.stem for p in (tmp_path / "results").glob("ladder-*.json"))
     assert saved == ["ladder-0-baseline-r1", "ladder-0-baseline-r2", "ladder-1-channels_last-r1",
                      "ladder-1-channels_last-r2"]

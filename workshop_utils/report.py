@@ -2,8 +2,10 @@
 
 Notebooks add what they want reported with ``add_report_section`` (a title, a
 short text, a table, figures); ``write_report`` gathers the sections of a run
-folder, in notebook order, under the environment they were measured on. It is
-also a command: ``python -m workshop_utils.report runs/<folder>``.
+folder, in notebook order, under the environment they were measured on, then one
+table per benchmark result the folder holds (``benchmarks/<name>.json``, written by
+the scripts under ``benchmarks/`` in their one layout). It is also a command:
+``python -m workshop_utils.report runs/<folder>``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .system.benchmark import benchmark_frame, read_benchmarks
 from .system.errors import WorkshopError, exit_on_workshop_error
 from .system.hardware import environment
 from .system.results import read_records, save_record
@@ -116,6 +119,34 @@ def _notebook_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
+def _value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _benchmark_lines(benchmarks: list[dict]) -> list[str]:
+    """One subsection per benchmark result: where and when it ran, its settings, its table, its summary."""
+    lines = ["## Benchmarks", ""]
+    for record in benchmarks:
+        env = record.get("environment") if isinstance(record.get("environment"), dict) else {}
+        lines += [f"### {record['benchmark']}", ""]
+        device = f"{env.get('device_name', '?')} ({env.get('device_type', '?')})"
+        commit = f", commit {record['git_commit']}" if record.get("git_commit") else ""
+        lines += [f"Profile {record.get('profile', '?')} on {device}; written {record.get('created', '?')}{commit}.", ""]
+        if record["settings"]:
+            lines += ["Settings: " + ", ".join(f"{k}={_value(v)}" for k, v in record["settings"].items()) + ".", ""]
+        frame = benchmark_frame(record)
+        lines += [frame.to_markdown(index=False, floatfmt=",.4g") if not frame.empty else "(no rows)", ""]
+        if isinstance(record.get("summary"), dict) and record["summary"]:
+            lines += ["Summary: " + "; ".join(f"{k} = {_value(v)}" for k, v in record["summary"].items()) + ".", ""]
+    return lines
+
+
 def write_report(run_dir) -> Path:
     """Write ``<run_dir>/report.md`` from the run folder's sections and notebook log."""
     run_dir = Path(run_dir)
@@ -123,12 +154,16 @@ def write_report(run_dir) -> Path:
         raise WorkshopError(f"Run folder {run_dir} does not exist.", "run the main job first (see README).")
     problems: list[str] = []
     records = read_records(run_dir, problems)
+    benchmarks = read_benchmarks(run_dir, problems)
+    # Benchmarks are measurements too: they count for the header's environment and the CPU banner.
+    measured = records + [{"kind": "benchmark", "name": f"benchmarks/{b['benchmark']}",
+                           "environment": b.get("environment")} for b in benchmarks]
     sections = sorted((r for r in records if r.get("kind") == "section"),
                       key=lambda r: (r.get("order", 0), r.get("name", "")))
     lines = [f"# Workshop run report: {run_dir.name}", ""]
-    env = _report_environment(records)
+    env = _report_environment(measured)
     lines += ["## Environment", "", *(_environment_lines(env) if env else ["(no results recorded)"]), ""]
-    lines += _device_banner(records)
+    lines += _device_banner(measured)
     if any((r.get("metrics") or {}).get("data_source") == "synthetic" for r in records):
         lines += ["> **Synthetic data**: no CIFAR-10 was found, so accuracies are on the synthetic stand-in.", ""]
     if problems:
@@ -144,7 +179,7 @@ def write_report(run_dir) -> Path:
             lines += [f"> **{log.name} is unreadable** ({err}): the notebooks' outcomes are not listed.", ""]
         if runs:
             lines += _notebook_lines(runs)
-    if not sections:
+    if not sections and not benchmarks:
         lines += ["No notebook recorded a report section in this folder.", ""]
     for section in sections:
         lines += [f"## {section['title']}", ""]
@@ -154,6 +189,8 @@ def write_report(run_dir) -> Path:
             lines += [_markdown_table(section["table"]), ""]
         for figure in section.get("figures", []):
             lines += [f"![{Path(figure).stem}]({figure})", ""]
+    if benchmarks:
+        lines += _benchmark_lines(benchmarks)
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

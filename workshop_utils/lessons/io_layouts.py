@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ import pandas as pd
 import torch
 
 from ..spine.data import make_loader
+from ..spine.timing import RegionTimer
 from ..system.errors import WorkshopError, choose
 from ..system.hardware import pick_device
 
@@ -135,13 +135,14 @@ def _to_device(images, labels, device: torch.device):
 
 
 def _timed_pass(batches, device: torch.device) -> tuple[int, float]:
-    started, count = time.perf_counter(), 0
-    for images, labels in batches:
-        images, labels = _to_device(images, labels, device)
-        count += len(labels)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # the copies and kernels must be finished, not just queued
-    return count, time.perf_counter() - started
+    # One region: reading, decoding and the copies to the device. On a GPU its end is a CUDA event
+    # read after a synchronize, so the copies and kernels are finished, not just queued.
+    timer, count = RegionTimer(device), 0
+    with timer:
+        for images, labels in batches:
+            images, labels = _to_device(images, labels, device)
+            count += len(labels)
+    return count, timer.times().total
 
 
 def compare_layouts(images: np.ndarray, labels: np.ndarray, folder, device=None, batch_size: int = 256,
@@ -187,20 +188,17 @@ def loader_throughput(kind: str, images: np.ndarray, labels: np.ndarray, batch_s
     device = pick_device(device) if not isinstance(device, torch.device) else device
     loader = make_loader(kind, images, labels, batch_size, device, train=True, **options)
     batches = loader.epoch(0)
-    count, started = 0, None
+    timer, count = RegionTimer(device), 0
     for index, (x, y) in enumerate(batches):
         if index == warmup_batches:  # worker start-up and first allocations are not throughput
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
+            timer.start()  # on a GPU: after the warm-up's work has finished
         elif index > warmup_batches:
             count += len(y)
         if max_batches is not None and index + 1 >= warmup_batches + 1 + max_batches:
             break
     batches.close()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    if started is None or count == 0:
+    if count == 0:
         raise WorkshopError(f"Too few batches to time the {kind!r} loader.",
                             "use more images or a smaller batch size.")
-    return count / (time.perf_counter() - started)
+    timer.stop()  # on a GPU a CUDA event: the last batch's copies and kernels are counted until done
+    return count / timer.times().total

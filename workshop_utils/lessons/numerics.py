@@ -33,7 +33,8 @@ from torch import nn
 from ..spine.data import CifarData, make_loader
 from ..system.errors import WorkshopError
 from ..system.hardware import PRECISIONS, check_precision
-from ..spine.precision import autocast
+from ..spine.timing import time_repeats
+from ..spine.precision import autocast, emulated_on_cpu
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
                torch.float8_e4m3fn: "fp8 e4m3", torch.float8_e5m2: "fp8 e5m2"}
@@ -372,18 +373,23 @@ def overflowing_scale(gradients: dict[str, torch.Tensor], dtype: torch.dtype = t
 # ---------------------------------------------------------------- the four modes side by side
 
 
-def precision_configs(base, modes=PRECISIONS, cpu_fp16_steps: int = 2) -> list:
+def precision_configs(base, modes=PRECISIONS, cpu_emulated_steps: int = 2) -> list:
     """One ``TrainConfig`` per mode, identical except for the precision (and the name).
 
-    On a CPU, float16 maths is emulated and takes seconds per step, so fp16 runs only
-    ``cpu_fp16_steps`` steps there: enough to see it work, not to compare accuracy.
+    On a CPU without native 16-bit arithmetic (fp16 on most CPUs, bf16 on AVX2-only ones) autocast is
+    emulated and takes seconds per step, so such a mode runs only ``cpu_emulated_steps`` steps there
+    (0: it is skipped), enough to see it work, not to compare accuracy; one line says which and why.
     """
     on_cpu = base.device == "cpu" or (base.device is None and not torch.cuda.is_available())
     configs = []
     for mode in modes:
         config = base.replace(name=f"{base.model}-{mode}{'-cl' if base.channels_last else ''}", precision=mode)
-        if on_cpu and mode == "fp16":
-            steps = min(base.max_steps or cpu_fp16_steps, cpu_fp16_steps)
+        reason = emulated_on_cpu(mode, torch.device("cpu")) if on_cpu else None
+        if reason:
+            steps = min(base.max_steps or cpu_emulated_steps, cpu_emulated_steps)
+            print(f"{config.name}: {reason.replace('skipped here', 'skipped' if not steps else f'it runs {steps} steps')}.")
+            if not steps:
+                continue
             config = config.replace(max_steps=steps, warmup_steps=min(base.warmup_steps, steps - 1))
         configs.append(config)
     return configs
@@ -454,18 +460,6 @@ def check_fp8(device: torch.device) -> None:
         raise WorkshopError(reason, "skip the FP8 measurement, or run it on an H100/H200 (Hopper) or L40S (Ada) node.")
 
 
-def _time_ms(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
-
-
 def fp8_matmul_benchmark(device: torch.device, size: int = 8192, repeats: int = 50) -> pd.DataFrame:
     """Time a size x size matrix multiply in bf16 and in fp8 (e4m3, per-tensor scales, bf16 output)."""
     check_fp8(device)
@@ -483,7 +477,8 @@ def fp8_matmul_benchmark(device: torch.device, size: int = 8192, repeats: int = 
     reference = a.double() @ b.double()
     rows = []
     for name, fn in runs.items():
-        ms = _time_ms(fn, repeats)
+        # One untimed call, then back-to-back calls timed with CUDA events: the mean is the device's time per multiply.
+        ms = 1e3 * time_repeats(fn, repeats, warmup=1, device=device).mean
         error = ((fn().double() - reference).norm() / reference.norm()).item()
         rows.append({"format": name, "ms": ms, "TFLOP/s": 2 * size**3 / ms / 1e9, "relative error": error})
     table = pd.DataFrame(rows).set_index("format")

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
 from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from ..spine.data import CifarData
 from ..system.errors import WorkshopError
@@ -148,12 +150,13 @@ def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True) -> list
 
 
 def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=None,
-                 repeats: int = 1) -> pd.DataFrame:
+                 repeats: int = 1, progress: bool = False) -> pd.DataFrame:
     """Train once per rung, each with all switches so far; speed-ups against the previous rung and the base.
 
     With ``repeats`` > 1 the rungs are trained round-robin that many times and each rung keeps
     its median run: a neighbour's job that slows a shared machine for a while then slows every
-    rung alike instead of one, so the ratios stay meaningful.
+    rung alike instead of one, so the ratios stay meaningful. ``progress`` shows a bar over the
+    runs (the benchmark's; a notebook's runs print their own lines).
     """
     if not rungs:
         raise WorkshopError("The ladder has no rungs.", "pass ladder_rungs() or a list of Rung.")
@@ -165,10 +168,14 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
         config = config.replace(name=f"ladder-{index}-{slug}", **rung.changes)
         configs.append(config)
     runs = [[] for _ in rungs]
+    bar = tqdm(total=repeats * len(configs), desc="ladder runs", unit="run", disable=not progress, file=sys.stderr)
     for repeat in range(repeats):
         for index, config in enumerate(configs):
             name = config.name if repeats == 1 else f"{config.name}-r{repeat + 1}"
+            bar.set_postfix_str(f"{rungs[index].label}, pass {repeat + 1}/{repeats}")
             runs[index].append(_metrics(_run(config.replace(name=name), data, run_dir)))
+            bar.update()
+    bar.close()
     rows = []
     for rung, measured in zip(rungs, runs):
         measured.sort(key=lambda m: m["samples_per_s"] or 0.0)

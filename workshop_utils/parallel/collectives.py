@@ -10,14 +10,13 @@ half of what a ring all-reduce moves: all-reduce = reduce-scatter + all-gather.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from .comm_model import Link, bus_bandwidth_gbps, fit_link, ring_all_reduce_s
 from ..spine.distributed import collective_device
+from ..spine.timing import time_repeats
 from ..system.errors import WorkshopError
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "all_gather", "reduce_scatter", "all_reduce")
@@ -124,24 +123,20 @@ def time_collectives(sizes_bytes, names=COLLECTIVES, repeats: int = 10, device=N
     """
     device = torch.device(device) if device is not None else collective_device()
     world = dist.get_world_size()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for name in names:
         for n_bytes in sizes_bytes:
             numel = max(world, int(n_bytes) // 4 // world * world)
             collective = Collective(name, torch.ones(numel, dtype=torch.float32, device=device))
-            times = []
-            for i in range(repeats + 2):  # two untimed rounds set up connections and buffers
+
+            def ready(collective=collective):  # untimed: the input back in place, every rank at the start
                 collective.refill()
                 dist.barrier()
-                sync()
-                started = time.perf_counter()
-                collective()
-                sync()
-                if i >= 2:
-                    times.append(time.perf_counter() - started)
+
+            # Two untimed rounds set up connections and buffers; CUDA events on a GPU, perf_counter on a CPU.
+            times = time_repeats(collective, repeats, warmup=2, device=device, before=ready)
             # Every rank waits for the slowest, so the slowest rank's median is the collective's time.
-            median = torch.tensor([float(np.median(times))], device=device)
+            median = torch.tensor([times.median], device=device)
             dist.all_reduce(median, op=dist.ReduceOp.MAX)
             seconds = median.item()
             rows.append({"collective": name, "size_bytes": numel * 4, "seconds": seconds, "world_size": world,

@@ -9,6 +9,22 @@ they pay for cuDNN autotuning, torch.compile and the allocator warming up.
 
 Each interval runs from the end of one step to the end of the next, so waiting
 for data counts: the throughput is what the user would see.
+
+Everything else that is timed uses the same clock through two companions:
+
+* ``time_repeats(fn, repeats, warmup, device)``: call ``fn`` ``warmup`` times untimed, then
+  ``repeats`` times, each bracketed by two marks; returns a ``Timings`` (seconds per repeat,
+  with ``median`` and ``mean``). The repeats run back to back, so on a GPU each one measures
+  the device's time for its work, not how fast Python queued it.
+* ``RegionTimer``: ``with timer: ...`` (or ``start()``/``stop()``) around a stretch of work
+  that is host and device work together, such as a pass over a data loader. A region starts
+  by waiting for the device, so work queued before it is not counted and its clock starts
+  when the host's does.
+
+On a GPU both record CUDA events on the device's current stream and read them after one
+synchronize (none between back-to-back repeats); on the CPU they read ``perf_counter``.
+Host-side wall clocks that are not performance measurements (a monitor's sampling clock, a
+notebook's wall time, an asynchronous save's host stall) stay on ``time``.
 """
 
 from __future__ import annotations
@@ -17,25 +33,47 @@ import ctypes
 import gc
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..system.errors import WorkshopError
+
+
+def _mark(device: torch.device):
+    """A point in time on ``device``: a recorded CUDA event on its current stream, or ``perf_counter``."""
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+    return time.perf_counter()
+
+
+def _seconds(start, end) -> float:
+    """Seconds between two marks of ``_mark`` (CUDA events: only after a synchronize)."""
+    if isinstance(start, (int, float)):
+        return float(end - start)
+    return start.elapsed_time(end) / 1e3
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
 
 class StepTimer:
     def __init__(self, device: torch.device, warmup_steps: int = 0):
-        self.cuda = device.type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.warmup_steps = warmup_steps
         self.segments: list[list] = []  # marks per uninterrupted stretch of training
         self.steps: list[list[int]] = []  # global step number of each mark after the first
         self.data_wait_s = 0.0  # host time spent blocked on the loader, timed steps only
 
     def _now(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        return _mark(self.device)
 
     def begin(self) -> None:
         """Start a stretch of timed steps (after evaluation or at an epoch start)."""
@@ -52,14 +90,13 @@ class StepTimer:
 
     def step_times(self) -> np.ndarray:
         """Seconds per timed step (one synchronize here, none in the loop)."""
-        if self.cuda:
-            torch.cuda.synchronize()
+        _synchronize(self.device)
         times = []
         for marks, steps in zip(self.segments, self.steps):
             for (a, b), step in zip(zip(marks, marks[1:]), steps):
                 if step >= self.warmup_steps:
-                    times.append(a.elapsed_time(b) / 1e3 if self.cuda else b - a)
-        return np.asarray(times)
+                    times.append(_seconds(a, b))
+        return np.asarray(times, dtype=float)
 
     def summary(self, samples_per_step: int) -> dict:
         """Throughput and step-time statistics; None values when no step was timed."""
@@ -78,6 +115,108 @@ class StepTimer:
             "step_ms_std": 1e3 * float(times.std()),
             "data_wait_fraction": min(1.0, self.data_wait_s / total),
         }
+
+
+@dataclass(frozen=True, eq=False)
+class Timings:
+    """Seconds per timed repeat or region (warm-up left out), and the statistics read from them."""
+
+    seconds: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+    def _need(self) -> np.ndarray:
+        if len(self.seconds) == 0:
+            raise WorkshopError("Nothing was timed: every repeat was warm-up.",
+                                "time more repeats (or regions) than warm-up ones.")
+        return self.seconds
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self._need()))
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self._need()))
+
+    @property
+    def total(self) -> float:
+        return float(np.sum(self.seconds))
+
+
+class RegionTimer:
+    """Seconds per timed region: ``with timer: ...`` or ``timer.start()`` ... ``timer.stop()``.
+
+    A region is host and device work together (a pass over a data loader, reading a storage
+    layout into device tensors). On a GPU it starts with a synchronize, so the work queued before it is not
+    counted and the start event fires when the host gets there; its end is a CUDA event, read
+    with one synchronize in ``times()``, after all regions. On the CPU it reads ``perf_counter``.
+    The first ``warmup`` regions are timed but left out of ``times()``.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", warmup: int = 0):
+        self.device = torch.device(device)
+        self.warmup = warmup
+        self.marks: list[tuple] = []
+        self._open = None
+
+    def start(self) -> None:
+        if self._open is not None:
+            raise RuntimeError("RegionTimer.start() inside a region: stop() it first")
+        _synchronize(self.device)
+        self._open = _mark(self.device)
+
+    def stop(self) -> None:
+        if self._open is None:
+            raise RuntimeError("RegionTimer.stop() without start()")
+        self.marks.append((self._open, _mark(self.device)))
+        self._open = None
+
+    def __enter__(self) -> "RegionTimer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def times(self) -> Timings:
+        """Seconds per region after the warm-up ones (one synchronize, here)."""
+        _synchronize(self.device)
+        return Timings(np.asarray([_seconds(a, b) for a, b in self.marks[self.warmup:]], dtype=float))
+
+
+def time_repeats(fn: Callable[[], object], repeats: int, warmup: int = 1, device: torch.device | str = "cpu",
+                 before: Callable[[], object] | None = None) -> Timings:
+    """Seconds of each of ``repeats`` calls of ``fn``, after ``warmup`` untimed calls.
+
+    ``device`` is where ``fn``'s work runs: on a GPU every call is bracketed by two CUDA events
+    and the device is synchronized once, after the last call, so back-to-back calls measure
+    the device's time for each, not how fast Python queued them; on the CPU the marks are
+    ``perf_counter`` readings. ``before``, when given, runs untimed before every call (warm-up
+    ones included): resetting a buffer, a barrier among ranks. On a GPU the device is
+    synchronized after it, so its work is not counted either.
+    """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise WorkshopError(f"repeats must be a whole number >= 1, got {repeats!r}.", "use repeats=1 or more.")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise WorkshopError(f"warmup must be a whole number >= 0, got {warmup!r}.", "use warmup=0 or more.")
+    device = torch.device(device)
+    for _ in range(warmup):
+        if before is not None:
+            before()
+        fn()
+    _synchronize(device)  # the warm-up's queued work is finished before the first timed call
+    marks = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+            _synchronize(device)
+        start = _mark(device)
+        fn()
+        marks.append((start, _mark(device)))
+    _synchronize(device)
+    return Timings(np.asarray([_seconds(a, b) for a, b in marks], dtype=float))
 
 
 _STATUS = "/proc/self/status"

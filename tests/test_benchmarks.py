@@ -1,0 +1,128 @@
+"""Every benchmark script has one shape: the same three flags, one JSON layout, one-line errors.
+
+Each benchmark runs here with its smallest CPU sizes (a few seconds): the speed figures are
+not checked, only that the script runs end to end and writes what the report reads.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch
+
+import workshop_utils as wu
+from workshop_utils.system import benchmark
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
+
+# The smallest sizes that still run every path of each benchmark, and the options that keep it short.
+TINY = {
+    "loader_paths": (dict(train_images=256, batch_samples=32, timed_batches=3), []),
+    "optimization_ladder": (dict(train_images=128, test_images=32, steps=3, warmup_steps=1, batch_samples=16),
+                            ["--no-compile"]),
+    "precision_modes": (None, ["--model", "simplecnn", "--modes", "fp32", "bf16", "--steps", "2",
+                               "--warmup-steps", "1", "--batch-size", "16", "--train-size", "32"]),
+}
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny(name: str, monkeypatch):
+    module = load(name)
+    sizes, options = TINY[name]
+    if sizes is not None:
+        assert set(sizes) == set(module.PROFILES["cpu"]), "TINY must set every size of the cpu profile"
+        monkeypatch.setitem(module.PROFILES, "cpu", sizes)
+    return module, options
+
+
+def test_every_script_is_covered():
+    assert NAMES == sorted(TINY)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_benchmark_takes_the_same_three_flags(name):
+    actions = {a.option_strings[0]: a for a in load(name).build_parser()._actions if a.option_strings}
+    for flag in benchmark.SHARED_FLAGS:
+        assert flag in actions, f"{name} lacks {flag}"
+    assert tuple(actions["--profile"].choices) == ("auto", "cpu", "gpu") and actions["--profile"].default == "auto"
+    assert actions["--run-dir"].default is None
+    assert isinstance(actions["--repeats"].default, int) and actions["--repeats"].default >= 1
+    assert "--out" not in actions and "--sizes" not in actions
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_benchmark_writes_the_one_layout(name, tmp_path, monkeypatch):
+    module, options = tiny(name, monkeypatch)
+    path = module.main(["--profile", "cpu", "--run-dir", str(tmp_path), "--repeats", "1", *options])
+    assert path == tmp_path / "benchmarks" / f"{name}.json"
+    record = json.loads(path.read_text())
+    assert tuple(record) == benchmark.LAYOUT_KEYS
+    assert record["benchmark"] == name and record["profile"] == "cpu"
+    assert record["environment"]["device_type"] == "cpu"
+    assert record["settings"]["repeats"] == 1
+    assert record["rows"] and all(isinstance(row, dict) for row in record["rows"])
+    assert datetime.fromisoformat(record["created"]).tzinfo is not None
+    assert [r["benchmark"] for r in wu.read_benchmarks(tmp_path)] == [name]
+    assert f"### {name}" in wu.write_report(tmp_path).read_text()
+
+
+def test_without_a_run_dir_a_benchmark_gets_a_new_run_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path))
+    module, options = tiny("loader_paths", monkeypatch)
+    first = module.main(["--profile", "cpu", "--repeats", "1", *options])
+    second = module.main(["--profile", "cpu", "--repeats", "1", *options])
+    assert first.parent.parent.parent == tmp_path and first.parent.parent.name.endswith("-bench-loader_paths")
+    assert first != second and first.exists() and second.exists()  # never into an earlier run's folder
+
+
+BAD_FLAGS = [(["--profile", "tpu"], "--profile"), (["--repeats", "0"], "--repeats"),
+             (["--repeats", "many"], "--repeats"), (["--out", "x.json"], "Unrecognized arguments: --out")]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("args, named", BAD_FLAGS, ids=["profile", "repeats-0", "repeats-word", "old-out"])
+def test_bad_flags_are_one_line_and_exit_2(name, args, named, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path))
+    with pytest.raises(SystemExit) as stop:
+        load(name).main(args)
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and " Fix: " in lines[0], captured.err
+    assert named in lines[0] and "--run-dir DIR" in lines[0]
+    assert not list(tmp_path.iterdir()), "a refused run must leave no folder behind"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_missing_gpu_is_one_line_from_the_command_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loader_paths.py"), "--profile", "gpu",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: The 'gpu' profile was asked for, but PyTorch sees no CUDA GPU. "
+        "Fix: use profile='auto' or 'cpu' on this machine."]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_reader_names_a_file_that_is_not_in_the_layout(tmp_path):
+    path = benchmark.write_benchmark("demo", "cpu", "cpu", {"timed_batches": 3}, [{"x_s": 1.0}], tmp_path)
+    assert benchmark.read_benchmark(path)["rows"] == [{"x_s": 1.0}]
+    (tmp_path / "benchmarks" / "old.json").write_text(json.dumps({"kind": "benchmark", "table": []}))
+    with pytest.raises(wu.WorkshopError, match="old.json is not in the benchmark layout"):
+        wu.read_benchmarks(tmp_path)
+    problems = []
+    assert [r["benchmark"] for r in wu.read_benchmarks(tmp_path, problems)] == ["demo"]
+    assert len(problems) == 1 and "old.json" in problems[0]
+    with pytest.raises(wu.WorkshopError, match="'cpu' or 'gpu'"):
+        benchmark.write_benchmark("demo", "auto", "cpu", {}, [], tmp_path)
