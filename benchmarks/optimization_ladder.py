@@ -57,19 +57,21 @@ def main(argv=None):
                           warmup_steps=hp["warmup_steps"], device=str(run.device), progress=False)
     tuned = dict(num_workers=workers, pin_memory=True, persistent_workers=workers > 0,
                  prefetch_factor=4 if workers else None)
-    rungs = wu.ladder_rungs(tuned, compile=not args.no_compile)
+    rungs = wu.ladder_rungs(tuned, compile=not args.no_compile, device=run.device)
     run_dir = run.folder()
     load = os.getloadavg()  # above the core count, other jobs were competing and ratios are unreliable
     print(f"load average (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} on {cpu_cores()} cores")
     table = wu.climb_ladder(base, data, rungs, run_dir=run_dir, repeats=run.repeats, progress=True)
     print()
     print(table.to_markdown(index=False, floatfmt=",.3g"))
-    top = table.iloc[-1]
+    print(table.attrs["stated_peak"])
+    top = table.dropna(subset=["samples_per_s"]).iloc[-1]  # the highest rung that applies here
     print(f"\ntop rung ({top['rung']}): {top['samples_per_s']:,.0f} samples/s, {top['vs_baseline']:.1f}x the baseline")
     best = table.loc[table["samples_per_s"].idxmax()]
     print(f"fastest rung ({best['rung']}): {best['samples_per_s']:,.0f} samples/s, {best['vs_baseline']:.1f}x")
     summary = {"top_vs_baseline": top["vs_baseline"], "top_samples_per_s": top["samples_per_s"],
-               "baseline": baseline, "load_average_1_5_15_min": list(load)}
+               "baseline": baseline, "load_average_1_5_15_min": list(load),
+               "stated_peak": table.attrs["stated_peak"]}
     if run.profile == "gpu":
         for key, goal in GOALS_GPU.items():
             summary[f"goal_{key}_met"] = bool(top[key] >= goal)

@@ -75,7 +75,8 @@ def test_default_ladder_follows_the_workshop_order():
     labels = [r.label for r in wu.ladder_rungs(compile=True)]
     assert labels == ["baseline", "tuned DataLoader", "BF16 autocast", "channels_last", "device-resident loader",
                       "torch.compile"]
-    assert "torch.compile" not in [r.label for r in wu.ladder_rungs(compile=False)]
+    off = {r.label: r.not_here for r in wu.ladder_rungs(compile=False)}
+    assert "switched off" in off["torch.compile"]  # shown with its reason, never silently dropped
     with pytest.raises(wu.WorkshopError):
         wu.climb_ladder(_config(), None, [])
 
@@ -91,3 +92,39 @@ def test_ladder_repeats_round_robin_and_keeps_one_row_per_rung(tiny_data, tmp_pa
                      "ladder-1-channels_last-r2"]
     with pytest.raises(wu.WorkshopError, match="repeats"):
         wu.climb_ladder(_config(), tiny_data, rungs, repeats=0)
+
+
+def test_a_rung_that_does_not_apply_is_shown_with_its_reason_and_not_inherited(tiny_data, tmp_path, capsys,
+                                                                             monkeypatch):
+    from workshop_utils.spine import precision
+
+    monkeypatch.setattr(precision, "_slowdowns", {"bf16": 15.0})  # an AVX2-only CPU: bf16 emulated
+    rungs = {r.label: r for r in wu.ladder_rungs(compile=False, device="cpu")}
+    assert "emulated on this CPU" in rungs["BF16 autocast"].not_here
+    ladder = [wu.Rung("baseline", {}, ""), rungs["BF16 autocast"], wu.Rung("channels_last", {"channels_last": True}, "")]
+    table = wu.climb_ladder(_config(), tiny_data, ladder, run_dir=tmp_path)
+    assert table["note"].tolist()[1].startswith("not applicable: bf16 autocast is emulated")
+    assert table["samples_per_s"].isna().tolist() == [False, True, False]
+    assert table["vs_previous"].iloc[2] == pytest.approx(table["samples_per_s"].iloc[2] / table["samples_per_s"][0])
+    assert "BF16 autocast: not applicable here" in capsys.readouterr().out
+    configs = [json.loads(p.read_text())["config"] for p in sorted((tmp_path / "results").glob("ladder-*.json"))]
+    assert [c["precision"] for c in configs] == ["fp32", "fp32"]  # the skipped switch is not carried on
+
+
+def test_ladder_mfu_uses_one_stated_peak_whatever_the_precision(tiny_data, monkeypatch):
+    from workshop_utils.lessons import sweeps
+
+    def fake_train(config, data, **_):  # an H100 at 100 TFLOP/s in fp32 and in bf16
+        peak = {"fp32": 67.0, "bf16": 989.0}[config.precision]
+        metrics = {"samples_per_s": 1000.0, "step_ms_median": 1.0, "step_ms_p90": 1.2, "data_wait_fraction": 0.0,
+                   "peak_memory_mib": 10.0, "tflops_per_device": 100.0, "mfu": 100.0 / peak,
+                   "device_name": "NVIDIA H100 80GB HBM3"}
+        return type("R", (), {"metrics": metrics, "save": lambda *a: None})()
+
+    monkeypatch.setattr(sweeps, "train", fake_train)
+    table = wu.climb_ladder(_config(), tiny_data, [wu.Rung("baseline", {}, ""),
+                                                   wu.Rung("BF16 autocast", {"precision": "bf16"}, "")])
+    stated = wu.peak_tflops("NVIDIA H100 80GB HBM3", "bf16")
+    assert table["mfu_bf16_peak"].tolist() == pytest.approx([100.0 / stated] * 2)  # same work, same MFU
+    assert table["mfu_own_precision_peak"].iloc[0] > table["mfu_own_precision_peak"].iloc[1]
+    assert f"{stated:g} TFLOP/s" in table.attrs["stated_peak"]

@@ -25,11 +25,15 @@ from tqdm import tqdm
 
 from ..spine.data import CifarData
 from ..system.errors import WorkshopError
-from ..system.hardware import cpu_cores, pick_device
+from ..spine.precision import emulated_on_cpu
+from ..system.hardware import cpu_cores, peak_tflops, pick_device
 from .monitor import StepMemory
 from ..spine.trainer import TrainConfig, train
 
 METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
+# every rung reports speed, step-time spread, memory and MFU (the device name picks the stated peak)
+LADDER_METRICS = ("samples_per_s", "step_ms_median", "step_ms_p90", "data_wait_fraction", "peak_memory_mib",
+                  "tflops_per_device", "mfu", "device_name")
 
 
 def amdahl_speedup(fraction: float, factor: float = math.inf) -> float:
@@ -54,8 +58,8 @@ def _run(config: TrainConfig, data: CifarData, run_dir, **extra):
     return result
 
 
-def _metrics(result) -> dict:
-    return {key: result.metrics.get(key) for key in METRICS}
+def _metrics(result, keys=METRICS) -> dict:
+    return {key: result.metrics.get(key) for key in keys}
 
 
 def worker_counts(candidates=(0, 2, 4, 8), cores: int | None = None) -> list[int]:
@@ -126,26 +130,37 @@ def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, larg
 
 @dataclass(frozen=True)
 class Rung:
-    """One step of the ladder: a label, the TrainConfig fields it changes, and why it helps."""
+    """One step of the ladder: a label, the TrainConfig fields it changes, and why it helps.
+
+    ``not_here`` says why the rung does not apply on this machine (a format the CPU only emulates,
+    compilation switched off): the ladder shows it with that reason instead of training it, and the
+    rungs after it do not inherit its switch.
+    """
 
     label: str
     changes: dict
     why: str
+    not_here: str | None = None
 
 
-def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True) -> list[Rung]:
-    """The workshop's ladder; each rung keeps everything before it and switches one more thing."""
+def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True, device=None) -> list[Rung]:
+    """The workshop's ladder; each rung keeps everything before it and switches one more thing.
+
+    ``device`` (default: the one ``pick_device`` chooses) decides which rungs apply here.
+    """
+    device = pick_device(device)
     tuned_loader = tuned_loader or dict(num_workers=min(8, cpu_cores()), pin_memory=True,
                                         persistent_workers=True, prefetch_factor=4)
     rungs = [
         Rung("baseline", {}, "notebook 01's settings: fp32, PIL DataLoader"),
         Rung("tuned DataLoader", tuned_loader, "worker processes decode and augment ahead of the model"),
-        Rung("BF16 autocast", {"precision": "bf16"}, "tensor cores at half the bytes per value"),
+        Rung("BF16 autocast", {"precision": "bf16"}, "tensor cores at half the bytes per value",
+             emulated_on_cpu("bf16", device)),
         Rung("channels_last", {"channels_last": True}, "the NHWC layout tensor-core convolutions read directly"),
         Rung("device-resident loader", {"loader": "device"}, "data set on the device: no decode, no copies"),
+        Rung("torch.compile", {"compile": True}, "fused kernels, fewer launches and memory trips",
+             None if compile else "compilation is switched off in this profile (minutes on a small CPU)"),
     ]
-    if compile:
-        rungs.append(Rung("torch.compile", {"compile": True}, "fused kernels, fewer launches and memory trips"))
     return rungs
 
 
@@ -165,24 +180,41 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
     configs, config = [], base
     for index, rung in enumerate(rungs):
         slug = rung.label.lower().replace(" ", "-").replace(".", "-")
+        if rung.not_here:
+            configs.append(None)  # shown with its reason, not trained; later rungs do not inherit it
+            continue
         config = config.replace(name=f"ladder-{index}-{slug}", **rung.changes)
         configs.append(config)
     runs = [[] for _ in rungs]
-    bar = tqdm(total=repeats * len(configs), desc="ladder runs", unit="run", disable=not progress, file=sys.stderr)
+    trained = [(index, config) for index, config in enumerate(configs) if config is not None]
+    bar = tqdm(total=repeats * len(trained), desc="ladder runs", unit="run", disable=not progress, file=sys.stderr)
     for repeat in range(repeats):
-        for index, config in enumerate(configs):
+        for index, config in trained:
             name = config.name if repeats == 1 else f"{config.name}-r{repeat + 1}"
             bar.set_postfix_str(f"{rungs[index].label}, pass {repeat + 1}/{repeats}")
-            runs[index].append(_metrics(_run(config.replace(name=name), data, run_dir)))
+            runs[index].append(_metrics(_run(config.replace(name=name), data, run_dir), LADDER_METRICS))
             bar.update()
     bar.close()
     rows = []
     for rung, measured in zip(rungs, runs):
-        measured.sort(key=lambda m: m["samples_per_s"] or 0.0)
         changes = ", ".join(f"{k}={v}" for k, v in rung.changes.items()) or "-"
-        rows.append({"rung": rung.label, "switch": changes, **measured[len(measured) // 2]})
+        if not measured:
+            print(f"{rung.label}: not applicable here: {rung.not_here}.")
+            rows.append({"rung": rung.label, "switch": changes, **{key: None for key in LADDER_METRICS},
+                         "note": f"not applicable: {rung.not_here}"})
+            continue
+        measured.sort(key=lambda m: m["samples_per_s"] or 0.0)
+        rows.append({"rung": rung.label, "switch": changes, **measured[len(measured) // 2], "note": ""})
     table = pd.DataFrame(rows)
     speed = table["samples_per_s"].astype(float)
-    table.insert(3, "vs_previous", speed / speed.shift(1))
+    table.insert(3, "vs_previous", speed / speed.ffill().shift(1))  # against the last rung that ran
     table.insert(4, "vs_baseline", speed / speed.iloc[0])
+    # MFU against one stated peak, the device's dense BF16 one, so that switching precision never makes a
+    # rung look worse; the peak of the rung's own precision (what the training record reports) beside it.
+    stated = peak_tflops(table["device_name"].dropna().iloc[0], "bf16") if table["device_name"].notna().any() else None
+    table.insert(table.columns.get_loc("mfu"), "mfu_bf16_peak",
+                 table["tflops_per_device"].astype(float) / stated if stated else float("nan"))
+    table = table.rename(columns={"mfu": "mfu_own_precision_peak"}).drop(columns=["device_name"])
+    table.attrs["stated_peak"] = (f"MFU against the dense BF16 peak, {stated:g} TFLOP/s" if stated else
+                                  "no published peak for this device: MFU left empty")
     return table
