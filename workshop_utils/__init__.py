@@ -42,6 +42,9 @@ _MODULES = {
         "DistInfo", "all_reduce_sum", "collective_device", "gpu_for_local_rank", "rank_device", "read_dist_env",
         "setup_distributed", "teardown_distributed",
     ),
+    "system.benchmark": (
+        "benchmark_frame", "benchmark_parser", "read_benchmarks", "start_benchmark", "write_benchmark",
+    ),
     "system.errors": (
         "WorkshopError", "install_notebook_error_handler",
     ),
@@ -84,7 +87,7 @@ _MODULES = {
         "plot_bars", "plot_step_times", "plot_training_curves", "save_figure",
     ),
     "spine.precision": (
-        "autocast", "configure_precision", "grad_scaler", "set_tf32",
+        "autocast", "autocast_slowdown", "configure_precision", "emulated_on_cpu", "grad_scaler", "set_tf32",
     ),
     "spine.preemption": (
         "stop_on_signals",
@@ -102,7 +105,8 @@ _MODULES = {
         "add_report_section", "write_report",
     ),
     "system.results": (
-        "fresh_folder", "load_results", "new_run_dir", "read_records", "resolve_run_dir", "save_record",
+        "check_output_path", "fresh_folder", "load_results", "new_run_dir", "read_records", "resolve_run_dir",
+        "save_record",
     ),
     "parallel.sharding": (
         "BYTES_PER_PARAMETER", "ZERO_STAGES", "compare_ddp_fsdp", "held_bytes", "memory_ratio", "plot_held_memory",
@@ -116,10 +120,13 @@ _MODULES = {
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",
     ),
     "spine.timing": (
-        "StepTimer", "init_cuda", "peak_memory_mib",
+        "RegionTimer", "StepTimer", "Timings", "init_cuda", "peak_memory_mib", "time_repeats",
     ),
     "spine.trainer": (
-        "InjectedFailure", "RunResult", "TrainConfig", "deterministic_kernels", "evaluate", "train",
+        "InjectedFailure", "RunResult", "deterministic_kernels", "evaluate", "train",
+    ),
+    "spine.config": (
+        "TrainConfig", "validate_config",
     ),
 }
 _EXPORTS = {name: module for module, names in _MODULES.items() for name in names}

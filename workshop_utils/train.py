@@ -1,8 +1,11 @@
 """``python -m workshop_utils.train``: the training loop as a command, for torchrun, srun and notebooks.
 
 It only turns flags into a ``TrainConfig`` and calls ``train``: the loop is the
-same one the notebooks call in-process. Started by torchrun (or srun), each
-process learns its rank from the environment; rank 0 alone writes ``--out``.
+same one the notebooks call in-process. The flags are generated from the
+config's fields (their help, units, allowed values and --help group live next
+to each field in ``spine/config.py``), so every field is a flag and none is
+typed twice. Started by torchrun (or srun), each process learns its rank from
+the environment; rank 0 alone writes ``--out``.
 
     torchrun --nproc-per-node=4 -m workshop_utils.train --model resnet18 --precision bf16 \\
         --batch-size 256 --steps 500 --checkpoint-dir ckpt --resume --out result.json
@@ -17,20 +20,19 @@ if __name__ == "__main__":
     stop_on_signals()
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
 import sys
 from pathlib import Path
 
-from .spine.data import LOADERS
+from .spine.config import GROUPS, HOW_MUCH, OUTPUT, Setting, TrainConfig, field_types, setting_of, validate_config
 from .spine.distributed import read_dist_env, teardown_distributed
-from .system.errors import WorkshopError, exit_on_workshop_error
-from .system.hardware import PRECISIONS
-from .spine.models import MODELS
-from .system.results import git_commit, write_json
 from .spine.preemption import stop_on_signals
-from .spine.trainer import InjectedFailure, TrainConfig, train
+from .spine.trainer import InjectedFailure, train
+from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.results import check_output_path, git_commit, jsonable, path_for_message, write_json_or_fallback
 
 EPILOG = """\
 examples:
@@ -38,6 +40,10 @@ examples:
   4 GPUs, one node:  torchrun --nproc-per-node=4 -m workshop_utils.train --batch-size 128 --steps 500
   crash and resume:  torchrun --nproc-per-node=2 --max-restarts=1 -m workshop_utils.train \\
                          --steps 20 --checkpoint-dir ckpt --checkpoint-every 5 --resume --fail-at-step 12
+  one checkpoint:    python -m workshop_utils.train --checkpoint-dir ckpt --resume ckpt/step_00000010.pt
+
+Every field of TrainConfig is a flag (max_steps is --max-steps, or --steps); on/off settings also
+take a --no- form (--no-progress, --no-resume).
 
 batch sizes: --batch-size is per process; the optimizer sees batch-size x world-size samples per
 step (the global batch). Give --global-batch-size instead to keep the global batch fixed while the
@@ -47,107 +53,178 @@ linear scaling rule) and warm it up with --lr-warmup-steps.
 pre-emption: SIGUSR1 (and SIGTERM, except under torchrun, which stops its workers with it) makes
 every rank finish its step, checkpoint and exit with status 0 (within 20 steps); with --resume the
 requeued job continues where it stopped.
-bad input prints one line and exits with status 2; an injected failure exits with status 1.
+
+bad input, including an --out or --checkpoint-dir that cannot be written, prints one line and exits
+with status 2 before any work starts; an injected failure exits with status 1, and so does a result
+that could not be written to --out (it is saved to a temporary file, named on that line, instead).
 """
+
+COMMAND_DEFAULTS = {"name": "train"}  # where the command's default differs from the field's
+ENTRY_ONLY = ("global_batch_size", "out")  # the command's own flags: no field of TrainConfig
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line naming the problem and the fix (exit status 2)."""
 
     def error(self, message: str):
+        message = " ".join(message.splitlines())  # a value holding a line break must not make two lines
         print(f"error: {message}. Fix: see `{self.prog} --help`.", file=sys.stderr, flush=True)
         raise SystemExit(2)
 
 
-def positive_int(text: str) -> int:
+def whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def positive_int(text: str) -> int:
+    value = whole_number(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
     return value
 
 
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+# Flags only parse: a value of the right type (or a word such as "auto") becomes the field's value, and
+# validate_config, the one check of every entry, then judges it (ranges, combinations, paths).
+
+def only_words(s: Setting, types: tuple) -> bool:
+    """True when the flag takes a fixed set of words (choices, or named values such as synthetic's yes/no)."""
+    return s.choices is not None or (bool in types and bool(s.words))
+
+
+def value_parser(s: Setting, types: tuple):
+    def parse(text: str):
+        if text in s.words:
+            return s.words[text]
+        if only_words(s, types):
+            if text in (s.choices or ()):
+                return text
+            allowed = ", ".join(repr(word) for word in (*s.words, *(s.choices or ())))
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {allowed})")
+        if int in types:
+            return whole_number(text)
+        if float in types:
+            return number(text)
+        return text
+
+    return parse
+
+
+def metavar(f: dataclasses.Field, s: Setting, types: tuple) -> str:
+    if s.metavar:
+        return s.metavar
+    if only_words(s, types):
+        return "{" + ",".join((*s.words, *(s.choices or ()))) + "}"
+    return "|".join(("N" if int in types else "X" if float in types else f.name.upper(), *s.words))
+
+
+def help_text(f: dataclasses.Field, s: Setting) -> str:
+    default = COMMAND_DEFAULTS.get(f.name, f.default)
+    shown = next((word for word, value in s.words.items() if type(value) is type(default) and value == default),
+                 None)
+    if shown is None and default is not None:  # None's meaning is in the help itself ("default: all")
+        shown = ("on" if default else "off") if isinstance(default, bool) else str(default)
+    text = s.help + (f" (default: {shown})" if shown is not None else "")
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> dict:
+    """One flag per TrainConfig field, in the fields' --help groups; returns the groups by name.
+
+    Every flag defaults to "not given" (argparse.SUPPRESS): the config then takes the field's own
+    default, so a default is written once, in the dataclass.
+    """
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    all_types = field_types()
+    for f in dataclasses.fields(TrainConfig):
+        s, types = setting_of(f), all_types[f.name]
+        flags = ("--" + f.name.replace("_", "-"), *s.aliases)
+        common = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text(f, s))
+        group = groups[s.group]
+        if types == (bool,):
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, **common)
+        elif bool in types:  # on, off, or a value: --resume alone is True, --resume PATH that path
+            group.add_argument(*flags, nargs="?", const=True, type=value_parser(s, types),
+                               metavar=metavar(f, s, types), **common)
+            group.add_argument("--no-" + flags[0][2:], dest=f.name, action="store_const", const=False,
+                               default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        else:
+            group.add_argument(*flags, type=value_parser(s, types), metavar=metavar(f, s, types), **common)
+    return groups
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="python -m workshop_utils.train",
+        prog="python -m workshop_utils.train", usage="%(prog)s [flags, see below]",
         description="Train a CIFAR-10 model with the workshop's one training loop. Run it directly for one "
                     "process, or under torchrun/srun for data-parallel training (NCCL on GPUs, gloo on CPUs).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    what = parser.add_argument_group("what to train")
-    what.add_argument("--model", choices=MODELS, default="simplecnn", help="network (default: %(default)s)")
-    what.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                      help="fp32 (TF32 off), tf32, fp16 (+ loss scaling) or bf16 (default: %(default)s)")
-    what.add_argument("--name", default="train", help="label of the result record (default: %(default)s)")
-    how_long = parser.add_argument_group("how much")
-    batch = how_long.add_mutually_exclusive_group()
-    batch.add_argument("--batch-size", type=positive_int, default=None,
-                       help="samples per process per step (default: 128)")
-    batch.add_argument("--global-batch-size", type=positive_int, default=None,
-                       help="samples per step over all processes; must divide by the number of processes")
-    how_long.add_argument("--steps", type=positive_int, default=None, help="optimizer steps in total (caps --epochs)")
-    how_long.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (default: %(default)s)")
-    how_long.add_argument("--lr", type=float, default=0.05, help="peak learning rate (default: %(default)s)")
-    how_long.add_argument("--lr-warmup-steps", type=int, default=0,
-                          help="steps of linear learning-rate warm-up (default: %(default)s)")
-    how_long.add_argument("--seed", type=int, default=0, help="same seed, same run (default: %(default)s)")
-    data = parser.add_argument_group("data")
-    data.add_argument("--data-root", default=None, help="folder holding CIFAR-10 (default: $WORKSHOP_DATA, ./data)")
-    data.add_argument("--train-size", type=positive_int, default=None, help="use the first N training images")
-    data.add_argument("--test-size", type=positive_int, default=None, help="use the first N test images")
-    data.add_argument("--loader", choices=LOADERS, default="torch",
-                      help="torch DataLoader, or the data set resident on the device (default: %(default)s)")
-    data.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default: 0)")
-    speed = parser.add_argument_group("speed")
-    speed.add_argument("--channels-last", action="store_true", help="NHWC memory layout")
-    speed.add_argument("--compile", action="store_true", help="torch.compile the model")
-    speed.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                       help="auto: one GPU per local rank when there are GPUs (default: %(default)s)")
-    speed.add_argument("--warmup-steps", type=int, default=5, help="first steps left out of timing (default: 5)")
-    state = parser.add_argument_group("checkpoints and failures")
-    state.add_argument("--checkpoint-dir", default=None, help="where rank 0 writes checkpoints")
-    state.add_argument("--checkpoint-every", type=positive_int, default=None,
-                       help="steps between checkpoints (default: at each epoch's end)")
-    state.add_argument("--resume", action="store_true", help="start from the newest checkpoint in --checkpoint-dir")
-    state.add_argument("--fail-at-step", type=positive_int, default=None,
-                       help="the last rank crashes at step N on the first attempt (fault-tolerance demo)")
-    output = parser.add_argument_group("output")
-    output.add_argument("--out", default=None, help="JSON file for the result record (written by rank 0)")
-    output.add_argument("--log-every", type=positive_int, default=None, help="rank 0 prints a line every N steps")
-    output.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and notebooks)")
+    groups = add_config_flags(parser)
+    groups[HOW_MUCH].add_argument("--global-batch-size", type=positive_int, default=None, metavar="N",
+                                  help="samples per step over all processes, in place of --batch-size; must "
+                                       "divide by the number of processes")
+    groups[OUTPUT].add_argument("--out", default=None, metavar="FILE",
+                                help="JSON file for the result record (written by rank 0)")
     return parser
 
 
-def per_process_batch(args, world_size: int) -> int:
-    if args.global_batch_size is None:
-        return args.batch_size or 128
-    if args.global_batch_size % world_size:
+def per_process_batch(global_batch: int, world_size: int) -> int:
+    if global_batch % world_size:
         raise WorkshopError(
-            f"Global batch {args.global_batch_size} does not divide into {world_size} processes.",
-            f"use a multiple of {world_size} (e.g. {args.global_batch_size // world_size * world_size or world_size}) "
+            f"Global batch {global_batch} does not divide into {world_size} processes.",
+            f"use a multiple of {world_size} (e.g. {global_batch // world_size * world_size or world_size}) "
             f"or --batch-size per process.")
-    return args.global_batch_size // world_size
+    return global_batch // world_size
 
 
-def config_from_args(args, world_size: int) -> TrainConfig:
-    return TrainConfig(
-        name=args.name, model=args.model, precision=args.precision,
-        batch_size=per_process_batch(args, world_size), epochs=args.epochs, max_steps=args.steps,
-        lr=args.lr, lr_warmup_steps=args.lr_warmup_steps, seed=args.seed,
-        data_root=args.data_root, train_size=args.train_size, test_size=args.test_size,
-        loader=args.loader, num_workers=args.num_workers, channels_last=args.channels_last, compile=args.compile,
-        device=None if args.device == "auto" else args.device, warmup_steps=args.warmup_steps,
-        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
-        fail_at_step=args.fail_at_step, log_every=args.log_every, progress=not args.no_progress,
-    )
+def config_from_args(args: argparse.Namespace, world_size: int) -> TrainConfig:
+    """The fields' defaults (COMMAND_DEFAULTS where the command has its own), then every flag given."""
+    given = {key: value for key, value in vars(args).items() if key not in ENTRY_ONLY}
+    config = TrainConfig(**{**COMMAND_DEFAULTS, **given})
+    if args.global_batch_size is None:
+        return config
+    if "batch_size" in given:
+        raise WorkshopError("--batch-size (per process) and --global-batch-size (all processes) were both given.",
+                            "give one of them.")
+    return config.replace(batch_size=per_process_batch(args.global_batch_size, world_size))
+
+
+def save_result(record: dict, out: Path) -> None:
+    """Write rank 0's record to ``out``; if that fails, keep it elsewhere, say where on one line, exit 1."""
+    try:
+        written, failure = write_json_or_fallback(record, out)
+    except OSError as err:  # not even a temporary file could take it: the job's log is the last place left
+        print(json.dumps(jsonable(record)), flush=True)
+        print(f"error: could not write the result to {path_for_message(out)} nor to a temporary file ({err}); "
+              "it is printed above as one line of JSON. Fix: free some space and save that line.",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    if failure is None:
+        print(f"Result written to {written}", flush=True)
+        return
+    print(f"error: could not write the result to {path_for_message(out)} ({failure}); it is saved in "
+          f"{path_for_message(written)} instead. Fix: free some space (or give another --out), then move that "
+          "file there.", file=sys.stderr, flush=True)
+    raise SystemExit(1)
 
 
 @exit_on_workshop_error
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     info = read_dist_env()
-    config = config_from_args(args, info.world_size)  # bad input fails here, before any rank waits for another
+    # Bad input and unwritable outputs fail here, on every rank, before any rank waits for another
+    # or any data loads: not after an hour of training.
+    config = validate_config(config_from_args(args, info.world_size))
+    out = check_output_path(args.out, what="--out") if args.out is not None else None
     node = os.environ.get("GROUP_RANK", os.environ.get("SLURM_NODEID", "0"))
     print(f"rank {info.rank} of {info.world_size} (local rank {info.local_rank}, node {node}) "
           f"on {socket.gethostname()}, pid {os.getpid()}", flush=True)
@@ -174,9 +251,8 @@ def main(argv=None) -> None:
         speed = f"{metrics['samples_per_s']:,.0f} samples/s" if metrics["samples_per_s"] else "too few steps to time"
         print(f"Done: {metrics['steps']} steps on {metrics['world_size']} process(es), {speed}, "
               f"parameter checksum {metrics['param_checksum']}.", flush=True)
-        if args.out:
-            print(f"Result written to {write_json({'name': args.name, 'git_commit': git_commit(), **result.record}, args.out)}",
-                  flush=True)
+        if out is not None:
+            save_result({"name": config.name, "git_commit": git_commit(), **result.record}, out)
 
 
 if __name__ == "__main__":

@@ -149,14 +149,20 @@ def _job_env(threads: int) -> dict:
 
 
 def _flags(options: dict) -> list[str]:
-    """{"batch_size": 64, "resume": True} -> ["--batch-size", "64", "--resume"]."""
+    """{"batch_size": 64, "resume": True, "compile": False} -> ["--batch-size", "64", "--resume", "--no-compile"].
+
+    None leaves the command's default. False is the --no- form every on/off flag has (no_progress=False
+    is --progress): skipping it would leave a default of True, or "auto", in place.
+    """
     args = []
     for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
+        flag = key.replace("_", "-")
         if value is True:
-            args.append(flag)
-        elif value is not None and value is not False:
-            args += [flag, str(value)]
+            args.append(f"--{flag}")
+        elif value is False:
+            args.append(f"--{flag.removeprefix('no-')}" if flag.startswith("no-") else f"--no-{flag}")
+        elif value is not None:
+            args += [f"--{flag}", str(value)]
     return args
 
 

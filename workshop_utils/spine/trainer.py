@@ -33,12 +33,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from .data import LOADERS, CifarData, mix_seeds, load_data, make_loader
+from .config import TrainConfig, validate_config
+from .data import CifarData, mix_seeds, load_data, make_loader
 from .distributed import all_reduce_sum, setup_distributed
-from ..system.errors import WorkshopError, choose
+from ..system.errors import WorkshopError
 from .flops import achieved_tflops, mfu, training_flops_per_sample
-from ..system.hardware import PRECISIONS, device_name, environment
-from .models import MODELS, build_model, count_parameters, parameter_checksum, unwrap
+from ..system.hardware import device_name, environment
+from .models import build_model, count_parameters, parameter_checksum, unwrap
 from .precision import autocast, configure_precision, grad_scaler
 from .preemption import handling_signals, stop_requested
 from ..system.results import save_record
@@ -48,49 +49,6 @@ from .timing import StepTimer, memory_in_use_mib, peak_memory_mib, reset_peak_me
 def seed_dropout(seed: int, rank: int, step: int) -> None:
     """Dropout draws from a seed that depends only on (seed, rank, step): exact resume, distinct ranks."""
     torch.manual_seed(mix_seeds(seed, rank, step) & 0x7FFF_FFFF_FFFF_FFFF)
-
-
-@dataclass
-class TrainConfig:
-    """Everything that defines a training run. Units are in the comments."""
-
-    name: str = "run"  # label for the result record and progress bar
-    model: str = "simplecnn"  # "simplecnn" | "resnet18"
-    precision: str = "fp32"  # "fp32" (TF32 off) | "tf32" | "fp16" (+GradScaler) | "bf16"
-    batch_size: int = 128  # samples per process per optimizer step
-    epochs: int = 1  # passes over the training set
-    max_steps: int | None = None  # optimizer steps in total; caps `epochs` when set
-    lr: float = 0.05  # peak learning rate (SGD with Nesterov momentum)
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_warmup_steps: int = 0  # steps of linear LR warm-up before the cosine decay
-    loader: str = "torch"  # "torch" (DataLoader + PIL transforms) | "device" (data set resident on the device)
-    num_workers: int = 0  # DataLoader worker processes (torch loader only)
-    pin_memory: bool = False  # page-locked host buffers for faster, async copies (torch loader, GPU only)
-    persistent_workers: bool = False  # keep workers alive between epochs (torch loader)
-    prefetch_factor: int | None = None  # batches each worker loads ahead (torch loader)
-    channels_last: bool = False  # NHWC memory layout, what tensor-core convolutions prefer
-    compile: bool = False  # torch.compile the model
-    deterministic: bool = False  # deterministic GPU kernels where PyTorch has them: exact resume, some speed lost
-    warmup_steps: int = 5  # first steps left out of timing (autotuning, compilation, allocator)
-    eval_batch_size: int = 512  # samples per evaluation batch
-    seed: int = 0
-    data_root: str | None = None  # folder with CIFAR-10; None searches WORKSHOP_DATA, ./data
-    train_size: int | None = None  # use the first N training images (None: all)
-    test_size: int | None = None  # use the first N test images (None: all)
-    synthetic: bool | str = "auto"  # "auto": stand-in only when no CIFAR-10 is found
-    device: str | None = None  # "cuda" | "cpu" | None (GPU when there is one)
-    checkpoint_dir: str | None = None  # where checkpoints go; None: no checkpoints
-    checkpoint_every: int | None = None  # steps between checkpoints; None: at each epoch's end
-    keep_checkpoints: int | None = 2  # newest checkpoints kept; None keeps all
-    resume: bool | str = False  # True: newest checkpoint in checkpoint_dir (if any); a path: that file
-    stop_after_step: int | None = None  # stop cleanly (checkpoint first) after this step: an interruption
-    fail_at_step: int | None = None  # last rank crashes at this step on the first attempt (fault-tolerance demo)
-    progress: bool = True  # tqdm progress bar on rank 0
-    log_every: int | None = None  # rank 0 prints one line every N steps (for logs and streamed output)
-
-    def replace(self, **changes) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
 
 
 class InjectedFailure(RuntimeError):
@@ -163,28 +121,6 @@ class RunResult:
 
     def save(self, run_dir, name: str | None = None) -> Path:
         return save_record(self.record, run_dir, name or self.record["config"]["name"])
-
-
-def validate_config(config: TrainConfig) -> None:
-    choose(config.model, MODELS, "model")
-    choose(config.precision, PRECISIONS, "precision")
-    choose(config.loader, LOADERS, "loader")
-    positive = {"batch_size": config.batch_size, "epochs": config.epochs, "eval_batch_size": config.eval_batch_size}
-    if config.max_steps is not None:
-        positive["max_steps"] = config.max_steps
-    for key in ("checkpoint_every", "log_every"):
-        if getattr(config, key) is not None:
-            positive[key] = getattr(config, key)
-    for key, value in positive.items():
-        if not isinstance(value, int) or value <= 0:
-            raise WorkshopError(f"{key} must be a positive whole number, got {value!r}.", f"set {key} to 1 or more.")
-    if config.lr <= 0 or not math.isfinite(config.lr):
-        raise WorkshopError(f"lr must be a positive number, got {config.lr!r}.", "try lr=0.05.")
-    if config.num_workers < 0 or config.warmup_steps < 0 or config.lr_warmup_steps < 0:
-        raise WorkshopError("num_workers, warmup_steps and lr_warmup_steps cannot be negative.", "use 0 or more.")
-    if (config.resume or config.stop_after_step) and not config.checkpoint_dir:
-        raise WorkshopError("resume and stop_after_step need somewhere to keep checkpoints.",
-                            "set checkpoint_dir as well.")
 
 
 def _lr_lambda(warmup: int, total: int):

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import subprocess
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -96,8 +97,12 @@ def write_json(record: dict, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(jsonable(record), indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(jsonable(record), indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a disk-full write leaves no half file behind
+        raise
     return path
 
 
@@ -147,3 +152,67 @@ def load_results(run_dir: str | os.PathLike, kind: str | None = None):
         row.update(record.get("metrics", {}))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def path_for_message(path) -> str:
+    """A path as it reads in a one-line message: quoted when it holds a line break or another control."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def check_output_path(path: str | os.PathLike, *, folder: bool = False, what: str = "output") -> Path:
+    """``path`` as a Path when this process can write it (a file, or a folder when ``folder``); else a WorkshopError.
+
+    For entries to call before any work starts, not after an hour of training. Nothing is
+    created: a path that does not exist yet needs its nearest existing parent to be a folder
+    this process may write into. ``what`` names the path in the message (a flag, a field).
+    """
+    path = Path(path)
+    shown = f"{what} {path_for_message(path)}"
+    try:
+        if "\0" in str(path):  # pathlib answers "does not exist" here; every write would fail
+            raise ValueError("a NUL character")
+        is_dir, exists = path.is_dir(), path.exists()
+        must_write = path if is_dir else path.parent
+        while not must_write.exists():
+            must_write = must_write.parent
+    except (OSError, ValueError) as err:  # a NUL, a name too long, a folder we may not even look into
+        raise WorkshopError(f"{shown} is not a usable path ({err}).", "give another path.") from None
+    if is_dir and not folder:
+        raise WorkshopError(f"{shown} is a folder, not a file.",
+                            f"give a file name in it, e.g. {path_for_message(path / 'result.json')}.")
+    if exists and folder and not is_dir:
+        raise WorkshopError(f"{shown} is a file, not a folder.",
+                            "give a folder (a new one is created), or move that file away.")
+    if not must_write.is_dir():
+        raise WorkshopError(f"{shown} cannot be created: {path_for_message(must_write)} is a file, not a folder.",
+                            "give a path outside that file, or move the file away.")
+    if not os.access(must_write, os.W_OK | os.X_OK):
+        raise WorkshopError(f"{shown} cannot be written: {path_for_message(must_write)} is read-only for this user.",
+                            "give a path in a folder you may write (your $HOME, $SCRATCH or the run folder).")
+    return path
+
+
+def write_json_or_fallback(record: dict, path: str | os.PathLike) -> tuple[Path, OSError | None]:
+    """Write the record to ``path``; if that fails (disk full, quota, folder gone), to a new temporary file.
+
+    A result that took hours must not be lost to its very last write. Returns where it went and
+    the error that sent it elsewhere (None when ``path`` took it); raises that error only when
+    the temporary folder and the current folder refuse it too.
+    """
+    try:
+        return write_json(record, path), None
+    except OSError as err:
+        failure = err
+    text = json.dumps(jsonable(record), indent=2)
+    for folder in (None, os.curdir):  # None: the system's temporary folder ($TMPDIR)
+        name = None
+        try:
+            handle, name = tempfile.mkstemp(prefix=f"{Path(path).stem}-", suffix=".json", dir=folder)
+            with os.fdopen(handle, "w") as file:
+                file.write(text)
+            return Path(os.path.abspath(name)), failure
+        except OSError:
+            if name is not None:
+                Path(name).unlink(missing_ok=True)  # half a record is worse than none: it reads as one
+    raise failure
