@@ -158,8 +158,12 @@ def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True, device=
              emulated_on_cpu("bf16", device)),
         Rung("channels_last", {"channels_last": True}, "the NHWC layout tensor-core convolutions read directly"),
         Rung("device-resident loader", {"loader": "device"}, "data set on the device: no decode, no copies"),
+        Rung("fused optimizer", {"optimizer_kernels": "fused"}, "the SGD update of every tensor in one kernel"),
         Rung("torch.compile", {"compile": True}, "fused kernels, fewer launches and memory trips",
              None if compile else "compilation is switched off in this profile (minutes on a small CPU)"),
+        Rung("CUDA graphs", {"compile_mode": "reduce-overhead"}, "the whole step replayed as one graph: one launch",
+             "CUDA graphs need a GPU" if device.type != "cuda" else
+             None if compile else "it builds on torch.compile, switched off in this profile"),
     ]
     return rungs
 

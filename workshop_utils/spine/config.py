@@ -23,6 +23,8 @@ from .data import LOADERS
 from .models import MODELS
 
 DEVICES = ("cuda", "cpu")  # None: a GPU per local rank when there are GPUs, else the CPU
+OPTIMIZER_KERNELS = ("default", "foreach", "fused")  # PyTorch's choice; one kernel per group; one for all
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # reduce-overhead replays CUDA graphs
 
 # Groups of --help, in this order.
 WHAT, HOW_MUCH, OPTIMIZER, DATA, SPEED, STATE, OUTPUT = GROUPS = (
@@ -75,6 +77,12 @@ class TrainConfig:
                                           DATA, minimum=1)
     channels_last: bool = setting(False, "NHWC memory layout, what tensor-core convolutions prefer", SPEED)
     compile: bool = setting(False, "torch.compile the model", SPEED)
+    compile_mode: str = setting("default", "torch.compile mode: reduce-overhead replays CUDA graphs (one launch per "
+                                           "step), max-autotune also searches kernels (minutes)", SPEED,
+                                choices=COMPILE_MODES)
+    optimizer_kernels: str = setting("default", "how the SGD update runs: default (PyTorch's choice), foreach (a few "
+                                                "kernels for all tensors) or fused (one kernel)", OPTIMIZER,
+                                     choices=OPTIMIZER_KERNELS)
     deterministic: bool = setting(False, "deterministic GPU kernels where PyTorch has them: exact resume, "
                                          "some speed lost", SPEED)
     warmup_steps: int = setting(5, "first steps left out of timing (autotuning, compilation, allocator)", SPEED,

@@ -88,24 +88,29 @@ class StepTimer:
         if step >= self.warmup_steps:
             self.data_wait_s += seconds
 
-    def step_times(self) -> np.ndarray:
-        """Seconds per timed step (one synchronize here, none in the loop)."""
+    def step_times(self, warmup: bool = False) -> np.ndarray:
+        """Seconds per timed step, or per warm-up step with ``warmup`` (one synchronize here, none in the loop)."""
         _synchronize(self.device)
         times = []
         for marks, steps in zip(self.segments, self.steps):
             for (a, b), step in zip(zip(marks, marks[1:]), steps):
-                if step >= self.warmup_steps:
+                if (step < self.warmup_steps) == warmup:
                     times.append(_seconds(a, b))
         return np.asarray(times, dtype=float)
 
     def summary(self, samples_per_step: int) -> dict:
         """Throughput and step-time statistics; None values when no step was timed."""
         times = self.step_times()
+        # Compilation, autotuning and CUDA-graph capture happen in the warm-up steps: reported on their own,
+        # so a compiled rung's one-off cost is visible and never mixed into its steady-state throughput.
+        warmup_s = float(self.step_times(warmup=True).sum())
         if times.size == 0:
             return {"timed_steps": 0, "samples_per_s": None, "step_ms_mean": None, "step_ms_median": None,
-                    "step_ms_p90": None, "step_ms_std": None, "data_wait_fraction": None, "timed_s": 0.0}
+                    "step_ms_p90": None, "step_ms_std": None, "data_wait_fraction": None, "timed_s": 0.0,
+                    "warmup_s": warmup_s}
         total = float(times.sum())
         return {
+            "warmup_s": warmup_s,
             "timed_steps": int(times.size),
             "timed_s": total,
             "samples_per_s": samples_per_step * times.size / total,

@@ -247,8 +247,9 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
     model = build_model(config.model).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    kernels = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[config.optimizer_kernels]
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                                weight_decay=config.weight_decay, nesterov=True)
+                                weight_decay=config.weight_decay, nesterov=True, **kernels)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config.lr_warmup_steps, total_steps))
     scaler = grad_scaler(config.precision, device)
 
@@ -268,7 +269,7 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
     if info.distributed:
         eval_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     # Evaluation uses the uncompiled model: compiled, eval mode and the ragged last batch would recompile.
-    train_model = torch.compile(eval_model) if config.compile else eval_model
+    train_model = torch.compile(eval_model, mode=config.compile_mode) if config.compile else eval_model
 
     def checkpoint(epoch_index: int) -> None:
         if config.checkpoint_dir and info.is_main:
