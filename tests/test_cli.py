@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import pytest
 import torch
 
+import workshop_utils as wu
 from workshop_utils import WorkshopError
 from workshop_utils.parallel.launch import check_process_count, launch_training
 
@@ -312,7 +314,9 @@ def parses(argv) -> bool:
 
 # What each flag accepts (as the parser says), so that most draws get past the parser to the checks behind it.
 CANDIDATES = ["1", "2", "7", "0.5", "0.01", "auto", "all", "yes", "no", "cpu", "cuda", "bf16", "resnet18",
-              "device", "result.json", "sub/result.json", "ck"]
+              "device", "result.json", "sub/result.json", "ck",
+              *sorted({str(c) for f in dataclasses.fields(wu.TrainConfig)  # every allowed value of every field
+                       for c in (f.metadata["setting"].choices or ())})]
 GOOD = {flag: [None] * parses([flag]) + [value for value in CANDIDATES if parses([flag, value])] for flag in FLAGS}
 DRAW = st.sampled_from(FLAGS).flatmap(  # mostly values the parser accepts; garbage and nothing too
     lambda flag: st.tuples(st.just(flag), st.one_of(st.sampled_from(GOOD[flag]), st.sampled_from(GOOD[flag]),
