@@ -101,6 +101,7 @@ def uninterrupted(cluster, tmp_path_factory):
     return submit_and_wait(cluster, tmp_path_factory.mktemp("one-gpu"), "train_one_gpu.sbatch", *LONG)
 
 
+@pytest.mark.slow
 def test_one_gpu_script_trains_and_writes_its_result(uninterrupted):
     job, text, run_dir = uninterrupted
     assert_succeeded(job, text)
@@ -113,6 +114,7 @@ def test_one_gpu_script_trains_and_writes_its_result(uninterrupted):
     assert result["environment"]["slurm"]["SLURM_JOB_ID"] == job["JobId"]
 
 
+@pytest.mark.slow
 def test_one_node_script_starts_one_process_per_task_on_a_cpu_node(cluster, tmp_path):
     job, text, run_dir = submit_and_wait(cluster, tmp_path, "train_one_node.sbatch", *TINY, "--steps", "6",
                                          options=("--ntasks-per-node=2",))
@@ -124,6 +126,7 @@ def test_one_node_script_starts_one_process_per_task_on_a_cpu_node(cluster, tmp_
     assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 128
 
 
+@pytest.mark.slow
 def test_multi_node_script_runs_two_torchrun_agents_and_restarts_after_a_crash(cluster, tmp_path):
     """Two agents (--nnodes=2) meet at the c10d rendezvous; one slurmd, so both run on this host.
 
@@ -144,6 +147,7 @@ def test_multi_node_script_runs_two_torchrun_agents_and_restarts_after_a_crash(c
     assert (run_dir / "torchrun-logs").is_dir()
 
 
+@pytest.mark.slow
 def test_staged_data_script_copies_verifies_and_trains_from_local_storage(cluster, tmp_path):
     shared = tmp_path / "shared-data"
     (shared / "sub").mkdir(parents=True)
@@ -161,6 +165,7 @@ def test_staged_data_script_copies_verifies_and_trains_from_local_storage(cluste
     assert not local.exists(), "the node-local copy must be removed when the job ends"
 
 
+@pytest.mark.slow
 def test_staged_data_script_stops_with_a_clear_error_when_the_data_is_missing(cluster, tmp_path):
     job, text, _ = submit_and_wait(cluster, tmp_path, "train_staged_data.sbatch", "--steps", "3",
                                    env={"WORKSHOP_DATA": str(tmp_path / "nowhere")})
@@ -168,6 +173,7 @@ def test_staged_data_script_stops_with_a_clear_error_when_the_data_is_missing(cl
     assert "is not a folder" in text and "Fix:" in text
 
 
+@pytest.mark.slow
 def test_env_check_reports_each_task_and_writes_the_environment(cluster, tmp_path):
     import torch
 
@@ -190,6 +196,7 @@ def test_env_check_reports_each_task_and_writes_the_environment(cluster, tmp_pat
 PREFLIGHT_ARGS = shlex.split(os.environ.get("WORKSHOP_TEST_PREFLIGHT_ARGS", "--only 01 --profile cpu"))
 
 
+@pytest.mark.slow
 def test_preflight_job_runs_the_notebooks_and_reports_each_against_its_budget(cluster, tmp_path):
     job, text, run_dir = submit_and_wait(cluster, tmp_path, "preflight.sbatch", *PREFLIGHT_ARGS,
                                          timeout_s=600 if "--only" in PREFLIGHT_ARGS else 1800)
@@ -204,6 +211,7 @@ def test_preflight_job_runs_the_notebooks_and_reports_each_against_its_budget(cl
     assert "**Pre-flight: ready.**" in report and f"| {log[0]['notebook']} | ok |" in report
 
 
+@pytest.mark.slow
 def test_preflight_job_fails_with_one_line_on_a_bad_selection(cluster, tmp_path):
     job, text, _ = submit_and_wait(cluster, tmp_path, "preflight.sbatch", "--only", "99", "--profile", "cpu")
     assert job["JobState"] == "FAILED" and job["ExitCode"] == "2:0", job
@@ -214,6 +222,7 @@ def test_preflight_job_fails_with_one_line_on_a_bad_selection(cluster, tmp_path)
 # ---------------------------------------------------------------------- pre-emption
 
 
+@pytest.mark.slow
 def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(cluster, tmp_path, uninterrupted):
     out = tmp_path / "preempt.out"
     job_id = cluster.sbatch(REPO / "slurm" / "train_preemptible.sbatch", *LONG, options=("--output", str(out)))
@@ -274,13 +283,19 @@ def _outward_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def _http_status(url: str, token: str | None = None) -> int:
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a redirect comes back as the HTTPError it is
+
+
+def _http_status(url: str, token: str | None = None) -> tuple[int, str]:
+    """(status, Location header) of one request, redirects not followed."""
     request = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status
+        with urllib.request.build_opener(_NoRedirect).open(request, timeout=10) as answer:
+            return answer.status, answer.headers.get("Location", "")
     except urllib.error.HTTPError as err:
-        return err.code
+        return err.code, err.headers.get("Location", "")
 
 
 def _command_lines() -> str:
@@ -296,17 +311,22 @@ def _command_lines() -> str:
 
 @pytest.mark.skipif(importlib.util.find_spec("jupyterlab") is None,
                     reason="JupyterLab is not installed in this environment (pip install jupyterlab)")
+@pytest.mark.slow
 def test_jupyter_listens_on_loopback_only_with_a_token_and_prints_the_tunnel(cluster, tmp_path):
     out = tmp_path / "jupyter.out"
-    job_id = cluster.sbatch(REPO / "slurm" / "jupyter.sbatch", options=("--output", str(out)))
+    private = tmp_path / "home" / ".workshop"  # not there yet: the job creates it
+    job_id = cluster.sbatch(REPO / "slurm" / "jupyter.sbatch", options=("--output", str(out)),
+                            env={"WORKSHOP_JUPYTER_DIR": str(private)})
+    port = None
     try:
-        url_pattern = re.compile(r"http://127\.0\.0\.1:(\d+)/lab\?token=([0-9a-f]{48})")
+        tunnel = re.compile(r"^\s*ssh -N -L (\d+):127\.0\.0\.1:(\d+) -J \S+@\S+ \S+@(\S+)$", re.M)
+        where = re.compile(r"is in (\S+) \(readable by you only\)")
         deadline = time.monotonic() + 120
         while True:
             text = out.read_text() if out.exists() else ""
-            found = url_pattern.search(text)
-            if found:
-                port, token = int(found.group(1)), found.group(2)
+            found, named = tunnel.search(text), where.search(text)
+            if found and named:
+                port = int(found.group(1))
                 try:
                     _http_status(f"http://127.0.0.1:{port}/api/status")
                     break  # the server answers
@@ -317,14 +337,30 @@ def test_jupyter_listens_on_loopback_only_with_a_token_and_prints_the_tunnel(clu
             time.sleep(0.5)
 
         host = socket.gethostname().split(".")[0]
-        assert re.search(rf"ssh -N -L {port}:127\.0\.0\.1:{port} -J \S+@\S+ \S+@{host}$", text, re.M), text
+        assert found.group(2) == str(port) and found.group(3) == host, text
+        assert f"listening on 127.0.0.1:{port} only" in text
+        # The URL with its token: in a file only its owner can read, in a folder only its owner can enter.
+        info = Path(named.group(1))
+        assert info == private / f"jupyter-{job_id}.url"
+        assert info.stat().st_mode & 0o777 == 0o600, oct(info.stat().st_mode)
+        assert private.stat().st_mode & 0o777 == 0o700, oct(private.stat().st_mode)
+        url = info.read_text().strip()
+        match = re.fullmatch(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]{{48}})", url)
+        assert match, url
+        token = match.group(1)
+
         status = f"http://127.0.0.1:{port}/api/status"
-        assert _http_status(status) == 403, "answered without a token"
-        assert _http_status(status, token="wrong") == 403 and _http_status(f"{status}?token=wrong") == 403
-        assert _http_status(status, token=token) == 200
-        assert _http_status(f"http://127.0.0.1:{port}/lab?token={token}") == 200  # the URL the user opens
+        assert _http_status(status)[0] == 403, "answered without a token"
+        assert _http_status(status, token="wrong")[0] == 403 and _http_status(f"{status}?token=wrong")[0] == 403
+        code, location = _http_status(f"http://127.0.0.1:{port}/lab")
+        assert code == 302 and "/login" in location, (code, location)  # the page itself: sent to log in
+        assert _http_status(status, token=token)[0] == 200
+        assert _http_status(url)[0] == 200  # the URL the user opens
         # Bound to the loopback address alone: 127.0.0.1 (0100007F), never 0.0.0.0 or the node's own address.
         assert _listening_addresses(port) == {"0100007F"}
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout \
+            if shutil.which("ss") else f"127.0.0.1:{port}"
+        assert {line.split()[3] for line in listening.splitlines() if line.strip()} == {f"127.0.0.1:{port}"}, listening
         outward = _outward_address()
         if outward:
             with pytest.raises(OSError):
@@ -334,6 +370,27 @@ def test_jupyter_listens_on_loopback_only_with_a_token_and_prints_the_tunnel(clu
         cluster.run("scancel", job_id, check=False)
     cluster.wait(job_id, 60)
     deadline = time.monotonic() + 30
-    while _listening_addresses(port) and time.monotonic() < deadline:
+    while port and _listening_addresses(port) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _listening_addresses(port), "JupyterLab still listening after scancel"
+    # The job output (often readable by the whole project), Jupyter's own log lines included, never has it.
+    text = out.read_text()
+    assert token not in text, f"the token leaked into the job output:\n{text}"
+    assert not re.search(r"[0-9a-f]{48}", text), text  # nor any token-like string
+    deadline = time.monotonic() + 15
+    while info.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not info.exists(), "the URL file must be removed when the job ends"
+
+
+@pytest.mark.slow
+def test_jupyter_refuses_a_url_folder_others_can_write_to(cluster, tmp_path):
+    """The token is kept only where nobody else can swap or plant the file: a shared folder stops the job."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    job, text, _ = submit_and_wait(cluster, tmp_path, "jupyter.sbatch", env={"WORKSHOP_JUPYTER_DIR": str(shared)})
+    assert job["JobState"] == "FAILED" and job["ExitCode"] == "2:0", (job, text)
+    assert re.search(rf"^error: {re.escape(str(shared))} is not a folder only you can write to.* Fix: ", text, re.M), text
+    assert not list(shared.iterdir()), "nothing may be written into a folder others can write to"
+    assert "http://" not in text, "no server, no URL"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import numbers
 import os
 import tempfile
 from pathlib import Path
@@ -127,7 +128,7 @@ def demo_world(nproc: int | None = None) -> tuple[int, str]:
     """How many processes, on what: one per GPU with two or more GPUs (NCCL), else CPU processes (gloo)."""
     import torch
 
-    if nproc is not None and nproc < 2:
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, numbers.Integral) or nproc < 2):
         raise WorkshopError(f"nproc={nproc}: these experiments need two or more ranks.", "use nproc=2 or more.")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= 2:

@@ -15,6 +15,9 @@ the console and the report flag one that runs over it.
 budget as a hard limit on each notebook, so a notebook that hangs or runs too long is
 stopped, reported as failed, and the check still ends within notebooks x budget.
 
+Each notebook's kernel talks to this process over Unix-domain (IPC) sockets in a fresh private
+folder (mode 0700), not over TCP ports that every user of a shared node could reach.
+
 Exit code: 1 if any notebook failed (with --check also if one ran over its budget),
 2 for a mistake in the arguments, 130/143 when stopped by Ctrl-C/SIGTERM (the report of
 the notebooks that finished is written first).
@@ -23,11 +26,14 @@ the notebooks that finished is written first).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import re
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,6 +144,35 @@ def _entry(notebook: Path, profile: str, limit_s: float | None, check: bool) -> 
             "cell": None, "cell_source": "", "timed_out": False, "error": ""}
 
 
+# A Unix-domain socket path may hold at most 104 bytes (macOS; Linux allows 108). The kernel's five
+# sockets are <folder>/kernel-1 ... <folder>/kernel-5.
+_SOCKET_PATH_MAX = 100
+
+
+@contextlib.contextmanager
+def private_kernel_config():
+    """Configuration that puts a notebook's kernel on Unix-domain (IPC) sockets, in a folder only we can enter.
+
+    Over TCP (jupyter's default) every user of a shared node can connect to the kernel's ports, and the
+    kernel warns that its messages travel unencrypted. IPC sockets are files: they and the connection
+    file (with the key that signs every message) live in a fresh folder of mode 0700, removed at the end.
+    The configuration goes to nbclient, which creates, owns and shuts down the kernel manager.
+    """
+    from traitlets.config import Config
+
+    base = None  # tempfile's choice: $TMPDIR, else /tmp
+    longest = os.path.join(tempfile.gettempdir(), "workshop-kernel-xxxxxxxx", "kernel-5")
+    if len(os.fsencode(longest)) > _SOCKET_PATH_MAX:
+        if not os.path.isdir("/tmp"):
+            raise WorkshopError(f"The temporary folder {tempfile.gettempdir()} is too long a path for the "
+                                "kernel's sockets.", "set TMPDIR to a short folder of your own, e.g. /tmp.")
+        base = "/tmp"  # a job's $TMPDIR can be too long a path for a socket
+    with tempfile.TemporaryDirectory(prefix="workshop-kernel-", dir=base) as folder:
+        os.chmod(folder, 0o700)  # mkdtemp's mode already; explicit, as the key and the sockets rely on it
+        yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "kernel"),
+                                        "connection_file": os.path.join(folder, "kernel.json")}})
+
+
 def run_one(notebook: Path, run_dir: Path, profile: str, limit_s: float | None = None, check: bool = False) -> dict:
     """Execute one notebook into ``run_dir/notebooks/``; return its log entry (never raises for its failure)."""
     import papermill
@@ -152,9 +187,11 @@ def run_one(notebook: Path, run_dir: Path, profile: str, limit_s: float | None =
         extra["timeout_func"] = lambda cell: max(1, math.ceil(deadline - time.monotonic()))
     started = time.perf_counter()
     try:
-        papermill.execute_notebook(
-            str(notebook), str(executed), parameters={"profile": profile, "run_dir": str(run_dir)},
-            cwd=str(notebook.parent), kernel_name="python3", progress_bar=True, log_output=False, **extra)
+        with private_kernel_config() as config:  # IPC sockets, not TCP ports: see private_kernel_config
+            papermill.execute_notebook(
+                str(notebook), str(executed), parameters={"profile": profile, "run_dir": str(run_dir)},
+                cwd=str(notebook.parent), kernel_name="python3", progress_bar=True, log_output=False,
+                config=config, **extra)
     except Exception as err:  # a failed notebook is reported, and the others still run
         entry.update(status="FAILED", **failure_of(executed, err, limit_s))
     entry["seconds"] = round(time.perf_counter() - started, 1)

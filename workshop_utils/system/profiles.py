@@ -12,6 +12,8 @@ unless someone asks for it.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 
 import torch
@@ -28,8 +30,20 @@ PROFILE_VARIABLE = "WORKSHOP_PROFILE"
 TIME_BUDGET_S = {"cpu": 300, "gpu": 300}
 
 
+def _shown(value, limit: int = 60) -> str:
+    """``repr(value)`` on one short line, for an error message."""
+    try:
+        text = " ".join(repr(value).split())
+    except Exception:  # e.g. an int of more than 4300 digits, which Python will not turn into text
+        text = f"<a {type(value).__name__}" + (f" of {value.bit_length()} bits>" if isinstance(value, int) else ">")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def profile_choice(profile: str = "auto") -> tuple[str, str]:
     """The concrete profile ("cpu" or "gpu") for ``profile``, and why it was chosen, in words."""
+    if not isinstance(profile, str):
+        raise WorkshopError(f"profile={_shown(profile)} is not a profile name.",
+                            f"use one of {', '.join(repr(p) for p in PROFILE_NAMES)}.")
     choose(profile, PROFILE_NAMES, "profile")
     reason, by_variable = "asked for", False
     if profile == "auto":
@@ -57,14 +71,77 @@ def resolve_profile(profile: str = "auto") -> str:
     return profile_choice(profile)[0]
 
 
+# The largest whole number torch and numpy hold (int64): a setting beyond it fails deep inside them.
+LARGEST_WHOLE = 2**63 - 1
+# Counts that may be 0 even where no profile uses 0: warm-up steps (none) and loader worker processes.
+_ZERO_IS_A_COUNT = ("warmup", "num_workers")
+
+
+def check_setting(name: str, value, defaults: list, profile: str | None = None):
+    """``value`` as the setting ``name`` whose profile values are ``defaults``; a WorkshopError if it cannot be.
+
+    The profiles' values say what kind of setting it is: True/False (a switch), a whole number (a count
+    or size: at least 1, or 0 where a profile uses 0 or it is a warm-up or worker count), any other
+    number (e.g. a learning rate: finite and above 0), or text. Settings of other kinds (tuples, dicts)
+    and those no profile sets are passed through. A whole-valued float (3.0) becomes the int 3.
+    """
+    known = [d for d in defaults if d is not None]
+    if not known:
+        return value
+    example = known[0]  # the chosen profile's value comes first in ``defaults``
+    fix_tail = f"or None to take the {profile + ' ' if profile else ''}profile's value."
+    if all(isinstance(d, bool) for d in known):
+        if not isinstance(value, bool):
+            raise WorkshopError(f"{name}={_shown(value)} is not True or False.",
+                                f"pass {name}=True or {name}=False, {fix_tail}")
+        return value
+    if all(isinstance(d, int) and not isinstance(d, bool) for d in known):
+        lowest = 0 if (0 in known or any(word in name for word in _ZERO_IS_A_COUNT)) else 1
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            value = int(value)  # a numpy integer too
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WorkshopError(f"{name}={_shown(value)} is not a whole number.",
+                                f"pass a whole number such as {name}={example}, {fix_tail}")
+        if not lowest <= value <= LARGEST_WHOLE:
+            limit = f"at least {lowest}" if value < lowest else f"at most {LARGEST_WHOLE} (2**63 - 1)"
+            raise WorkshopError(f"{name}={_shown(value)} is out of range: it must be {limit}.",
+                                f"pass e.g. {name}={example}, {fix_tail}")
+        return value
+    if all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in known):
+        lowest_ok = 0 in known
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise WorkshopError(f"{name}={_shown(value)} is not a number.", f"pass e.g. {name}={example}, {fix_tail}")
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float
+            number = math.inf
+        if not (math.isfinite(number) and (number >= 0 if lowest_ok else number > 0)):
+            raise WorkshopError(f"{name}={_shown(value)} is out of range: it must be a finite number "
+                                f"{'of at least 0' if lowest_ok else 'above 0'}.",
+                                f"pass e.g. {name}={example}, {fix_tail}")
+        return value
+    if all(isinstance(d, str) for d in known) and not isinstance(value, str):
+        raise WorkshopError(f"{name}={_shown(value)} is not text.", f"pass e.g. {name}={example!r}, {fix_tail}")
+    return value
+
+
 def pick_settings(profiles: dict[str, dict], profile: str = "auto", **overrides) -> dict:
-    """The chosen profile's settings, with every override that is not None applied on top."""
+    """The chosen profile's settings, with every override that is not None applied on top.
+
+    An override is checked against what the profiles hold for it (see ``check_setting``): a negative
+    epoch count, a batch size of "64" or 2.5, or a switch set to 1 is a WorkshopError naming it.
+    """
     name = resolve_profile(profile)
     settings = dict(profiles[name])
     unknown = sorted(set(overrides) - set(settings))
     if unknown:
         raise WorkshopError(f"Unknown setting(s) {unknown} for this notebook.", f"use some of {sorted(settings)}.")
-    settings.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in overrides.items():
+        if value is not None:
+            defaults = [settings.get(key), *(p.get(key) for other, p in profiles.items() if other != name)]
+            settings[key] = check_setting(key, value, defaults, name)
     settings["profile"] = name
     print(f"Profile {name!r}: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "profile"))
     return settings

@@ -53,9 +53,16 @@ def fresh_folder(parent: str | os.PathLike, name: str) -> Path:
 
 def resolve_run_dir(run_dir: str | os.PathLike | None, tag: str | None = None) -> Path:
     """The run folder a notebook writes into: the one given (papermill, main job) or a new one."""
+    if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+        raise WorkshopError(f"run_dir={run_dir!r} is not a folder path.",
+                            "pass a folder such as run_dir='runs/mine', or None for a new folder under runs/.")
     if run_dir:
         path = Path(run_dir)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise WorkshopError(f"Cannot create the run folder {path}: {err.strerror}.",
+                                "pass a folder you can write to, or None for a new one under runs/.") from None
         return path
     return new_run_dir(tag)
 
