@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -43,8 +46,8 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     before = path.read_bytes()
 
     def crash(obj, f, *args, **kwargs):
-        open(f, "wb").write(b"half a checkpoint")
-        raise OSError("disk full")
+        f.write(b"half a checkpoint")  # save_checkpoint hands torch.save an open temporary file
+        raise OSError("disk full")  # no errno: not a failure the user can fix, so it stays an OSError
 
     monkeypatch.setattr(ckpt.torch, "save", crash)
     with pytest.raises(OSError):
@@ -77,3 +80,33 @@ def test_pruning_keeps_the_newest(tmp_path):
     ckpt.prune_checkpoints(tmp_path, keep=2)
     assert [p.name for p in wu.list_checkpoints(tmp_path)] == ["step_00000020.pt", "step_00000030.pt"]
     assert wu.latest_checkpoint(tmp_path).name == "step_00000030.pt"
+
+
+def test_loading_always_asks_torch_for_weights_only(tmp_path, monkeypatch):
+    model, optimizer = _state()
+    path = wu.save_checkpoint(tmp_path / "c.pt", model=model, optimizer=optimizer, step=1)
+    seen, real_load = [], torch.load
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "load", spy)
+    wu.load_checkpoint(path, model=wu.build_model("simplecnn"))
+    assert seen == [True]
+
+
+def test_the_temporary_file_is_named_after_its_writer_and_never_listed(tmp_path, monkeypatch):
+    model, _ = _state()
+    names = []
+    real_save = torch.save
+
+    def record(obj, f, *args, **kwargs):
+        names.append(Path(f.name).name)
+        assert not wu.list_checkpoints(tmp_path)  # mid-write: nothing to resume from yet
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", record)
+    wu.save_checkpoint(ckpt.checkpoint_path(tmp_path, 4), model=model, step=4)
+    assert names == [f".step_00000004.pt.tmp-{os.getpid()}-{ckpt.this_machine()}"]
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000004.pt"]

@@ -10,11 +10,21 @@ needs, so a checkpoint saved by 2 ranks loads on 1, 4 or 8 (resharding).
 ``dcp.save`` blocks training until the bytes are written. ``dcp.async_save`` only copies
 the state to host memory ("staging"), returns a future and writes in a background thread,
 so training continues during the write. ``checkpoint_stall`` measures the difference.
+
+Reading is safe: DCP itself unpickles ``.metadata`` with plain ``pickle`` and the non-tensor
+values (the optimizer's hyperparameters) with ``torch.load(weights_only=False)``, either of
+which runs whatever code a crafted file names. Every read here goes through ``_dcp_load``:
+``.metadata`` is unpickled with only DCP's own metadata classes allowed, and each value with
+``weights_only=True``; anything else is one ``WorkshopError`` and nothing is run.
 """
 
 from __future__ import annotations
 
+import builtins
+import collections
 import functools
+import io
+import pathlib
 import time
 import warnings
 from pathlib import Path
@@ -23,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..system.errors import WorkshopError
+from ..system.safe_pickle import RefusedPickle, describe_pickle_failure, restricted_loads
 
 
 def _state(model, optimizer) -> dict:
@@ -33,11 +44,10 @@ def _state(model, optimizer) -> dict:
 
 
 def _restore(model, optimizer, folder) -> None:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = _state(model, optimizer)  # the shapes and shards to read into
-    dcp.load(state, checkpoint_id=str(folder))
+    _dcp_load(state, folder)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
@@ -198,15 +208,157 @@ def load_into_one_process(folder, model) -> torch.nn.Module:
 
     Without a process group DCP reads every shard itself: this is resharding from p ranks to one.
     """
-    import torch.distributed.checkpoint as dcp
-
     folder = Path(folder)
-    if not (folder / ".metadata").exists():
-        raise WorkshopError(f"{folder} is not a distributed checkpoint (no .metadata file).",
-                            "pass the folder that dcp.save wrote.")
+    read_dcp_metadata(folder)  # not a checkpoint, or one that would run code: one line, before DCP starts
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # DCP warns that it loads in one process: here that is the point
         warnings.filterwarnings("ignore", message=".*single process")
-        dcp.load(state, checkpoint_id=str(folder))
+        _dcp_load(state, folder)
     model.load_state_dict(state["model"])
     return model
+
+
+# ---------------------------------------------------------------- reading without running code
+
+_METADATA_CLASSES = {  # what torch.distributed.checkpoint.save writes into .metadata (torch 2.3 to 2.14)
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "MetadataIndex", "ChunkStorageMetadata", "TensorStorageMetadata", "BytesStorageMetadata",
+        "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+}
+_PATHS = {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"}
+
+
+def _metadata_globals(module: str, name: str):
+    """The names a DCP ``.metadata`` may hold: DCP's dataclasses, torch's dtypes and sizes, paths; None: refused."""
+    if name in _METADATA_CLASSES.get(module, ()):
+        import importlib
+
+        return getattr(importlib.import_module(module), name, None)
+    if module == "torch":
+        found = getattr(torch, name, None)
+        kinds = (torch.dtype, torch.layout, torch.memory_format)
+        return found if found is torch.Size or isinstance(found, kinds) else None
+    if (module, name) == ("torch.serialization", "_get_layout"):  # "torch.strided" -> torch.strided
+        return getattr(torch.serialization, "_get_layout", None)
+    if module in ("pathlib", "pathlib._local") and name in _PATHS:  # the checkpoint id, as a path
+        return getattr(pathlib, name)
+    if (module, name) == ("collections", "OrderedDict"):
+        return collections.OrderedDict
+    if module == "builtins" and name in ("set", "frozenset", "slice", "complex"):
+        return getattr(builtins, name)
+    return None
+
+
+def _parse_metadata(data: bytes, path: Path):
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    again = "write the checkpoint again with dcp.save (only load distributed checkpoints you wrote)."
+    if not data:
+        raise WorkshopError(f"{path} is empty: the save that wrote this distributed checkpoint was cut short.",
+                            again)
+    try:
+        metadata = restricted_loads(data, _metadata_globals)
+    except RefusedPickle as err:
+        raise WorkshopError(f"{path} is not a distributed checkpoint's metadata: {describe_pickle_failure(err)}.",
+                            again) from None
+    except Exception as err:  # truncated or foreign bytes fail in many ways inside pickle
+        raise WorkshopError(f"{path} cannot be read as a distributed checkpoint's metadata: "
+                            f"{describe_pickle_failure(err)}.", again) from None
+    if not isinstance(metadata, Metadata):
+        raise WorkshopError(f"{path} holds a {type(metadata).__name__}, not a distributed checkpoint's metadata.",
+                            again)
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict) or not isinstance(getattr(metadata, "state_dict_metadata", None), dict):
+        raise WorkshopError(f"{path} is damaged: it does not say where the tensors are.", again)
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name:
+            raise WorkshopError(f"{path} names the data file {name!r}, outside its own folder: refused.", again)
+    return metadata
+
+
+def read_dcp_metadata(folder):
+    """The ``.metadata`` of a distributed checkpoint, unpickled with only DCP's own classes allowed.
+
+    A missing, empty, truncated or foreign file, or one that names anything else (code that
+    would run while unpickling), is one WorkshopError; nothing it names is called.
+    """
+    folder = Path(folder)
+    path = folder / ".metadata"
+    if not path.is_file():
+        raise WorkshopError(f"{folder} is not a distributed checkpoint (no .metadata file).",
+                            "pass the folder that dcp.save wrote.")
+    return _parse_metadata(path.read_bytes(), path)
+
+
+@functools.lru_cache(maxsize=1)
+def _safe_reading_classes():
+    """DCP's file reader and load planner, with their two unpickling steps made safe (built on first use)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            rank = kwargs.get("rank")
+            path = Path(str(self.path)) / (".metadata" if rank is None else f"__{rank}.metadata")
+            if not path.is_file():
+                raise WorkshopError(f"{path.parent} is not a distributed checkpoint (no {path.name} file).",
+                                    "pass the folder that dcp.save wrote.")
+            metadata = _parse_metadata(path.read_bytes(), path)
+            try:
+                from torch.distributed.checkpoint.metadata import StorageMeta
+            except ImportError:  # torch before 2.4 keeps no storage_meta
+                return metadata
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            if hasattr(self, "load_id"):
+                metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class SafePlanner(DefaultLoadPlanner):
+        def __init__(self, folder, **options):
+            super().__init__(**options)
+            self.folder = folder
+
+        def load_bytes(self, read_item, value):
+            # DefaultLoadPlanner unpickles these with weights_only=False. Read them with weights_only=True,
+            # and hand DCP a fresh pickle of what came out: it never unpickles a byte of the file itself.
+            name = getattr(getattr(read_item, "dest_index", None), "fqn", "?")
+            try:
+                loaded = torch.load(value, weights_only=True)
+            except Exception as err:
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+                refused = WorkshopError(f"The value {name!r} in distributed checkpoint {self.folder} is not plain "
+                                        f"data (refused by weights_only loading, nothing was run: {first}).",
+                                        "only load distributed checkpoints you wrote; write it again with dcp.save.")
+                raise refused from None
+            clean = io.BytesIO()
+            torch.save(loaded, clean)
+            clean.seek(0)
+            super().load_bytes(read_item, clean)
+
+    return SafeReader, SafePlanner
+
+
+def _dcp_load(state: dict, folder) -> None:
+    """``dcp.load(state, checkpoint_id=folder)`` that runs no code from the files; their problems are one line."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    reader, planner = _safe_reading_classes()
+    try:
+        dcp.load(state, checkpoint_id=str(folder), storage_reader=reader(str(folder)),
+                 planner=planner(folder))
+    except CheckpointException as err:  # DCP wraps each rank's exception: ours come back out, others as one line
+        causes = [(rank, failure[0] if isinstance(failure, tuple) else failure)
+                  for rank, failure in sorted(err.failures.items())]
+        for _, cause in causes:
+            if isinstance(cause, WorkshopError):
+                raise cause from None
+        rank, cause = causes[0] if causes else ("?", err)
+        first = (str(cause).strip().splitlines() or [""])[0][:200]
+        raise WorkshopError(f"Distributed checkpoint {folder} cannot be loaded into this model (rank {rank}: "
+                            f"{type(cause).__name__}: {first}).",
+                            "load it into the model (and optimizer) that saved it; if a file in it is damaged, "
+                            "write the checkpoint again.") from None

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-import pickle
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from torchvision.datasets import CIFAR10
 
 from ..system.errors import WorkshopError, choose
 from ..system.results import repo_root
+from ..system.safe_pickle import RefusedPickle, describe_pickle_failure, latin1_encode, restricted_load
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 MEAN = (0.4914, 0.4822, 0.4465)  # per-channel statistics of the CIFAR-10 training set
@@ -140,14 +140,40 @@ def verify_cifar10(folder: Path, checksums: dict[str, str] | None = None) -> Non
             )
 
 
+def _cifar_globals(module: str, name: str):
+    """The only names a CIFAR-10 batch file holds: NumPy's array and dtype (and bytes, as Python 3 pickles them)."""
+    reconstruct = np.ndarray(0).__reduce__()[0]  # numpy.core.multiarray._reconstruct, numpy._core's in NumPy 2
+    allowed = {
+        ("numpy.core.multiarray", "_reconstruct"): reconstruct,  # the original files (Python 2, NumPy 1)
+        ("numpy._core.multiarray", "_reconstruct"): reconstruct,  # the same files written by NumPy 2
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("_codecs", "encode"): latin1_encode,  # bytes in a protocol-2 pickle written by Python 3
+    }
+    return allowed.get((module, name))
+
+
 def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One batch file, unpickled without running code: a file naming anything but arrays is refused."""
     try:
         with open(path, "rb") as f:
-            entry = pickle.load(f, encoding="latin1")
-        images = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-        labels = np.asarray(entry.get("labels", entry.get("fine_labels")), dtype=np.int64)
+            entry = restricted_load(f, _cifar_globals, encoding="latin1")
+    except RefusedPickle as err:
+        raise WorkshopError(f"CIFAR-10 file {path} is not a CIFAR-10 batch: {describe_pickle_failure(err)}.",
+                            _fix_for(path.parent)) from None
     except Exception as err:  # a truncated or foreign file can fail in many ways inside pickle
-        raise WorkshopError(f"Cannot read CIFAR-10 file {path}: {err}.", _fix_for(path.parent)) from None
+        raise WorkshopError(f"Cannot read CIFAR-10 file {path}: {describe_pickle_failure(err)}.",
+                            _fix_for(path.parent)) from None
+    try:
+        data = entry.get("data") if isinstance(entry, dict) else None
+        if not isinstance(data, np.ndarray) or data.dtype == object:
+            what = "a dict" if isinstance(entry, dict) else f"a {type(entry).__name__}"
+            raise TypeError(f"it holds {what} without the 'data' array of pixels a batch has")
+        images = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        labels = np.asarray(entry.get("labels", entry.get("fine_labels")), dtype=np.int64).reshape(-1)
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise WorkshopError(f"Cannot read CIFAR-10 file {path}: {first}.", _fix_for(path.parent)) from None
     if len(images) != len(labels):
         raise WorkshopError(f"CIFAR-10 file {path} has {len(images)} images but {len(labels)} labels.",
                             _fix_for(path.parent))
