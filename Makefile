@@ -1,7 +1,8 @@
-# The two commands of the README. Both create .venv and install the package on first use.
-#   make run   executes every notebook in notebooks/ into a new runs/<timestamp>/ folder and writes its report
-#   make test  runs the whole test suite
-#   make slides builds the instructor's decks (HTML and PDF) from the newest run folder
+# The commands of the README. Each creates .venv and installs the package on first use.
+#   make run        executes every notebook in notebooks/ into a new runs/<timestamp>/ folder and writes its report
+#   make test       runs the whole test suite, the full tier CI runs: every notebook executed once (minutes)
+#   make test-fast  the edit-test loop, under 90 s: unit tests only, no notebook, torchrun, Slurm or slides
+#   make slides     builds the instructor's decks (HTML and PDF) from the newest run folder
 # Compute nodes without internet (README, "Offline install"):
 #   make wheelhouse PY_VERSION=3.12   on a login node: every wheel the kit needs, into wheelhouse/
 #   make install-offline              on the node: .venv from wheelhouse/ alone; then make run / make test
@@ -10,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test slides install clean-venv wheelhouse install-offline
+.PHONY: run test test-fast slides install clean-venv wheelhouse install-offline
 
 install: $(STAMP)
 
@@ -31,6 +32,10 @@ run: $(STAMP)
 
 test: $(STAMP) $(SLIDES_DEPS)
 	$(PY) -m pytest
+
+# The tests marked neither slow nor notebook (pyproject.toml lists the markers).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not notebook"
 
 slides: $(STAMP) $(SLIDES_DEPS)
 	$(PY) slides/build.py

@@ -59,6 +59,7 @@ def test_bubble_formula():
     assert wu.bubble_fraction(1, 8) == 0
 
 
+@pytest.mark.slow
 def test_every_collective_delivers_what_its_definition_says():
     rows = wu.launch_demo("collectives-show", **DEMO)["rows"]
     got = {(r["collective"], r["rank"]): r["output"] for r in rows}
@@ -102,6 +103,7 @@ def test_helpers_called_without_a_device_use_the_process_groups(one_rank_group, 
         helper()
 
 
+@pytest.mark.slow
 def test_collectives_are_timed_per_size_and_fitted():
     record = wu.launch_demo("collectives-time", max_mib=1, repeats=3, **DEMO)
     names = {r["collective"] for r in record["rows"]}
@@ -112,6 +114,7 @@ def test_collectives_are_timed_per_size_and_fitted():
     assert table[table.collective == "broadcast"].model_seconds.isna().all()
 
 
+@pytest.mark.slow
 def test_fsdp_halves_the_bytes_per_rank_and_follows_ddps_loss_trajectory():
     record = wu.launch_demo("fsdp", steps=3, batch_size=8, train_size=64, **DEMO)
     ddp, fsdp = record["losses"]["DDP"], record["losses"]["FSDP"]
@@ -122,6 +125,7 @@ def test_fsdp_halves_the_bytes_per_rank_and_follows_ddps_loss_trajectory():
     assert first["parameters"] == 4 * record["parameters"] and first["optimizer"] == 8 * record["parameters"]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_splits_equal_the_unsplit_layer():
     record = wu.launch_demo("tensor-parallel", batch=16, features=64, hidden=256, **DEMO)
     assert len(record["rows"]) == 4
@@ -130,6 +134,7 @@ def test_tensor_parallel_splits_equal_the_unsplit_layer():
     assert record["rows"][0]["output_shape"] == [16, 256] and record["rows"][1]["output_shape"] == [16, 64]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_runs_on_a_world_size_that_divides_nothing():
     record = wu.launch_demo("tensor-parallel", batch=16, features=64, hidden=256, **{**DEMO, "nproc": 3})
     assert record["asked"] == {"features": 64, "hidden": 256} and record["rounded_up"]
@@ -145,6 +150,7 @@ def test_a_split_that_does_not_divide_says_how_to_fix_it(one_rank_group, monkeyp
         wu.ColumnParallelLinear(torch.nn.Linear(4, 8))
 
 
+@pytest.mark.slow
 def test_pipeline_gradients_equal_the_unsplit_model_and_the_bubble_is_measured():
     # Three stages: the middle one receives and sends in both directions, and checks its own gradients.
     record = wu.launch_demo("pipeline", microbatch_counts=[1, 4], batch=64, width=64, layers_per_stage=1,
@@ -178,12 +184,14 @@ def test_micro_batches_that_do_not_divide_the_batch_are_refused_in_one_line(one_
         wu.measure_bubble([3], batch=64, width=8)
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_keeps_gradients_and_cuts_memory():
     result = wu.measure_recompute(width=128, depth=6, tokens=2048, steps=1)
     assert result["gradient_max_abs_difference"] == 0.0
     assert result["memory_ratio"] < 0.8  # about 0.25 measured; a generous margin for a busy machine
 
 
+@pytest.mark.slow
 def test_distributed_checkpoint_round_trip_and_reshard_into_one_process(tmp_path):
     record = wu.launch_demo("checkpoint", folder=str(tmp_path), batch_size=8, round_trip_steps=2, stall_steps=2,
                             every=1, **DEMO)
@@ -243,6 +251,7 @@ torch.cuda.init = _initialise
 """
 
 
+@pytest.mark.slow
 def test_cpu_ranks_on_a_gpu_node_never_initialise_cuda(tmp_path, monkeypatch):
     fake = tmp_path / "fake-gpu-node"
     fake.mkdir()
@@ -271,6 +280,7 @@ def test_hiding_the_gpus_must_come_before_cuda_starts(monkeypatch):
     (["pipeline", "--options", "[1, 2]"], "must be a JSON object"),
     (["pipeline"], "needs two or more processes"),
 ])
+@pytest.mark.slow
 def test_command_line_mistakes_are_one_line_and_exit_2(args, message):
     result = subprocess.run([sys.executable, "-m", "workshop_utils.parallel_demos", *args], capture_output=True,
                             text=True, timeout=120)

@@ -15,9 +15,19 @@ from workshop_utils.parallel.launch import launch_torchrun
 LINK = Link("test link", bandwidth_gbps=2.0, latency_us=50.0, source="made up")
 
 
-def test_fit_recovers_latency_and_bandwidth_of_the_ring_model():
+def test_ring_all_reduce_time_is_the_alpha_beta_formula():
+    # 4 processes, 8 MB over LINK (2 GB/s, 50 us), by hand: 2(p-1) = 6 latency hops and 2(p-1)/p = 1.5 times
+    # the message over the link: 6 * 50e-6 s + 1.5 * 8e6 B / 2e9 B/s = 0.0003 s + 0.006 s.
+    assert ring_all_reduce_s(8e6, 4, LINK) == pytest.approx(0.0063, rel=1e-12)
+    assert ring_all_reduce_s(1e6, 2, LINK) == pytest.approx(2 * 50e-6 + 1e6 / 2e9, rel=1e-12)  # 0.0006 s
+    assert ring_all_reduce_s(0, 8, LINK) == pytest.approx(14 * 50e-6)  # an empty message still pays the hops
+    assert ring_all_reduce_s(8e6, 1, LINK) == 0.0
+
+
+def test_fit_recovers_latency_and_bandwidth_from_times_made_by_hand():
+    # Times of a 4-process ring on a 2 GB/s, 50 us link, written out without the model: 300 us + 1.5 n / 2e9.
     sizes = [4096 * 4**k for k in range(8)]
-    times = [ring_all_reduce_s(n, 4, LINK) for n in sizes]
+    times = [300e-6 + 1.5 * n / 2e9 for n in sizes]
     fitted = fit_link(sizes, times, 4)
     assert fitted.bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
     assert fitted.latency_us == pytest.approx(50.0, rel=1e-6)
@@ -96,6 +106,7 @@ def test_every_link_figure_says_where_it_comes_from():
         assert link.bandwidth_gbps > 0 and link.latency_us > 0 and len(link.source) > 20
 
 
+@pytest.mark.slow
 def test_all_reduce_is_measured_on_two_gloo_processes(tmp_path):
     out = tmp_path / "all_reduce.json"
     args = ["--max-mib", "1", "--repeats", "3", "--device", "cpu", "--out", str(out)]
@@ -105,9 +116,15 @@ def test_all_reduce_is_measured_on_two_gloo_processes(tmp_path):
     assert record["world_size"] == 2 and record["backend"] == "gloo"
     assert [r["size_bytes"] for r in record["rows"]] == [4096 * 4**k for k in range(5)]  # 4 KiB .. 1 MiB
     assert all(r["seconds"] > 0 for r in record["rows"])
-    assert record["link"]["bandwidth_gbps"] > 0
+    # Two processes: 2(p-1)/p = 1, so the bus bandwidth is plainly bytes over seconds.
+    assert all(r["bus_bandwidth_gbps"] == pytest.approx(r["size_bytes"] / r["seconds"] / 1e9) for r in record["rows"])
+    # The link the record reports is the fit of the times it recorded, not a figure from elsewhere.
+    refit = fit_link([r["size_bytes"] for r in record["rows"]], [r["seconds"] for r in record["rows"]], 2)
+    assert record["link"]["bandwidth_gbps"] == pytest.approx(refit.bandwidth_gbps, rel=1e-6)
+    assert record["link"]["latency_us"] == pytest.approx(refit.latency_us, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_one_process_has_nobody_to_all_reduce_with():
     result = subprocess.run([sys.executable, "-m", "workshop_utils.comm_model"], capture_output=True, text=True,
                             timeout=120)

@@ -22,6 +22,7 @@ def test_synthetic_is_deterministic_and_cifar_shaped():
     assert np.array_equal(small.train_images, a.train_images[:700])
 
 
+@pytest.mark.slow
 def test_synthetic_is_learnable_well_above_chance():
     data = wu.make_synthetic_cifar(1024, 512, seed=0)
     result = wu.train(wu.TrainConfig(epochs=3, batch_size=64, progress=False, warmup_steps=1), data)
@@ -94,6 +95,7 @@ def test_no_data_anywhere_falls_back_loudly(tmp_path, monkeypatch, capsys):
     assert "SYNTHETIC" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_verify_command_fails_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "workshop_utils.data", "verify", "--root", str(tmp_path)],
                           capture_output=True, text=True)

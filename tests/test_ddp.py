@@ -71,6 +71,7 @@ def _reference_one_process(data, steps: int, per_rank_batch: int, world: int = 2
     return model
 
 
+@pytest.mark.slow
 def test_two_ranks_match_one_process_on_the_same_global_batch(ddp_run):
     launched, checkpoints = ddp_run
     assert launched.record["metrics"]["world_size"] == 2
@@ -89,6 +90,7 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(ddp_run):
     assert wu.max_parameter_difference(ddp_model, reference) < 1e-4
 
 
+@pytest.mark.slow
 def test_ddp_checkpoint_has_no_module_prefix_and_resumes_in_one_process(ddp_run):
     _, checkpoints = ddp_run
     path = wu.latest_checkpoint(checkpoints)
@@ -102,6 +104,7 @@ def test_ddp_checkpoint_has_no_module_prefix_and_resumes_in_one_process(ddp_run)
     assert resumed.metrics["steps"] == RUN["steps"] + 2
 
 
+@pytest.mark.slow
 def test_crashed_rank_is_restarted_and_ends_with_the_same_parameters(ddp_run):
     uninterrupted, earlier = ddp_run
     stale = torch.load(wu.latest_checkpoint(earlier), weights_only=True)["step"]
@@ -121,6 +124,7 @@ def test_crashed_rank_is_restarted_and_ends_with_the_same_parameters(ddp_run):
     assert crashed.record["metrics"]["param_checksum"] == uninterrupted.record["metrics"]["param_checksum"]
 
 
+@pytest.mark.slow
 def test_two_agents_on_one_machine_form_one_job():
     launched = launch_nodes(2, 1, batch_size=8, steps=2, train_size=32, test_size=16, warmup_steps=0,
                             device="cpu", echo=False, timeout_s=300)

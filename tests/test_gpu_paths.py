@@ -144,6 +144,7 @@ def test_training_records_the_device_it_ran_on(tiny_data, monkeypatch):
     assert result.record["environment"]["device_type"] == "cpu"
 
 
+@pytest.mark.slow
 def test_log_lines_name_the_step_they_report(tiny_data, capsys):
     # Logged losses are read one interval late (no host sync): every logged step still gets its line.
     wu.train(wu.TrainConfig(batch_size=32, max_steps=6, log_every=2, warmup_steps=0, progress=False, test_size=64),
@@ -204,6 +205,7 @@ def test_evaluation_never_calls_the_compiled_model(tiny_data, monkeypatch):
     assert calls and all(calls), "the compiled model ran in eval mode (a recompile on a GPU)"
 
 
+@pytest.mark.slow
 def test_deterministic_runs_restore_the_global_settings(tiny_data):
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
     config = wu.TrainConfig(batch_size=32, max_steps=3, warmup_steps=0, progress=False, test_size=64)

@@ -43,13 +43,34 @@ def test_plot_shows_the_threshold_and_skips_missing_power():
     assert any("80%" in text.get_text() for text in fig.axes[0].get_legend().get_texts())
 
 
+def test_monitor_records_memory_allocated_while_it_samples():
+    with wu.DeviceMonitor(interval_s=0.05, device="cpu") as monitor:
+        time.sleep(0.3)
+        block = torch.ones(128 * 2**20 // 4)  # 128 MiB, written to, so resident
+        time.sleep(0.4)
+    frame = monitor.frame()
+    before = frame.loc[frame["t_s"] < 0.25, "memory_used_mib"]
+    after = frame["memory_used_mib"].iloc[-3:]
+    assert len(before) >= 2, frame
+    assert after.min() - before.max() == pytest.approx(128, abs=24), frame
+    steps = frame["t_s"].diff().dropna()
+    assert steps.min() >= 0.045 and steps.median() < 0.2, "samples come every interval_s, not faster, not stalled"
+    del block
+
+
 def test_step_memory_records_every_step_and_enforces_its_cap():
     probe = wu.StepMemory("cpu")
-    block = torch.ones(8 * 2**20 // 4)  # 8 MiB held across the first step
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB held in the first step
     probe(1)
-    del block
+    del block  # freed, but it was still held as step 2 began
     probe(2)
-    assert probe.frame()["step"].tolist() == [1, 2] and probe.max_mib >= 0
+    small = torch.ones(16 * 2**20 // 4)  # 16 MiB: step 3's peak only
+    probe(3)
+    del small
+    assert probe.frame()["step"].tolist() == [1, 2, 3]
+    peaks = probe.frame()["peak_memory_mib"].tolist()
+    assert peaks == pytest.approx([64, 64, 16], abs=8), peaks
+    assert probe.max_mib == max(peaks)
     capped = wu.StepMemory("cpu", limit_mib=1.0)
     big = torch.ones(64 * 2**20 // 4)  # 64 MiB: over the cap
     with pytest.raises(torch.OutOfMemoryError, match="memory cap"):

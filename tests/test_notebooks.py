@@ -1,80 +1,173 @@
-"""The notebooks as users run them: headless with papermill, and through the main job.
+"""The notebooks as users run them, each one executed exactly once per test session.
 
-nbval executes every notebook as well (``--nbval-lax`` over ``notebooks/``, see pyproject.toml).
+The session fixture ``main_run`` runs the main job (``python -m workshop_utils.run_notebooks``, what
+``make run`` does) once over every notebook in notebooks/, with the cpu profile, into one run folder:
+papermill executes each notebook headless and passes it the run folder and the profile. The tests
+below then read what that run recorded: notebooks.json, the executed copies in ``<run>/notebooks/``,
+the results and figures, and report.md. Nothing else in the suite executes a real notebook
+(tests/test_run_notebooks.py uses tiny notebooks of its own), and nbval is not used.
 """
 
+import ast
 import json
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
 
-import workshop_utils as wu
+from workshop_utils.system.profiles import TIME_BUDGET_S
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 BASELINE = ROOT / "notebooks" / "01_single_gpu_baseline.ipynb"
+PROFILE = "cpu"
+BUDGET_S = TIME_BUDGET_S[PROFILE]
+# A notebook that hangs is stopped at twice its budget and reported failed; the others still run.
+NOTEBOOK_LIMIT_S = 2 * BUDGET_S
+RUN_LIMIT_S = len(NOTEBOOKS) * NOTEBOOK_LIMIT_S + 120
+
+# The first test to ask for main_run waits for the whole run: pytest's per-test timeout must cover it.
+pytestmark = pytest.mark.timeout(RUN_LIMIT_S + 60)
 
 
-def _execute(notebook: Path, out: Path, **parameters):
-    import papermill
-
-    return papermill.execute_notebook(str(notebook), str(out), parameters=parameters, cwd=str(notebook.parent),
-                                      kernel_name="python3", progress_bar=False)
+def _ids(path: Path) -> str:
+    return path.stem
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def _code(notebook: Path) -> list:
+    return [c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code"]
+
+
+def _section_keys(notebook: Path) -> list[str]:
+    """The report sections a notebook writes: the keys of its ``add_report_section(run_dir, "<key>", ...)`` calls."""
+    return re.findall(r'add_report_section\(\s*run_dir,\s*"([^"]+)"', "\n".join(c.source for c in _code(notebook)))
+
+
+def _profiles(notebook: Path) -> dict:
+    """The notebook's ``PROFILES = {...}`` sizes, read from its source (a literal of dict(...) calls)."""
+    for cell in _code(notebook):
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PROFILES" for t in node.targets):
+                return eval(compile(ast.Expression(node.value), str(notebook), "eval"), {"__builtins__": {"dict": dict}})
+    raise AssertionError(f"{notebook.name} has no PROFILES")
+
+
+@dataclass
+class MainRun:
+    dir: Path
+    proc: subprocess.CompletedProcess
+    log: dict  # notebook name -> its notebooks.json entry
+    names: list  # notebooks.json's order
+    report: str
+
+
+@pytest.fixture(scope="session")
+def main_run(tmp_path_factory) -> MainRun:
+    """The one execution of every notebook in this session: the main job with the cpu profile."""
+    run_dir = tmp_path_factory.mktemp("main-run")
+    proc = subprocess.run([sys.executable, "-m", "workshop_utils.run_notebooks", "--profile", PROFILE,
+                           "--run-dir", str(run_dir), "--timeout", str(NOTEBOOK_LIMIT_S)],
+                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    log_path, report_path = run_dir / "notebooks.json", run_dir / "report.md"
+    assert log_path.exists() and report_path.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
+    log = json.loads(log_path.read_text())
+    return MainRun(run_dir, proc, {e["notebook"]: e for e in log}, [e["notebook"] for e in log],
+                   report_path.read_text())
+
+
+# ---------------------------------------------------------------------- as committed (no execution)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
 def test_committed_without_outputs_and_with_parameters(notebook):
-    nb = nbformat.read(notebook, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
+    code = _code(notebook)
     assert all(not c.outputs and c.execution_count is None for c in code), "clear outputs before committing"
     parameters = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(parameters) == 1 and code[0] is parameters[0]
     assert 'profile = "auto"' in parameters[0].source and "run_dir = None" in parameters[0].source
+    assert _section_keys(notebook), "every notebook adds at least one section to the main job's report"
+
+
+# ---------------------------------------------------------------------- the main job's one run
 
 
 @pytest.mark.notebook
-def test_baseline_notebook_obeys_papermill_parameters(tmp_path):
-    _execute(BASELINE, tmp_path / "out.ipynb", run_dir=str(tmp_path), profile="cpu", epochs=1, train_size=512)
-    record = json.loads((tmp_path / "results" / "baseline.json").read_text())
-    assert record["config"]["epochs"] == 1 and record["metrics"]["steps"] == 512 // 64
-    assert record["metrics"]["parameters"] == 2_474_506
-    resumed = json.loads((tmp_path / "results" / "section-baseline.json").read_text())
-    assert resumed["title"].startswith("Single-GPU baseline")
-    assert (tmp_path / "figures" / "baseline_curves.png").stat().st_size > 10_000
+def test_the_main_job_ran_every_notebook_once_and_each_passed(main_run):
+    proc = main_run.proc
+    failed = {n: e["error"] for n, e in main_run.log.items() if e["status"] != "ok"}
+    assert proc.returncode == 0 and not failed, f"{failed}\n{proc.stderr[-3000:]}"
+    assert main_run.names == [p.name for p in NOTEBOOKS], "each notebook exactly once, in name order"
+    for name, entry in main_run.log.items():
+        assert (entry["status"], entry["profile"], entry["budget_s"], entry["limit_s"], entry["error"],
+                entry["cell"], entry["timed_out"], entry["check"]) \
+            == ("ok", PROFILE, BUDGET_S, NOTEBOOK_LIMIT_S, "", None, False, False), entry
+        assert 0 < entry["seconds"] < NOTEBOOK_LIMIT_S and entry["over_budget"] == (entry["seconds"] > BUDGET_S), entry
+        # The console and the report say the same, whether or not this machine kept to the budget.
+        word, cell = ("SLOW   ", "ok, **over budget**") if entry["over_budget"] else ("ok     ", "ok")
+        assert f"{word} {name} {entry['seconds']:.1f} s" in proc.stdout
+        assert f"| {name} | {cell} | {entry['seconds']:.1f} | {BUDGET_S} |" in main_run.report
+        assert (main_run.dir / "notebooks" / name).exists(), "the executed copy is kept"
+    assert f"Profile {PROFILE} (asked for); {len(NOTEBOOKS)} notebook(s)" in proc.stdout
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("notebook", [p for p in NOTEBOOKS if p != BASELINE], ids=lambda p: p.stem)
-def test_notebook_runs_headless_and_reports(notebook, tmp_path):
-    _execute(notebook, tmp_path / "out.ipynb", run_dir=str(tmp_path), profile="cpu")
-    sections = [json.loads(p.read_text()) for p in (tmp_path / "results").glob("section-*.json")]
-    assert sections, "every notebook adds at least one section to the main job's report"
-    report = wu.write_report(tmp_path).read_text()
-    for section in sections:
-        assert f"## {section['title']}" in report
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_executed_notebook_got_its_parameters_and_no_cell_failed(main_run, notebook):
+    executed = nbformat.read(main_run.dir / "notebooks" / notebook.name, as_version=4)
+    code = [c for c in executed.cells if c.cell_type == "code"]
+    injected = [c for c in code if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and code[1] is injected[0], "papermill injects right after the parameters cell"
+    namespace: dict = {}
+    exec(injected[0].source, namespace)  # noqa: S102 - papermill writes plain assignments
+    assert namespace["profile"] == PROFILE and Path(namespace["run_dir"]) == main_run.dir.resolve()
+    errors = [(c.execution_count, o.get("ename"), o.get("evalue")) for c in code for o in c.outputs
+              if o.output_type == "error"]
+    assert not errors, errors
+    unrun = [c.source.splitlines()[:1] for c in code
+             if c.execution_count is None or c.metadata.get("papermill", {}).get("status") != "completed"]
+    assert not unrun, f"cells not run to completion: {unrun}"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_each_notebook_adds_its_sections_and_figures_to_the_report(main_run, notebook):
+    number = notebook.name[:2]
+    for key in _section_keys(notebook):
+        path = main_run.dir / "results" / f"section-{key}.json"
+        assert path.exists(), f"{notebook.name} did not write {path.name}"
+        section = json.loads(path.read_text())
+        assert section["title"].endswith(f"(notebook {number})"), section["title"]
+        assert f"## {section['title']}" in main_run.report
         for figure in section["figures"]:
-            assert (tmp_path / figure).stat().st_size > 5_000, figure
+            assert (main_run.dir / figure).stat().st_size > 5_000, figure
+            assert f"]({figure})" in main_run.report, f"{figure} is not shown in report.md"
 
 
 @pytest.mark.notebook
-def test_main_job_runs_notebooks_and_writes_the_report(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "workshop_utils.run_notebooks", "--only", "01",
-                           "--run-dir", str(tmp_path)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = (tmp_path / "report.md").read_text()
-    assert "## Single-GPU baseline (notebook 01)" in report and "| throughput" in report
-    assert "Synthetic data" in report  # no CIFAR-10 here, and the report says so
-    entry = json.loads((tmp_path / "notebooks.json").read_text())[0]
-    assert (entry["status"], entry["profile"], entry["budget_s"], entry["error"]) == ("ok", "cpu", 300, "")
-    assert f"ok      {BASELINE.name} {entry['seconds']:.1f} s" in proc.stdout
-    assert f"| {BASELINE.name} | ok | {entry['seconds']:.1f} | 300 |" in report
-    assert (tmp_path / "notebooks" / BASELINE.name).exists()
+def test_baseline_record_obeys_the_cpu_profile_it_was_given(main_run):
+    """Notebook 01 received profile="cpu" and run_dir from the main job, and its record shows both obeyed."""
+    sizes = _profiles(BASELINE)[PROFILE]
+    record = json.loads((main_run.dir / "results" / "baseline.json").read_text())
+    config, metrics = record["config"], record["metrics"]
+    assert (config["epochs"], config["batch_size"], config["num_workers"]) \
+        == (sizes["epochs"], sizes["batch_size"], sizes["num_workers"])
+    assert metrics["steps"] == sizes["epochs"] * (sizes["train_size"] // sizes["batch_size"])
+    assert metrics["parameters"] == 2_474_506 and metrics["data_source"] == "synthetic"
+    assert len(record["step_loss"]) == metrics["steps"]
+    section = json.loads((main_run.dir / "results" / "section-baseline.json").read_text())
+    assert section["title"] == "Single-GPU baseline (notebook 01)" and f"{PROFILE} profile" in section["text"]
+    assert (main_run.dir / "figures" / "baseline_curves.png").stat().st_size > 10_000
+    assert "## Single-GPU baseline (notebook 01)" in main_run.report and "| throughput" in main_run.report
+    assert "Synthetic data" in main_run.report  # no CIFAR-10 here, and the report says so
 
 
+@pytest.mark.slow
 def test_main_job_rejects_an_unknown_notebook(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "workshop_utils.run_notebooks", "--only", "99",
-                           "--run-dir", str(tmp_path)], capture_output=True, text=True)
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True)
     assert proc.returncode == 2 and "No notebook" in proc.stderr
+    assert not (tmp_path / "run").exists()

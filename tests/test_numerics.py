@@ -1,6 +1,5 @@
 """The numerics helpers of notebook 03 tell the truth about floating-point formats and name the failing layer."""
 
-import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -149,4 +148,36 @@ def test_gradient_histogram_marks_fp16_limits():
     labels = [line.get_label() for line in fig.axes[0].get_lines()]
     assert any("smallest subnormal 6e-08" in label for label in labels)
     assert any("largest 6.6e+04" in label for label in labels)
-    assert isinstance(wu.underflow_table({"x": torch.tensor([1.0])}), pd.DataFrame)
+
+
+def test_bf16_and_fp32_ranges_are_the_known_powers_of_two():
+    table = wu.format_table()
+    assert table.loc["bf16", "smallest subnormal"] == 2.0**-133  # 2^-126 smallest normal, 7 fraction bits
+    assert table.loc["bf16", "smallest normal"] == table.loc["fp32", "smallest normal"] == 2.0**-126
+    assert table.loc["fp32", "smallest subnormal"] == 2.0**-149
+    assert table.loc["bf16", "eps (gap above 1)"] == 2.0**-7 and table.loc["fp16", "eps (gap above 1)"] == 2.0**-10
+    assert (table.loc["bf16", ["exponent bits", "mantissa bits"]] == [8, 7]).all()
+    assert table.loc["fp32", "largest"] == (2 - 2.0**-23) * 2.0**127
+    assert table["bits"].to_dict() == {"fp32": 32, "fp16": 16, "bf16": 16}
+
+
+def test_underflow_table_counts_each_outcome_at_each_scale():
+    # One value per fp16 outcome at scale 1: 2^-26 is below half the smallest subnormal (2^-24), so it flushes;
+    # 2^-20 is subnormal (under 2^-14); 1.0 is normal; 2^15 * 3 = 98,304 is beyond 65,504. Zeros are not counted.
+    grads = {"g": torch.tensor([0.0, 2.0**-26, 2.0**-20, 1.0, 3 * 2.0**15], dtype=torch.float64)}
+    table = wu.underflow_table(grads, scales=(1.0, 2.0**4, 2.0**12)).set_index("loss scale")
+    assert table["values"].tolist() == [4, 4, 4]
+    assert table.loc["2^0", ["flushed to zero %", "subnormal (imprecise) %", "overflowed to inf %"]].tolist() \
+        == [25, 25, 25]
+    # x16: 2^-22 is now subnormal (no flush), 2^-16 still subnormal, 16 normal, the big one still inf.
+    assert table.loc["2^4", ["flushed to zero %", "subnormal (imprecise) %", "overflowed to inf %"]].tolist() \
+        == [0, 50, 25]
+    # x4096: 2^-14 and 2^-8 are both normal now; 4096 fits; 3 * 2^27 overflows.
+    assert table.loc["2^12", ["flushed to zero %", "subnormal (imprecise) %", "overflowed to inf %"]].tolist() \
+        == [0, 0, 25]
+    # The same values cast to bf16 (fp32's range): nothing flushes or overflows at scale 1.
+    bf16 = wu.underflow_table(grads, scales=(1.0,), dtype=torch.bfloat16).iloc[0]
+    assert (bf16["flushed to zero %"], bf16["subnormal (imprecise) %"], bf16["overflowed to inf %"]) == (0, 0, 0)
+    tiny = wu.underflow_table({"g": torch.tensor([2.0**-135, 2.0**-133, 2.0**-127, 1.0], dtype=torch.float64)},
+                              scales=(1.0,), dtype=torch.bfloat16).iloc[0]
+    assert (tiny["flushed to zero %"], tiny["subnormal (imprecise) %"]) == (25, 50)  # 2^-133 is the last one

@@ -101,6 +101,7 @@ def _run(command: list[str], cwd: Path, env: dict, timeout: int = 300) -> subpro
     return proc
 
 
+@pytest.mark.slow
 def test_wheelhouse_without_torch_holds_the_kit_and_every_other_dependency(tmp_path):
     checkout = _checkout_copy(tmp_path / "checkout")
     index = tmp_path / "stand-in-index"
@@ -123,6 +124,7 @@ def test_wheelhouse_without_torch_holds_the_kit_and_every_other_dependency(tmp_p
     assert not list(wheels.glob("torch*")), "WITH_TORCH=no must not download PyTorch"
 
 
+@pytest.mark.slow
 def test_install_offline_reuses_the_pytorch_of_the_node_image(tmp_path):
     checkout = _checkout_copy(tmp_path / "checkout")
     wheels = tmp_path / "wheels"

@@ -48,6 +48,7 @@ def test_mode_table_computes_speedups_against_fp32_and_tf32_of_the_same_model():
     assert table["speed-up vs tf32"].isna().loc["simplecnn"].all()  # no tf32 run of that model: unknown, not guessed
 
 
+@pytest.mark.slow
 def test_trainer_runs_the_modes_and_the_table_reads_the_records():
     data = wu.make_synthetic_cifar(64, 32)
     base = wu.TrainConfig(batch_size=16, max_steps=3, warmup_steps=1, device="cpu", loader="device", progress=False)
@@ -57,6 +58,7 @@ def test_trainer_runs_the_modes_and_the_table_reads_the_records():
     assert (table["steps"] == 3).all() and table["samples/s"].gt(0).all()
 
 
+@pytest.mark.slow
 def test_benchmark_script_writes_json(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision_modes.py"), "--profile", "cpu",
                     "--model", "simplecnn", "--modes", "fp32", "bf16", "--steps", "2", "--warmup-steps", "1",
@@ -70,6 +72,7 @@ def test_benchmark_script_writes_json(tmp_path):
     assert record["environment"]["device_type"] == "cpu"
 
 
+@pytest.mark.slow
 def test_benchmark_rejects_an_unknown_mode_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision_modes.py"), "--profile", "cpu",
                            "--modes", "fp32", "fp8", "--run-dir", str(tmp_path / "run")],

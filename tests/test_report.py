@@ -21,6 +21,7 @@ def test_report_gathers_sections_in_order(tmp_path):
     assert "## Environment" in text and "PyTorch" in text
 
 
+@pytest.mark.slow
 def test_report_of_a_missing_folder_says_what_to_run(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "workshop_utils.report", str(tmp_path / "nope")],
                           capture_output=True, text=True)

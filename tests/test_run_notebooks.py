@@ -47,6 +47,7 @@ def entries(run_dir) -> dict[str, dict]:
 # ---------------------------------------------------------------------- failures keep their cause
 
 
+@pytest.mark.slow
 def test_a_failing_notebook_is_reported_with_its_cell_and_cause(tmp_path):
     folder, run_dir = tmp_path / "nbs", tmp_path / "run"
     write_notebook(folder, "a_workshop_error.ipynb",
@@ -85,6 +86,7 @@ def test_a_failing_notebook_is_reported_with_its_cell_and_cause(tmp_path):
     assert (run_dir / "notebooks" / "a_workshop_error.ipynb").exists(), "the executed copy is kept"
 
 
+@pytest.mark.slow
 def test_a_hung_notebook_is_stopped_at_its_limit_and_the_others_still_run(tmp_path):
     folder, run_dir = tmp_path / "nbs", tmp_path / "run"
     write_notebook(folder, "a_hangs.ipynb", "import time", "time.sleep(600)  # waits on something that never comes")
@@ -104,6 +106,7 @@ def test_a_hung_notebook_is_stopped_at_its_limit_and_the_others_still_run(tmp_pa
     assert "stopped at its time limit of 5 s" in (run_dir / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_check_holds_every_notebook_to_its_budget(tmp_path, monkeypatch, capsys):
     """Budget 3 s here: a run flags the 4-s notebook over budget; the pre-flight stops it at 3 s and fails."""
     monkeypatch.setitem(rn.TIME_BUDGET_S, "cpu", 3)
@@ -137,6 +140,7 @@ def _running_cell(executed) -> int | None:
                 None)
 
 
+@pytest.mark.slow
 def test_a_main_job_stopped_by_the_batch_system_still_writes_its_report(tmp_path):
     """SIGTERM (Slurm's time limit, scancel) mid-notebook: what finished is reported, the rest is named."""
     folder, run_dir = tmp_path / "nbs", tmp_path / "run"
@@ -207,11 +211,12 @@ def test_the_variable_is_checked_like_any_input(monkeypatch):
     assert wu.resolve_profile("auto") == "cpu"
 
 
+@pytest.mark.slow
 def test_the_main_job_decides_the_profile_and_the_notebooks_receive_it(tmp_path, monkeypatch):
     """The main job without --profile: gpu where a GPU is visible, and the notebook gets that name.
 
     The kernel pretends to see a GPU too: under the tests' WORKSHOP_PROFILE=cpu its own "auto"
-    is cpu (what nbval's kernels get); without the variable it would be gpu.
+    is cpu (what the kernels of the notebooks the tests run get); without the variable it would be gpu.
     """
     folder = tmp_path / "nbs"
     write_notebook(folder, "a_profile.ipynb",

@@ -270,6 +270,7 @@ def test_latest_run_folder_then_reference(tmp_path, monkeypatch):
     assert found.folder.name == "20260102-000000" and found.origin == "latest run folder"
 
 
+@pytest.mark.slow
 @needs_browser
 def test_missing_figure_gives_a_notice_not_a_broken_slide(tmp_path, capsys):
     run = make_run_folder(tmp_path / "run")
@@ -283,6 +284,7 @@ def test_missing_figure_gives_a_notice_not_a_broken_slide(tmp_path, capsys):
     assert build.main(["--run-dir", str(run), "--out", str(out), "--html-only", "--deck", "03", "--strict"]) == 2
 
 
+@pytest.mark.slow
 @needs_browser
 def test_build_fills_in_code_numbers_and_figures(built):
     out, manifest = built
@@ -300,6 +302,7 @@ def test_build_fills_in_code_numbers_and_figures(built):
           + ", ".join(f"{d['deck']} {d['slides']}" for d in manifest["decks"]))
 
 
+@pytest.mark.slow
 @needs_browser
 @pytest.mark.parametrize("deck", ["00_overview", "01_fundamentals", "02_ddp", "03_optimization", "04_slurm"])
 def test_deck_in_headless_chromium(built, browser, deck):
@@ -354,6 +357,7 @@ def test_deck_in_headless_chromium(built, browser, deck):
                                         ["targetInfo"]["targetId"]})
 
 
+@pytest.mark.slow
 @needs_browser
 def test_overflow_check_catches_an_overfull_slide(tmp_path, monkeypatch, browser):
     """The box check above must fail on a slide whose content does not fit (else it proves nothing)."""

@@ -1,12 +1,15 @@
 import json
+import math
 
 import pytest
+import torch
 
 import workshop_utils as wu
 
 SMALL = dict(epochs=2, batch_size=32, warmup_steps=2, progress=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["torch", "device"])
 def test_interrupted_and_resumed_run_ends_bit_identical(tmp_path, tiny_data, loader):
     config = wu.TrainConfig(loader=loader, checkpoint_dir=str(tmp_path / "ck"), **SMALL)
@@ -39,11 +42,44 @@ def test_step_budget_overrides_epochs(tiny_data):
     assert result.metrics["steps"] == 3 and result.metrics["epochs_done"] == 1
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_modes_run_on_cpu(precision, tiny_data):
-    result = wu.train(wu.TrainConfig(precision=precision, max_steps=3, batch_size=16, warmup_steps=0,
-                                     progress=False), tiny_data)
-    assert result.metrics["final_train_loss"] > 0
+def _initial_model(seed: int = 0):
+    """The weights ``train`` starts from: it seeds torch with the config's seed, then builds the model."""
+    torch.manual_seed(seed)
+    return wu.build_model("simplecnn")
+
+
+def test_a_step_moves_the_weights_and_a_seed_fixes_them(tiny_data):
+    config = wu.TrainConfig(max_steps=1, batch_size=16, warmup_steps=0, progress=False)
+    first, again, other = (wu.train(config.replace(seed=seed), tiny_data) for seed in (0, 0, 1))
+    assert wu.max_parameter_difference(_initial_model(0), first.model) > 1e-4, "an SGD step changed nothing"
+    assert first.metrics["param_checksum"] == again.metrics["param_checksum"] == wu.parameter_checksum(first.model)
+    assert first.record["step_loss"] == again.record["step_loss"]
+    assert other.metrics["param_checksum"] != first.metrics["param_checksum"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_learns_the_synthetic_set(precision, tiny_data):
+    """24 steps on 256 learnable images: the loss falls well below chance's ln(10) and accuracy rises above 10%."""
+    result = wu.train(wu.TrainConfig(precision=precision, epochs=10, max_steps=24, batch_size=32, lr=0.01,
+                                     warmup_steps=0, progress=False), tiny_data)
+    losses = result.record["step_loss"]
+    assert len(losses) == 24
+    assert losses[0] == pytest.approx(math.log(10), abs=0.3), "an untrained 10-way classifier starts near ln(10)"
+    assert sum(losses[-4:]) / 4 < 0.8 * math.log(10), losses
+    assert result.metrics["final_test_acc"] > 0.3, "chance is 0.1"
+
+
+@pytest.mark.slow
+def test_fp16_on_cpu_computes_the_same_loss_and_still_updates_the_weights(tiny_data):
+    """fp16 autocast plus GradScaler (emulated, slow on a CPU): same first loss as fp32, and steps not all skipped."""
+    config = wu.TrainConfig(max_steps=3, batch_size=16, warmup_steps=0, progress=False)
+    half = wu.train(config.replace(precision="fp16"), tiny_data)
+    full = wu.train(config.replace(max_steps=1), tiny_data)
+    losses = half.record["step_loss"]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert losses[0] == pytest.approx(full.record["step_loss"][0], abs=2e-2), "first batch, same initial weights"
+    assert wu.max_parameter_difference(_initial_model(0), half.model) > 1e-4, "every fp16 step was skipped"
 
 
 @pytest.mark.parametrize("change, message", [
@@ -72,6 +108,7 @@ def test_resume_into_another_model_leaves_the_checkpoint(tmp_path, tiny_data):
     assert wu.list_checkpoints(tmp_path) == saved
 
 
+@pytest.mark.slow
 def test_baseline_checks_read_a_real_record(tiny_data):
     result = wu.train(wu.TrainConfig(**SMALL), tiny_data)
     checks = wu.check_baseline(result.record)
