@@ -125,3 +125,11 @@ def test_the_flat_api_resolves_every_name_from_the_module_its_table_names():
 
     for name, module in wu._EXPORTS.items():
         assert getattr(wu, name) is getattr(import_module(f"workshop_utils.{module}"), name), name
+
+
+def test_importing_the_training_command_keeps_wu_train_the_function():
+    import importlib
+
+    command = importlib.import_module("workshop_utils.train")
+    assert callable(wu.train) and wu.train is not command and wu.train.__module__ == "workshop_utils.spine.trainer"
+    assert callable(command.main)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -130,7 +131,7 @@ from types import SimpleNamespace  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-import workshop_utils.train as entry  # noqa: E402
+entry = importlib.import_module("workshop_utils.train")  # the command; wu.train stays the function
 from workshop_utils.parallel import launch  # noqa: E402
 from workshop_utils.spine.config import setting_of  # noqa: E402
 from workshop_utils.spine.trainer import TrainConfig  # noqa: E402

@@ -135,6 +135,7 @@ def test_ladder_mfu_uses_one_stated_peak_whatever_the_precision(tiny_data, monke
     assert f"{stated:g} TFLOP/s" in table.attrs["stated_peak"]
 
 
+@pytest.mark.slow
 def test_optimizer_kernel_switch_changes_how_the_update_runs_not_what_it_computes(tiny_data):
     base = _config(max_steps=3, warmup_steps=1, loader="device")
     runs = {k: wu.train(base.replace(optimizer_kernels=k), tiny_data) for k in ("default", "foreach", "fused")}

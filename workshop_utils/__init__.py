@@ -10,6 +10,8 @@ Names load on first use (PEP 562): ``import workshop_utils`` stays fast, and the
 modules that are also commands (``python -m workshop_utils.data``) run cleanly.
 """
 
+import sys
+import types
 from importlib import import_module
 
 __version__ = "0.1.0"
@@ -144,3 +146,16 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _FlatAPI(types.ModuleType):
+    """The package module, kept flat: importing the command ``workshop_utils.train`` (torchrun workers,
+    tests) must not replace ``wu.train``, the training function, with that module."""
+
+    def __setattr__(self, name, value):
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable through sys.modules and importlib.import_module
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _FlatAPI
