@@ -1,4 +1,4 @@
-"""Test-wide settings, also seen by the notebooks nbval executes (their kernels inherit the environment)."""
+"""Test-wide settings, also seen by the notebooks the main job executes (their kernels inherit the environment)."""
 
 import os
 import tempfile
