@@ -31,7 +31,7 @@ from .spine.config import GROUPS, HOW_MUCH, OUTPUT, Setting, TrainConfig, field_
 from .spine.distributed import read_dist_env, teardown_distributed
 from .spine.preemption import stop_on_signals
 from .spine.trainer import InjectedFailure, train
-from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error, positive_int, whole_number
 from .system.results import check_output_path, git_commit, jsonable, path_for_message, write_json_or_fallback
 
 EPILOG = """\
@@ -61,29 +61,6 @@ that could not be written to --out (it is saved to a temporary file, named on th
 
 COMMAND_DEFAULTS = {"name": "train"}  # where the command's default differs from the field's
 ENTRY_ONLY = ("global_batch_size", "out")  # the command's own flags: no field of TrainConfig
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line naming the problem and the fix (exit status 2)."""
-
-    def error(self, message: str):
-        message = " ".join(message.splitlines())  # a value holding a line break must not make two lines
-        print(f"error: {message}. Fix: see `{self.prog} --help`.", file=sys.stderr, flush=True)
-        raise SystemExit(2)
-
-
-def whole_number(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-
-
-def positive_int(text: str) -> int:
-    value = whole_number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
 
 
 def number(text: str) -> float:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import WorkshopError
+from .errors import OneLineParser, WorkshopError, positive_int
 from .hardware import device_name, environment, pick_device
 from .profiles import PROFILE_NAMES, pick_settings, profile_choice
 from .results import git_commit, new_run_dir, resolve_run_dir, write_json
@@ -40,39 +40,20 @@ LAYOUT_KEYS = ("benchmark", "profile", "environment", "settings", "rows", "summa
 SHARED_FLAGS = ("--profile", "--run-dir", "--repeats")
 
 
-class BenchmarkParser(argparse.ArgumentParser):
-    """An argument parser whose every complaint is one line, ``error: ... Fix: ...``, and exit status 2."""
-
-    def error(self, message: str):
-        problem = message[:1].upper() + message[1:]
-        fix = (f"see `{self.prog} --help`; every benchmark takes --profile {{{','.join(PROFILE_NAMES)}}}, "
-               "--run-dir DIR and --repeats N.")
-        print(f"error: {problem.rstrip('.')}. Fix: {fix}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
-
-
-def _whole_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
-
-
 def benchmark_parser(name: str, description: str | None = None, repeats: int = 3,
-                     repeats_help: str = "measurements of each case (the median is reported)") -> BenchmarkParser:
+                     repeats_help: str = "measurements of each case (the median is reported)") -> OneLineParser:
     """The parser every benchmark starts from: ``--profile``, ``--run-dir`` and ``--repeats``; add its own options."""
-    parser = BenchmarkParser(prog=f"python benchmarks/{name}.py", description=description,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    prog = f"python benchmarks/{name}.py"
+    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           fix=f"see `{prog} --help`; every benchmark takes --profile "
+                               f"{{{','.join(PROFILE_NAMES)}}}, --run-dir DIR and --repeats N.")
     parser.add_argument("--profile", default="auto", choices=PROFILE_NAMES,
                         help="sizes and device: 'cpu' (small, on the CPU), 'gpu' (full size, on the GPU), "
                              "'auto' ($WORKSHOP_PROFILE, else gpu when a CUDA GPU is visible, else cpu)")
     parser.add_argument("--run-dir", metavar="DIR",
                         help=f"run folder; the result goes to DIR/{BENCHMARK_FOLDER}/{name}.json "
                              f"(default: a new runs/<time>-bench-{name}/)")
-    parser.add_argument("--repeats", type=_whole_number, default=repeats, metavar="N",
+    parser.add_argument("--repeats", type=positive_int, default=repeats, metavar="N",
                         help=f"{repeats_help} (default {repeats})")
     parser.set_defaults(benchmark=name)
     return parser

@@ -9,6 +9,7 @@ and exit with status 2, and notebooks show it without the stack (see
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -66,3 +67,37 @@ def install_notebook_error_handler() -> bool:
 
     shell.set_custom_exc((WorkshopError,), handler)
     return True
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line naming the problem and the fix (exit status 2).
+
+    ``fix`` says what to do instead; by default, to read ``--help``.
+    """
+
+    def __init__(self, *args, fix: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fix = fix
+
+    def error(self, message: str):
+        message = " ".join(message.splitlines())  # a value holding a line break must not make two lines
+        message = message[:1].upper() + message[1:]  # a sentence, like every WorkshopError line
+        print(f"error: {message.rstrip('.')}. Fix: {self.fix or f'see `{self.prog} --help`.'}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+def whole_number(text: str) -> int:
+    """A flag's whole number, or the parser's one-line error."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def positive_int(text: str) -> int:
+    """A flag's whole number of 1 or more, or the parser's one-line error."""
+    value = whole_number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
