@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import re
@@ -37,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .system.results import repo_root
+from .system.results import repo_root, write_json
 from .system.errors import WorkshopError, exit_on_workshop_error
 from .system.profiles import PROFILE_NAMES, TIME_BUDGET_S, profile_choice
 from .report import write_report
@@ -215,10 +214,7 @@ def describe(entry: dict) -> str:
 
 
 def _save_log(run_dir: Path, log: list[dict]) -> None:
-    path = run_dir / "notebooks.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(log, indent=2))
-    tmp.replace(path)
+    write_json(log, run_dir / "notebooks.json")
 
 
 def run_notebooks(run_dir=None, profile: str = "auto", only: list[str] | None = None, *, folder=None,

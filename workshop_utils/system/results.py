@@ -99,7 +99,7 @@ def jsonable(value):
     return str(value)
 
 
-def write_json(record: dict, path: str | os.PathLike) -> Path:
+def write_json(record: dict | list, path: str | os.PathLike) -> Path:
     """Write the record atomically: a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,14 +115,7 @@ def write_json(record: dict, path: str | os.PathLike) -> Path:
 
 def save_record(record: dict, run_dir: str | os.PathLike, name: str) -> Path:
     """Write ``record`` as ``<run_dir>/results/<name>.json`` (atomically) and return the path."""
-    folder = Path(run_dir) / "results"
-    folder.mkdir(parents=True, exist_ok=True)
-    record = {"name": name, "git_commit": git_commit(), **record}
-    path = folder / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(jsonable(record), indent=2))
-    os.replace(tmp, path)
-    return path
+    return write_json({"name": name, "git_commit": git_commit(), **record}, Path(run_dir) / "results" / f"{name}.json")
 
 
 def read_records(run_dir: str | os.PathLike, problems: list[str] | None = None) -> list[dict]:
