@@ -61,6 +61,7 @@ def test_every_benchmark_takes_the_same_three_flags(name):
     assert "--out" not in actions and "--sizes" not in actions
 
 
+@pytest.mark.slow  # each benchmark trains for real, if briefly (up to ~20 s on a busy 2-core machine)
 @pytest.mark.parametrize("name", NAMES)
 def test_every_benchmark_writes_the_one_layout(name, tmp_path, monkeypatch):
     module, options = tiny(name, monkeypatch)
@@ -77,6 +78,7 @@ def test_every_benchmark_writes_the_one_layout(name, tmp_path, monkeypatch):
     assert f"### {name}" in wu.write_report(tmp_path).read_text()
 
 
+@pytest.mark.slow
 def test_without_a_run_dir_a_benchmark_gets_a_new_run_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path))
     module, options = tiny("loader_paths", monkeypatch)
@@ -104,6 +106,7 @@ def test_bad_flags_are_one_line_and_exit_2(name, args, named, tmp_path, monkeypa
     assert not list(tmp_path.iterdir()), "a refused run must leave no folder behind"
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_a_missing_gpu_is_one_line_from_the_command_line(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loader_paths.py"), "--profile", "gpu",

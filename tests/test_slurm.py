@@ -191,15 +191,24 @@ def test_env_check_reports_each_task_and_writes_the_environment(cluster, tmp_pat
 
 # ---------------------------------------------------------------------- pre-flight
 
-# What the pre-flight job runs here: notebook 01 in its cpu profile. On a GPU node,
+# What the pre-flight job runs here: a tiny notebook of the workshop's shape in the cpu profile (the real
+# notebooks run once per test session, in tests/test_notebooks.py). On a GPU node,
 # WORKSHOP_TEST_PREFLIGHT_ARGS="" submits the real pre-flight (every notebook, gpu profile).
-PREFLIGHT_ARGS = shlex.split(os.environ.get("WORKSHOP_TEST_PREFLIGHT_ARGS", "--only 01 --profile cpu"))
+PREFLIGHT_ARGS = os.environ.get("WORKSHOP_TEST_PREFLIGHT_ARGS")
 
 
 @pytest.mark.slow
 def test_preflight_job_runs_the_notebooks_and_reports_each_against_its_budget(cluster, tmp_path):
-    job, text, run_dir = submit_and_wait(cluster, tmp_path, "preflight.sbatch", *PREFLIGHT_ARGS,
-                                         timeout_s=600 if "--only" in PREFLIGHT_ARGS else 1800)
+    from test_run_notebooks import write_notebook
+
+    if PREFLIGHT_ARGS is None:
+        folder = tmp_path / "notebooks"
+        write_notebook(folder, "01_tiny.ipynb", "import workshop_utils as wu", "print(wu.TrainConfig().model)")
+        args = ["--notebooks", str(folder), "--profile", "cpu"]
+    else:
+        args = shlex.split(PREFLIGHT_ARGS)
+    job, text, run_dir = submit_and_wait(cluster, tmp_path, "preflight.sbatch", *args,
+                                         timeout_s=600 if PREFLIGHT_ARGS is None else 1800)
     assert_succeeded(job, text)
     log = json.loads((run_dir / "notebooks.json").read_text())
     assert log and all(e["status"] == "ok" and e["check"] and e["limit_s"] == e["budget_s"] == 300 for e in log)
