@@ -188,7 +188,11 @@ def test_micro_batches_that_do_not_divide_the_batch_are_refused_in_one_line(one_
 def test_activation_checkpointing_keeps_gradients_and_cuts_memory():
     result = wu.measure_recompute(width=128, depth=6, tokens=2048, steps=1)
     assert result["gradient_max_abs_difference"] == 0.0
-    assert result["memory_ratio"] < 0.8  # about 0.25 measured; a generous margin for a busy machine
+    # Tensor memory, counted tensor by tensor on a CPU: the same on every run, however busy the machine.
+    # Stored: six blocks' activations; recomputed: their inputs plus one block's, about 0.3 of it.
+    assert 0.15 < result["memory_ratio"] < 0.5
+    again = wu.measure_recompute(width=128, depth=6, tokens=2048, steps=1)
+    assert again["table"].peak_memory_mib.tolist() == result["table"].peak_memory_mib.tolist()
 
 
 @pytest.mark.slow

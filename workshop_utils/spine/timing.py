@@ -307,20 +307,3 @@ def reset_host_peak_rss() -> bool:
         return True
     except OSError:
         return False
-
-
-def follow_tensors_in_rss(threshold_bytes: int = 256 * 1024) -> bool:
-    """Make the resident size follow tensor memory closely (glibc); False where that is not possible.
-
-    glibc serves large blocks straight from the OS and returns them when freed, but it raises that
-    threshold each time such a block is freed, after which blocks of that size stay in its heap
-    once freed: the resident size, and so the peak, then includes memory no tensor uses any more.
-    Fixing the threshold keeps every block of ``threshold_bytes`` or more out of the heap. Each
-    such block is then a fresh mapping from the OS, which slows CPU training by some 10%: this is
-    for memory experiments, not for runs whose speed is measured.
-    """
-    m_mmap_threshold = -3
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, threshold_bytes))
-    except (OSError, AttributeError):
-        return False
