@@ -97,3 +97,10 @@ install-offline:
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --find-links $(WHEELHOUSE) -e '.[$(EXTRAS)]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null
 	touch $(STAMP)
+
+# ---------------------------------------------------------------- attendees' notebooks
+# The copies attendees get: each exercise's solution replaced by its placeholder, outputs cleared,
+# written to notebooks/attendee/ (git ignores it). The committed notebooks keep the solutions.
+.PHONY: attendee
+attendee: $(STAMP)
+	$(PY) -c 'from workshop_utils.lessons.exercises import write_attendee_notebooks as w; w("notebooks", "notebooks/attendee")'

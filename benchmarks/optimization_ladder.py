@@ -57,7 +57,7 @@ def main(argv=None):
                           warmup_steps=hp["warmup_steps"], device=str(run.device), progress=False)
     tuned = dict(num_workers=workers, pin_memory=True, persistent_workers=workers > 0,
                  prefetch_factor=4 if workers else None)
-    rungs = wu.ladder_rungs(tuned, compile=not args.no_compile, device=run.device)
+    rungs = wu.ladder_rungs(tuned, compile=not args.no_compile, device=run.device, base=base)
     run_dir = run.folder()
     load = os.getloadavg()  # above the core count, other jobs were competing and ratios are unreliable
     print(f"load average (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} on {cpu_cores()} cores")

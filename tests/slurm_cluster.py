@@ -55,7 +55,8 @@ SlurmctldLogFile={root}/log/slurmctld.log
 SlurmdLogFile={root}/log/slurmd.log
 MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# Binds each task to its own cores (srun --cpu-bind), as clusters do: the binding tests need it.
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
@@ -117,9 +118,13 @@ class SlurmCluster:
         return self
 
     def stop(self) -> None:
-        """Cancel our jobs (their processes belong to slurmstepd, not to us), then stop each daemon by pid."""
-        if self.jobs and "slurmctld" in self.processes and self.processes["slurmctld"].poll() is None:
-            self.run("scancel", *self.jobs, check=False)
+        """Cancel every job (their processes belong to slurmstepd, not to us), then stop each daemon by pid.
+
+        Every job of this private cluster is ours, also those a notebook submitted, whose ids we never saw.
+        """
+        if "slurmctld" in self.processes and self.processes["slurmctld"].poll() is None:
+            if self.jobs or self.run("squeue", "-h", check=False).stdout.strip():
+                self.run("scancel", "--user", getpass.getuser(), check=False)
             self._wait_for(lambda: not self.run("squeue", "-h", check=False).stdout.strip(), 30, "jobs to end",
                            fail=False)
         for name in reversed(DAEMONS):

@@ -46,3 +46,96 @@ def test_profile_run_trains_exactly_the_scheduled_steps_and_measures_each(profil
 def test_profile_rejects_an_empty_schedule(tiny_data, tmp_path):
     with pytest.raises(wu.WorkshopError, match="schedule"):
         wu.profile_training(wu.TrainConfig(device="cpu"), tiny_data, tmp_path, active=0)
+
+
+def test_step_breakdown_splits_each_step_into_the_named_phases(profiled):
+    row = wu.step_breakdown(profiled)
+    phases = [row[f"{name}_ms"] for name in ("data", "forward", "backward", "optimizer")]
+    assert all(ms > 0 for ms in phases)
+    assert sum(phases) + row["other_ms"] == pytest.approx(row["step_ms"], rel=0.02)
+    assert row["forward_ms"] + row["backward_ms"] > row["data_ms"]  # a CNN step is mostly its passes
+    assert row["operators_per_step"] > 10 and row["kernels_per_step"] is None  # no kernels on a CPU
+    assert row["host_syncs_per_step"] == 0  # the loop reads no value back while it trains
+
+
+def _fake_run(step_body, steps=3):
+    """A profile of ``steps`` hand-made steps, shaped like profile_training's, for step_breakdown."""
+    import torch
+    from torch.profiler import profile, record_function, schedule
+
+    with profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                 schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
+        for _ in range(steps + 1):
+            step_body(record_function)
+            prof.step()
+    return wu.ProfileRun(prof, None, None, None, None, torch.device("cpu"))
+
+
+def test_host_syncs_are_counted_in_the_training_phases_and_not_in_the_loader():
+    import torch
+
+    x = torch.ones(8)
+
+    def step(phase):
+        with phase("data"):
+            x.sum().item()  # a loader reading its own CPU tensor: waits for no device
+        with phase("forward"):
+            x.sum().item(), x.max().item()  # the lines that would stall a GPU loop
+        with phase("backward"):
+            x.mul(2)
+        with phase("optimizer"):
+            x.add_(0)
+
+    row = wu.step_breakdown(_fake_run(step))
+    assert row["host_syncs_per_step"] == 2
+
+
+def test_step_breakdown_needs_named_phases():
+    run = _fake_run(lambda phase: None)
+    with pytest.raises(wu.WorkshopError, match="named"):
+        wu.step_breakdown(run)
+
+
+def test_phases_cost_nothing_when_annotation_is_off():
+    import torch
+    from torch.profiler import profile
+
+    from workshop_utils.spine.timing import phase_ranges
+
+    off = phase_ranges(False, torch.device("cpu"))
+    assert off("data") is off("forward")  # one shared do-nothing context, no object per call
+    with profile() as prof:
+        with off("forward"):
+            torch.ones(2).sum()
+        with phase_ranges(True, torch.device("cpu"))("backward"):
+            torch.ones(2).sum()
+    names = {e.name for e in prof.events()}
+    assert "backward" in names and "forward" not in names
+
+
+def test_profile_rungs_profiles_every_rung_that_applies(tiny_data, tmp_path):
+    rungs = [wu.Rung("baseline", {}, "-"), wu.Rung("not here", {"precision": "bf16"}, "-", "for the test"),
+             wu.Rung("fused optimizer", {"optimizer_kernels": "fused"}, "-")]
+    table = wu.profile_rungs(wu.TrainConfig(batch_size=32, device="cpu"), tiny_data, rungs, tmp_path, active=2,
+                             progress=False)
+    assert table["rung"].tolist() == ["baseline", "fused optimizer"]
+    assert (table["optimizer_ms"] > 0).all()
+    # The fused update is one operator for all tensors instead of a few per tensor.
+    assert table["operators_per_step"].iloc[1] < table["operators_per_step"].iloc[0]
+    figure = wu.plot_step_breakdown(table)
+    ax = figure.axes[0]
+    assert "milliseconds" in ax.get_xlabel() and len(ax.get_legend().get_texts()) == 5
+
+
+def test_nsys_command_records_the_timed_steps_of_exactly_this_config(monkeypatch):
+    from workshop_utils.train import build_parser, config_from_args
+
+    config = wu.TrainConfig(max_steps=40, loader="device", precision="bf16", batch_size=256)
+    command = wu.nsys_command(config, "traces/nsys")
+    assert command[:2] == ["nsys", "profile"] and "--capture-range=cudaProfilerApi" in command
+    train_args = command[command.index("workshop_utils.train") + 1:]
+    assert config_from_args(build_parser().parse_args(train_args), 1) == config.replace(annotate=True)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert "no nsys" in wu.nsys_missing()
+    with pytest.raises(wu.WorkshopError, match="cannot run here"):
+        wu.nsys_profile(config, "unused")

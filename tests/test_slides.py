@@ -1,12 +1,12 @@
-"""The slide decks: build from a run folder, then load every deck in a real headless Chromium.
+"""The slide decks: results per section, tables made for reading, slide budgets, and every deck in a real Chromium.
 
-The browser is driven over the Chrome DevTools Protocol (CDP) with the ``websocket-client`` package: CDP reports
-every network request and console message of the page (the checks below need both), takes screenshots and needs
-no chromedriver. Chromium and its child processes are started here and stopped by pid at the end.
-
-The decks are built from a small run folder written by the test itself (records shaped like the notebooks' ones,
-figures drawn with Pillow), so the test runs in seconds of Python and does not depend on ``make run``.
-Screenshots of every slide go to test-artifacts/slides/<deck>/.
+Most checks render the deck templates in Python (no Marp, no browser) against run folders written by the
+tests themselves: a complete older run, a newer run that holds one notebook's results only, and a reference
+folder, so that each section's source can be asserted. The browser tests then build every deck (HTML and
+PDF) from a copy of the real reference results and load each one in headless Chromium over the DevTools
+protocol (``websocket-client``): no request may leave ``file:``/``data:``, no console error, every slide renders
+at 1280x720 with nothing outside the slide or clipped, and the PDF has one page per slide. Screenshots of every
+slide go to test-artifacts/slides/<deck>/. Chromium and its child processes are started here and stopped by pid.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SLIDES = REPO / "slides"
+REFERENCE = REPO / "results" / "reference"
 ARTIFACTS = REPO / "test-artifacts" / "slides"
 VIEWPORT = (1280, 720)  # Marp's slide size: at this viewport one CSS pixel of the slide is one screen pixel
+DECKS = sorted(p.stem for p in (SLIDES / "decks").glob("*.md"))
+SNAKE = re.compile(r"\b[a-z0-9]+_[a-z0-9_]+\b")  # a code name such as samples_per_s
 
 
 def _load_build():
@@ -42,6 +45,7 @@ def _load_build():
 
 
 build = _load_build()
+tables = sys.modules["deck_tables"]
 CHROMIUM = build.chromium_path()
 NODE = shutil.which("node")
 needs_browser = pytest.mark.skipif(CHROMIUM is None or NODE is None,
@@ -50,66 +54,278 @@ needs_browser = pytest.mark.skipif(CHROMIUM is None or NODE is None,
                                           f"found chromium={CHROMIUM}, node={NODE}")
 
 
-# ------------------------------------------------------------------------------------------- fixtures
+# ------------------------------------------------------------------------------------------- run folders
 
 
-ENV = {"device_type": "cpu", "device_name": "test-cpu", "gpus": [], "torch": "x", "cuda": None, "cudnn": None,
-       "nccl": None, "python": "3", "cpu_cores": 2, "hostname": "test", "date": "2026-01-01T00:00:00+00:00",
-       "slurm": {}}
+def _env(date: str, device: str) -> dict:
+    return {"device_type": "cpu", "device_name": device, "gpus": [], "torch": "x", "cuda": None, "cudnn": None,
+            "nccl": None, "python": "3", "cpu_cores": 2, "hostname": "test", "date": f"{date}T00:00:00+00:00",
+            "slurm": {}}
 
 
-def _figure(path: Path, size=(1000, 600), color=(70, 130, 180)) -> None:
+def _figure(path: Path, color=(70, 130, 180)) -> None:
     from PIL import Image, ImageDraw
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    image = Image.new("RGB", size, "white")
+    image = Image.new("RGB", (1000, 420), "white")
     draw = ImageDraw.Draw(image)
     for i in range(10):
-        draw.rectangle([60 + i * 90, size[1] - 60 - i * 45, 120 + i * 90, size[1] - 40], fill=color)
+        draw.rectangle([60 + i * 90, 360 - i * 30, 120 + i * 90, 380], fill=color)
     image.save(path)
 
 
-def _section(folder: Path, key: str, title: str, order: float, table: list[dict], figures: list[str]) -> None:
-    record = {"name": f"section-{key}", "kind": "section", "title": title, "order": order,
-              "text": f"Test section {key}.", "table": table, "figures": figures, "environment": ENV}
-    (folder / "results" / f"section-{key}.json").write_text(json.dumps(record))
+def copy_sections(source: Path, target: Path, env: dict, keep=lambda record: True) -> Path:
+    """A run folder with the chosen records of ``source`` (real shapes), stamped with ``env``, and their figures."""
+    (target / "results").mkdir(parents=True, exist_ok=True)
+    for path in sorted((source / "results").glob("*.json")):
+        record = json.loads(path.read_text())
+        if not keep(record):
+            continue
+        record["environment"] = env
+        (target / "results" / path.name).write_text(json.dumps(record))
+        for figure in record.get("figures") or []:
+            _figure(target / figure)
+    return target
 
 
-def make_run_folder(folder: Path) -> Path:
-    """A run folder shaped like the main job's: train record, report sections of all notebooks, figures."""
-    (folder / "results").mkdir(parents=True)
-    baseline = {"name": "baseline", "kind": "train", "environment": ENV,
-                "config": {"batch_size": 64, "precision": "fp32"},
-                "metrics": {"parameters": 2474506, "samples_per_s": 51.9, "step_ms_median": 1211.1,
-                            "data_wait_fraction": 0.021, "data_source": "synthetic"}}
-    (folder / "results" / "baseline.json").write_text(json.dumps(baseline))
-    names = ["baseline_curves", "scaling", "precision_modes", "gradient_magnitudes", "loader_sweep"]
-    for name in names:
-        _figure(folder / "figures" / f"{name}.png")
-    summary = [{"metric": m, "value": v} for m, v in
-               [("samples/s", 51.9), ("step ms (median)", 1211.1), ("peak memory MiB", 1289.9), ("MFU", None)]]
-    _section(folder, "baseline", "Single-GPU baseline (notebook 01)", 1, summary, ["figures/baseline_curves.png"])
-    wide = [{f"column {c}": r * c + 0.5 for c in range(11)} | {"mode": f"mode-{r}"} for r in range(12)]
-    _section(folder, "ddp", "DDP scaling (notebook 02)", 2, wide, ["figures/scaling.png"])
-    _section(folder, "precision-modes", "Mixed precision (notebook 03)", 3,
-             [{"model": "simplecnn", "precision": p, "samples/s": 100.0 + i} for i, p in
-              enumerate(["fp32", "tf32", "fp16", "bf16"])], ["figures/precision_modes.png"])
-    _section(folder, "loader", "Data loading (notebook 04)", 4, [], ["figures/loader_sweep.png"])
-    return folder
+def notebook_of(record: dict) -> int | None:
+    return int(record["order"]) if record.get("kind") == "section" else None
+
+
+@pytest.fixture(scope="module")
+def three_folders_once(tmp_path_factory):
+    base = tmp_path_factory.mktemp("folders")
+    runs = base / "runs"
+    reference = copy_sections(REFERENCE, base / "reference", _env("2026-01-01", "ref-cpu"))
+    for figure in (REFERENCE / "figures").glob("*.png"):
+        shutil.copy(figure, reference / "figures" / figure.name)
+    # The older run lacks notebook 05 (it failed there) and the baseline record.
+    copy_sections(REFERENCE, runs / "20260201-090000", _env("2026-02-01", "old-cpu"),
+                  lambda r: notebook_of(r) in (1, 2, 3, 4) and r.get("name") != "baseline")
+    copy_sections(REFERENCE, runs / "20260301-090000-profiling", _env("2026-03-01", "new-cpu"),
+                  lambda r: notebook_of(r) == 4)
+    (runs / "20260302-000000").mkdir()  # a run that recorded nothing yet is passed over
+    return base
+
+
+@pytest.fixture
+def three_folders(three_folders_once, tmp_path, monkeypatch):
+    """The reference results, an older complete run, and a newer run of notebook 04 alone (its own run folder)."""
+    shutil.copytree(three_folders_once, tmp_path, dirs_exist_ok=True)
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "runs"))
+    return tmp_path / "reference"
+
+
+def render(results, deck: str, text: str):
+    renderer = build.Renderer(results, deck)
+    return renderer.render(text), renderer
+
+
+# ------------------------------------------------------------------------------------------- results per section
+
+
+def test_no_results_anywhere_names_make_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "runs"))
+    code = build.main(["--reference", str(tmp_path / "reference"), "--out", str(tmp_path / "out"), "--html-only"])
+    err = capsys.readouterr().err
+    assert code == 2 and "No results" in err and "make run" in err
+    code = build.main(["--run-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not exist" in err and "make run" in err
+
+
+def test_folders_are_searched_newest_first_then_the_reference(three_folders, tmp_path):
+    results = build.find_results(None, three_folders)
+    assert [s.folder.name for s in results.sources] == ["20260301-090000-profiling", "20260201-090000", "reference"]
+    assert [s.kind for s in results.sources] == ["run folder", "run folder", "reference results"]
+    given = build.find_results(str(tmp_path / "runs" / "20260201-090000"), three_folders)
+    assert [s.kind for s in given.sources] == ["given run folder", "reference results"]
+
+
+def test_each_section_comes_from_the_newest_run_that_has_it(three_folders):
+    results = build.find_results(None, three_folders)
+    text, renderer = render(results, "03_optimization", "{{results}}\n\n{{section ladder}}\n\n---\n\n"
+                                                         "{{section precision-modes}}\n\n---\n\n"
+                                                         "{{section beyond-fsdp}}\n\n---\n\n"
+                                                         "{{value baseline metrics.samples_per_s}}")
+    slides = text.split("\n---\n")
+    assert "Not built" not in text and renderer.missing == []
+    # notebook 04 ran on its own last: its section is the newest run's, with no fallback note
+    assert "new-cpu" in slides[0] and "not in the newest run" not in slides[0].split("</p>", 1)[1]
+    # notebook 03 is only in the older complete run
+    assert "not in the newest run: from run 20260201-090000 of 2026-02-01, old-cpu (cpu)" in slides[1]
+    # notebook 05 failed in the older run and was not run since: the reference, said in small print
+    assert "not in the newest run: from the reference run of 2026-01-01, ref-cpu (cpu)" in slides[2]
+    assert 'class="fineprint"' in slides[2]
+    assert 'class="from"' in slides[3]  # a value from the reference is marked where it stands
+    assert renderer.fallbacks == [
+        "03_optimization: section precision-modes from run 20260201-090000 of 2026-02-01, old-cpu (cpu)",
+        "03_optimization: section beyond-fsdp from the reference run of 2026-01-01, ref-cpu (cpu)",
+        "03_optimization: values of baseline from the reference run of 2026-01-01, ref-cpu (cpu)"]
+    assert "3 item(s) in this deck come from an older run or the reference run" in slides[0]
+
+
+def test_a_figure_comes_with_its_section_and_a_missing_one_is_a_notice(three_folders, tmp_path):
+    results = build.find_results(None, three_folders)
+    text, _ = render(results, "x", "{{section ladder}}")
+    assert "data:image/png;base64," in text
+    (tmp_path / "runs" / "20260301-090000-profiling" / "figures" / "optimization_ladder.png").unlink()
+    text, renderer = render(results, "x", "{{section ladder}}")
+    assert 'class="missing"' in text and "make run" in renderer.missing[0]
+    text, renderer = render(results, "x", "{{figure nowhere_to_be_found}}")
+    assert 'class="missing"' in text and "nowhere_to_be_found" in renderer.missing[0]
+
+
+def test_a_notebook_not_run_yet_is_small_print_not_a_failure(three_folders):
+    results = build.find_results(None, three_folders)
+    text, renderer = render(results, "04_slurm", '{{notebook 06 optional="yes"}}\n\n'
+                                                 '{{section slurm-jobs optional="yes" notebook="06"}}\n\n'
+                                                 '{{cell 99 contains="x" optional="yes"}}')
+    assert text.count("Not run yet") == 3 and "Not built" not in text
+    assert renderer.missing == [] and len(renderer.not_run) == 3
+    text, renderer = render(results, "04_slurm", "{{notebook 04}}")
+    assert "Data loading" in text and "new-cpu" in text and renderer.not_run == []
+
+
+def test_sections_gives_one_slide_per_section_each_from_its_newest_folder(three_folders):
+    results = build.find_results(None, three_folders)
+    text, renderer = render(results, "x", "{{sections 3 5}}")
+    slides = text.split("\n\n---\n\n")
+    expected = [r for r in _reference_sections().values() if 3 <= r["order"] < 5]
+    assert len(slides) == len(expected) and renderer.missing == []
+    assert all(s.startswith("<!-- _class: results -->") for s in slides)
+    assert "old-cpu" in slides[0] and "new-cpu" in slides[-1]
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_build_prints_what_it_fell_back_on(three_folders, tmp_path, capsys):
+    if not (SLIDES / "node_modules" / ".bin" / "marp").exists():
+        pytest.skip("needs Marp CLI (npm ci --prefix slides)")
+    out = tmp_path / "out"
+    assert build.main(["--reference", str(three_folders), "--out", str(out), "--html-only", "--deck", "03",
+                       "--deck", "05"]) == 0
+    printed = capsys.readouterr().out
+    assert "Fell back on older results" in printed
+    assert "05_beyond_data_parallel: section beyond-fsdp from the reference run of 2026-01-01" in printed
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["missing"] == [] and manifest["results"]["folder"].endswith("20260301-090000-profiling")
+    html = (out / "03_optimization.html").read_text()
+    assert "Not built" not in html and "from run 20260201-090000" in html
+
+
+# ------------------------------------------------------------------------------------------- tables
+
+
+def _reference_sections() -> dict[str, dict]:
+    return {p.stem.removeprefix("section-"): json.loads(p.read_text())
+            for p in sorted((REFERENCE / "results").glob("section-*.json"))}
+
+
+@pytest.mark.parametrize("key", sorted(_reference_sections()))
+def test_every_section_table_fits_a_slide_and_reads_like_prose(key):
+    rows = _reference_sections()[key]["table"]
+    if not rows:
+        pytest.skip("a section without a table")
+    shown = tables.curate(key, rows)
+    assert 0 < len(shown.headers) <= tables.MAX_COLUMNS and len(shown.rows) <= tables.MAX_ROWS
+    assert not [h for h in shown.headers if SNAKE.search(h)], shown.headers
+    assert key in tables.TABLES, f"section {key} has no chosen columns in slides/deck_tables.py"
+    for row in shown.rows:
+        for cell in row:  # numbers rounded to what a reader compares: no long tails of decimals
+            for whole, decimals in re.findall(r"(\d[\d,]*)\.(\d+)", cell):
+                assert len(decimals) <= 2 or whole == "0" and len(decimals.lstrip("0")) <= 3, \
+                    f"{key}: {cell} is not rounded"
+
+
+def test_a_table_drops_empty_columns_and_their_notes_and_says_what_it_left_out():
+    rows = [{"rung": f"r{i}", "samples_per_s": 100.0 + i, "vs_previous": 1.0, "vs_baseline": 1.0, "mfu": None}
+            for i in range(12)]
+    shown = tables.curate("ladder", rows)
+    assert "MFU (%)" not in shown.headers and shown.notes == []
+    assert len(shown.rows) == 8 and "first 8 of 12 rows" in shown.left_out
+    rows[0]["mfu"] = 0.1234
+    rows[1]["note"] = "not applicable: CUDA graphs need a GPU"
+    shown = tables.curate("ladder", rows)
+    assert "MFU (%)" in shown.headers and "12.3" in shown.rows[0] and "BF16 rung" in shown.notes[0]
+    assert "Note" not in shown.headers and shown.notes[1] == "r1: not applicable: CUDA graphs need a GPU"
+    wide = [{f"some_value_{c}": c * 1.23456 for c in range(9)}]
+    shown = tables.curate("a-new-section", wide)
+    assert len(shown.headers) == 6 and "3 more column(s)" in shown.left_out
+    assert shown.headers[0] == "Some value 0" and shown.rows[0][1] == "1.23"
+
+
+def test_human_headers_and_rounding():
+    assert tables.human_header("self_cpu_ms") == "Self CPU (ms)"
+    assert tables.human_header("peak_memory_mib") == "Peak memory (MiB)"
+    assert tables.human_header("samples_per_s") == "Throughput (samples/s)"
+    assert tables.human_header("tokens_per_s") == "Tokens/s"
+    assert [tables.format_cell(v) for v in (505.8621, 14.576, 0.1224, 1234567.0, None, float("nan"), True)] == \
+        ["506", "14.6", "0.122", "1,234,567", "–", "–", "yes"]
+    assert tables.format_cell(0.0656, "pct1") == "6.6" and tables.format_cell(16777216, "mib_from_bytes") == "16"
+
+
+# ------------------------------------------------------------------------------------------- the day
+
+
+def test_the_sessions_fill_their_slots_and_the_readme_agenda_matches():
+    readme = (SLIDES / "README.md").read_text()
+    for session in build.SESSIONS:
+        if session.deck:
+            parts = session.talk + session.demo + session.exercise + session.questions
+            assert parts == session.minutes, f"{session.title}: parts add up to {parts}, slot is {session.minutes}"
+            assert (SLIDES / "decks" / f"{session.deck}.md").is_file()
+            low, high = session.budget
+            assert 2 * low <= session.talk + 2 and 3 * high >= session.talk
+        assert f"| {session.when} | {session.title} |" in readme, f"slides/README.md lacks the row of {session.title}"
+    assert {s.deck for s in build.SESSIONS if s.deck} == set(DECKS)
+
+
+def test_decks_show_no_source_document_paths():
+    for deck in DECKS:
+        assert "sources/" not in (SLIDES / "decks" / f"{deck}.md").read_text(), deck
+
+
+@pytest.mark.slow
+def test_deck_templates_render_within_their_budgets_from_the_reference(tmp_path, monkeypatch):
+    """Counted on the template (slides are separated by ---), so the budget is checked without Marp."""
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "runs"))
+    results = build.find_results(None, REFERENCE)
+    for deck in DECKS:
+        text, renderer = render(results, deck, (SLIDES / "decks" / f"{deck}.md").read_text())
+        body = text.split("\n---\n", 1)[1]  # after the front matter
+        slides = len(re.findall(r"^---$", body, re.M)) + 1
+        low, high = build.session_of(deck).budget
+        assert low <= slides <= high, f"{deck}: {slides} slides, budget {low}-{high}"
+        assert renderer.missing == [], renderer.missing
+        for table in re.findall(r'<div class="table"><table>.*?</table>', text, re.S):  # results, not the agenda
+            headers = re.findall(r"<th>(.*?)</th>", table)
+            assert len(headers) <= tables.MAX_COLUMNS and not [h for h in headers if SNAKE.search(h)], headers
+            assert len(re.findall(r"<tr>", table)) - 1 <= tables.MAX_ROWS
+
+
+# ------------------------------------------------------------------------------------------- in a browser
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Every deck built (HTML and PDF) from a complete test run folder."""
+    """Every deck built (HTML and PDF) from the reference results alone."""
     if CHROMIUM is None or NODE is None:
         pytest.skip("needs Chromium and Node.js")
     if not (SLIDES / "node_modules" / ".bin" / "marp").exists():
         subprocess.run(["npm", "ci", "--prefix", str(SLIDES), "--no-audit", "--no-fund"], check=True)
     base = tmp_path_factory.mktemp("slides")
-    run = make_run_folder(base / "run")
     out = base / "build"
     started = time.perf_counter()
-    assert build.main(["--run-dir", str(run), "--out", str(out), "--strict"]) == 0
+    saved = os.environ.get("WORKSHOP_RUNS")
+    os.environ["WORKSHOP_RUNS"] = str(base / "runs")  # no run folder: every result from the reference
+    try:
+        assert build.main(["--out", str(out), "--strict"]) == 0
+    finally:
+        if saved is None:
+            os.environ.pop("WORKSHOP_RUNS")
+        else:
+            os.environ["WORKSHOP_RUNS"] = saved
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["test_build_seconds"] = time.perf_counter() - started
     return out, manifest
@@ -246,51 +462,23 @@ def _pdf_pages(path: Path) -> int:
     return sum(len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", chunk)) for chunk in chunks)
 
 
-# ------------------------------------------------------------------------------------------- tests
-
-
-def test_no_run_folder_names_make_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "runs"))
-    code = build.main(["--reference", str(tmp_path / "reference"), "--out", str(tmp_path / "out"), "--html-only"])
-    err = capsys.readouterr().err
-    assert code == 2 and "No results" in err and "make run" in err
-    code = build.main(["--run-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert code == 2 and "does not exist" in err and "make run" in err
-
-
-def test_latest_run_folder_then_reference(tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "runs"))
-    reference = make_run_folder(tmp_path / "reference")
-    assert build.find_results(None, reference).origin == "reference results"
-    make_run_folder(tmp_path / "runs" / "20260101-000000")
-    make_run_folder(tmp_path / "runs" / "20260102-000000")
-    (tmp_path / "runs" / "20260103-000000").mkdir()  # a run that recorded nothing yet is passed over
-    found = build.find_results(None, reference)
-    assert found.folder.name == "20260102-000000" and found.origin == "latest run folder"
+# ------------------------------------------------------------------------------------------- browser tests
 
 
 @pytest.mark.slow
 @needs_browser
-def test_missing_figure_gives_a_notice_not_a_broken_slide(tmp_path, capsys):
-    run = make_run_folder(tmp_path / "run")
-    (run / "figures" / "gradient_magnitudes.png").unlink()
-    out = tmp_path / "out"
-    assert build.main(["--run-dir", str(run), "--out", str(out), "--html-only", "--deck", "03"]) == 0
-    err = capsys.readouterr().err
-    assert "gradient_magnitudes.png" in err and "make run" in err
-    html = (out / "03_optimization.html").read_text()
-    assert 'class="missing"' in html and "make run" in html
-    assert build.main(["--run-dir", str(run), "--out", str(out), "--html-only", "--deck", "03", "--strict"]) == 2
-
-
-@pytest.mark.slow
-@needs_browser
-def test_build_fills_in_code_numbers_and_figures(built):
+def test_build_fills_in_code_numbers_and_figures_within_budget(built):
     out, manifest = built
-    assert [d["deck"] for d in manifest["decks"]] == ["00_overview", "01_fundamentals", "02_ddp",
-                                                      "03_optimization", "04_slurm"]
-    assert manifest["missing"] == [] and manifest["results"]["origin"] == "given run folder"
+    assert [d["deck"] for d in manifest["decks"]] == DECKS
+    assert manifest["missing"] == [] and manifest["over_budget"] == []
+    assert manifest["results"]["origin"] == "reference results"
+    held = {p.stem for p in (REFERENCE / "results").glob("*.json")}
+    for item in manifest["not_run"]:  # optional sections newer than the reference run (notebook 06, ...)
+        named = re.search(r"section '([\w-]+)'", item)
+        assert named is None or f"section-{named.group(1)}" not in held, item
+    for deck in manifest["decks"]:
+        low, high = deck["budget"]
+        assert low <= deck["slides"] <= high, deck
     rendered = {p.stem: p.read_text() for p in (out / "md").glob("*.md")}
     assert all("{{" not in text for text in rendered.values())
     assert "2,474,506" in rendered["00_overview"]  # a number taken from the record, formatted
@@ -298,13 +486,19 @@ def test_build_fills_in_code_numbers_and_figures(built):
     assert "DistributedDataParallel(model" in rendered["02_ddp"]
     assert "data:image/png;base64," in rendered["03_optimization"]
     assert "<!--" in rendered["01_fundamentals"]  # speaker notes
+    assert "10:00–10:15" in rendered["00_overview"]  # the agenda
+    for name in DECKS:
+        html = (out / f"{name}.html").read_text()
+        assert "sources/" not in html and "Not built" not in html, name
+        headers = re.findall(r"<th>(.*?)</th>", html)
+        assert not [h for h in headers if SNAKE.search(h)], f"{name}: raw column names {headers}"
     print(f"\nslide build took {manifest['test_build_seconds']:.1f} s: "
           + ", ".join(f"{d['deck']} {d['slides']}" for d in manifest["decks"]))
 
 
 @pytest.mark.slow
 @needs_browser
-@pytest.mark.parametrize("deck", ["00_overview", "01_fundamentals", "02_ddp", "03_optimization", "04_slurm"])
+@pytest.mark.parametrize("deck", DECKS)
 def test_deck_in_headless_chromium(built, browser, deck):
     out, manifest = built
     entry = next(d for d in manifest["decks"] if d["deck"] == deck)
@@ -367,8 +561,9 @@ def test_overflow_check_catches_an_overfull_slide(tmp_path, monkeypatch, browser
     wide = '<div style="width: 2000px">a block wider than the slide</div>'
     (decks / "99_overfull.md").write_text(f"---\nmarp: true\ntheme: workshop\n---\n\n{lines}\n\n---\n\n{wide}\n\n---\n\nfits\n")
     monkeypatch.setattr(build, "DECKS", decks)
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "runs"))
     out = tmp_path / "out"
-    assert build.main(["--run-dir", str(make_run_folder(tmp_path / "run")), "--out", str(out), "--html-only"]) == 0
+    assert build.main(["--out", str(out), "--html-only"]) == 0
     session = browser.open_page()
     browser.send("Page.navigate", {"url": (out / "99_overfull.html").as_uri()}, session)
     browser.wait_event("Page.loadEventFired", session)

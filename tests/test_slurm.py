@@ -106,6 +106,7 @@ def test_one_gpu_script_trains_and_writes_its_result(uninterrupted):
     job, text, run_dir = uninterrupted
     assert_succeeded(job, text)
     assert "rank 0 of 1" in text and "GPUs none" in text
+    assert re.search(r"GPUs none, cores \d+, 1 CPU thread\(s\)", text), "one core by default, and one thread on it"
     assert re.search(r"Done: 100 steps on 1 process\(es\)", text), text
     assert f"results in {run_dir}" in text
     result = result_of(run_dir)
@@ -119,7 +120,7 @@ def test_one_node_script_starts_one_process_per_task_on_a_cpu_node(cluster, tmp_
     job, text, run_dir = submit_and_wait(cluster, tmp_path, "train_one_node.sbatch", *TINY, "--steps", "6",
                                          options=("--ntasks-per-node=2",))
     assert_succeeded(job, text)
-    assert "2 process(es)" in text
+    assert "2 process(es)" in text and "NUMA binding off (no GPU)" in text
     assert "rank 0 of 2" in text and "rank 1 of 2" in text
     assert "Done: 6 steps on 2 process(es)" in text
     metrics = result_of(run_dir)["metrics"]
@@ -181,12 +182,65 @@ def test_env_check_reports_each_task_and_writes_the_environment(cluster, tmp_pat
     assert_succeeded(job, text)
     host = socket.gethostname().split(".")[0]
     assert "nodes: 1 (" in text and "tasks: 2" in text
-    assert re.search(rf"^0: {host} rank 0 local 0 cpus \S+ gpus none$", text, re.M), text
-    assert re.search(rf"^1: {host} rank 1 local 1 cpus \S+ gpus none$", text, re.M), text
+    tasks = {}
+    for rank in (0, 1):
+        line = re.search(rf"^{rank}: {host} rank {rank} local {rank} cpus (\S+) numa \S+ omp 1 gpus none gpu_numa - "
+                         rf"nics \S+ workers (\S+) worker_threads 1$", text, re.M)
+        assert line, text
+        tasks[rank] = line.groups()
+    # Bound to a core each (srun --cpu-bind=cores), and each task's DataLoader workers run on its core alone.
+    assert tasks[0][0] != tasks[1][0] and all(cpus == workers for cpus, workers in tasks.values()), tasks
+    assert "UserWarning" not in text, "the crowded workers are shown on purpose, without PyTorch's warning"
+    assert "== NUMA layout of" in text
     assert f"torch: {torch.__version__}" in text
     assert ("CPU-only node" in text) == (shutil.which("nvidia-smi") is None)
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["torch"] == torch.__version__ and env["slurm"]["SLURM_JOB_ID"] == job["JobId"]
+
+
+# ---------------------------------------------------------------------- job arrays and dependencies
+
+
+@pytest.mark.slow
+def test_array_runs_one_task_per_sweep_line_and_a_dependent_job_gathers_them(cluster, tmp_path):
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text("--lr 0.02\n--lr 0.1 --seed 1\n")
+    out = tmp_path / "array-%A_%a.out"
+    array = cluster.sbatch(REPO / "slurm" / "train_array.sbatch", str(sweep), *TINY, "--steps", "3",
+                           options=("--array=0-1", "--output", str(out)))
+    folder = Path(cluster.env["WORKSHOP_RUNS"]) / f"wu-sweep-{array}"
+    # The gathering job: --wrap makes a job script of one command; afterok holds it until every task succeeded.
+    gather = cluster.run("sbatch", "--parsable", f"--dependency=afterok:{array}", "--output",
+                         str(tmp_path / "gather.out"), "--wrap",
+                         shlex.join([sys.executable, "-c", "import sys, workshop_utils as wu; "
+                                     "print(wu.gather_array(*sys.argv[1:]))", str(folder), str(folder / "sweep.csv")])
+                         ).stdout.strip().split(";")[0]
+    cluster.jobs.append(gather)
+    assert "Dependency" in cluster.job(gather).get("Reason", "") or cluster.job(gather)["JobState"] != "PENDING"
+    job = cluster.wait(gather, 240)
+    tasks = [cluster.job(f"{array}_{i}") for i in (0, 1)]
+    texts = [Path(str(out).replace("%A", array).replace("%a", str(i))).read_text() for i in (0, 1)]
+    for task, text in zip(tasks, texts):
+        assert_succeeded(task, text)
+    assert_succeeded(job, (tmp_path / "gather.out").read_text())
+    assert re.search(rf"^task 0 of array {array} \(job \d+\) on \S+: cores \d+, 1 thread\(s\); its flags: --lr 0\.02$",
+                     texts[0], re.M), texts[0]
+    assert "its flags: --lr 0.1 --seed 1" in texts[1]
+    configs = [json.loads((folder / f"task-{i}" / "result.json").read_text())["config"] for i in (0, 1)]
+    assert [(c["lr"], c["seed"], c["max_steps"], c["name"]) for c in configs] == \
+        [(0.02, 0, 3, "wu-sweep-0"), (0.1, 1, 3, "wu-sweep-1")]
+    table = (folder / "sweep.csv").read_text().splitlines()
+    assert table[0].startswith("task,lr,seed,steps,") and len(table) == 3, table
+
+
+@pytest.mark.slow
+def test_array_task_without_a_sweep_line_fails_with_one_line(cluster, tmp_path):
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text("--lr 0.02\n")
+    job, text, _ = submit_and_wait(cluster, tmp_path, "train_array.sbatch", str(sweep), options=("--array=1",))
+    assert job["JobState"] == "FAILED" and job["ExitCode"] == "2:0", job
+    assert re.search(rf"^error: task 1 has no line 2 in {re.escape(str(sweep))} \(1 line\(s\)\)\. Fix: --array=0-0\.$",
+                     text, re.M), text
 
 
 # ---------------------------------------------------------------------- pre-flight
@@ -403,3 +457,25 @@ def test_jupyter_refuses_a_url_folder_others_can_write_to(cluster, tmp_path):
     assert re.search(rf"^error: {re.escape(str(shared))} is not a folder only you can write to.* Fix: ", text, re.M), text
     assert not list(shared.iterdir()), "nothing may be written into a folder others can write to"
     assert "http://" not in text, "no server, no URL"
+
+
+def test_nsys_job_uses_the_same_capture_options_as_the_notebook():
+    import shlex
+
+    import workshop_utils as wu
+
+    text = (REPO / "slurm" / "profile_nsys.sbatch").read_text()
+    line = re.search(r"^nsys profile (.*?)\\\n\s*(.*?) --output", text, re.M | re.S)
+    in_script = shlex.split(line.group(1)) + shlex.split(line.group(2))
+    command = wu.nsys_command(wu.TrainConfig(), "report")
+    assert in_script == command[2:command.index("--output")]
+    assert "--annotate" in text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nsys") is not None, reason="this node has nsys: the missing-nsys path cannot show")
+def test_nsys_job_without_nsys_stops_with_one_line(cluster, tmp_path):
+    job, text, _ = submit_and_wait(cluster, tmp_path, "profile_nsys.sbatch", "--steps", "2")
+    assert job["JobState"] == "FAILED" and job["ExitCode"] == "2:0"
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no nsys command" in errors[0] and "Traceback" not in text

@@ -76,7 +76,9 @@ def test_ladder_is_cumulative_one_switch_per_rung(tiny_data, tmp_path):
 def test_default_ladder_follows_the_workshop_order():
     labels = [r.label for r in wu.ladder_rungs(compile=True)]
     assert labels == ["baseline", "tuned DataLoader", "BF16 autocast", "channels_last", "device-resident loader",
-                      "fused optimizer", "torch.compile", "CUDA graphs"]
+                      "fused optimizer", "4x batch", "torch.compile", "CUDA graphs"]
+    big = {r.label: r for r in wu.ladder_rungs(base=_config(batch_size=32, lr=0.1, epochs=2), batch_factor=8)}
+    assert big["8x batch"].changes == {"batch_size": 256, "lr": 0.8, "lr_warmup_steps": 50, "epochs": 16}
     on_cpu = {r.label: r.not_here for r in wu.ladder_rungs(compile=True, device="cpu")}
     assert on_cpu["CUDA graphs"] == "CUDA graphs need a GPU" and on_cpu["fused optimizer"] is None
     off = {r.label: r.not_here for r in wu.ladder_rungs(compile=False)}

@@ -115,3 +115,31 @@ def test_baseline_checks_read_a_real_record(tiny_data):
     assert checks.loc["parameter count", "result"] == "ok"
     assert checks.loc["real data", "result"] == "LOOK"  # synthetic data is always flagged
     assert "throughput" in wu.summary_table(result.record).index
+
+
+def test_tensorboard_scalars_hold_the_runs_own_numbers(tiny_data, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = wu.TrainConfig(name="tb", batch_size=32, epochs=2, warmup_steps=1, progress=False, device="cpu",
+                            tensorboard_dir=str(tmp_path / "tensorboard"))
+    result = wu.train(config, tiny_data)
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "tb"))
+    events.Reload()
+    losses = events.Scalars("train/loss_per_step")
+    steps = result.metrics["steps"]
+    assert [e.step for e in losses] == list(range(1, steps + 1))
+    assert [e.value for e in losses] == pytest.approx(result.record["step_loss"], rel=1e-6)
+    assert [e.value for e in events.Scalars("epoch/test_acc")] == pytest.approx(
+        [row["test_acc"] for row in result.record["history"]])
+    assert len(events.Scalars("speed/step_ms")) == steps and all(e.value > 0 for e in events.Scalars("speed/step_ms"))
+    assert events.Scalars("train/learning_rate")[0].value == pytest.approx(config.lr)
+
+
+def test_only_rank_0_writes_tensorboard_scalars_and_a_bad_folder_fails_first(tmp_path):
+    from workshop_utils.spine.scalar_log import ScalarLog
+
+    ScalarLog(str(tmp_path / "other-rank"), is_main=False, run_name="run").close()
+    assert not (tmp_path / "other-rank").exists()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(wu.WorkshopError, match="tensorboard_dir"):
+        wu.train(wu.TrainConfig(tensorboard_dir=str(tmp_path / "a-file"), device="cpu", progress=False))

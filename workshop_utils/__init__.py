@@ -24,6 +24,18 @@ _MODULES = {
     "lessons.checks": (
         "check_baseline", "summary_table",
     ),
+    "lessons.ddp_lab": (
+        "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
+        "run_single", "solve_ddp_lab", "start_ddp_lab",
+    ),
+    "lessons.exercises": (
+        "NotYet", "attendee_notebook", "write_attendee_notebooks",
+    ),
+    "lessons.exercise_checks": (
+        "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus", "check_fsdp_traffic",
+        "check_loader_choice", "check_lost_fraction", "check_matmul_tflops", "check_mfu", "check_microbatches",
+        "check_next_fix", "check_safe_loss_scale",
+    ),
     "parallel.collectives": (
         "COLLECTIVES", "collective_table", "collectives_frame", "fit_all_reduce", "plot_collective_times",
         "ring_time_s", "run_collective", "show_collectives", "time_collectives",
@@ -86,7 +98,7 @@ _MODULES = {
         "bubble_fraction", "bubble_table", "gpipe_step", "measure_bubble", "plot_pipeline",
     ),
     "lessons.plots": (
-        "plot_bars", "plot_step_times", "plot_training_curves", "save_figure",
+        "plot_bars", "plot_batch_sweep", "plot_step_times", "plot_training_curves", "save_figure",
     ),
     "spine.precision": (
         "autocast", "autocast_slowdown", "configure_precision", "emulated_on_cpu", "grad_scaler", "set_tf32",
@@ -98,7 +110,8 @@ _MODULES = {
         "pick_settings", "profile_choice", "resolve_profile",
     ),
     "lessons.profiling": (
-        "ProfileRun", "profile_training", "top_ops",
+        "ProfileRun", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown", "profile_rungs",
+        "profile_training", "step_breakdown", "top_ops",
     ),
     "lessons.recompute": (
         "BlockStack", "measure_recompute",
@@ -113,6 +126,10 @@ _MODULES = {
     "parallel.sharding": (
         "BYTES_PER_PARAMETER", "ZERO_STAGES", "compare_ddp_fsdp", "held_bytes", "memory_ratio", "plot_held_memory",
         "shard_model", "zero_memory_table",
+    ),
+    "lessons.slurm_jobs": (
+        "SlurmLesson", "binding_line", "binding_table", "config_flags", "find_slurm", "gather_array", "job_table",
+        "node_table", "partition_table", "plot_job_timeline", "preemption_verdict", "rank_binding", "script_lines",
     ),
     "lessons.sweeps": (
         "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "dataloader_sweep", "ladder_rungs",

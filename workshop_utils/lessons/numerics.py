@@ -120,23 +120,29 @@ def underflow_table(gradients: dict[str, torch.Tensor], scales=(1.0, 2.0**8, 2.0
 def plot_gradient_magnitudes(gradients: dict[str, torch.Tensor], dtype: torch.dtype = torch.float16,
                              title: str = "Gradient magnitudes against fp16's range"):
     """Log-scale histograms of |gradient| with the format's smallest subnormal, smallest normal and largest value."""
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    from ..system.plotstyle import style
+
     values = {k: v[v > 0].double().log10().cpu().numpy() for k, v in gradients.items()}
     low = min(min(v.min() for v in values.values()), math.log10(smallest_subnormal(dtype))) - 1
     high = max(max(v.max() for v in values.values()), math.log10(torch.finfo(dtype).max)) + 0.5
     bins = np.linspace(low, high, 90)
-    for kind, logs in values.items():
-        ax.hist(logs, bins=bins, alpha=0.55, label=f"{kind} ({len(logs):,} values)", density=True)
     name = DTYPE_NAMES.get(dtype, str(dtype))
-    ax.axvspan(low, math.log10(smallest_subnormal(dtype)), color="tab:red", alpha=0.12,
-               label=f"becomes 0 in {name}")
-    for value, label, style in ((smallest_subnormal(dtype), "smallest subnormal", ":"),
-                                (torch.finfo(dtype).smallest_normal, "smallest normal", "--"),
-                                (torch.finfo(dtype).max, "largest", "-")):
-        ax.axvline(math.log10(value), color="k", ls=style, lw=1, label=f"{name} {label} {value:.2g}")
-    ax.set(xlabel="log10 |gradient|", ylabel="density", title=title)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+    normal = math.log10(torch.finfo(dtype).smallest_normal)
+    with style():
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for kind, logs in values.items():
+            ax.hist(logs, bins=bins, alpha=0.55, label=f"{kind} ({len(logs):,} values)", density=True)
+        ax.axvspan(low, math.log10(smallest_subnormal(dtype)), color="tab:red", alpha=0.12,
+                   label=f"becomes 0 in {name}")
+        for value, label, style_ in ((smallest_subnormal(dtype), "smallest subnormal", ":"),
+                                     (torch.finfo(dtype).smallest_normal, "smallest normal", "--"),
+                                     (torch.finfo(dtype).max, "largest", "-")):
+            ax.axvline(math.log10(value), color="k", ls=style_, lw=1, label=f"{name} {label} {value:.2g}")
+        below = ", ".join(f"{kind} {100 * (logs < normal).mean():.1f}%" for kind, logs in values.items())
+        ax.set(xlabel="|gradient| (log10 scale)", ylabel="density (share of values per unit of log10)",
+               title=f"{title}\nbelow {name}'s normal range (imprecise or zero): {below}")
+        ax.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
     return fig
 
 
@@ -185,13 +191,22 @@ def grad_scaler_trace(model: nn.Module, batches, device: torch.device, init_scal
 
 
 def plot_scale_trace(trace: pd.DataFrame):
-    fig, ax = plt.subplots(figsize=(7, 3.4))
-    ax.step(trace["step"], np.log2(trace["scale"]), where="post", label="scale used at the step")
+    """The GradScaler's loss scale per step (log2), with the steps it skipped on an overflow marked."""
+    from ..system.plotstyle import style
+
     skipped = trace[trace["next scale"] < trace["scale"]]
-    ax.plot(skipped["step"], np.log2(skipped["scale"]), "rx", ms=9, label="overflow: step skipped")
-    ax.set(xlabel="step", ylabel="log2(loss scale)", title="GradScaler: growth and back-off")
-    ax.legend()
-    fig.tight_layout()
+    with style():
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        ax.step(trace["step"], np.log2(trace["scale"]), where="post", label="scale used at the step")
+        ax.plot(skipped["step"], np.log2(skipped["scale"]), "x", color="#D55E00", ms=9, mew=2,
+                label="overflow: step skipped, scale halved")
+        finding = (f"{len(skipped)} of {len(trace)} steps skipped; scale from 2^{np.log2(trace['scale'].iloc[0]):.0f} "
+                   f"to 2^{np.log2(trace['next scale'].iloc[-1]):.0f}") if len(trace) else "no step recorded"
+        ax.set(xlabel="training step", ylabel="loss scale (log2)", title=f"GradScaler: growth and back-off\n{finding}")
+        ax.xaxis.get_major_locator().set_params(integer=True)  # steps and powers of two are whole numbers
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.legend()
+        fig.tight_layout()
     return fig
 
 
@@ -421,20 +436,29 @@ def mode_table(records: list[dict]) -> pd.DataFrame:
 
 
 def plot_mode_speeds(table: pd.DataFrame, title: str = "Throughput by precision mode"):
-    """Grouped bars of samples/s per model and mode, each labelled with its speed-up over strict fp32."""
+    """Bars of samples/s per model and mode, each precision in its own colour, labelled with its speed-up over fp32."""
+    from ..system.plotstyle import PALETTE, precision_color, style
+
     models = list(dict.fromkeys(table["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.8), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        part = table[table["model"] == model]
-        bars = ax.bar(part["precision"], part["samples/s"].fillna(0), color="tab:blue")
-        for bar, speedup in zip(bars, part["speed-up vs fp32"]):
-            if speedup:
-                ax.annotate(f"{speedup:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                            ha="center", va="bottom", fontsize=8)
-        ax.set(title=model, ylabel="samples/s", xlabel="precision (labels: speed-up over strict fp32)")
-        ax.margins(y=0.2)
-    fig.suptitle(title)
-    fig.tight_layout()
+    findings = []
+    with style():
+        fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+        for ax, model in zip(axes[0], models):
+            part = table[table["model"] == model]
+            colors = [precision_color(p) or PALETTE[-1] for p in part["precision"]]
+            bars = ax.bar(part["precision"], part["samples/s"].fillna(0), color=colors)
+            for bar, speedup in zip(bars, part["speed-up vs fp32"]):
+                if speedup:
+                    ax.annotate(f"{speedup:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", fontsize=8)
+            ax.set(title=model, ylabel="throughput (samples/s)", xlabel="precision mode (labels: speed-up over fp32)")
+            ax.grid(axis="x", visible=False)
+            ax.margins(y=0.2)
+            if part["samples/s"].notna().any():
+                best = part.loc[part["samples/s"].idxmax()]
+                findings.append(f"{model} fastest in {best['precision']}")
+        fig.suptitle(f"{title}\n{'; '.join(findings)}" if findings else title)
+        fig.tight_layout()
     return fig
 
 

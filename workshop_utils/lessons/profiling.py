@@ -11,6 +11,12 @@ throws away ``warmup`` steps (the profiler's own start-up cost), then keeps
 * the same trace in TensorBoard's layout (``traces/tensorboard/``), for
   ``tensorboard --logdir`` with the ``torch-tb-profiler`` plugin;
 * the peak memory of every step (``monitor.StepMemory``).
+
+``step_breakdown`` reads the kept steps back as one row: the milliseconds of a step spent in
+each of its named phases (data, forward, backward, optimizer; the trainer names them when
+``annotate`` is on), what is left between them, operators and kernels launched per step, and
+host synchronisations per step. ``profile_rungs`` gives that row for every rung of the
+optimization ladder, which shows what bounds each rung.
 """
 
 from __future__ import annotations
@@ -25,15 +31,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from ..spine.data import CifarData
 from ..system.errors import WorkshopError
+from ..system.plotstyle import style
 from ..system.hardware import pick_device
 from .monitor import StepMemory
+from ..spine.timing import PHASES
 from ..spine.trainer import RunResult, TrainConfig, train
+from .sweeps import Rung, rung_configs
 
 
 @dataclass
@@ -95,8 +106,12 @@ def native_noise_filtered(noise: re.Pattern = _NATIVE_NOISE):
 
 
 def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = "profile", wait: int = 1,
-                     warmup: int = 1, active: int = 3) -> ProfileRun:
-    """Train for ``wait + warmup + active`` steps under ``torch.profiler`` and export the traces."""
+                     warmup: int = 1, active: int = 3, detail: bool = True) -> ProfileRun:
+    """Train for ``wait + warmup + active`` steps under ``torch.profiler`` and export the traces.
+
+    ``detail`` also records every operator's input shapes and allocations (the memory columns,
+    the trace's shapes), which slows the profiled steps further.
+    """
     if wait < 0 or warmup < 0 or active <= 0:
         raise WorkshopError(f"Profiler schedule wait={wait}, warmup={warmup}, active={active} is not valid.",
                             "use wait >= 0, warmup >= 0 and active >= 1.")
@@ -105,12 +120,12 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
     chrome_trace, tensorboard_dir = traces / f"{name}.json", traces / "tensorboard"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     # The profiled steps are also the timed ones, so the record's throughput matches the trace.
-    config = config.replace(name=name, max_steps=wait + warmup + active, warmup_steps=wait + warmup)
+    config = config.replace(name=name, max_steps=wait + warmup + active, warmup_steps=wait + warmup, annotate=True)
     memory = StepMemory(device)
     plan = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
-    with native_noise_filtered(), profile(activities=activities, schedule=plan, profile_memory=True,
+    with native_noise_filtered(), profile(activities=activities, schedule=plan, profile_memory=detail,
                                           on_trace_ready=_exporter(chrome_trace, tensorboard_dir),
-                                          record_shapes=True) as prof:
+                                          record_shapes=detail) as prof:
 
         def on_step(step: int) -> None:
             memory(step)
@@ -141,3 +156,159 @@ def top_ops(prof, n: int = 10, device: torch.device | None = None) -> pd.DataFra
     key = "self_gpu_ms" if on_gpu else "self_cpu_ms"
     table["self_share"] = table[key] / table[key].sum()
     return table.sort_values(key, ascending=False).head(n).reset_index(drop=True)
+
+
+# Calls after which the host waits for the GPU: a value read back (.item(), printing a tensor,
+# a Python ``if`` on one) or an explicit synchronize. A read-back in the training phases costs a
+# CPU nothing, but it is counted all the same: it is the line that would stall the loop on a GPU.
+_HOST_SYNCS = {"aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+               "cudaEventSynchronize"}
+
+
+def step_breakdown(run: ProfileRun) -> dict:
+    """Where the profiled steps went, per step: milliseconds per phase, launches and host syncs.
+
+    On a CPU a phase's time is its wall time. On a GPU it is the time of the kernels launched
+    during the phase (found by their launching operator, on whichever thread launched them:
+    autograd runs the backward pass on its own thread), and ``idle_ms`` is the rest of the
+    step: the GPU waiting for the host (launch overhead, Python, data, syncs).
+    """
+    events = run.profiler.events()
+    steps = [e.time_range for e in events if e.name.startswith("ProfilerStep")]
+    windows = {name: [e.time_range for e in events if e.name == name] for name in PHASES}
+    if not steps or not windows["forward"]:
+        raise WorkshopError("The profile holds no named steps or phases.",
+                            "profile with profile_training, which names the phases.")
+    n = len(steps)
+    step_ms = sum(r.end - r.start for r in steps) / n / 1e3
+    on_gpu = run.device.type == "cuda"
+    phase_ms = {name: 0.0 for name in PHASES}
+    kernels = 0
+    if on_gpu:
+        for event in events:
+            if event.device_type.name != "CPU" or event.is_async or not event.kernels:
+                continue
+            kernels += len(event.kernels)
+            start = event.time_range.start
+            phase = next((name for name, ranges in windows.items() if any(r.start <= start <= r.end for r in ranges)),
+                         None)
+            if phase is not None:
+                phase_ms[phase] += sum(k.duration for k in event.kernels) / n / 1e3
+    else:
+        for name, ranges in windows.items():
+            phase_ms[name] = sum(r.end - r.start for r in ranges) / n / 1e3
+    data_windows = windows["data"]
+    syncs = sum(1 for e in events if e.name in _HOST_SYNCS
+                # a data loader reading its own CPU tensors (crop offsets) waits for no device
+                and not (e.name.startswith("aten::") and any(r.start <= e.time_range.start <= r.end
+                                                             for r in data_windows)))
+    # Operators called from Python or autograd, not the ones they call in turn.
+    operators = sum(1 for e in events if e.name.startswith("aten::")
+                    and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+    rest = max(0.0, step_ms - sum(phase_ms.values()))
+    return {"step_ms": step_ms, **{f"{name}_ms": ms for name, ms in phase_ms.items()},
+            ("idle_ms" if on_gpu else "other_ms"): rest,
+            "operators_per_step": operators / n, "kernels_per_step": kernels / n if on_gpu else None,
+            "host_syncs_per_step": syncs / n}
+
+
+def profile_rungs(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir, active: int = 3,
+                  warmup: int = 1, progress: bool = True) -> pd.DataFrame:
+    """``step_breakdown`` of every rung that applies here, each profiled for ``active`` steps.
+
+    A profiled step runs slower than a timed one (the profiler records every operator), so
+    these rows say where the time goes, and the ladder's own table says how fast each rung is.
+    ``warmup`` steps run first and are not kept: compiled rungs compile there.
+    """
+    rows = []
+    configs = rung_configs(base, rungs)
+    trained = [(rung, config) for rung, config in zip(rungs, configs) if config is not None]
+    for rung, config in tqdm(trained, desc="profiled rungs", unit="rung", disable=not progress, file=sys.stderr):
+        run = profile_training(config.replace(progress=False), data, run_dir, name=f"{config.name}-profile",
+                               wait=0, warmup=warmup, active=active, detail=False)
+        rows.append({"rung": rung.label, **step_breakdown(run)})
+    return pd.DataFrame(rows)
+
+
+def plot_step_breakdown(table: pd.DataFrame):
+    """One stacked bar per rung: a step's milliseconds by phase, and what is left between phases."""
+    import matplotlib.pyplot as plt
+
+    rest = "idle_ms" if "idle_ms" in table else "other_ms"
+    parts = [f"{name}_ms" for name in PHASES] + [rest]
+    names = {rest: "GPU idle (launches, Python, waits)" if rest == "idle_ms" else "between phases"}
+    with style():
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(table) + 1.8))
+        left = np.zeros(len(table))
+        for part in parts:
+            values = table[part].to_numpy(dtype=float)
+            ax.barh(table["rung"], values, left=left, label=names.get(part, part.removesuffix("_ms")))
+            left += values
+        ax.invert_yaxis()  # the ladder reads top-down, baseline first
+        top = table.iloc[-1]
+        biggest = max(parts, key=lambda part: top[part])
+        ax.set(xlabel="milliseconds per profiled step" + (" (GPU kernel time by launching phase)"
+                                                          if rest == "idle_ms" else " (wall time)"),
+               ylabel="ladder rung (cumulative)",
+               title=f"Where a step goes, rung by rung\nTop rung: {names.get(biggest, biggest.removesuffix('_ms'))} "
+                     f"takes {top[biggest] / max(top[parts].sum(), 1e-9):.0%} of the step")
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+    return fig
+
+
+def nsys_missing() -> str | None:
+    """Why Nsight Systems cannot profile here, or None when it can (an ``nsys`` binary and a GPU)."""
+    import shutil
+
+    if shutil.which("nsys") is None:
+        return "no nsys command on this machine (Nsight Systems comes with the CUDA toolkit; on a cluster: " \
+               "module load nsight-systems or cuda)"
+    if not torch.cuda.is_available():
+        return "no GPU visible: Nsight Systems traces CUDA kernels and NVTX ranges on a GPU"
+    return None
+
+
+def nsys_command(config: TrainConfig, report: Path) -> list[str]:
+    """``nsys profile`` around ``python -m workshop_utils.train``, recording the timed steps only.
+
+    The trainer (with ``annotate``) opens the CUDA profiler's capture range when warm-up ends and
+    closes it after the last step; ``--capture-range=cudaProfilerApi`` makes nsys record exactly
+    that span, so start-up, data loading and compilation stay out of the report.
+    """
+    from .slurm_jobs import config_flags
+
+    # Against a base with no name, so --name is always given: the command's default name is its own.
+    flags = config_flags(config.replace(annotate=True), base=TrainConfig(name=""), skip=())
+    return ["nsys", "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
+            "--capture-range-end=stop", "--force-overwrite=true", "--output", str(report),
+            sys.executable, "-m", "workshop_utils.train", *flags]
+
+
+def nsys_profile(config: TrainConfig, run_dir, name: str = "nsys", timeout_s: float = 600) -> pd.DataFrame:
+    """Profile a training run with Nsight Systems; return its NVTX summary (time per named phase).
+
+    The report, ``traces/<name>.nsys-rep``, opens in the Nsight Systems GUI on a laptop.
+    """
+    import subprocess
+
+    reason = nsys_missing()
+    if reason:
+        raise WorkshopError(f"Nsight Systems cannot run here: {reason}.", "run this on a GPU node with nsys.")
+    report = Path(run_dir) / "traces" / name
+    report.parent.mkdir(parents=True, exist_ok=True)
+    ran = subprocess.run(nsys_command(config, report), capture_output=True, text=True, timeout=timeout_s)
+    if ran.returncode != 0:
+        raise WorkshopError(f"nsys profile failed ({ran.returncode}): {(ran.stderr or ran.stdout).strip()[-300:]}",
+                            "run the printed command in a terminal to see all of it.")
+    # The NVTX summary report is nvtx_sum since Nsight Systems 2023.2, nvtxsum before.
+    for report_name in ("nvtx_sum", "nvtxsum"):
+        stats = subprocess.run(["nsys", "stats", "--report", report_name, "--format", "csv", "--output", "-",
+                                f"{report}.nsys-rep"], capture_output=True, text=True, timeout=timeout_s)
+        if stats.returncode == 0 and "," in stats.stdout:
+            import io
+
+            lines = stats.stdout[stats.stdout.find("Time"):]  # skip the lines nsys prints before the table
+            return pd.read_csv(io.StringIO(lines))
+    raise WorkshopError(f"nsys stats found no NVTX ranges in {report}.nsys-rep.",
+                        "check that the run trained past its warm-up steps.")

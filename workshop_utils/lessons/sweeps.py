@@ -143,12 +143,18 @@ class Rung:
     not_here: str | None = None
 
 
-def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True, device=None) -> list[Rung]:
+def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True, device=None, base: TrainConfig | None = None,
+                 batch_factor: int = 4, lr_warmup_steps: int = 50) -> list[Rung]:
     """The workshop's ladder; each rung keeps everything before it and switches one more thing.
 
     ``device`` (default: the one ``pick_device`` chooses) decides which rungs apply here.
+
+    The large-batch rung multiplies ``base``'s batch size and learning rate by ``batch_factor``
+    (the linear scaling rule) and raises the learning rate over ``lr_warmup_steps`` steps: a step
+    then launches the same kernels for ``batch_factor`` times the samples.
     """
     device = pick_device(device)
+    base = TrainConfig() if base is None else base
     tuned_loader = tuned_loader or dict(num_workers=min(8, cpu_cores()), pin_memory=True,
                                         persistent_workers=True, prefetch_factor=4)
     rungs = [
@@ -159,6 +165,12 @@ def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True, device=
         Rung("channels_last", {"channels_last": True}, "the NHWC layout tensor-core convolutions read directly"),
         Rung("device-resident loader", {"loader": "device"}, "data set on the device: no decode, no copies"),
         Rung("fused optimizer", {"optimizer_kernels": "fused"}, "the SGD update of every tensor in one kernel"),
+        # As many epochs more as the batch is larger: the run still gets its planned number of steps.
+        Rung(f"{batch_factor}x batch", {"batch_size": base.batch_size * batch_factor, "lr": base.lr * batch_factor,
+                                        "lr_warmup_steps": max(base.lr_warmup_steps, lr_warmup_steps),
+                                        "epochs": base.epochs * batch_factor},
+             f"{batch_factor}x the samples per launch and per Python step; learning rate scaled and warmed up",
+             None if batch_factor > 1 else "batch_factor 1 changes nothing"),
         Rung("torch.compile", {"compile": True}, "fused kernels, fewer launches and memory trips",
              None if compile else "compilation is switched off in this profile (minutes on a small CPU)"),
         Rung("CUDA graphs", {"compile_mode": "reduce-overhead"}, "the whole step replayed as one graph: one launch",
@@ -166,6 +178,21 @@ def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True, device=
              None if compile else "it builds on torch.compile, switched off in this profile"),
     ]
     return rungs
+
+
+def rung_configs(base: TrainConfig, rungs: list[Rung]) -> list[TrainConfig | None]:
+    """Each rung's config: ``base`` with the switches of every applicable rung up to it; None where not here."""
+    if not rungs:
+        raise WorkshopError("The ladder has no rungs.", "pass ladder_rungs() or a list of Rung.")
+    configs, config = [], base
+    for index, rung in enumerate(rungs):
+        slug = rung.label.lower().replace(" ", "-").replace(".", "-")
+        if rung.not_here:
+            configs.append(None)  # shown with its reason, not trained; later rungs do not inherit it
+            continue
+        config = config.replace(name=f"ladder-{index}-{slug}", **rung.changes)
+        configs.append(config)
+    return configs
 
 
 def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=None,
@@ -177,18 +204,9 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
     rung alike instead of one, so the ratios stay meaningful. ``progress`` shows a bar over the
     runs (the benchmark's; a notebook's runs print their own lines).
     """
-    if not rungs:
-        raise WorkshopError("The ladder has no rungs.", "pass ladder_rungs() or a list of Rung.")
     if not isinstance(repeats, int) or repeats < 1:
         raise WorkshopError(f"repeats must be a whole number >= 1, got {repeats!r}.", "use repeats=1 or more.")
-    configs, config = [], base
-    for index, rung in enumerate(rungs):
-        slug = rung.label.lower().replace(" ", "-").replace(".", "-")
-        if rung.not_here:
-            configs.append(None)  # shown with its reason, not trained; later rungs do not inherit it
-            continue
-        config = config.replace(name=f"ladder-{index}-{slug}", **rung.changes)
-        configs.append(config)
+    configs = rung_configs(base, rungs)
     runs = [[] for _ in rungs]
     trained = [(index, config) for index, config in enumerate(configs) if config is not None]
     bar = tqdm(total=repeats * len(trained), desc="ladder runs", unit="run", disable=not progress, file=sys.stderr)

@@ -175,28 +175,48 @@ def fit_all_reduce(rows: list[dict]) -> Link:
 
 
 def plot_collective_times(rows: list[dict], link: Link | None = None):
-    """Time against message size for every collective (log-log), the ring model as lines beside them."""
+    """Time against message size for every collective (log-log), the ring model as labelled lines beside them.
+
+    All-gather and reduce-scatter share one model line (half an all-reduce); the title's second line
+    says how far the largest message's measurement sits from the model.
+    """
     import matplotlib.pyplot as plt
 
+    from ..system.plotstyle import style
+
     link = link or fit_all_reduce(rows)
-    fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(12, 4))
-    for name in COLLECTIVES:
-        mine = [r for r in rows if r["collective"] == name]
-        if not mine:
-            continue
-        sizes = np.array([r["size_bytes"] for r in mine], float)
-        seconds = np.array([r["seconds"] for r in mine], float)
-        points, = ax_time.loglog(sizes / 2**20, seconds * 1e3, "o", label=name)
-        model = [ring_time_s(name, n, mine[0]["world_size"], link) for n in sizes]
-        if model[0] is not None:
-            ax_time.loglog(sizes / 2**20, np.array(model) * 1e3, "-", color=points.get_color(), alpha=0.6)
-        ax_bw.semilogx(sizes / 2**20, sizes / seconds / 1e9, "o-", color=points.get_color(), label=name)
     p = rows[0]["world_size"]
-    ax_time.set(xlabel="full tensor (MiB)", ylabel="ms",
-                title=f"{p} ranks; lines: ring model ({link.latency_us:.0f} us, {link.bandwidth_gbps:.2f} GB/s)")
-    ax_time.legend(fontsize=8)
-    ax_bw.set(xlabel="full tensor (MiB)", ylabel="GB/s", title="Algorithm bandwidth n / t: latency bites small")
-    fig.tight_layout()
+    with style():
+        fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(12, 4.4))
+        models, ratios = {}, []
+        for name in COLLECTIVES:
+            mine = sorted((r for r in rows if r["collective"] == name), key=lambda r: r["size_bytes"])
+            if not mine:
+                continue
+            sizes = np.array([r["size_bytes"] for r in mine], float)
+            seconds = np.array([r["seconds"] for r in mine], float)
+            points, = ax_time.loglog(sizes / 2**20, seconds * 1e3, "o", label=f"{name} (measured)")
+            ax_bw.semilogx(sizes / 2**20, sizes / seconds / 1e9, "o-", color=points.get_color(),
+                           label=f"{name} (measured)")
+            model = ring_time_s(name, sizes[-1], p, link)
+            if model is not None:
+                models.setdefault("all_reduce" if name == "all_reduce" else "half", (sizes, name))
+                ratios.append(f"{name} {seconds[-1] / model:.2g}x")
+        for kind, (sizes, name) in models.items():
+            times = np.array([ring_time_s(name, n, p, link) for n in sizes]) * 1e3
+            label = ("ring model: all-reduce" if kind == "all_reduce" else
+                     "ring model: all-gather and reduce-scatter (half an all-reduce)")
+            ax_time.loglog(sizes / 2**20, times, "-" if kind == "all_reduce" else "--", color="0.35", label=label)
+        ax_time.set(xlabel="full tensor size (MiB, log scale)", ylabel="time per call (ms, log scale)",
+                    title=f"{p} ranks; model fitted to all-reduce: {link.latency_us:.0f} us, {link.bandwidth_gbps:.2f} GB/s")
+        ax_bw.set(xlabel="full tensor size (MiB, log scale)", ylabel="algorithm bandwidth n / t (GB/s)",
+                  title="Small messages are bound by latency", ylim=(0, None))
+        # One legend for both panels, below them: a collective has the same colour in each.
+        fig.legend(*ax_time.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8.5,
+                   bbox_to_anchor=(0.5, -0.02))
+        if ratios:
+            fig.suptitle("Measured against the ring model at the largest size: " + ", ".join(ratios))
+        fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 
 

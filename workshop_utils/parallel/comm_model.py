@@ -222,65 +222,106 @@ def scaling_table(records: list[dict]):
 
 
 def plot_scaling(table, title: str = "Data-parallel scaling"):
-    """Throughput and efficiency against world size, with the ideal line."""
+    """Throughput and efficiency against world size, with the ideal line; the title line below says how close."""
     import matplotlib.pyplot as plt
 
-    fig, (ax_speed, ax_eff) = plt.subplots(1, 2, figsize=(11, 3.8))
-    sizes = sorted(table.world_size.unique())
-    for mode, group in table.groupby("mode"):
-        ax_speed.plot(group.world_size, group.samples_per_s, "o-", label=f"{mode} scaling")
-        ax_eff.plot(group.world_size, group.efficiency, "o-", label=f"{mode} scaling")
-    one = table[table.world_size == 1].samples_per_s.mean()
-    ax_speed.plot(sizes, [one * p for p in sizes], "k:", label="ideal (linear)")
-    ax_speed.set(xlabel="processes (world size)", ylabel="samples / s", title="Throughput", xticks=sizes)
-    ax_eff.axhline(1.0, color="k", ls=":", label="ideal")
-    ax_eff.set(xlabel="processes (world size)", ylabel="speedup / processes", title="Efficiency",
-               xticks=sizes, ylim=(0, 1.15))
-    ax_speed.legend()
-    ax_eff.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
+    from ..system.plotstyle import style
+
+    with style():
+        fig, (ax_speed, ax_eff) = plt.subplots(1, 2, figsize=(11, 3.8))
+        sizes = sorted(table.world_size.unique())
+        for mode, group in table.groupby("mode"):
+            ax_speed.plot(group.world_size, group.samples_per_s, "o-", label=f"{mode} scaling")
+            ax_eff.plot(group.world_size, 100 * group.efficiency, "o-", label=f"{mode} scaling")
+        one = table[table.world_size == 1].samples_per_s.mean()
+        ax_speed.plot(sizes, [one * p for p in sizes], "k:", label="ideal (linear)")
+        ax_speed.set(xlabel="processes (world size)", ylabel="throughput (samples/s)", title="Throughput",
+                     xticks=sizes)
+        ax_eff.axhline(100, color="k", ls=":", label="ideal")
+        ax_eff.set(xlabel="processes (world size)", ylabel="efficiency (% of linear speed-up)", title="Efficiency",
+                   xticks=sizes, ylim=(0, 115))
+        ax_speed.legend()
+        ax_eff.legend()
+        largest = table[table.world_size == max(sizes)]
+        finding = ", ".join(f"{row.mode} {100 * row.efficiency:.0f}%" for row in largest.itertuples())
+        fig.suptitle(f"{title}\nefficiency at {max(sizes)} processes: {finding}")
+        fig.tight_layout()
     return fig
 
 
 def plot_all_reduce(rows: list[dict], link: Link | None = None, title: str | None = None):
     """Measured all-reduce time and bus bandwidth against message size (log-log), with the fitted model.
 
-    ``title`` says what was measured (which backend, between what), above both panels.
+    ``title`` says what was measured (which backend, between what), above both panels; a second line
+    states the bandwidth reached.
     """
     import matplotlib.pyplot as plt
 
+    from ..system.plotstyle import style
+
     sizes = np.array([r["size_bytes"] for r in rows], float)
     seconds = np.array([r["seconds"] for r in rows], float)
+    bandwidth = np.array([r["bus_bandwidth_gbps"] for r in rows], float)
     p = rows[0]["world_size"]
-    fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(11, 3.6))
-    ax_time.loglog(sizes / 2**20, seconds * 1e3, "o", label="measured")
-    if link is not None:
-        ax_time.loglog(sizes / 2**20, [1e3 * ring_all_reduce_s(n, p, link) for n in sizes], "-",
-                       label=f"model: {link.latency_us:.0f} us + n / {link.bandwidth_gbps:.2f} GB/s")
-    ax_time.set(xlabel="message (MiB)", ylabel="ms", title=f"All-reduce time, {p} processes")
-    ax_time.legend()
-    ax_bw.semilogx(sizes / 2**20, [r["bus_bandwidth_gbps"] for r in rows], "o-")
-    ax_bw.set(xlabel="message (MiB)", ylabel="GB/s", title="Bus bandwidth: small messages pay latency")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    with style():
+        fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(11, 3.8))
+        ax_time.loglog(sizes / 2**20, seconds * 1e3, "o", label="measured")
+        if link is not None:
+            ax_time.loglog(sizes / 2**20, [1e3 * ring_all_reduce_s(n, p, link) for n in sizes], "-",
+                           label=f"ring model: {link.latency_us:.0f} us per step, {link.bandwidth_gbps:.2f} GB/s")
+        ax_time.set(xlabel="message size (MiB, log scale)", ylabel="time per all-reduce (ms, log scale)",
+                    title=f"All-reduce time, {p} processes")
+        ax_time.legend()
+        ax_bw.semilogx(sizes / 2**20, bandwidth, "o-", label="measured bus bandwidth")
+        ax_bw.set(xlabel="message size (MiB, log scale)", ylabel="bus bandwidth (GB/s)",
+                  title="Small messages pay latency; large ones use the link", ylim=(0, None))
+        ax_bw.legend()
+        best = int(np.argmax(bandwidth))
+        finding = f"bus bandwidth up to {bandwidth[best]:.2f} GB/s, reached at {sizes[best] / 2**20:.3g} MiB"
+        fig.suptitle(f"{title}\n{finding}" if title else finding)
+        fig.tight_layout()
     return fig
 
 
 def plot_predicted_vs_measured(predicted, measured=None, title: str = "Predicted weak-scaling efficiency"):
-    """Predicted efficiency (both overlap bounds) against world size, measured points beside them."""
-    import matplotlib.pyplot as plt
+    """Share of each step lost to communication against world size: both overlap bounds, measured points beside.
 
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    for label, group in predicted.groupby("model", sort=False):
-        line, = ax.semilogx(group.world_size, group.efficiency_no_overlap, "o--", base=2,
-                            label=f"{label}: no overlap")
-        ax.semilogx(group.world_size, group.efficiency_overlap, "s-", base=2, color=line.get_color(),
+    The loss is ``1 / efficiency - 1`` on a log scale: efficiencies of 0.9996 and 0.97 look alike on a
+    linear axis near 1, yet one costs a hundred times more. One process loses nothing and is left out.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    from ..system.plotstyle import style
+
+    def lost_pct(efficiency):
+        return 100 * (1 / np.asarray(efficiency, float) - 1)
+
+    groups = list(predicted.groupby("model", sort=False)) if "model" in predicted else [("predicted", predicted)]
+    with style():
+        fig, ax = plt.subplots(figsize=(9.5, 4.4))
+        for label, group in groups:
+            group = group[group.world_size > 1]
+            line, = ax.plot(group.world_size, lost_pct(group.efficiency_no_overlap), "o--",
+                            label=f"{label}: all-reduce after backward (no overlap)")
+            ax.plot(group.world_size, lost_pct(group.efficiency_overlap), "s-", color=line.get_color(),
                     label=f"{label}: overlapped with backward")
-    if measured is not None and len(measured):
-        ax.semilogx(measured.world_size, measured.efficiency, "k*", base=2, markersize=12, label="measured")
-    ax.set(xlabel="processes (log scale)", ylabel="efficiency", ylim=(0, 1.1), title=title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+        if measured is not None and len(measured):
+            shown = measured[(measured.world_size > 1) & (measured.efficiency < 1)]  # a log axis shows no gain
+            if len(shown):
+                ax.plot(shown.world_size, lost_pct(shown.efficiency), "k*", markersize=13,
+                        label="measured (all overheads, not only communication)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=10)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}%"))
+        finding = ""
+        if groups:
+            last = groups[-1][1].sort_values("world_size").iloc[-1]
+            finding = (f"\n{groups[-1][0]}, {last.world_size:.0f} processes: "
+                       f"{lost_pct(last.efficiency_no_overlap):.2g}% of each step lost, "
+                       f"{lost_pct(last.efficiency_overlap):.2g}% with overlap")
+        ax.set(xlabel="processes (log scale)", ylabel="step time lost to communication (log scale)",
+               title=f"{title}{finding}")
+        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
+        fig.tight_layout(rect=(0, 0.17, 1, 1))
     return fig

@@ -113,6 +113,12 @@ class TrainConfig:
     progress: bool = setting(True, "tqdm progress bar on rank 0", OUTPUT)
     log_every: int | None = setting(None, "rank 0 prints one line every N steps (for logs and streamed output)",
                                     OUTPUT, minimum=1)
+    tensorboard_dir: str | None = setting(None, "folder where rank 0 writes TensorBoard scalars once per epoch: loss, "
+                                                "accuracy, learning rate, step time, samples/s, GPU utilisation "
+                                                "(default: none written)", OUTPUT, metavar="DIR")
+    annotate: bool = setting(False, "name each step's phases (data, forward, backward, optimizer) for torch.profiler, "
+                                    "and on a GPU as NVTX ranges inside a cudaProfilerApi capture range for Nsight "
+                                    "Systems (off: not one extra call per step)", OUTPUT)
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -184,4 +190,6 @@ def validate_config(config: TrainConfig) -> TrainConfig:
                             "set checkpoint_dir as well.")
     if config.checkpoint_dir:
         check_output_path(config.checkpoint_dir, folder=True, what="checkpoint_dir")
+    if config.tensorboard_dir:
+        check_output_path(config.tensorboard_dir, folder=True, what="tensorboard_dir")
     return config

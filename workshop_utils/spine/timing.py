@@ -29,6 +29,7 @@ notebook's wall time, an asynchronous save's host stall) stay on ``time``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import re
@@ -97,6 +98,14 @@ class StepTimer:
                 if (step < self.warmup_steps) == warmup:
                     times.append(_seconds(a, b))
         return np.asarray(times, dtype=float)
+
+    def last_stretch(self) -> tuple[list[int], list[float]]:
+        """Step numbers and seconds per step of the latest stretch, warm-up included (one synchronize)."""
+        _synchronize(self.device)
+        if not self.segments:
+            return [], []
+        marks = self.segments[-1]
+        return list(self.steps[-1]), [_seconds(a, b) for a, b in zip(marks, marks[1:])]
 
     def summary(self, samples_per_step: int) -> dict:
         """Throughput and step-time statistics; None values when no step was timed."""
@@ -307,3 +316,32 @@ def reset_host_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+PHASES = ("data", "forward", "backward", "optimizer")  # the named parts of one training step
+
+
+def phase_ranges(enabled: bool, device: torch.device) -> Callable[[str], contextlib.AbstractContextManager]:
+    """``phase(name)`` context managers for the step's parts: named ranges when ``enabled``, else nothing.
+
+    A range is a ``torch.profiler.record_function`` (shown in the profiler's tables and traces)
+    and, on a GPU, an NVTX range too (shown by Nsight Systems). Switched off, ``phase`` returns
+    one shared do-nothing context: the hot loop pays no profiler or NVTX call.
+    """
+    if not enabled:
+        nothing = contextlib.nullcontext()
+        return lambda name: nothing
+    nvtx = device.type == "cuda"
+
+    @contextlib.contextmanager
+    def phase(name: str):
+        with torch.profiler.record_function(name):
+            if nvtx:
+                torch.cuda.nvtx.range_push(name)
+            try:
+                yield
+            finally:
+                if nvtx:
+                    torch.cuda.nvtx.range_pop()
+
+    return phase

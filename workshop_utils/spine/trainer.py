@@ -42,8 +42,9 @@ from ..system.hardware import device_name, environment
 from .models import build_model, count_parameters, parameter_checksum, unwrap
 from .precision import autocast, configure_precision, grad_scaler
 from .preemption import handling_signals, stop_requested
+from .scalar_log import ScalarLog
 from ..system.results import save_record
-from .timing import StepTimer, memory_in_use_mib, peak_memory_mib, reset_peak_memory
+from .timing import StepTimer, memory_in_use_mib, peak_memory_mib, phase_ranges, reset_peak_memory
 
 
 def seed_dropout(seed: int, rank: int, step: int) -> None:
@@ -279,6 +280,10 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
             prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints)
 
     timer = StepTimer(device, warmup_steps=config.warmup_steps + (resumed_from or 0))
+    phase = phase_ranges(config.annotate, device)
+    scalars = ScalarLog(config.tensorboard_dir, info.is_main, config.name)
+    step_lrs: list[float] = []  # the learning rate of each step, a host value: logging it costs no sync
+    capture = config.annotate and device.type == "cuda"
     stop_poll = _StopPoll(device, info.distributed) if handling_signals() else None
     pending_log = None
     step_losses, history = [], []
@@ -292,23 +297,30 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
         train_model.train()
         sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, samples
         batches = train_loader.epoch(epoch, start_batch=step % steps_per_epoch)
+        epoch_first = len(step_losses)
         timer.begin()
         while step < total_steps:
+            if capture and step == timer.warmup_steps:
+                torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi records from here
             waited = time.perf_counter()
-            try:
-                images, labels = next(batches)
-            except StopIteration:
+            with phase("data"):
+                batch = next(batches, None)
+            if batch is None:
                 break
+            images, labels = batch
             timer.add_data_wait(step, time.perf_counter() - waited)
             seed_dropout(config.seed, info.rank, step)
-            with autocast(config.precision, device):
+            with phase("forward"), autocast(config.precision, device):
                 logits = train_model(images)
                 loss = F.cross_entropy(logits, labels)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
+            with phase("backward"):
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+            with phase("optimizer"):
+                step_lrs.append(scheduler.get_last_lr()[0])
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
             loss = loss.detach()
             sums[0] += loss.float() * labels.numel()
             sums[1] += (logits.detach().argmax(1) == labels).sum()
@@ -343,12 +355,18 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
         pending_log = None
         row["test_loss"], row["test_acc"] = evaluate(eval_model, test_loader, device, config.precision)
         history.append(row)
+        steps_done, step_s = timer.last_stretch()
+        scalars.epoch_end(step, row, [n + 1 for n in steps_done], step_losses[epoch_first:], step_lrs[epoch_first:],
+                          step_s, config.batch_size * info.world_size, device)
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.3f}")
         epoch_done = step % steps_per_epoch == 0 or step == total_steps
         if interrupted or (epoch_done and not config.checkpoint_every) or step == total_steps:
             checkpoint(epoch + 1 if epoch_done else epoch)
         epoch += 1
     bar.close()
+    scalars.close()
+    if capture:
+        torch.cuda.profiler.stop()
 
     samples_per_step = config.batch_size * info.world_size
     timing = timer.summary(samples_per_step)

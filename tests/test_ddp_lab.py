@@ -1,0 +1,290 @@
+"""Notebook 02's DDP lab and exercises: the solution passes, each common mistake gets its own line.
+
+The mistakes are small edits of the solution script, written here into tmp_path; each one is run
+under torchrun by the checker (marked slow). The parsing of launch lines, the attendee's copy and
+the 64-GPU check are pure Python.
+"""
+
+import ast
+import math
+import os
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+import workshop_utils as wu
+from workshop_utils.lessons.ddp_lab import (LAB_EXERCISE, lab_command, lab_folder, placeholders_left,
+                                            solution_text)
+from workshop_utils.lessons.exercises import NotYet
+
+LAB = Path(__file__).resolve().parent.parent / "notebooks" / "labs" / "ddp_lab"
+SMALL = ("--samples", "256")  # 128 samples per rank, 4 steps an epoch: the launch is the cost
+
+
+def solution() -> str:
+    return solution_text((LAB / "train_ddp.py").read_text())
+
+
+def mutated(tmp_path, old: str, new: str) -> Path:
+    """The solution with one change: ``old`` must occur in it exactly once."""
+    source = solution()
+    assert source.count(old) == 1, old
+    path = tmp_path / "my_train_ddp.py"
+    path.write_text(source.replace(old, new))
+    return path
+
+
+# ---------------------------------------------------------------- the files (no launch)
+
+
+def test_the_lab_folder_is_found_and_both_scripts_share_their_helpers():
+    assert lab_folder() == LAB
+    single, ddp = (ast.parse((LAB / name).read_text()) for name in ("train_single.py", "train_ddp.py"))
+
+    def helpers(tree):
+        return {n.name: ast.dump(n) for n in tree.body
+                if isinstance(n, ast.FunctionDef) and n.name in ("synthetic_cifar", "build_model")}
+
+    assert helpers(single) == helpers(ddp) and len(helpers(single)) == 2
+    imported = {a.name for n in ast.walk(single) if isinstance(n, ast.Import) for a in n.names} | \
+               {n.module for n in ast.walk(single) if isinstance(n, ast.ImportFrom)}
+    assert not any(name.startswith("workshop_utils") for name in imported), "the starting script is plain PyTorch"
+
+
+def test_the_attendee_copy_has_the_gaps_and_none_of_the_answers(tmp_path):
+    copy = wu.attendee_script(LAB / "train_ddp.py", tmp_path / "copy.py")
+    text = copy.read_text()
+    ast.parse(text)
+    assert sum(line.strip() == "# YOUR CODE HERE" for line in text.splitlines()) == 9
+    for answer in ("sampler.set_epoch(epoch)", "dist.destroy_process_group()", "DDP(model", "os.environ["):
+        assert answer not in text, answer
+    assert "###" not in text
+    assert placeholders_left(text), "the gaps hold `...`"
+
+
+def test_the_solution_without_markers_is_plain_python():
+    text = solution()
+    assert "###" not in text and "sampler.set_epoch(epoch)" in text and not placeholders_left(text)
+    ast.parse(text)
+
+
+def test_start_writes_the_copy_once_and_keeps_edits(tmp_path, capsys):
+    path = wu.start_ddp_lab(tmp_path, LAB)
+    assert path == tmp_path / "ddp_lab" / "my_train_ddp.py" and "9 places" in capsys.readouterr().out
+    path.write_text(path.read_text() + "# edited\n")
+    assert wu.start_ddp_lab(tmp_path, LAB).read_text().endswith("# edited\n")
+    assert "kept as you left it" in capsys.readouterr().out
+
+
+def test_the_checker_names_the_placeholders_of_the_copy_before_launching(tmp_path):
+    path = wu.start_ddp_lab(tmp_path, LAB)
+    with pytest.raises(NotYet, match=r"still has the placeholder `\.\.\.` on line\(s\) \d+"):
+        wu.check_ddp_lab(path, tmp_path)
+    assert not list(tmp_path.glob("check*")), "nothing was launched"
+
+
+def test_the_checker_asks_for_the_command_while_it_is_the_placeholder(tmp_path):
+    script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
+    with pytest.raises(NotYet, match="`lab_command` is still the placeholder"):
+        wu.check_ddp_lab(script, tmp_path, command=...)
+
+
+@pytest.mark.parametrize("command, launcher", [
+    ("torchrun --nproc-per-node=2 {s}", "torchrun"),
+    ("!torchrun --nproc_per_node 2 {s} --epochs 2", "torchrun"),
+    ("python -m torch.distributed.run --standalone --nproc-per-node=2 {s}", "torchrun"),
+    ("python {s}", "python"),
+    ("python3 -u {s}", "python"),
+])
+def test_launch_lines_become_probed_commands(tmp_path, command, launcher):
+    script = tmp_path / "my_train_ddp.py"
+    argv, found = lab_command(command.format(s=script), script, 2, tmp_path / "probe", ["--out-dir", "x"],
+                              LAB_EXERCISE)
+    assert found == launcher and argv[0] == sys.executable
+    at = argv.index("workshop_utils.lessons.ddp_lab")
+    assert argv[at - 1] == "-m" and argv[at + 1:at + 4] == ["--probe", str(tmp_path / "probe"), str(script)]
+    assert argv[-2:] == ["--out-dir", "x"]
+    assert ("torch.distributed.run" in argv) == (launcher == "torchrun")
+    if "--standalone" in command or launcher == "python":
+        assert not any(a.startswith("--master-port") for a in argv)
+
+
+@pytest.mark.parametrize("command, message", [
+    ("torchrun {s}", "starts one process unless told"),
+    ("torchrun --nproc-per-node=4 {s}", "the lab runs on 2 processes"),
+    ("bash {s}", "starts with 'bash'"),
+    ("torchrun --nproc-per-node=2", "names no .py script"),
+    ("torchrun --nproc-per-node=2 other.py", "not your lab script"),
+    ("", "the command is empty"),
+])
+def test_wrong_launch_lines_are_named(tmp_path, command, message):
+    script = tmp_path / "my_train_ddp.py"
+    with pytest.raises(NotYet, match=message):
+        lab_command(command.format(s=script), script, 2, tmp_path, [], LAB_EXERCISE)
+
+
+# ---------------------------------------------------------------- Exercise 2.3 (no launch)
+
+
+def by_hand(step_s, grad_bytes, p, latency_us, bandwidth_gbps, steps=None):
+    """The no-overlap efficiency written out: one ring all-reduce per DDP bucket (1 MiB, then 25 MiB)."""
+    buckets, left, cap = [], grad_bytes, 2**20
+    while left > 0:
+        buckets.append(min(cap, left))
+        left -= buckets[-1]
+        cap = 25 * 2**20
+    steps = 2 * (p - 1) if steps is None else steps
+    comm = sum(steps * latency_us * 1e-6 + steps / p * b / (bandwidth_gbps * 1e9) for b in buckets)
+    return step_s / (step_s + comm)
+
+
+@pytest.mark.parametrize("step_s, grad_bytes", [(0.05, 4 * 11.2e6), (0.3, 4 * 120_000), (0.01, 4 * 25e6)])
+def test_the_64_gpu_efficiency_passes_when_right_and_names_each_mistake(step_s, grad_bytes, capsys):
+    ib, nvlink = wu.LINKS["ib_ndr"], wu.LINKS["nvlink4"]
+    right = by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps)
+    assert math.isclose(wu.check_ddp_efficiency(right, step_s, grad_bytes), right, rel_tol=1e-9)
+    assert "✓ Exercise 2.3: correct" in capsys.readouterr().out
+    mistakes = {
+        "NVLink": by_hand(step_s, grad_bytes, 64, nvlink.latency_us, nvlink.bandwidth_gbps),
+        "percentage": 100 * right,
+        "2\\(p-1\\) steps": by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps, steps=63),
+        "microseconds": by_hand(step_s, grad_bytes, 64, ib.latency_us * 1e6, ib.bandwidth_gbps),
+        "is not right": right * 0.5,
+    }
+    for name, value in mistakes.items():
+        with pytest.raises(NotYet, match=name):
+            wu.check_ddp_efficiency(value, step_s, grad_bytes)
+    if grad_bytes > 2**20:  # more than one bucket: one message is a different answer
+        one = step_s / (step_s + 2 * 63 * ib.latency_us * 1e-6 + 2 * 63 / 64 * grad_bytes / (ib.bandwidth_gbps * 1e9))
+        with pytest.raises(NotYet, match="one message"):
+            wu.check_ddp_efficiency(one, step_s, grad_bytes)
+    with pytest.raises(NotYet, match="placeholder"):
+        wu.check_ddp_efficiency(..., step_s, grad_bytes)
+
+
+# ---------------------------------------------------------------- Exercise 2.1
+
+
+def average_gradients(model):
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world_size
+
+
+def summed_gradients(model):
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
+def untouched_gradients(model):
+    return model
+
+
+def placeholder_gradients(model):
+    ...
+
+
+def test_the_placeholder_function_is_named_before_any_launch(tmp_path):
+    with pytest.raises(NotYet, match="only `...` in its body"):
+        wu.check_average_gradients(placeholder_gradients, tmp_path)
+    with pytest.raises(NotYet, match="still the placeholder"):
+        wu.check_average_gradients(..., tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("function, message", [
+    (average_gradients, None),
+    (summed_gradients, "sum over the 2 ranks"),
+    (untouched_gradients, "no dist.all_reduce call"),
+])
+def test_gradients_averaged_by_hand_are_compared_with_ddp(tmp_path, capsys, function, message):
+    if message is None:
+        result = wu.check_average_gradients(function, tmp_path)
+        assert result["max_difference"] <= 1e-6 and result["calls"] == 4
+        assert "✓ Exercise 2.1: correct" in capsys.readouterr().out
+    else:
+        with pytest.raises(NotYet, match=message):
+            wu.check_average_gradients(function, tmp_path)
+
+
+# ---------------------------------------------------------------- the scripts under torchrun
+
+
+@pytest.mark.slow
+def test_the_single_device_script_runs_with_python(tmp_path):
+    throughput = wu.run_single(LAB / "train_single.py", tmp_path / "out", args=[*SMALL, "--epochs", "1"], echo=False)
+    assert throughput > 0 and (tmp_path / "out" / "checkpoint.pt").exists()
+
+
+@pytest.mark.slow
+def test_the_solution_passes(tmp_path, capsys):
+    script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
+    run = wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False)
+    assert "✓ Exercise 2.2: correct" in capsys.readouterr().out
+    assert (run.ranks, run.samples_per_rank) == (2, 128) and run.checkpoint.name == "checkpoint.pt"
+    assert run.throughput_reported > 0 and run.throughput_measured > 0
+    # Both ranks left their record: the output of each, and its parameters.
+    assert {p.name for p in run.folder.iterdir()} >= {"rank0.json", "rank1.json", "rank0-params.pt", "out"}
+
+
+MISTAKES = {
+    "no set_epoch": ("        sampler.set_epoch(epoch)\n", "", "same order in epochs 0 and 1"),
+    "no DistributedSampler": ("loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)",
+                              "loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)",
+                              "trained on the same samples"),
+    "no DDP wrap": ('ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)',
+                    "ddp_model = model", "not wrapped in DistributedDataParallel; the ranks' parameters differ"),
+    "every rank saves": ("    if rank == 0:\n        out.mkdir", "    if True:\n        out.mkdir",
+                         "every rank saved a checkpoint"),
+    "every rank logs": ("    if rank == 0:\n        print(f\"throughput", "    if True:\n        print(f\"throughput",
+                        "rank 1 logged too"),
+    "a made-up throughput": ("{seen * world_size / elapsed:.0f} samples/s", "{1e9:.0f} samples/s",
+                             "far from what the ranks drew"),
+    "no destroy_process_group": ("    dist.destroy_process_group()\n", "", "process group still open"),
+    "a crash on rank 1": ("    dataset = synthetic_cifar(args.samples)\n",
+                          "    dataset = synthetic_cifar(args.samples)\n"
+                          "    if rank == 1:\n        raise RuntimeError('rank 1 fell over')\n",
+                          r"the run failed \(exit status 1\); rank 1: RuntimeError: rank 1 fell over"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_each_mistake_gets_its_own_message(tmp_path, mistake):
+    old, new, message = MISTAKES[mistake]
+    script = mutated(tmp_path, old, new)
+    with pytest.raises(NotYet, match=message) as caught:
+        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("✗ Exercise 2.2: ")
+
+
+@pytest.mark.slow
+def test_python_in_place_of_torchrun_is_named(tmp_path):
+    script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
+    with pytest.raises(NotYet, match="started with `python`"):
+        wu.check_ddp_lab(script, tmp_path, command=f"python {script}", args=SMALL, echo=False)
+
+
+def _processes_running(folder: Path) -> list[int]:
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if any(str(folder) in part for part in process.info["cmdline"] or []):
+            found.append(process.info["pid"])
+    return found
+
+
+@pytest.mark.slow
+def test_a_hang_is_stopped_at_the_time_limit_and_no_rank_outlives_it(tmp_path):
+    script = mutated(tmp_path, "    dist.destroy_process_group()\n",
+                     "    if rank == 1:\n        time.sleep(600)\n    dist.destroy_process_group()\n")
+    with pytest.raises(NotYet, match="did not finish within 30 s"):
+        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False, timeout_s=30)
+    assert _processes_running(tmp_path) == [], f"still running: {_processes_running(tmp_path)} (pid {os.getpid()})"

@@ -1,0 +1,212 @@
+"""Exercises: the attendee writes the code, a check right after it says pass or what is wrong.
+
+One source. The committed notebooks hold each exercise's solution between two marker lines
+(nbgrader's style)::
+
+    ### BEGIN SOLUTION
+    ### PLACEHOLDER achieved_tflops = ...
+    achieved_tflops = flops_per_step / step_s / 1e12
+    ### END SOLUTION
+
+The main job and CI execute them as they are, so every exercise is proven solvable. The
+attendees' copies are generated from them: the block between the markers becomes
+``# YOUR CODE HERE`` followed by the block's ``### PLACEHOLDER`` lines without that prefix
+(``achieved_tflops = ...`` assigns Python's Ellipsis, which every check reads as "not done").
+A block inside a function keeps its indentation, and needs a placeholder line (``return ...``)
+so that the attendee's copy still parses.
+
+A cell holding a block is tagged ``exercise``; the cell after it, tagged ``check``, calls a check
+(``wu.check_...``, in ``exercise_checks``). A check passes with one line, or raises ``NotYet``: a
+``WorkshopError``, so a notebook shows it as one line (what is wrong, then a hint) instead of a
+traceback, and a headless run fails.
+
+``write_attendee_notebooks("notebooks", "notebooks/attendee")`` (``make attendee``) writes the
+copies, outputs cleared; a marker out of place stops it with one line naming the notebook and cell.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..system.errors import WorkshopError
+
+BEGIN_SOLUTION = "### BEGIN SOLUTION"
+END_SOLUTION = "### END SOLUTION"
+PLACEHOLDER = "### PLACEHOLDER "
+YOUR_CODE_HERE = "# YOUR CODE HERE"
+EXERCISE_TAG = "exercise"
+CHECK_TAG = "check"
+
+
+class NotYet(WorkshopError):
+    """An exercise's answer is missing or wrong; the message says which and gives a hint."""
+
+
+def unanswered(value) -> bool:
+    """True for an untouched placeholder (``...``) or ``None``."""
+    return value is ... or value is None
+
+
+def passed(exercise: str, detail: str = "") -> bool:
+    """Print the one line a passing check shows."""
+    print(f"✓ {exercise}: correct" + (f" ({detail})" if detail else "") + ".")
+    return True
+
+
+def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
+    """Raise ``NotYet`` with the problem and the hint unless ``condition`` holds."""
+    if not condition:
+        raise NotYet(f"✗ {exercise}: {problem}", hint)
+
+
+# ---------------------------------------------------------------- what the checks share
+
+
+def answered_number(value, exercise: str, name: str) -> float:
+    """``value`` as a float, or ``NotYet`` saying that ``name`` is still the placeholder or is no number."""
+    require(value is not ..., exercise, f"`{name}` is still the placeholder `...`.",
+            "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    require(value is not None, exercise, f"`{name}` is None.", f"assign the number to `{name}`.")
+    try:
+        number = float(value)  # a 0-d tensor or a NumPy scalar converts too
+    except (TypeError, ValueError, RuntimeError):
+        raise NotYet(f"✗ {exercise}: `{name}` should be one number, got a {type(value).__name__}.",
+                     "reduce it to a single number (a tensor: .item()).") from None
+    require(math.isfinite(number), exercise, f"`{name}` is {number}.", "check for a division by zero.")
+    return number
+
+
+def answered_count(value, exercise: str, name: str) -> int:
+    """``value`` as a whole number, or ``NotYet`` (the placeholder, a fraction, no number)."""
+    number = answered_number(value, exercise, name)
+    require(number == int(number), exercise, f"`{name}` = {number:g} is not a whole number.",
+            "a count is whole: round with math.ceil or math.floor, whichever the question asks for.")
+    return int(number)
+
+
+def close(value: float, right: float, rel: float = 1e-3, abs_tol: float = 0.0) -> bool:
+    return math.isclose(value, right, rel_tol=rel, abs_tol=abs_tol)
+
+
+def name_mistake(value: float, right: float, exercise: str, name: str, mistakes, rel: float = 1e-3,
+                 abs_tol: float = 0.0) -> None:
+    """Raise ``NotYet`` naming the first of ``mistakes`` that ``value`` matches, unless ``value`` is ``right``.
+
+    ``mistakes`` holds ``(what that mistake gives, problem, hint)``; a mistake that would give the
+    right value anyway is skipped.
+    """
+    if close(value, right, rel, abs_tol):
+        return
+    for wrong, problem, hint in mistakes:
+        if not close(wrong, right, rel, abs_tol) and close(value, wrong, rel, abs_tol):
+            raise NotYet(f"✗ {exercise}: `{name}` = {value:.4g}: {problem}", hint)
+
+
+def judge(value: float, right: float, exercise: str, name: str, mistakes, hint: str, rel: float = 1e-3,
+          abs_tol: float = 0.0) -> None:
+    """Return when ``value`` is ``right``; otherwise ``NotYet`` naming the mistake it matches, or showing
+    the value (never the answer) and ``hint``."""
+    name_mistake(value, right, exercise, name, mistakes, rel, abs_tol)
+    require(close(value, right, rel, abs_tol), exercise, f"`{name}` = {value:.4g} is not right.", hint)
+
+
+# ---------------------------------------------------------------- the attendees' copies
+
+
+def _marker_error(where: str, line: int, problem: str, fix: str) -> WorkshopError:
+    return WorkshopError(f"{where}, line {line}: {problem}", fix)
+
+
+def attendee_source(source: str, where: str = "cell") -> str:
+    """A code cell's source with every solution block replaced by ``# YOUR CODE HERE`` and its placeholders.
+
+    ``where`` names the cell in the one-line error a malformed block raises (BEGIN without END,
+    END without BEGIN, a block inside a block, a placeholder outside a block, a misspelt marker).
+    """
+    out, opened = [], None
+    for number, line in enumerate(source.splitlines(), start=1):
+        text = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        if text == BEGIN_SOLUTION:
+            if opened is not None:
+                raise _marker_error(where, number, f"'{BEGIN_SOLUTION}' inside the block opened on line {opened}.",
+                                    f"close that block with '{END_SOLUTION}' first: blocks do not nest.")
+            opened = number
+            out.append(indent + YOUR_CODE_HERE)
+        elif text == END_SOLUTION:
+            if opened is None:
+                raise _marker_error(where, number, f"'{END_SOLUTION}' without a '{BEGIN_SOLUTION}' before it.",
+                                    f"open the block with '{BEGIN_SOLUTION}' or delete this line.")
+            opened = None
+        elif text == PLACEHOLDER.strip() or text.startswith(PLACEHOLDER):
+            if opened is None:
+                raise _marker_error(where, number, "a placeholder line outside a solution block.",
+                                    f"move it between '{BEGIN_SOLUTION}' and '{END_SOLUTION}'.")
+            out.append(indent + text[len(PLACEHOLDER):])
+        elif text.startswith(("### BEGIN", "### END", "### PLACEHOLDER")):
+            raise _marker_error(where, number, f"unknown marker {text!r}.",
+                                f"spell it '{BEGIN_SOLUTION}', '{END_SOLUTION}' or '{PLACEHOLDER}<code>'.")
+        elif opened is None:
+            out.append(line)
+    if opened is not None:
+        raise _marker_error(where, opened, f"'{BEGIN_SOLUTION}' has no '{END_SOLUTION}'.",
+                            f"end the solution with a line '{END_SOLUTION}'.")
+    return "\n".join(out)
+
+
+def has_solution(source: str) -> bool:
+    return any(line.strip() == BEGIN_SOLUTION for line in source.splitlines())
+
+
+def cell_tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def attendee_notebook(source_path, out_path) -> int:
+    """Write the attendee's copy of one notebook, outputs cleared; return its number of exercises.
+
+    A cell tagged ``exercise`` must hold a solution block and a block must sit in such a cell, so
+    that no solution reaches an attendee untagged and no check stands after an empty exercise.
+    """
+    import nbformat
+
+    source_path, out_path = Path(source_path), Path(out_path)
+    if source_path.resolve() == out_path.resolve():
+        raise WorkshopError(f"Would overwrite the source notebook {source_path}.", "write the copy to another folder.")
+    notebook = nbformat.read(source_path, as_version=4)
+    exercises = 0
+    for index, cell in enumerate(notebook.cells):
+        where = f"{source_path.name}, cell {index} (id {cell.get('id', '?')})"
+        if cell.cell_type != "code":
+            continue
+        attendee = attendee_source(cell.source, where)  # a malformed block stops here, naming its line
+        tagged, blocked = EXERCISE_TAG in cell_tags(cell), has_solution(cell.source)
+        if tagged != blocked:
+            raise WorkshopError(
+                f"{where}: " + ("tagged 'exercise' but holds no solution block." if tagged else
+                                "holds a solution block but is not tagged 'exercise'."),
+                "an exercise cell holds its solution between the markers and carries the tag 'exercise'.")
+        cell.source = attendee
+        cell.outputs = []
+        cell.execution_count = None
+        cell.metadata.pop("execution", None)  # papermill's timings of the solved run
+        exercises += tagged
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, out_path)
+    return exercises
+
+
+def write_attendee_notebooks(folder_in="notebooks", folder_out="notebooks/attendee") -> list[Path]:
+    """The attendees' copies of every notebook in ``folder_in``, written to ``folder_out`` (``make attendee``)."""
+    folder_in, folder_out = Path(folder_in), Path(folder_out)
+    sources = sorted(folder_in.glob("*.ipynb"))
+    if not sources:
+        raise WorkshopError(f"No notebook in {folder_in}.", "pass the folder that holds the committed notebooks.")
+    written = []
+    for source in sources:
+        target = folder_out / source.name
+        count = attendee_notebook(source, target)
+        print(f"{target}: {count} exercise{'s' * (count != 1)}")
+        written.append(target)
+    return written

@@ -1,0 +1,1199 @@
+"""Slurm from a notebook: look at the cluster, submit the kit's job scripts, watch them, gather what they wrote.
+
+Notebook 06 drives a real Slurm through the same clients a user types at a login node (sinfo,
+scontrol, sbatch, squeue, sacct, scancel). The jobs are the scripts in ``slurm/``, used as
+templates; the training flags after the script name are generated from a ``TrainConfig``
+(``config_flags``), so no flag is typed twice.
+
+Where no Slurm answers, the notebook still runs: ``SlurmLesson`` records every step it runs live
+(what it printed and what it returned) into ``<run>/results/slurm/steps.json``, and where it cannot
+run them it replays the steps of a recorded run instead (``results/reference/slurm/``), saying so.
+
+``binding_line`` is what each task of ``slurm/env_check.sbatch`` prints: the cores it may run on,
+their NUMA node, its GPUs and their NUMA node, the network cards near it, and the cores its
+DataLoader workers end up on.
+
+Heavy imports (torch, through the spine) happen inside the functions that need them, so a job that
+only gathers a sweep's results starts in a second.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from ..system.errors import WorkshopError
+from ..system.results import repo_root, write_json
+
+CLIENTS = ("sinfo", "scontrol", "sbatch", "squeue", "scancel")
+# States after which a job runs no more (a requeued job passes through PENDING, not through these).
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE"}
+# Fields of TrainConfig that the job scripts set themselves (from the job's name and run folder).
+SCRIPT_FIELDS = ("name", "checkpoint_dir", "resume", "progress")
+POLL_S = 0.5  # how often a wait asks slurmctld: often enough to watch a job, rarely enough not to load it
+
+# ---------------------------------------------------------------------------------------------- clients
+
+
+def job_env(runs: str | os.PathLike | None = None) -> dict:
+    """The environment sbatch passes to the jobs: this one, with this Python first on PATH.
+
+    SLURM_* variables (but SLURM_CONF, which names the cluster) are dropped: a notebook that itself
+    runs inside a job must not hand that job's CPU count or ids to the jobs it submits. SBATCH_*
+    variables stay: ``SBATCH_ACCOUNT`` and ``SBATCH_PARTITION`` are how a site's account and
+    partition reach every sbatch below.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    here = str(Path(sys.executable).parent)
+    env["PATH"] = here + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+    env["PYTHONUNBUFFERED"] = "1"  # a job's log grows line by line, not in 4 KiB blocks
+    if runs is not None:
+        env["WORKSHOP_RUNS"] = str(runs)
+    return env
+
+
+def slurm(*command: str, timeout_s: float = 30, check: bool = True, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """Run one Slurm client; a missing client, a controller that does not answer or a refusal is one line."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
+                              env=env or job_env(), stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise WorkshopError(f"`{command[0]}` is not installed on this machine.",
+                            "run this on a login node of a Slurm cluster.") from None
+    except subprocess.TimeoutExpired:
+        raise WorkshopError(f"`{shlex.join(command[:2])}` did not answer within {timeout_s:g} s.",
+                            "slurmctld is busy or unreachable: `scontrol ping` says which; try again later.") from None
+    if check and proc.returncode != 0:
+        said = first_line(proc.stderr) or first_line(proc.stdout) or f"exit status {proc.returncode}"
+        raise WorkshopError(f"`{shlex.join(command[:2])}` failed: {said}",
+                            "read Slurm's message: an account or partition is often missing "
+                            "(export SBATCH_ACCOUNT=... SBATCH_PARTITION=...).")
+    return proc
+
+
+def last_line(text: str | None) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def first_line(text: str | None) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[0][:300] if lines else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmSite:
+    """Whether a Slurm controller answers here, and a one-line account of it."""
+
+    available: bool
+    line: str
+    version: str = ""
+    cluster: str = ""
+
+
+def find_slurm(timeout_s: float = 10) -> SlurmSite:
+    """Is there a Slurm we can submit to? Quick (``scontrol ping``, at most ``timeout_s``), never raises.
+
+    ``WORKSHOP_SLURM=off`` says no without asking: a test suite or a pre-flight on a login node then
+    submits nothing.
+    """
+    if os.environ.get("WORKSHOP_SLURM", "").strip().lower() == "off":
+        return SlurmSite(False, "Slurm not used here (WORKSHOP_SLURM=off)")
+    missing = [c for c in CLIENTS if shutil.which(c) is None]
+    if missing:
+        return SlurmSite(False, f"No Slurm here ({', '.join(missing)} not found on PATH)")
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s,
+                              env=job_env(), stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return SlurmSite(False, f"No Slurm reachable here (`scontrol ping` did not answer within {timeout_s:g} s)")
+    said = last_line(ping.stdout) or last_line(ping.stderr)
+    if ping.returncode != 0 or " is UP" not in ping.stdout:
+        return SlurmSite(False, f"No Slurm reachable here (`scontrol ping` says: {said or 'nothing'})")
+    try:
+        version = first_line(subprocess.run(["sinfo", "--version"], capture_output=True, text=True,
+                                            timeout=timeout_s, env=job_env()).stdout)
+        config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=timeout_s,
+                                env=job_env()).stdout
+    except subprocess.TimeoutExpired:  # the controller answered the ping: these are niceties, not conditions
+        version, config = "", ""
+    cluster = next((line.split("=", 1)[1].strip() for line in config.splitlines()
+                    if line.split("=", 1)[0].strip() == "ClusterName"), "")
+    return SlurmSite(True, f"{version or 'Slurm'} answers here (cluster {cluster or '?'}, {said}): "
+                           "every job below really runs.", version, cluster)
+
+
+_KEY = re.compile(r"^[A-Za-z][\w/:.]*$")
+
+
+def parse_scontrol(line: str) -> dict[str, str]:
+    """One line of ``scontrol -o show ...`` as a dict; values with spaces (``OS=Linux 6.1 #1 SMP``) stay whole."""
+    fields: dict[str, str] = {}
+    key = None
+    for token in line.split():
+        name, eq, value = token.partition("=")
+        if eq and _KEY.match(name):
+            key, fields[name] = name, value
+        elif key is not None:
+            fields[key] += " " + token
+    return fields
+
+
+def seconds_of(duration: str | None) -> int | None:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) as seconds; None for what is not a duration."""
+    if not duration or not re.fullmatch(r"(\d+-)?(\d+:){1,2}\d+", duration):
+        return None
+    days, _, clock = duration.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return int(days or 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+# ---------------------------------------------------------------------------------------------- the cluster
+
+
+def _frame(rows: list[dict], columns: list[str]):
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=columns)
+
+
+def partition_table():
+    """Every partition: state, nodes, CPUs, time limits, whether jobs share nodes or preempt each other."""
+    rows = []
+    for line in slurm("scontrol", "-o", "show", "partition").stdout.splitlines():
+        p = parse_scontrol(line)
+        if not p:
+            continue
+        rows.append({"partition": p.get("PartitionName", "") + ("*" if p.get("Default") == "YES" else ""),
+                     "state": p.get("State"), "nodes": p.get("Nodes"), "total_nodes": p.get("TotalNodes"),
+                     "total_cpus": p.get("TotalCPUs"), "max_time": p.get("MaxTime"),
+                     "default_time": p.get("DefaultTime"), "oversubscribe": p.get("OverSubscribe"),
+                     "preempt_mode": p.get("PreemptMode"), "tres": p.get("TRES")})
+    return _frame(rows, ["partition", "state", "nodes", "total_nodes", "total_cpus", "max_time", "default_time",
+                         "oversubscribe", "preempt_mode", "tres"])
+
+
+def node_table():
+    """Every node: state, CPUs (total and allocated), its sockets x cores x threads, memory and GRES (GPUs)."""
+    rows = []
+    for line in slurm("scontrol", "-o", "show", "node").stdout.splitlines():
+        n = parse_scontrol(line)
+        if not n:
+            continue
+        rows.append({"node": n.get("NodeName"), "state": n.get("State"), "partitions": n.get("Partitions"),
+                     "cpus": n.get("CPUTot"), "cpus_allocated": n.get("CPUAlloc"), "sockets": n.get("Sockets"),
+                     "cores_per_socket": n.get("CoresPerSocket"), "threads_per_core": n.get("ThreadsPerCore"),
+                     "memory_mib": n.get("RealMemory"), "gres": n.get("Gres"), "features": n.get("AvailableFeatures")})
+    return _frame(rows, ["node", "state", "partitions", "cpus", "cpus_allocated", "sockets", "cores_per_socket",
+                         "threads_per_core", "memory_mib", "gres", "features"])
+
+
+# ---------------------------------------------------------------------------------------------- job scripts
+
+
+def slurm_folder() -> Path:
+    root = repo_root()
+    folder = (root / "slurm") if root is not None else Path.cwd() / "slurm"
+    if not folder.is_dir():
+        raise WorkshopError("The kit's job scripts (slurm/) are not here.",
+                            "run this notebook from a checkout of the workshop.")
+    return folder
+
+
+def template(name: str) -> Path:
+    """One of the kit's job scripts, by file name."""
+    path = slurm_folder() / name
+    if not path.is_file():
+        known = ", ".join(p.name for p in sorted(slurm_folder().glob("*.sbatch")))
+        raise WorkshopError(f"No job script {name!r} in {slurm_folder()}.", f"use one of: {known}.")
+    return path
+
+
+def script_lines(name: str, *patterns: str) -> str:
+    """The lines of a job script that match any of ``patterns`` (all of it when none), numbered."""
+    lines = template(name).read_text().splitlines()
+    keep = [(i, line) for i, line in enumerate(lines, 1)
+            if not patterns or any(re.search(p, line) for p in patterns)]
+    return "\n".join(f"{i:3d}  {line}" for i, line in keep)
+
+
+def config_flags(config, base=None, skip: tuple[str, ...] = SCRIPT_FIELDS, only: tuple[str, ...] | None = None
+                 ) -> list[str]:
+    """The flags of ``python -m workshop_utils.train`` that turn ``base`` (default: TrainConfig()) into ``config``.
+
+    Generated from the config's fields, so a job script receives exactly what the notebook built. The
+    fields in ``skip`` are the ones the job scripts set themselves, and are left out; ``only`` names the
+    fields to give, whether or not they differ from ``base``.
+    """
+    from ..spine.config import TrainConfig, setting_of, validate_config
+
+    # Checked as the command will see it: the skipped fields are the script's to set.
+    validate_config(config.replace(**{name: getattr(TrainConfig(), name) for name in skip}))
+    base = TrainConfig() if base is None else base
+    flags: list[str] = []
+    for f in dataclasses.fields(TrainConfig):
+        value, default = getattr(config, f.name), getattr(base, f.name)
+        if f.name in skip or (only is not None and f.name not in only):
+            continue
+        if only is None and value == default and type(value) is type(default):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        word = next((w for w, v in setting_of(f).words.items() if v == value and type(v) is type(value)), None)
+        if word is not None:
+            flags += [flag, word]
+        elif value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + flag[2:])
+        elif value is None:
+            if only is not None and getattr(TrainConfig(), f.name) is None:
+                continue  # the command's own default is None too
+            raise WorkshopError(f"{f.name}=None has no flag: the command's default is {default!r}.",
+                                f"leave {f.name} at its default in the config.")
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def varying_fields(configs) -> tuple[str, ...]:
+    """The TrainConfig fields whose values differ between ``configs`` (what a sweep sweeps)."""
+    names = [f.name for f in dataclasses.fields(configs[0])]
+    return tuple(n for n in names if len({repr(getattr(c, n)) for c in configs}) > 1)
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+def submit(script: str | os.PathLike | None, args=(), options=(), *, cwd=None, env=None) -> str:
+    """``sbatch --parsable [options] script [args]``; returns the job id (the array's id for an array).
+
+    ``script`` None: the options hold the job (``--wrap=COMMAND``)."""
+    command = ["sbatch", "--parsable", *map(str, options), *([str(script)] if script is not None else []),
+               *map(str, args)]
+    out = slurm(*command, cwd=cwd, env=env).stdout.strip()
+    job_id = out.split(";")[0]  # "id" or "id;cluster"
+    if not job_id.isdigit():
+        raise WorkshopError(f"sbatch answered {out!r}, not a job id.", "run the sbatch command above by hand.")
+    return job_id
+
+
+def job_records(job_id: str) -> list[dict]:
+    """``scontrol -o show job ID``: one dict per job (every task of an array); [] once Slurm forgot it."""
+    proc = slurm("scontrol", "-o", "show", "job", str(job_id), check=False)
+    return [parse_scontrol(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def job_label(record: dict) -> str:
+    """12 for a job, 12_3 for task 3 of array 12 (as squeue and sacct name them)."""
+    task = record.get("ArrayTaskId")
+    if task and task != "N/A" and record.get("ArrayJobId"):
+        return f"{record['ArrayJobId']}_{task}"
+    return record.get("JobId", "?")
+
+
+def _scontrol_rows(job_ids) -> list[dict]:
+    rows = []
+    for job_id in job_ids:
+        for r in job_records(job_id):
+            rows.append({"job": job_label(r), "name": r.get("JobName"), "state": r.get("JobState"),
+                         "exit_code": r.get("ExitCode"), "elapsed": r.get("RunTime"),
+                         "elapsed_s": seconds_of(r.get("RunTime")), "restarts": int(r.get("Restarts", 0) or 0),
+                         "start": r.get("StartTime"), "end": r.get("EndTime"), "node": r.get("NodeList"),
+                         "reason": r.get("Reason")})
+    return sorted(rows, key=_job_order)
+
+
+def _job_order(row: dict):
+    """12 before 12_0 before 12_1 before 13: the order jobs were submitted, tasks in their order."""
+    job, _, task = str(row["job"]).partition("_")
+    return (int(job) if job.isdigit() else 0, int(task) if task.isdigit() else -1)
+
+
+def _sacct_rows(job_ids) -> list[dict] | None:
+    """sacct's view of the jobs, or None where this cluster keeps no accounting (sacct then cannot answer)."""
+    if shutil.which("sacct") is None:
+        return None
+    proc = slurm("sacct", "-n", "-P", "-X", "-j", ",".join(map(str, job_ids)),
+                 "-o", "JobID,JobName,State,ExitCode,Elapsed,Start,End,NodeList", check=False)
+    if proc.returncode != 0 or "disabled" in (proc.stdout + proc.stderr).lower():
+        return None
+    rows = []
+    for line in proc.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 8:
+            continue
+        job, name, state, exit_code, elapsed, start, end, node = parts
+        rows.append({"job": job, "name": name, "state": state.split()[0], "exit_code": exit_code,
+                     "elapsed": elapsed, "elapsed_s": seconds_of(elapsed), "restarts": None,
+                     "start": start, "end": end, "node": node, "reason": ""})
+    return sorted(rows, key=_job_order)
+
+
+JOB_COLUMNS = ["job", "name", "state", "exit_code", "elapsed", "elapsed_s", "restarts", "start", "end", "node",
+               "reason"]
+
+
+def job_table(job_ids):
+    """State, exit code and elapsed time of each job (each array task): from sacct where the cluster keeps
+    accounting, else from slurmctld's memory (scontrol), which forgets a job MinJobAge seconds after it ends.
+    ``frame.attrs["source"]`` says which answered."""
+    ids = [str(j) for j in job_ids]
+    accounted = _sacct_rows(ids)
+
+    def answered(rows):
+        return {str(r["job"]).split("_")[0] for r in rows}
+
+    if accounted is not None and answered(accounted) >= set(ids):
+        rows, source = accounted, "sacct"
+    else:
+        # A job only seconds old may not have reached the accounting database yet: the controller knows it.
+        rows, source = _scontrol_rows(ids), "scontrol"
+        rows += [r for r in accounted or [] if str(r["job"]).split("_")[0] not in answered(rows)]
+        rows.sort(key=_job_order)
+    frame = _frame(rows, JOB_COLUMNS)
+    frame.attrs["source"] = source
+    return frame
+
+
+def squeue_text(job_ids) -> str:
+    """squeue as a user sees it, every array task on its own line (-r)."""
+    return slurm("squeue", "-r", "-j", ",".join(map(str, job_ids)), check=False).stdout.rstrip()
+
+
+def cancel(job_ids) -> None:
+    ids = [str(j) for j in job_ids]
+    if ids:
+        slurm("scancel", *ids, check=False)
+
+
+def _finished(records: list[dict], restarts: int = 0) -> bool:
+    """Every job or task ended; with ``restarts``, a COMPLETED job counts only after that many requeues."""
+    if not records:
+        return False
+    for r in records:
+        state = r.get("JobState", "")
+        if state not in FINISHED:
+            return False
+        if state == "COMPLETED" and int(r.get("Restarts", 0) or 0) < restarts:
+            return False
+    return True
+
+
+def wait_for(job_ids, timeout_s: float = 300, restarts: int = 0):
+    """Wait until every job has ended (a job Slurm forgot counts as ended); return ``job_table``.
+
+    A job still queued or running after ``timeout_s`` is cancelled, and the wait ends in one line.
+    """
+    ids = [str(j) for j in job_ids]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = {j: job_records(j) for j in ids}
+        pending = [j for j in ids if records[j] and not _finished(records[j], restarts)]
+        if not pending:
+            return job_table(ids)
+        stuck = [j for j in pending if any(r.get("Reason") == "DependencyNeverSatisfied" for r in records[j])]
+        if stuck:
+            cancel(stuck)
+            raise WorkshopError(f"Job(s) {', '.join(stuck)} can never start: a job they wait for (afterok) did not "
+                                "succeed, so they were cancelled.",
+                                "read the failed job's output file (its state is FAILED in squeue -t all), fix it, "
+                                "and submit again.")
+        if time.monotonic() > deadline:
+            _give_up(pending, timeout_s)
+        time.sleep(POLL_S)
+
+
+def _give_up(job_ids: list[str], timeout_s: float):
+    states = ", ".join(f"{job_label(r)} {r.get('JobState')} ({r.get('Reason')})"
+                       for j in job_ids for r in job_records(j))
+    cancel(job_ids)
+    raise WorkshopError(f"Job(s) not finished after {timeout_s:g} s, so they were cancelled: {states}.",
+                        "the queue is busy (reason Priority/Resources): run the notebook again later, or point "
+                        "SBATCH_PARTITION at a partition with idle nodes (sinfo shows them).")
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+def run_folder(runs: str | os.PathLike, job_id: str) -> Path:
+    """The run folder a kit job script made for ``job_id`` (``<runs>/<job name>-<job id>``)."""
+    found = sorted(Path(runs).glob(f"*-{job_id}"))
+    if not found:
+        raise WorkshopError(f"Job {job_id} left no run folder in {runs}.", "read its output file: it failed early.")
+    return found[0]
+
+
+SWEEP_METRICS = ("steps", "final_train_loss", "final_test_loss", "final_test_acc", "samples_per_s", "wall_s")
+
+
+def gather_array(folder: str | os.PathLike, out: str | os.PathLike | None = None):
+    """One row per task of a ``train_array.sbatch`` sweep (``<folder>/task-<i>/result.json``), the settings
+    that differ between tasks first, then what each task measured; written to ``out`` (CSV) when given."""
+    import pandas as pd
+
+    folder = Path(folder)
+    records = {}
+    for path in sorted(folder.glob("task-*/result.json")):
+        records[int(path.parent.name.removeprefix("task-"))] = json.loads(path.read_text())
+    if not records:
+        raise WorkshopError(f"No task of the sweep wrote a result under {folder}.",
+                            "read the tasks' output files (%x-%A_%a.out): they failed.")
+    configs = pd.DataFrame([r["config"] for r in records.values()], index=list(records))
+    varying = [c for c in configs.columns if configs[c].astype(str).nunique() > 1 and c not in SCRIPT_FIELDS]
+    rows = []
+    for task, record in sorted(records.items()):
+        rows.append({"task": task, **{c: record["config"][c] for c in varying},
+                     **{m: record["metrics"].get(m) for m in SWEEP_METRICS}})
+    frame = pd.DataFrame(rows)
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(out, index=False)
+    return frame
+
+
+def compare_final_parameters(reference_run: Path, resumed_run: Path) -> dict:
+    """Did the interrupted and resumed run end with the uninterrupted run's parameters? Both runs' records and
+    their last checkpoints, loaded and compared tensor by tensor."""
+    from ..spine.checkpoint import latest_checkpoint, load_checkpoint
+    from ..spine.models import build_model, max_parameter_difference, parameter_checksum
+
+    records, models = {}, {}
+    for label, run in (("uninterrupted", reference_run), ("preempted", resumed_run)):
+        records[label] = json.loads((Path(run) / "result.json").read_text())
+        last = latest_checkpoint(Path(run) / "checkpoints")
+        if last is None:
+            raise WorkshopError(f"The {label} run left no checkpoint in {run}/checkpoints.",
+                                "train with checkpoint_every set.")
+        models[label] = build_model(records[label]["config"]["model"])
+        load_checkpoint(last, model=models[label], restore_rng=False)
+    difference = max_parameter_difference(models["uninterrupted"], models["preempted"])
+    rows = [{"run": label, "steps": r["metrics"]["steps"], "resumed_from_step": r["metrics"]["resumed_from_step"],
+             "final_train_loss": r["metrics"]["final_train_loss"], "param_checksum": r["metrics"]["param_checksum"],
+             "checkpoint_checksum": parameter_checksum(models[label])} for label, r in records.items()]
+    same = (difference == 0.0 and rows[0]["param_checksum"] == rows[1]["param_checksum"]
+            and rows[0]["steps"] == rows[1]["steps"])
+    return {"rows": rows, "max_abs_difference": difference, "identical": same}
+
+
+def preemption_verdict(result: dict) -> str:
+    """One line on ``compare_final_parameters``: was the run really interrupted, and did it end where the
+    uninterrupted run ended?"""
+    table = result["table"] if "table" in result else None
+    rows = {r["run"]: r for r in (table.to_dict("records") if table is not None else result["rows"])}
+    hit, reference = rows["preempted"], rows["uninterrupted"]
+    resumed = hit["resumed_from_step"]
+    if resumed is None or resumed != resumed:  # None, or NaN once it passed through a table
+        return "Not a preemption test: the run never resumed from a checkpoint, so its parameters prove nothing."
+    head = (f"Checkpointed at step {int(resumed)} on the signal, requeued, resumed there and ran to step "
+            f"{int(hit['steps'])}: ")
+    if hit["steps"] != reference["steps"]:
+        return head + f"not comparable with the uninterrupted run's {int(reference['steps'])} steps."
+    if result["identical"]:
+        return head + ("final parameters identical to the uninterrupted run, bit for bit (largest difference "
+                       f"{result['max_abs_difference']:g}, checksums {hit['param_checksum']}).")
+    return head + (f"final parameters differ from the uninterrupted run by up to {result['max_abs_difference']:.3g}: "
+                   "something the checkpoint should hold was not restored.")
+
+
+# ---------------------------------------------------------------------------------------------- binding
+
+
+def cpu_list(cores) -> str:
+    """{0, 1, 2, 5} -> "0-2,5" (the notation of Cpus_allowed_list and numactl)."""
+    cores, parts = sorted(cores), []
+    for core in cores:
+        if parts and core == parts[-1][1] + 1:
+            parts[-1][1] = core
+        else:
+            parts.append([core, core])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts) or "none"
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    cores: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            a, _, b = part.partition("-")
+            cores.update(range(int(a), int(b or a) + 1))
+    return cores
+
+
+def _read(path) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def numa_nodes_of(cores: set[int], root: str = "/sys/devices/system/node") -> str:
+    """The NUMA node(s) that hold these cores, e.g. "0" or "0,1"; "?" where the system does not say."""
+    nodes = []
+    for folder in sorted(Path(root).glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        listed = _read(folder / "cpulist")
+        if listed is not None and parse_cpu_list(listed) & cores:
+            nodes.append(folder.name[4:])
+    return ",".join(nodes) or "?"
+
+
+def _device_numa(device_path: Path) -> str:
+    """The NUMA node of a PCI device: its own numa_node file or its nearest parent's; "?" for -1 or none."""
+    path = device_path.resolve()
+    for folder in (path, *path.parents):
+        value = _read(folder / "numa_node")
+        if value is not None:
+            return "?" if value.startswith("-") else value
+    return "?"
+
+
+def nic_numa(net_root: str = "/sys/class/net", ib_root: str = "/sys/class/infiniband") -> str:
+    """Physical network cards (Ethernet and InfiniBand) with their NUMA node, e.g. "eth0:?,mlx5_0:1"."""
+    found = []
+    for root in (net_root, ib_root):
+        for nic in sorted(Path(root).glob("*")):
+            device = nic / "device"
+            if device.exists():  # virtual interfaces (lo, bridges, veth) have no device behind them
+                found.append(f"{nic.name}:{_device_numa(device)}")
+    return ",".join(found) or "none"
+
+
+def gpu_numa() -> str:
+    """The NUMA node of each GPU this process sees ("0:1,1:1"); "-" without GPUs."""
+    try:
+        import torch
+    except ImportError:
+        return "-"
+    if not torch.cuda.is_available():
+        return "-"
+    found = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        domain, bus, dev = (getattr(p, f"pci_{k}_id", None) for k in ("domain", "bus", "device"))
+        where = "?"
+        if bus is not None:
+            where = _device_numa(Path(f"/sys/bus/pci/devices/{domain or 0:04x}:{bus:02x}:{dev or 0:02x}.0"))
+        found.append(f"{i}:{where}")
+    return ",".join(found)
+
+
+def numa_binding_problem(nproc: int, node_root: str = "/sys/devices/system/node") -> str:
+    """Why ``torchrun --numa-binding=node`` would fail for local ranks 0..nproc-1 here ("" when it would work).
+
+    torchrun binds rank i to the cores of GPU i's NUMA node that this job may use, and stops the job when
+    there are none (Slurm can give a job cores on one socket and GPUs on the other), when numactl is
+    missing, or when its PyTorch has no NUMA binding at all. The job scripts ask first and run unbound,
+    saying why, rather than fail.
+    """
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("torch.numa.binding") is None:
+            return "this PyTorch's torchrun has no --numa-binding"
+    except ModuleNotFoundError:
+        return "this PyTorch's torchrun has no --numa-binding"
+    if shutil.which("numactl") is None:
+        return "numactl is not installed"
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < nproc:
+        return f"{nproc} rank(s) but {torch.cuda.device_count() if torch.cuda.is_available() else 0} GPU(s) visible"
+    allowed = os.sched_getaffinity(0)
+    for local_rank, where in enumerate(gpu_numa().split(",")[:nproc]):
+        node = where.split(":")[1]
+        if node == "?":
+            return f"GPU {local_rank} reports no NUMA node"
+        cores = parse_cpu_list(_read(Path(node_root) / f"node{node}" / "cpulist") or "")
+        if not cores & allowed:
+            return f"GPU {local_rank} sits on NUMA node {node}, where this job has no core"
+    return ""
+
+
+def _worker_cores(_):
+    import torch
+
+    return sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+
+
+def loader_worker_cores(workers: int = 2) -> tuple[str, int]:
+    """Start a DataLoader with ``workers`` worker processes and ask each where it may run: (cores, threads)."""
+    from torch.utils.data import DataLoader
+
+    with warnings.catch_warnings():
+        # More workers than cores makes PyTorch warn (it counts the cores of this process's affinity mask):
+        # that crowding is what this line is there to show, not a mistake.
+        warnings.simplefilter("ignore", UserWarning)
+        loader = DataLoader(list(range(workers)), batch_size=None, num_workers=workers, collate_fn=_worker_cores,
+                            multiprocessing_context="fork" if sys.platform.startswith("linux") else None)
+        seen = list(loader)
+    cores = set().union(*(set(c) for c, _ in seen))
+    return cpu_list(cores), max(t for _, t in seen)
+
+
+def rank_binding(workers: int = 2) -> dict:
+    """Where this process (one task of a job) may run, and what is near it."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    worker_cores, worker_threads = loader_worker_cores(workers) if workers else ("-", 0)
+    return {"host": socket.gethostname().split(".")[0], "rank": os.environ.get("SLURM_PROCID", "0"),
+            "local": os.environ.get("SLURM_LOCALID", "0"), "cpus": cpu_list(cores), "numa": numa_nodes_of(cores),
+            "omp": os.environ.get("OMP_NUM_THREADS", "unset"), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") or "none",
+            "gpu_numa": gpu_numa(), "nics": nic_numa(), "workers": worker_cores, "worker_threads": worker_threads}
+
+
+BINDING_KEYS = ("rank", "local", "cpus", "numa", "omp", "gpus", "gpu_numa", "nics", "workers", "worker_threads")
+
+
+def binding_line(workers: int = 2) -> str:
+    """One line: ``host rank R local L cpus C numa N omp T gpus G gpu_numa .. nics .. workers W worker_threads 1``."""
+    b = rank_binding(workers)
+    return " ".join([b["host"], *(f"{key} {b[key]}" for key in BINDING_KEYS)])
+
+
+def binding_table(lines) -> "object":
+    """The per-task lines env_check.sbatch printed (``0: host rank 0 ...``) as a table, one row per task."""
+    rows = []
+    pattern = re.compile(r"^\s*(\d+): (\S+) (rank .*)$")
+    for line in lines:
+        found = pattern.match(line)
+        if not found:
+            continue
+        tokens = found.group(3).split()
+        row = {"host": found.group(2), **dict(zip(tokens[0::2], tokens[1::2]))}
+        rows.append(row)
+    rows.sort(key=lambda r: int(r.get("rank", 0)))  # srun prints the tasks' lines in the order they come
+    return _frame(rows, ["host", *BINDING_KEYS])
+
+
+# ---------------------------------------------------------------------------------------------- the timeline
+
+
+class JobWatcher:
+    """Polls squeue in the background and keeps every state change of the jobs it is told about, with the time
+    it saw it: what the scheduler did, for the timeline figure."""
+
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self.t0 = time.monotonic()
+        self.ids: list[str] = []
+        self.names: dict[str, str] = {}
+        self.changes: list[dict] = []  # {"t": s, "job": label, "state": ...}
+        self.events: list[dict] = []  # {"t": s, "what": "..."}: things the notebook did (a signal sent)
+        self._last: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 2)
+
+    def watch(self, job_id: str) -> None:
+        with self._lock:
+            self.ids.append(str(job_id))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="slurm-job-watcher", daemon=True)
+            self._thread.start()
+        self.poll()
+
+    def event(self, what: str) -> None:
+        with self._lock:
+            self.events.append({"t": self.now(), "what": what})
+
+    def poll(self) -> None:
+        with self._lock:
+            ids = list(self.ids)
+        if not ids:
+            return
+        try:
+            proc = slurm("squeue", "-h", "-r", "-t", "all", "-j", ",".join(ids), "-o", "%i|%j|%T", check=False,
+                         timeout_s=10)
+        except WorkshopError:
+            return  # one missed poll leaves a coarser timeline, nothing worse
+        t = self.now()
+        with self._lock:
+            for line in proc.stdout.splitlines():
+                parts = line.strip().split("|")
+                if len(parts) != 3 or "[" in parts[0]:
+                    continue  # a pending array's not-yet-split tasks ("12_[1-2]"), shown once they are split
+                label, name, state = parts
+                self.names[label] = name
+                if self._last.get(label) != state:
+                    self._last[label] = state
+                    self.changes.append({"t": t, "job": label, "state": state})
+            # A job that has ended is asked about no more: slurmctld forgets it after MinJobAge, and squeue
+            # then refuses the whole list.
+            for job_id in ids:
+                states = [v for k, v in self._last.items() if k.split("_")[0] == job_id]
+                if states and all(v in FINISHED for v in states) and job_id in self.ids:
+                    self.ids.remove(job_id)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        self.poll()
+
+    def segments(self):
+        """Each job's states as [start, end) intervals in seconds since the watcher started."""
+        end = self.now()
+        rows = []
+        with self._lock:
+            by_job: dict[str, list[dict]] = {}
+            for change in self.changes:
+                by_job.setdefault(change["job"], []).append(change)
+            for job, changes in by_job.items():
+                for here, after in zip(changes, [*changes[1:], None]):
+                    if here["state"] in FINISHED:
+                        continue
+                    rows.append({"job": job, "name": self.names.get(job, ""), "state": here["state"],
+                                 "start_s": here["t"], "end_s": after["t"] if after else end})
+        return _frame(rows, ["job", "name", "state", "start_s", "end_s"])
+
+
+def plot_job_timeline(segments, events=(), title: str = "What the scheduler did"):
+    """One bar per job: waiting (pending) in grey, running in colour; the notebook's own actions as lines."""
+    import matplotlib.pyplot as plt
+
+    jobs = list(dict.fromkeys(segments["job"])) if len(segments) else []
+    fig, ax = plt.subplots(figsize=(10, 0.45 * max(len(jobs), 3) + 1.3))
+    colours = {"PENDING": "#c8c8c8", "RUNNING": "#2b7bba", "COMPLETING": "#8fbfe0", "REQUEUED": "#e08f3a",
+               "SUSPENDED": "#e0c03a"}
+    for y, job in enumerate(jobs):
+        for row in segments[segments["job"] == job].itertuples():
+            ax.barh(y, row.end_s - row.start_s, left=row.start_s, color=colours.get(row.state, "#999999"),
+                    edgecolor="white", height=0.7)
+    names = dict(zip(segments["job"], segments["name"])) if len(segments) else {}
+    ax.set_yticks(range(len(jobs)), [f"{job} {names.get(job, '')}" for job in jobs])
+    ax.invert_yaxis()
+    for event in events:
+        ax.axvline(event["t"], color="#c0392b", lw=1, ls="--")
+        ax.text(event["t"], 0.99, f" {event['what']}", color="#c0392b", fontsize=8, va="top",
+                transform=ax.get_xaxis_transform())
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[s]) for s in ("PENDING", "RUNNING")]
+    ax.legend(handles, ["pending (queued, waiting)", "running"], loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              fontsize=8, frameon=False)
+    ax.set_xlabel("seconds since the first submission")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- the lesson
+
+
+class _Tee(io.TextIOBase):
+    """Print to the notebook and keep a copy: what a live step printed is what a replay shows."""
+
+    def __init__(self, out):
+        self.out, self.kept = out, []
+
+    def write(self, text):
+        self.kept.append(text)
+        return self.out.write(text)
+
+    def flush(self):
+        self.out.flush()
+
+
+def _encode(value):
+    import pandas as pd
+
+    if isinstance(value, pd.DataFrame):
+        return {"__frame__": json.loads(value.to_json(orient="split", index=False)), "attrs": dict(value.attrs)}
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _decode(value):
+    import pandas as pd
+
+    if isinstance(value, dict) and "__frame__" in value:
+        split = value["__frame__"]
+        frame = pd.DataFrame(split["data"], columns=split["columns"])
+        frame.attrs.update(value.get("attrs", {}))
+        return frame
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def reference_folder() -> Path | None:
+    root = repo_root()
+    return root / "results" / "reference" / "slurm" if root is not None else None
+
+
+_SUBMITTED: list[str] = []  # every job this kernel submitted: cancelled, if still queued or running, at exit
+
+
+@atexit.register
+def _cancel_leftovers() -> None:
+    with contextlib.suppress(Exception):
+        live = [j for j in _SUBMITTED if (r := job_records(j)) and not _finished(r)]
+        cancel(live)
+
+
+class SlurmLesson:
+    """Notebook 06's steps: run live where Slurm answers, else replayed from a recorded run.
+
+    Every public method is one step. Live, it runs, prints as it goes, and is recorded (what it printed,
+    what it returned) in ``<run_dir>/results/slurm/steps.json``. Without Slurm, it prints the recorded
+    output instead, marked as such, and returns the recorded value, so the notebook's later cells work
+    on the reference run's jobs.
+    """
+
+    def __init__(self, run_dir, timeout_s: float = 240, reference: str | os.PathLike | None = None):
+        self.run_dir = Path(run_dir)
+        self.timeout_s = timeout_s
+        self.site = find_slurm()
+        self.live = self.site.available
+        self.folder = self.run_dir / "results" / "slurm"
+        self.jobs_dir = self.run_dir / "slurm-jobs"
+        self.steps: list[dict] = []
+        self.outputs: dict[str, Path] = {}  # job id -> its output file (arrays: the first task's)
+        self._read_upto: dict[str, tuple[int, str]] = {}  # job id -> (bytes of its output read, unfinished line)
+        self._said_cd = False
+        self.watcher = JobWatcher() if self.live else None
+        if self.live:
+            from ..system.hardware import environment
+
+            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            self.about = {"site": self.site.line, "version": self.site.version, "cluster": self.site.cluster,
+                          "nodes": "", "environment": environment("cpu")}
+            print(self.site.line)
+            return
+        self.reference = Path(reference) if reference is not None else reference_folder()
+        recorded = self.reference / "steps.json" if self.reference is not None else None
+        if recorded is None or not recorded.is_file():
+            raise WorkshopError(f"{self.site.line}, and no recorded run to show instead ({recorded} is missing).",
+                                "run this notebook on a Slurm login node, or restore results/reference/slurm/.")
+        saved = json.loads(recorded.read_text())
+        self.recorded, self.about = saved["steps"], saved["about"]
+        print(f"{self.site.line}: showing the run recorded on {self.about['where']}")
+
+    # -- recording and replaying
+
+    def _step(self, kind: str, run):
+        index = len(self.steps)
+        if not self.live:
+            if index >= len(self.recorded) or self.recorded[index]["kind"] != kind:
+                raise WorkshopError(f"The recorded run has no step {index} of kind {kind!r}: it was recorded by "
+                                    "another version of this notebook.",
+                                    "record it again (tests/test_notebook_06.py explains how).")
+            step = self.recorded[index]
+            self.steps.append(step)
+            if step["printed"]:
+                print("[recorded] " + step["printed"].rstrip("\n").replace("\n", "\n[recorded] "))
+            return _decode(step["value"])
+        tee = _Tee(sys.stdout)
+        started = time.monotonic()
+        with contextlib.redirect_stdout(tee):
+            value = run()
+        self.steps.append({"kind": kind, "printed": "".join(tee.kept), "value": _encode(value),
+                           "seconds": round(time.monotonic() - started, 2)})
+        self.save()
+        return value
+
+    def save(self) -> Path:
+        env = self.about["environment"]
+        self.about["where"] = (f"{self.about['version'] or 'Slurm'}, cluster {self.about['cluster'] or '?'} "
+                               f"({self.about['nodes'] or 'nodes not listed'}); jobs submitted {env['date']} from "
+                               f"{env['hostname']} ({env['cpu_cores']} CPU cores, {env['device_name']}).")
+        return write_json({"about": self.about, "steps": self.steps}, self.folder / "steps.json")
+
+    # -- the cluster
+
+    def cluster(self) -> dict:
+        """sinfo as a user sees it, then partitions and nodes as tables (scontrol)."""
+        def run():
+            print("$ sinfo\n" + slurm("sinfo").stdout.rstrip())
+            nodes = node_table()
+            first = nodes["node"].iloc[0] if len(nodes) else ""
+            if first:
+                print(f"\n$ scontrol show node {first}\n" + slurm("scontrol", "show", "node", first).stdout.rstrip())
+            self.about["nodes"] = f"{len(nodes)} node(s): " + "; ".join(
+                f"{n.node} {n.cpus} CPUs, GRES {n.gres}" for n in nodes.itertuples())
+            return {"partitions": partition_table(), "nodes": nodes}
+        return self._step("cluster", run)
+
+    # -- submitting
+
+    def submit(self, script: str, config=None, args=(), options=(), *, cpus_per_task: int = 1,
+               time_limit: str = "00:10:00") -> str:
+        """sbatch one of the kit's job scripts, the training flags generated from ``config``; returns the job id."""
+        def run():
+            flags = (config_flags(config) if config is not None else []) + [str(a) for a in args]
+            return self._sbatch(template(script), flags, [f"--cpus-per-task={cpus_per_task}",
+                                                          f"--time={time_limit}", *options])
+        return self._step("submit", run)
+
+    def _cd(self) -> None:
+        """Submit from the jobs' folder: relative paths (the output file, a sweep file) are relative to it, in
+        the job too (its working directory is where it was submitted). Said once, the first time."""
+        if not self._said_cd:
+            print(f"$ cd {self.jobs_dir}   (the jobs' output files and run folders go here)")
+            self._said_cd = True
+
+    def _sbatch(self, script: Path, flags, options, output_name: str = "%x-%j.out") -> str:
+        self._cd()
+        options = [f"--output={output_name}", *options]
+        print("$ " + shlex.join(["sbatch", "--parsable", *options, str(script), *flags]))
+        job_id = submit(script, flags, options, cwd=self.jobs_dir, env=job_env(self.jobs_dir))
+        self._submitted(job_id)
+        records = job_records(job_id)
+        name = records[0].get("JobName", "") if records else ""
+        self.outputs[job_id] = self.jobs_dir / (output_name.replace("%x", name).replace("%j", job_id)
+                                                .replace("%A", job_id).replace("%a", "0"))
+        return job_id
+
+    def _submitted(self, job_id: str) -> None:
+        _SUBMITTED.append(job_id)
+        self.watcher.watch(job_id)
+        print(job_id)
+
+    def submit_array(self, configs: list, script: str = "train_array.sbatch", *, max_running: int | None = None,
+                     cpus_per_task: int = 1, time_limit: str = "00:10:00") -> str:
+        """One job array, one task per config: the fields that differ between the configs go into a sweep file,
+        one line per task; the flags they share follow the script name."""
+        def run():
+            swept = varying_fields(configs)
+            if not swept or any(name in SCRIPT_FIELDS for name in swept):
+                raise WorkshopError(f"The configs of a sweep must differ in a training setting (they differ in "
+                                    f"{list(swept) or 'nothing'}).", "vary e.g. lr: [config.replace(lr=x) for x in ...].")
+            # A new file for every sweep: the tasks of an earlier array may not have read theirs yet.
+            sweep = fresh_file(self.jobs_dir, f"sweep-{'-'.join(swept)}", ".txt")
+            lines = [shlex.join(config_flags(c, only=swept)) for c in configs]
+            sweep.write_text("\n".join(lines) + "\n")
+            self._cd()
+            print(f"$ cat {sweep.name}\n" + "\n".join(lines))
+            array = f"--array=0-{len(configs) - 1}" + (f"%{max_running}" if max_running else "")
+            shared = config_flags(configs[0], skip=(*SCRIPT_FIELDS, *swept))
+            return self._sbatch(template(script), [sweep.name, *shared],
+                                [array, f"--cpus-per-task={cpus_per_task}", f"--time={time_limit}"],
+                                output_name="%x-%A_%a.out")
+        return self._step("submit_array", run)
+
+    def submit_after(self, job_id: str, command: str, *, name: str = "wu-after", time_limit: str = "00:05:00") -> str:
+        """sbatch ``--dependency=afterok:JOB --wrap COMMAND``: runs only once every task of JOB has succeeded."""
+        def run():
+            self._cd()
+            options = [f"--job-name={name}", f"--dependency=afterok:{job_id}", "--cpus-per-task=1",
+                       f"--time={time_limit}", "--output=%x-%j.out", f"--wrap={command}"]
+            print("$ " + " ".join(["sbatch", "--parsable", *map(_shown_option, options)]))
+            new = submit(None, options=options, cwd=self.jobs_dir, env=job_env(self.jobs_dir))
+            self._submitted(new)
+            self.outputs[new] = self.jobs_dir / f"{name}-{new}.out"
+            return new
+        return self._step("submit_after", run)
+
+    def gather_command(self, array_id: str) -> str:
+        """The shell command the dependent job runs: gather the array's results into one CSV (paths relative to
+        the folder the jobs are submitted from)."""
+        folder = self.sweep_folder(array_id).name
+        code = "import sys, workshop_utils as wu; print(wu.gather_array(*sys.argv[1:]).to_string(index=False))"
+        return shlex.join(["python", "-c", code, folder, f"{folder}/sweep.csv"])
+
+    def sweep_folder(self, array_id: str) -> Path:
+        return self.jobs_dir / f"wu-sweep-{array_id}"
+
+    # -- watching
+
+    def squeue(self, job_ids) -> None:
+        """squeue, now: where each job is (PENDING with its reason, RUNNING on which node)."""
+        def run():
+            print(f"$ squeue -r -j {','.join(job_ids)}\n" + squeue_text(job_ids))
+        self._step("squeue", run)
+
+    def follow(self, job_id: str, *, until: str | None = None, restarts: int = 0, tail: int | None = None) -> dict:
+        """Print the job's output file as it grows, and each change of its state, until it ends (a COMPLETED
+        job counts after ``restarts`` requeues) or a line holds ``until``. ``tail``: show only the last lines."""
+        def run():
+            return self._follow(job_id, until, restarts, tail)
+        return self._step("follow", run)
+
+    def _follow(self, job_id: str, until: str | None, restarts: int, tail: int | None) -> dict:
+        path = self.outputs[job_id]
+        # A second follow of the same job goes on from where the first one stopped reading.
+        offset, partial = self._read_upto.get(job_id, (0, ""))
+        lines, shown_state = [], None
+        started = time.monotonic()
+        deadline = started + self.timeout_s
+        next_poll = 0.0
+        records: list[dict] = []
+        print(f"$ tail -f {path.name}   (and the job's state, polled every {POLL_S:g} s)")
+
+        def say(text):
+            print(f"[{time.monotonic() - started:5.1f} s] {text}", flush=True)
+
+        while True:
+            if path.exists():
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                offset += len(chunk)
+                partial += chunk.decode(errors="replace")
+                *complete, partial = partial.split("\n")
+                for i, line in enumerate(complete):
+                    lines.append(line)
+                    if tail is None:
+                        say(f"| {line}")
+                    if until is not None and until in line:
+                        self._read_upto[job_id] = (offset, "\n".join([*complete[i + 1:], partial]))
+                        return {"job": job_id, "lines": lines, "state": shown_state, "stopped_at": line}
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + POLL_S
+                records = job_records(job_id)
+                state = ",".join(sorted({r.get("JobState", "?") for r in records})) or "gone"
+                if state != shown_state:
+                    restarted = max((int(r.get("Restarts", 0) or 0) for r in records), default=0)
+                    where = records[0].get("NodeList") if records and "RUNNING" in state else ""
+                    reason = records[0].get("Reason") if records and "PENDING" in state else ""
+                    say(f"job {job_id}: {state}" + (f" on {where}" if where else "") +
+                        (f" ({reason})" if reason and reason != "None" else "") +
+                        (f", restarts {restarted}" if restarted else ""))
+                    shown_state = state
+                if not records or _finished(records, restarts):
+                    break
+            if now > deadline:
+                _give_up([job_id], self.timeout_s)
+            time.sleep(0.1)
+        # The last lines may land after the state changed: read the file to its end once more.
+        time.sleep(0.3)
+        if path.exists():
+            tail_bytes = path.read_bytes()[offset:]
+            rest = partial + tail_bytes.decode(errors="replace")
+            self._read_upto[job_id] = (offset + len(tail_bytes), "")
+            for line in [line for line in rest.split("\n") if line]:
+                lines.append(line)
+                if tail is None:
+                    say(f"| {line}")
+        if tail is not None:
+            print(f"... the last {min(tail, len(lines))} of {len(lines)} lines:")
+            for line in lines[-tail:]:
+                print(f"| {line}")
+        final = records[0] if records else {}
+        return {"job": job_id, "lines": lines, "state": final.get("JobState"), "exit_code": final.get("ExitCode"),
+                "restarts": int(final.get("Restarts", 0) or 0)}
+
+    def wait(self, job_ids) -> "object":
+        """Wait for the jobs to end; their table (state, exit code, elapsed), from sacct or scontrol."""
+        def run():
+            table = wait_for(job_ids, self.timeout_s)
+            print(f"$ {self._table_command(job_ids, table.attrs['source'])}")
+            return table
+        return self._step("wait", run)
+
+    def jobs(self, job_ids) -> "object":
+        """The table of jobs now (state, exit code, elapsed, restarts), without waiting."""
+        def run():
+            table = job_table(job_ids)
+            print(f"$ {self._table_command(job_ids, table.attrs['source'])}")
+            return table
+        return self._step("jobs", run)
+
+    @staticmethod
+    def _table_command(job_ids, source: str) -> str:
+        ids = ",".join(map(str, job_ids))
+        if source == "sacct":
+            return f"sacct -X -j {ids} -o JobID,JobName,State,ExitCode,Elapsed,Start,End,NodeList"
+        return (f"scontrol -o show job {ids}   (sacct has nothing to say here: this cluster keeps no "
+                "accounting, so the same columns come from slurmctld's memory)")
+
+    def signal(self, job_id: str, signal_name: str = "USR1") -> None:
+        """``scancel --batch --signal=USR1 JOB``: what Slurm sends before a time limit, sent now."""
+        def run():
+            command = ["scancel", "--batch", f"--signal={signal_name}", str(job_id)]
+            print("$ " + shlex.join(command))
+            slurm(*command)
+            self.watcher.event(f"scancel --signal={signal_name}")
+        self._step("signal", run)
+
+    # -- results
+
+    def bindings(self, job_id: str) -> "object":
+        """The env-check job's per-task lines as a table."""
+        def run():
+            return binding_table(self._output_lines(job_id))
+        return self._step("bindings", run)
+
+    def _output_lines(self, job_id: str) -> list[str]:
+        path = self.outputs[job_id]
+        return path.read_text(errors="replace").splitlines() if path.exists() else []
+
+    def sweep(self, array_id: str, after_id: str) -> "object":
+        """The sweep's table, as the dependent job gathered it (its CSV), read into pandas."""
+        def run():
+            import pandas as pd
+
+            csv = self.sweep_folder(array_id) / "sweep.csv"
+            if not csv.is_file():
+                raise WorkshopError(f"Job {after_id} did not write {csv}.", "read its output file for the error.")
+            print(f"read {csv.relative_to(self.run_dir)}, written by job {after_id}")
+            return pd.read_csv(csv)
+        return self._step("sweep", run)
+
+    def compare(self, reference_job: str, preempted_job: str) -> dict:
+        """The uninterrupted and the preempted-then-resumed run side by side, final parameters compared."""
+        def run():
+            result = compare_final_parameters(run_folder(self.jobs_dir, reference_job),
+                                              run_folder(self.jobs_dir, preempted_job))
+            import pandas as pd
+
+            result["table"] = pd.DataFrame(result.pop("rows")).astype({"resumed_from_step": "Int64"})
+            return result
+        return self._step("compare", run)
+
+    def timeline(self) -> dict:
+        """Every state the watcher saw, as intervals, with the notebook's own actions (the signal)."""
+        def run():
+            self.watcher.stop()
+            return {"segments": self.watcher.segments(), "events": list(self.watcher.events)}
+        return self._step("timeline", run)
+
+    @property
+    def where(self) -> str:
+        """Where the jobs ran: this cluster, or the recorded run's."""
+        if self.live:
+            return self.about.get("where") or self.site.line
+        return self.about["where"]
+
+
+def _shown_option(option: str) -> str:
+    """An sbatch option as you would type it: ``--wrap="python -c '...'"`` rather than shlex's quoting of quotes."""
+    name, eq, value = option.partition("=")
+    if eq and name == "--wrap" and not set(value) & set('"$`\\!'):
+        return f'{name}="{value}"'
+    return shlex.quote(option)
+
+
+def fresh_file(folder: Path, stem: str, suffix: str) -> Path:
+    """``folder/stem.suffix``, or ``stem-2.suffix``, ... when taken."""
+    path, n = Path(folder) / f"{stem}{suffix}", 1
+    while path.exists():
+        n += 1
+        path = Path(folder) / f"{stem}-{n}{suffix}"
+    return path
