@@ -10,6 +10,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# The kernel the notebooks name (their kernelspec), also what the README registers on a portal.
+KERNEL := hpc-dl-workshop
 
 .PHONY: run test test-fast slides install clean-venv wheelhouse install-offline
 
@@ -19,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "HPC DL workshop" >/dev/null
 	touch $(STAMP)
 
 # Marp CLI, pinned by slides/package-lock.json. Without npm the slide tests skip and say why.
@@ -96,6 +99,7 @@ install-offline:
 	$(PYTHON) -m venv $(if $(filter yes,$(SYSTEM_SITE_PACKAGES)),--system-site-packages) $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --find-links $(WHEELHOUSE) -e '.[$(EXTRAS)]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "HPC DL workshop" >/dev/null
 	touch $(STAMP)
 
 # ---------------------------------------------------------------- attendees' notebooks

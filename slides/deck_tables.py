@@ -94,6 +94,9 @@ TABLES: dict[str, Table] = {
                             "MFU against the peak of each rung's own precision: the fp32 peak up to the BF16 rung, "
                             "the far higher bf16 peak from it on; the column changes yardstick at that rung."),
                      Column("note", "Note", "footnote"))),
+    "slurm": Table((Column("job", "Job", "text"), Column("name", "Name", "text"), Column("state", "State", "text"),
+                    Column("exit_code", "Exit code", "text"), Column("elapsed", "Elapsed (h:m:s)", "text"),
+                    Column("restarts", "Requeues", "int"))),
     "ladder-breakdown": Table((Column("rung", "Rung", "text"), Column("step_ms", "Step (ms)", "3g"),
                                Column("data_ms", "Data (ms)", "3g"), Column("forward_ms", "Forward (ms)", "3g"),
                                Column("backward_ms", "Backward (ms)", "3g"),

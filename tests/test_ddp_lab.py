@@ -8,6 +8,7 @@ the 64-GPU check are pure Python.
 import ast
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -78,17 +79,17 @@ def test_start_writes_the_copy_once_and_keeps_edits(tmp_path, capsys):
     assert "kept as you left it" in capsys.readouterr().out
 
 
-def test_the_checker_names_the_placeholders_of_the_copy_before_launching(tmp_path):
+def test_the_checker_names_the_placeholders_of_the_copy_before_launching(tmp_path, capsys):
     path = wu.start_ddp_lab(tmp_path, LAB)
-    with pytest.raises(NotYet, match=r"still has the placeholder `\.\.\.` on line\(s\) \d+"):
-        wu.check_ddp_lab(path, tmp_path)
+    assert wu.check_ddp_lab(path, tmp_path) is False  # not yet solved: one line, no exception
+    assert re.search(r"not yet solved: .*still has the placeholder `\.\.\.` on line\(s\) \d+", capsys.readouterr().out)
     assert not list(tmp_path.glob("check*")), "nothing was launched"
 
 
-def test_the_checker_asks_for_the_command_while_it_is_the_placeholder(tmp_path):
+def test_the_checker_asks_for_the_command_while_it_is_the_placeholder(tmp_path, capsys):
     script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
-    with pytest.raises(NotYet, match="`lab_command` is still the placeholder"):
-        wu.check_ddp_lab(script, tmp_path, command=...)
+    assert wu.check_ddp_lab(script, tmp_path, command=...) is False
+    assert "`lab_command` is still the placeholder" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command, launcher", [
@@ -160,8 +161,7 @@ def test_the_64_gpu_efficiency_passes_when_right_and_names_each_mistake(step_s, 
         one = step_s / (step_s + 2 * 63 * ib.latency_us * 1e-6 + 2 * 63 / 64 * grad_bytes / (ib.bandwidth_gbps * 1e9))
         with pytest.raises(NotYet, match="one message"):
             wu.check_ddp_efficiency(one, step_s, grad_bytes)
-    with pytest.raises(NotYet, match="placeholder"):
-        wu.check_ddp_efficiency(..., step_s, grad_bytes)
+    assert wu.check_ddp_efficiency(..., step_s, grad_bytes) is False  # not yet solved: said, not raised
 
 
 # ---------------------------------------------------------------- Exercise 2.1
@@ -191,11 +191,11 @@ def placeholder_gradients(model):
     ...
 
 
-def test_the_placeholder_function_is_named_before_any_launch(tmp_path):
-    with pytest.raises(NotYet, match="only `...` in its body"):
-        wu.check_average_gradients(placeholder_gradients, tmp_path)
-    with pytest.raises(NotYet, match="still the placeholder"):
-        wu.check_average_gradients(..., tmp_path)
+def test_the_placeholder_function_is_named_before_any_launch(tmp_path, capsys):
+    assert wu.check_average_gradients(placeholder_gradients, tmp_path) is False
+    assert "not yet solved: `average_gradients` still has only `...` in its body" in capsys.readouterr().out
+    assert wu.check_average_gradients(..., tmp_path) is False
+    assert "still the placeholder" in capsys.readouterr().out
     assert not list(tmp_path.iterdir())
 
 

@@ -92,6 +92,13 @@ def test_committed_without_outputs_and_with_parameters(notebook):
     assert _section_keys(notebook), "every notebook adds at least one section to the main job's report"
 
 
+def test_notebooks_name_the_kernel_that_the_readme_and_the_makefile_register():
+    readme = re.search(r"ipykernel install --user --name (\S+)", (ROOT / "README.md").read_text()).group(1)
+    makefile = re.search(r"^KERNEL := (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    names = {nbformat.read(n, as_version=4).metadata["kernelspec"]["name"] for n in NOTEBOOKS}
+    assert names == {readme} == {makefile}
+
+
 # ---------------------------------------------------------------------- the main job's one run
 
 
@@ -171,3 +178,18 @@ def test_main_job_rejects_an_unknown_notebook(tmp_path):
                            "--run-dir", str(tmp_path / "run")], capture_output=True, text=True)
     assert proc.returncode == 2 and "No notebook" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_every_exercise_check_passes_in_the_solved_notebooks(main_run, notebook):
+    """The committed notebooks hold the solutions: each check cell must print its ✓ line.
+
+    A check on an answer left as the placeholder does not raise (the attendees' copies run through),
+    so a solution that still held one would otherwise pass unnoticed.
+    """
+    executed = nbformat.read(main_run.dir / "notebooks" / notebook.name, as_version=4)
+    checks = [c for c in executed.cells if c.cell_type == "code" and "check" in c.metadata.get("tags", [])]
+    for cell in checks:
+        text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+        assert "✓ Exercise" in text and "not yet solved" not in text, (cell.source, text)

@@ -26,10 +26,10 @@ _MODULES = {
     ),
     "lessons.ddp_lab": (
         "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
-        "run_single", "solve_ddp_lab", "start_ddp_lab",
+        "lab_folder", "run_single", "solve_ddp_lab", "start_ddp_lab",
     ),
     "lessons.exercises": (
-        "NotYet", "attendee_notebook", "write_attendee_notebooks",
+        "NotYet", "Unsolved", "attendee_notebook", "solved", "write_attendee_notebooks",
     ),
     "lessons.exercise_checks": (
         "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus", "check_fsdp_traffic",

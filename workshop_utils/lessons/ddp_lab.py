@@ -37,7 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .exercises import NotYet, answered_number, attendee_source, passed, require, unanswered
+from .exercises import (NotYet, Unsolved, answered_number, attendee_source, exercise_check, passed, require,
+                        require_answered)
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
 from ..parallel.launch import cpu_threads_per_process, free_port, stream, torchrun_command
 from ..system.errors import WorkshopError
@@ -514,6 +515,7 @@ def _judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exe
     return facts
 
 
+@exercise_check
 def check_ddp_lab(script, workdir, nproc: int = 2, command=None, timeout_s: float = 240, echo: bool = True,
                   args=(), exercise: str = LAB_EXERCISE) -> LabRun:
     """Run the attendee's DDP script on ``nproc`` processes under the probe; pass, or ``NotYet`` naming the mistake.
@@ -526,10 +528,11 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=None, timeout_s: floa
     script = Path(script)
     require(script.exists(), exercise, f"{script} does not exist.", "run the cell that writes your copy first.")
     gaps = placeholders_left(script.read_text(), exercise)
-    require(not gaps, exercise, f"{script.name} still has the placeholder `...` on line(s) "
-            f"{', '.join(map(str, gaps))}.", "replace each `...` under '# YOUR CODE HERE' with your code.")
-    require(not unanswered(command) or command is None, exercise, "`lab_command` is still the placeholder `...`.",
-            f"write the launch line: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+    if gaps:
+        raise Unsolved(f"… {exercise}: not yet solved: {script.name} still has the placeholder `...` on line(s) "
+                       f"{', '.join(map(str, gaps))}.", "replace each `...` under '# YOUR CODE HERE' with your code.")
+    require_answered(command, exercise, "`lab_command` is still the placeholder `...`.",
+                     f"write the launch line: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
     if command is not None:
         lab_command(command, script, nproc, Path("probe"), [], exercise)  # a wrong line fails before any folder
     folder = fresh_folder(workdir, "check")
@@ -648,6 +651,7 @@ def _gradients(source_file: str, name: str, folder: str) -> None:
     (Path(folder) / f"rank{info.rank}.json").write_text(json.dumps(result))
 
 
+@exercise_check
 def check_average_gradients(average_gradients, workdir, nproc: int = 2, timeout_s: float = 180,
                             exercise: str = GRADIENTS_EXERCISE) -> dict:
     """Run ``average_gradients(model)`` on ``nproc`` ranks under torchrun; its gradients must be DDP's.
@@ -656,8 +660,8 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 2, timeout_
     function on them, then lets DDP do the same from the same start. Passes when both agree on
     every rank; otherwise names what the result looks like (a sum, this rank's own gradients).
     """
-    require(not unanswered(average_gradients), exercise, "`average_gradients` is still the placeholder.",
-            "define the function in the exercise cell and run it.")
+    require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
+                     "define the function in the exercise cell and run it.")
     require(callable(average_gradients), exercise, "`average_gradients` is not a function.",
             "define it with def average_gradients(model): ...")
     try:
@@ -665,8 +669,9 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 2, timeout_
     except (OSError, TypeError):
         raise WorkshopError("The source of `average_gradients` cannot be read.",
                             "define it with def in a notebook cell or a .py file, and run that cell.") from None
-    require(not _placeholder_body(source), exercise, "`average_gradients` still has only `...` in its body.",
-            "for every parameter: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
+    if _placeholder_body(source):
+        raise Unsolved(f"… {exercise}: not yet solved: `average_gradients` still has only `...` in its body.",
+                       "for every parameter: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
     folder = fresh_folder(workdir, "gradients")
     source_file = folder / "average_gradients.py"
     source_file.write_text("import torch\nimport torch.distributed as dist\n\n\n" + source)
@@ -709,6 +714,7 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 2, timeout_
 # ---------------------------------------------------------------- the cost model at 64 GPUs
 
 
+@exercise_check
 def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_size: int = 64,
                          gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
     """The weak-scaling efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model.

@@ -22,11 +22,13 @@ from ..spine.precision import autocast
 from ..spine.timing import time_repeats
 from ..system.errors import WorkshopError
 from ..system.hardware import PRECISIONS, peak_tflops
-from .exercises import NotYet, answered_count, answered_number, judge, name_mistake, passed, require, unanswered
+from .exercises import (NotYet, answered_count, answered_number, exercise_check, judge, name_mistake, passed,
+                        require, require_answered)
 
 # ---------------------------------------------------------------- notebook 01: TFLOP/s and MFU by hand
 
 
+@exercise_check
 def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_s: float,
                           exercise: str = "Exercise 1.1") -> bool:
     """achieved TFLOP/s = training FLOPs per sample x samples per second / 1e12."""
@@ -43,6 +45,7 @@ def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_
     return passed(exercise, f"{value:.3g} TFLOP/s")
 
 
+@exercise_check
 def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None = None, device=None,
                         exercise: str = "Exercise 1.2") -> bool:
     """An n x n by n x n matrix multiply is n^3 multiply-adds, 2 n^3 FLOPs, in ``seconds``.
@@ -79,6 +82,7 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
     return passed(exercise, f"{value:.3g} TFLOP/s for a {n} x {n} matmul")
 
 
+@exercise_check
 def check_mfu(mfu, achieved_tflops: float, device_name: str, precision: str, measured_peak_tflops: float,
               exercise: str = "Exercise 1.3") -> bool:
     """MFU = achieved / the data-sheet peak for this precision, or / the measured matmul rate without one."""
@@ -107,6 +111,7 @@ def check_mfu(mfu, achieved_tflops: float, device_name: str, precision: str, mea
 # ---------------------------------------------------------------- notebook 03: fp16's range and loss scaling
 
 
+@exercise_check
 def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1.0,
                         exercise: str = "Exercise 3.1") -> bool:
     """Share of the non-zero gradient values that become exactly 0 when (scaled and) cast to fp16."""
@@ -135,6 +140,7 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
     return passed(exercise, f"{100 * value:.4f}% of the non-zero gradients become 0 in fp16")
 
 
+@exercise_check
 def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.float16,
                           exercise: str = "Exercise 3.2") -> bool:
     """The largest power of two S with S x (largest gradient) still finite in ``dtype``."""
@@ -223,6 +229,7 @@ def _same_parameters(a: nn.Module, b: nn.Module) -> bool:
     return all(torch.allclose(p, q, rtol=1e-3, atol=1e-6) for p, q in zip(a.parameters(), b.parameters()))
 
 
+@exercise_check
 def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3") -> bool:
     """Run ``amp_step(model, images, labels, optimizer, scaler)`` on a small model against the textbook step.
 
@@ -231,15 +238,15 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     be skipped and the scale halved). Which GradScaler methods ran and the dtype the first layer
     produced tell the common mistakes apart.
     """
-    require(not unanswered(amp_step), exercise, "`amp_step` is still the placeholder.",
-            "write the function body in the exercise cell and run it.")
+    require_answered(amp_step, exercise, "`amp_step` is still the placeholder.",
+                     "write the function body in the exercise cell and run it.")
     require(callable(amp_step), exercise, f"`amp_step` should be a function, got a {type(amp_step).__name__}.",
             "define it with def amp_step(model, images, labels, optimizer, scaler):")
     device = torch.device(device)
     scale = 2.0**8
     model, scaler, loss, dtypes = _amp_trial(amp_step, device, scale, exercise=exercise)
-    require(loss is not ..., exercise, "`amp_step` still returns the placeholder `...`.",
-            "replace the placeholder with your code; return the loss.")
+    require_answered(loss, exercise, "`amp_step` still returns the placeholder `...`.",
+                     "replace the placeholder with your code; return the loss.")
     require(loss is not None, exercise, "`amp_step` returns nothing.", "end it with `return loss`.")
     require(bool(dtypes), exercise, "`amp_step` never ran the model.", "compute the loss from model(images).")
     require(dtypes[0] != torch.float32, exercise, "the forward pass ran in float32: no autocast.",
@@ -310,6 +317,7 @@ def fewest_gpus(parameters: float, budget_gib: float, stage: int, precision: str
     return gpus
 
 
+@exercise_check
 def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
                       exercise: str = "Exercise 5.1") -> bool:
     """The smallest number of GPUs whose ZeRO ``stage`` share of ``parameters`` fits ``budget_gib`` each."""
@@ -338,6 +346,7 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
     return passed(exercise, f"ZeRO-{stage}: {value} GPUs, {per_gpu:.1f} GiB each")
 
 
+@exercise_check
 def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Link,
                        exercise: str = "Exercise 5.2") -> bool:
     """DDP: one ring all-reduce of the gradients. FSDP: two all-gathers of the parameters and one reduce-scatter."""
@@ -377,6 +386,7 @@ def fewest_microbatches(stages: int, target: float) -> int:
     return m
 
 
+@exercise_check
 def check_microbatches(microbatches, stages: int, target: float, exercise: str = "Exercise 5.3") -> bool:
     """The fewest micro-batches that bring the bubble of ``stages`` equal stages down to ``target``."""
     value = answered_count(microbatches, exercise, "microbatches")
@@ -407,6 +417,7 @@ def _sweep_row(table, exercise: str, **match):
     return rows.iloc[0]
 
 
+@exercise_check
 def check_loader_choice(best_workers, measured_speedup, amdahl_bound, loader_sweep, start_workers: int,
                         exercise: str = "Exercise 4.1") -> bool:
     """The fastest row's workers, its speed-up over the starting setting, and Amdahl's ceiling 1 / (1 - f) there."""
@@ -451,6 +462,7 @@ def memory_line(batch_sweep, exercise: str = "the check"):
     return float(slope), float(intercept)
 
 
+@exercise_check
 def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: float,
                        exercise: str = "Exercise 4.2") -> bool:
     """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``."""
@@ -482,13 +494,14 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
     return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
 
 
+@exercise_check
 def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
     """The top rung's largest part of the step, and Amdahl's speed-up of the step if that part ran twice as fast."""
     parts = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]
     top, first = breakdown.iloc[-1], breakdown.iloc[0]
     right = max(parts, key=lambda part: top[part])
-    require(not unanswered(biggest_phase), exercise, "`biggest_phase` is still the placeholder `...`.",
-            "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.",
+                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     phase = str(biggest_phase)
     phase = phase if phase.endswith("_ms") else f"{phase}_ms"
     require(phase != "step_ms", exercise, "step_ms is the whole step, not a part of it.",

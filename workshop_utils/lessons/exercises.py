@@ -16,9 +16,12 @@ A block inside a function keeps its indentation, and needs a placeholder line (`
 so that the attendee's copy still parses.
 
 A cell holding a block is tagged ``exercise``; the cell after it, tagged ``check``, calls a check
-(``wu.check_...``, in ``exercise_checks``). A check passes with one line, or raises ``NotYet``: a
-``WorkshopError``, so a notebook shows it as one line (what is wrong, then a hint) instead of a
-traceback, and a headless run fails.
+(``wu.check_...``, in ``exercise_checks``). A check passes with one line (and returns True). A wrong
+answer raises ``NotYet``: a ``WorkshopError``, so a notebook shows it as one line (what is wrong,
+then a hint) instead of a traceback, and a headless run of the solved notebooks fails. An answer
+still left as the placeholder is no mistake: the check prints one "not yet solved" line and returns
+False, so the attendees' copy runs from top to bottom before anyone has written a line (the
+cells after an exercise that use its answer skip with one line too, see ``solved``).
 
 ``write_attendee_notebooks("notebooks", "notebooks/attendee")`` (``make attendee``) writes the
 copies, outputs cleared; a marker out of place stops it with one line naming the notebook and cell.
@@ -26,6 +29,7 @@ copies, outputs cleared; a marker out of place stops it with one line naming the
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -41,6 +45,38 @@ CHECK_TAG = "check"
 
 class NotYet(WorkshopError):
     """An exercise's answer is missing or wrong; the message says which and gives a hint."""
+
+
+class Unsolved(NotYet):
+    """The answer is still the placeholder: a check says so in one line and does not raise."""
+
+
+def exercise_check(check):
+    """Decorate a check: an ``Unsolved`` answer prints its one line and returns False instead of raising."""
+
+    @functools.wraps(check)
+    def run(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except Unsolved as err:
+            print(err, flush=True)
+            return False
+
+    return run
+
+
+def require_answered(value, exercise: str, problem: str, hint: str) -> None:
+    """Raise ``Unsolved`` (not yet solved, no mistake) while ``value`` is the placeholder ``...``."""
+    if value is ...:
+        raise Unsolved(f"… {exercise}: not yet solved: {problem}", hint)
+
+
+def solved(*answers, exercise: str) -> bool:
+    """For a cell that uses an exercise's answers: False, with one line, while any is still ``...``."""
+    if any(answer is ... for answer in answers):
+        print(f"(skipped until {exercise} is solved)", flush=True)
+        return False
+    return True
 
 
 def unanswered(value) -> bool:
@@ -65,8 +101,8 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
 
 def answered_number(value, exercise: str, name: str) -> float:
     """``value`` as a float, or ``NotYet`` saying that ``name`` is still the placeholder or is no number."""
-    require(value is not ..., exercise, f"`{name}` is still the placeholder `...`.",
-            "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    require_answered(value, exercise, f"`{name}` is still the placeholder `...`.",
+                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     require(value is not None, exercise, f"`{name}` is None.", f"assign the number to `{name}`.")
     try:
         number = float(value)  # a 0-d tensor or a NumPy scalar converts too
