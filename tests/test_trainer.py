@@ -60,11 +60,14 @@ def test_a_step_moves_the_weights_and_a_seed_fixes_them(tiny_data):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_training_learns_the_synthetic_set(precision, tiny_data):
-    """24 steps on 256 learnable images: the loss falls well below chance's ln(10) and accuracy rises above 10%."""
-    result = wu.train(wu.TrainConfig(precision=precision, epochs=10, max_steps=24, batch_size=32, lr=0.01,
+    """40 steps on 256 learnable images: the loss falls well below chance's ln(10) and accuracy rises above 10%.
+
+    A fifth of the synthetic labels are random, so the loss cannot fall as fast as on clean labels.
+    """
+    result = wu.train(wu.TrainConfig(precision=precision, epochs=10, max_steps=40, batch_size=32, lr=0.01,
                                      warmup_steps=0, progress=False), tiny_data)
     losses = result.record["step_loss"]
-    assert len(losses) == 24
+    assert len(losses) == 40
     assert losses[0] == pytest.approx(math.log(10), abs=0.3), "an untrained 10-way classifier starts near ln(10)"
     assert sum(losses[-4:]) / 4 < 0.8 * math.log(10), losses
     assert result.metrics["final_test_acc"] > 0.3, "chance is 0.1"
