@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ import pytest
 
 from slurm_cluster import SlurmCluster, missing_binaries
 
+from workshop_utils.parallel.launch import stop_process_group
+
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = "06_slurm_deployment.ipynb"
 REFERENCE = REPO / "results" / "reference" / "slurm"
@@ -39,21 +40,6 @@ NOTEBOOK_LIMIT_S = 420
 needs_slurm = pytest.mark.skipif(bool(missing_binaries()),
                                  reason=f"Slurm/munge not installed (missing: {', '.join(missing_binaries())}); "
                                         "install with: apt-get install slurm-wlm munge")
-
-
-def _stop_group(process: subprocess.Popen) -> None:
-    """Stop the main job and its kernel: they share the session we started (its id is the main job's pid)."""
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
-        if process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(wait)
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +60,7 @@ def executed(tmp_path_factory):
         try:
             console, _ = process.communicate(timeout=NOTEBOOK_LIMIT_S + 60)
         except subprocess.TimeoutExpired:
-            _stop_group(process)
+            stop_process_group(process, grace_s=20)
             console = (process.stdout.read() if process.stdout else "") + "\n(stopped: over the time limit)"
     finally:
         cluster.stop()

@@ -84,11 +84,14 @@ class Launched:
     layout: "NodeLayout | None" = field(default=None, repr=False)  # launch_nodes only: who got which device
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """Stop torchrun and its workers: they share the process group we started (its id is the pid)."""
+def stop_process_group(process: subprocess.Popen, grace_s: float = 10) -> None:
+    """Stop a process started in its own session and everything it started (the group's id is its pid).
+
+    SIGTERM first, SIGKILL after ``grace_s`` seconds: torchrun and its workers, a main job and its kernels.
+    """
     if process.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
@@ -138,7 +141,7 @@ def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: f
         return [p.wait() for p in processes.values()], output
     finally:  # normal end, error or a user pressing stop: no process outlives the cell
         for process in processes.values():
-            _stop(process)
+            stop_process_group(process)
 
 
 def _job_env(threads: int) -> dict:
