@@ -2,6 +2,7 @@
 
     python benchmarks/precision_modes.py                               # ResNet-18, sized for the machine
     python benchmarks/precision_modes.py --profile cpu --model simplecnn --steps 20 --run-dir runs/my-run
+    python benchmarks/precision_modes.py --batch-sweep 32 64 128 256 512          # and each mode per batch size
 
 Every mode is the same ``TrainConfig`` with only ``precision`` changed, trained by
 the one training loop on the same data and step budget. With ``--repeats`` > 1 the
@@ -10,13 +11,19 @@ modes are trained round-robin and each keeps its median run. Writes
 (workshop_utils.system.benchmark), with the environment. The goal on an H100-class
 GPU: bf16 with channels_last at least 2x tf32 and 3x strict fp32 on ResNet-18.
 This is a measurement to read, not a test: nothing here passes or fails on speed.
+
+The modes are compared at one batch size (``batch_samples``, printed in the header). A small
+batch hides the tensor-core gain (launches and Python, not arithmetic, fill its steps), so
+``--batch-sweep B1 B2 ...`` also trains every mode at each of those batch sizes; that table goes
+into the same JSON under ``tables.batch_sweep`` and its chart beside it
+(precision_modes_batch_sweep.png).
 """
 
 from __future__ import annotations
 
 import workshop_utils as wu
 from workshop_utils.system.benchmark import benchmark_parser, start_benchmark
-from workshop_utils.system.errors import exit_on_workshop_error
+from workshop_utils.system.errors import exit_on_workshop_error, positive_int
 
 NAME = "precision_modes"
 # samples per step, steps (warm-up included), images, learning rate: on a CPU only enough to show the method
@@ -41,6 +48,9 @@ def build_parser():
     parser.add_argument("--cpu-emulated-steps", "--cpu-fp16-steps", dest="cpu_emulated_steps", type=int, default=2,
                         help="steps for a mode the CPU emulates (fp16, bf16 without native support): seconds per "
                              "step there; 0 skips it")
+    parser.add_argument("--batch-sweep", nargs="+", type=positive_int, metavar="B",
+                        help="also train every mode at each of these batch sizes, same steps (one pass; "
+                             "default: off)")
     return parser
 
 
@@ -77,15 +87,37 @@ def main(argv=None):
         measured.sort(key=lambda r: r["metrics"]["samples_per_s"] or 0.0)
         records.append(measured[len(measured) // 2])
     table = wu.mode_table(records)
+    print(f"{args.model}: modes compared at batch {hp['batch_samples']} ({hp['steps']} steps, "
+          f"{hp['warmup_steps']} of them untimed warm-up)")
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.3g}"))
     settings = {**hp, "model": args.model, "channels_last": args.channels_last, "modes": args.modes,
                 "cpu_emulated_steps": args.cpu_emulated_steps}
-    summary = {}
+    summary = {"modes_compared_at_batch_samples": hp["batch_samples"]}
     by_mode = table.set_index("precision")["samples/s"]
     for fast, slow in (("bf16", "fp32"), ("bf16", "tf32")):
         if fast in by_mode and slow in by_mode and by_mode[fast] and by_mode[slow]:
             summary[f"{fast}_vs_{slow}"] = by_mode[fast] / by_mode[slow]
-    path = run.write(settings, table, summary)
+    tables = {}
+    if args.batch_sweep:
+        settings["batch_sweep_samples"] = sorted(set(args.batch_sweep))
+        sweep = wu.precision_batch_sweep(base, data, args.modes, args.batch_sweep, steps=hp["steps"],
+                                         warmup_steps=hp["warmup_steps"], cpu_emulated_steps=args.cpu_emulated_steps)
+        print(f"{args.model}: every mode at batch sizes {', '.join(map(str, settings['batch_sweep_samples']))}")
+        print(sweep.drop(columns=["detail"], errors="ignore").to_string(index=False,
+                                                                       float_format=lambda v: f"{v:,.3g}"))
+        for fast, slow in (("bf16", "fp32"), ("bf16", "tf32")):
+            for size, gain in wu.speedup_by_batch(sweep, fast, slow).items():
+                summary[f"{fast}_vs_{slow}_at_batch_{size}"] = gain
+        tables["batch_sweep"] = sweep
+    path = run.write(settings, table, summary, tables=tables)
+    if args.batch_sweep:
+        import matplotlib.pyplot as plt
+
+        figure = wu.plot_precision_batch_sweep(sweep, title=f"{args.model}: throughput by precision and batch size")
+        chart = path.with_name(f"{NAME}_batch_sweep.png")  # beside the JSON
+        figure.savefig(chart, dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        print(f"Chart: {chart}")
     print(f"Written to {path}")
     return path
 

@@ -22,6 +22,7 @@ NAMES = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.
 
 # The smallest sizes that still run every path of each benchmark, and the options that keep it short.
 TINY = {
+    "annotation_overhead": (dict(train_images=64, test_images=16, steps=3, warmup_steps=1, batch_samples=16), []),
     "loader_paths": (dict(train_images=256, batch_samples=32, timed_batches=3), []),
     "optimization_ladder": (dict(train_images=128, test_images=32, steps=3, warmup_steps=1, batch_samples=16),
                             ["--no-compile"]),
@@ -86,6 +87,22 @@ def test_without_a_run_dir_a_benchmark_gets_a_new_run_folder(tmp_path, monkeypat
     second = module.main(["--profile", "cpu", "--repeats", "1", *options])
     assert first.parent.parent.parent == tmp_path and first.parent.parent.name.endswith("-bench-loader_paths")
     assert first != second and first.exists() and second.exists()  # never into an earlier run's folder
+
+
+@pytest.mark.slow  # four tiny training runs
+def test_annotation_overhead_measures_both_modes_and_their_ratio(tmp_path, monkeypatch):
+    module, options = tiny("annotation_overhead", monkeypatch)
+    path = module.main(["--profile", "cpu", "--run-dir", str(tmp_path), "--repeats", "2", *options])
+    record = json.loads(path.read_text())
+    assert tuple(record) == benchmark.LAYOUT_KEYS and record["settings"]["repeats"] == 2
+    assert [(row["mode"], row["annotate"]) for row in record["rows"]] == [("annotate off", False),
+                                                                           ("annotate on", True)]
+    for row in record["rows"]:
+        assert row["runs"] == 2 and row["samples_per_s"] > 0 and row["step_ms_median"] > 0
+    summary = record["summary"]
+    assert summary["annotate_on_vs_off"] > 0 and summary["annotate_on_vs_off_per_pass_median"] > 0
+    assert summary["step_ms_median_off"] > 0 and summary["step_ms_median_on"] > 0
+    assert len(summary["load_average_1_5_15_min"]) == 3
 
 
 BAD_FLAGS = [(["--profile", "tpu"], "--profile"), (["--repeats", "0"], "--repeats"),

@@ -63,6 +63,60 @@ def _batch_rows():
              "peak_memory_mib": 400.0}]
 
 
+def _monitor_frame(gpu: bool = False):
+    """Samples as DeviceMonitor.frame() returns them; a CPU has no power or temperature reading."""
+    t = np.arange(1, 9) * 0.25
+    return pd.DataFrame({"t_s": t, "utilization_pct": [20.0, 55.0, 90.0, 95.0, 40.0, 92.0, 96.0, 60.0],
+                         "memory_used_mib": [300.0, 420.0, 610.0, 615.0, 612.0, 640.0, 641.0, 630.0],
+                         "power_w": list(np.linspace(90, 280, 8)) if gpu else [None] * 8,
+                         "temperature_c": list(np.linspace(40, 61, 8)) if gpu else [None] * 8})
+
+
+def _fsdp_record(world: int = 2, parameters: int = 62_006):
+    """What compare_ddp_fsdp returns: Adam's 4 + 4 + 8 bytes per parameter, FSDP holding 1/world of each."""
+    rows = []
+    for strategy, share in (("DDP", 1), ("FSDP", world)):
+        for rank in range(world):
+            held = {"parameters": 4 * parameters // share, "gradients": 4 * parameters // share,
+                    "optimizer": 8 * parameters // share}
+            rows.append({"strategy": strategy, "rank": rank, **held, "total": sum(held.values())})
+    ddp = [2.30, 2.21, 2.10]
+    return {"kind": "ddp_vs_fsdp", "model": "simplecnn", "parameters": parameters, "world_size": world, "steps": 3,
+            "batch_per_rank": 8, "data_source": "synthetic", "held_bytes": rows,
+            "losses": {"DDP": ddp, "FSDP": [x + 1e-7 for x in ddp]}}
+
+
+def _gpipe_timeline(stages: int, m: int, forward_s: float = 1e-3, backward_s: float = 2e-3):
+    """GPipe's schedule on equal stages: every forward, then every backward in reverse micro-batch order."""
+    end, rows = {}, []
+    for i in range(m):
+        for s in range(stages):
+            start = max(end.get(("F", s - 1, i), 0.0), end.get(("F", s, i - 1), 0.0))
+            end["F", s, i] = start + forward_s
+            rows.append({"stage": s, "pass": "F", "microbatch": i, "start": start, "end": start + forward_s})
+    for i in reversed(range(m)):
+        for s in reversed(range(stages)):
+            start = max(end.get(("B", s + 1, i), 0.0), end.get(("B", s, i + 1), end["F", s, m - 1]))
+            end["B", s, i] = start + backward_s
+            rows.append({"stage": s, "pass": "B", "microbatch": i, "start": start, "end": start + backward_s})
+    return rows
+
+
+def _pipeline_record(stages: int = 2, counts=(1, 2, 4)):
+    """What measure_bubble returns, from the schedule above (so the measured bubble is the formula's)."""
+    rows, timelines = [], {}
+    for m in counts:
+        timeline = _gpipe_timeline(stages, m)
+        step = max(r["end"] for r in timeline)
+        idle = np.mean([1 - sum(r["end"] - r["start"] for r in timeline if r["stage"] == s) / step
+                        for s in range(stages)])
+        rows.append({"microbatches": m, "microbatch_size": 64 // m, "stages": stages, "step_ms": 1e3 * step,
+                     "bubble_measured": float(idle), "bubble_formula": wu.bubble_fraction(stages, m)})
+        timelines[str(m)] = timeline
+    return {"kind": "pipeline", "stages": stages, "batch": 64, "width": 64, "layers_per_stage": 1, "rows": rows,
+            "timelines": timelines, "gradient_max_abs_difference": 0.0}
+
+
 CHARTS = {
     "training curves": lambda: wu.plot_training_curves(_training_record()),
     "step times": lambda: wu.plot_step_times([10.0, 11.0, 10.5, 30.0, 10.2] * 4, "Step times"),
@@ -83,6 +137,10 @@ CHARTS = {
     "scale trace": lambda: wu.plot_scale_trace(pd.DataFrame({"step": [1, 2, 3], "scale": [2.0**16, 2.0**15, 2.0**15],
                                                              "next scale": [2.0**15, 2.0**15, 2.0**16]})),
     "precision modes": lambda: wu.plot_mode_speeds(_mode_table()),
+    "device monitor on a CPU": lambda: wu.plot_monitor(_monitor_frame(), "CPU while training the baseline"),
+    "device monitor on a GPU": lambda: wu.plot_monitor(_monitor_frame(gpu=True), "GPU while training the baseline"),
+    "held memory": lambda: wu.plot_held_memory(_fsdp_record()),
+    "pipeline": lambda: wu.plot_pipeline(_pipeline_record(), show=(1, 4)),
 }
 
 
@@ -177,5 +235,33 @@ def test_collective_model_lines_are_labelled():
         labels = [line.get_label() for line in fig.axes[0].get_lines()]
         assert "ring model: all-reduce" in labels
         assert any("all-gather and reduce-scatter" in label for label in labels)
+    finally:
+        plt.close(fig)
+
+
+def test_the_pipeline_chart_tells_forward_from_backward_and_states_the_bubble():
+    fig = CHARTS["pipeline"]()
+    try:
+        gantt = fig.axes[0]
+        assert {"forward pass (F)", "backward pass (B)"} <= _legend_texts(gantt)
+        assert "bubble 50% of the step at m = 1" in _titles(fig) and "20% at m = 4" in _titles(fig)
+    finally:
+        plt.close(fig)
+
+
+def test_the_held_memory_chart_states_fsdps_saving():
+    fig = CHARTS["held memory"]()
+    try:
+        assert "held per rank with FSDP, 2.0x less than DDP" in _titles(fig)
+        assert fig.axes[0].get_xlabel() and "MiB" in fig.axes[0].get_ylabel()
+    finally:
+        plt.close(fig)
+
+
+def test_the_monitor_chart_copes_with_a_gpu_that_reports_no_utilisation():
+    frame = _monitor_frame(gpu=True).assign(utilization_pct=None)
+    fig = wu.plot_monitor(frame)
+    try:
+        assert "utilisation not reported; peak memory 641 MiB" in _titles(fig)
     finally:
         plt.close(fig)

@@ -80,3 +80,26 @@ def test_benchmark_rejects_an_unknown_mode_in_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: Unknown precision 'fp8'.")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_benchmark_batch_sweep_goes_into_the_json_beside_the_comparison(tmp_path, capsys):
+    import importlib.util
+
+    script = ROOT / "benchmarks" / "precision_modes.py"
+    spec = importlib.util.spec_from_file_location("benchmark_precision_modes", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = module.main(["--profile", "cpu", "--model", "simplecnn", "--modes", "fp32", "bf16", "--steps", "2",
+                        "--warmup-steps", "1", "--batch-size", "16", "--train-size", "32", "--run-dir", str(tmp_path),
+                        "--batch-sweep", "8", "16"])
+    assert "modes compared at batch 16" in capsys.readouterr().out
+    record = json.loads(path.read_text())
+    assert record["settings"]["batch_samples"] == 16 and record["summary"]["modes_compared_at_batch_samples"] == 16
+    assert record["settings"]["batch_sweep_samples"] == [8, 16]
+    sweep = record["tables"]["batch_sweep"]
+    assert [(row["batch_size"], row["precision"]) for row in sweep] == [(8, "fp32"), (8, "bf16"), (16, "fp32"),
+                                                                        (16, "bf16")]
+    assert [row["speedup_vs_fp32"] for row in sweep if row["precision"] == "fp32"] == [1, 1]
+    assert (path.parent / "precision_modes_batch_sweep.png").stat().st_size > 0
+    assert [r["benchmark"] for r in wu.read_benchmarks(tmp_path)] == ["precision_modes"]  # still the one layout

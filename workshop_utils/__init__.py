@@ -22,7 +22,7 @@ _MODULES = {
         "latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint",
     ),
     "lessons.checks": (
-        "check_baseline", "summary_table",
+        "EXPECTED", "check_baseline", "summary_table", "what_you_should_see",
     ),
     "lessons.ddp_lab": (
         "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
@@ -67,7 +67,7 @@ _MODULES = {
     ),
     "system.hardware": (
         "PEAK_TFLOPS", "PRECISIONS", "check_precision", "environment", "environment_table", "peak_tflops",
-        "pick_device",
+        "device_name", "pick_device",
     ),
     "lessons.io_layouts": (
         "compare_layouts", "loader_throughput", "read_shards", "read_small_files", "write_shards",
@@ -85,11 +85,17 @@ _MODULES = {
         "DeviceMonitor", "StepMemory", "monitor_verdict", "plot_monitor",
     ),
     "lessons.numerics": (
-        "NonFinite", "autocast_dtypes", "capture_gradients", "check_fp8", "dtype_summary",
+        "NonFinite", "accuracy_parity", "autocast_dtypes", "capture_gradients", "check_fp8", "dtype_summary",
         "find_first_nonfinite", "format_table", "fp8_matmul_benchmark", "fp8_support", "grad_scaler_trace",
         "mode_table", "overflowing_scale", "overshoot", "overshoot_until_nonfinite", "plot_gradient_magnitudes",
         "plot_mode_speeds", "plot_scale_trace",
         "precision_configs", "smallest_subnormal", "training_batches", "underflow_table",
+    ),
+    "lessons.course_figures": (
+        "COURSE_FIGURES", "beside_the_course",
+    ),
+    "lessons.precision_sweep": (
+        "plot_precision_batch_sweep", "precision_batch_sweep", "speedup_by_batch",
     ),
     "parallel_demos": (
         "PARTS", "demo_world", "launch_demo",

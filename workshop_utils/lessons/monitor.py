@@ -205,20 +205,39 @@ def monitor_verdict(frame: pd.DataFrame, threshold: float = BUSY_THRESHOLD_PCT, 
 
 def plot_monitor(frame: pd.DataFrame, title: str = "Device metrics while training",
                  threshold: float = BUSY_THRESHOLD_PCT):
-    """Utilisation (with the threshold line) and memory over time; power and temperature when known."""
+    """Utilisation (with the threshold line) and memory over time; power and temperature when known.
+
+    The title's second line states the finding: mean utilisation and the share of samples under
+    ``threshold``, and the peak memory in use.
+    """
     import matplotlib.pyplot as plt
 
+    from ..system.plotstyle import PALETTE, style
+
     extra = [c for c in ("power_w", "temperature_c") if frame[c].notna().any()]
-    fig, axes = plt.subplots(1, 2 + len(extra), figsize=(4.2 * (2 + len(extra)), 3.2))
-    ax = axes[0]
-    ax.plot(frame["t_s"], frame["utilization_pct"], lw=1.2)
-    ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"{threshold:.0f}% rule of thumb")
-    ax.set(xlabel="seconds", ylabel="utilisation %", ylim=(0, 105), title="Utilisation")
-    ax.legend(fontsize=8, loc="lower right")
-    labels = {"memory_used_mib": "memory used (MiB)", "power_w": "power (W)", "temperature_c": "temperature (°C)"}
-    for ax, column in zip(axes[1:], ["memory_used_mib", *extra]):
-        ax.plot(frame["t_s"], frame[column], lw=1.2, color="tab:green")
-        ax.set(xlabel="seconds", ylabel=labels[column], title=labels[column].split(" (")[0].capitalize())
-    fig.suptitle(title)
-    fig.tight_layout()
+    util = frame["utilization_pct"].dropna()
+    memory = frame["memory_used_mib"].dropna()
+    with style():
+        fig, axes = plt.subplots(1, 2 + len(extra), figsize=(4.2 * (2 + len(extra)), 3.4))
+        ax = axes[0]
+        measured = f"utilisation (mean {util.mean():.0f}%)" if not util.empty else "utilisation (not reported)"
+        ax.plot(frame["t_s"], frame["utilization_pct"], lw=1.2, color=PALETTE[0], label=measured)
+        ax.axhline(threshold, color=PALETTE[3], ls="--", lw=1, label=f"{threshold:.0f}% rule of thumb")
+        ax.set(xlabel="time since sampling began (s)", ylabel="utilisation (%)", ylim=(0, 105), title="Utilisation")
+        ax.legend(loc="lower right")
+        labels = {"memory_used_mib": "memory used (MiB)", "power_w": "power (W)", "temperature_c": "temperature (°C)"}
+        colors = {"memory_used_mib": PALETTE[2], "power_w": PALETTE[1], "temperature_c": PALETTE[4]}
+        for ax, column in zip(axes[1:], ["memory_used_mib", *extra]):
+            ax.plot(frame["t_s"], frame[column], lw=1.2, color=colors[column])
+            ax.set(xlabel="time since sampling began (s)", ylabel=labels[column],
+                   title=labels[column].split(" (")[0].capitalize())
+        if util.empty:
+            finding = "utilisation not reported"
+        else:
+            below = float((util < threshold).mean())
+            finding = f"utilisation averaged {util.mean():.0f}%, {below:.0%} of samples under {threshold:.0f}%"
+        if not memory.empty:
+            finding += f"; peak memory {memory.max():,.0f} MiB"
+        fig.suptitle(f"{title}\n{finding}")
+        fig.tight_layout()
     return fig

@@ -414,7 +414,9 @@ def mode_table(records: list[dict]) -> pd.DataFrame:
     """The comparison of training records that differ in precision: speed, memory, loss, accuracy, speed-ups.
 
     Speed-ups are relative to the strict-fp32 and the tf32 record of the same model
-    (and memory layout); accuracy differences are in percentage points against fp32.
+    (and memory layout); accuracy differences are in percentage points against fp32. A run cut
+    short (a mode the CPU only emulates runs two steps) is a speed probe: its accuracy is left
+    blank rather than compared with runs that trained longer.
     """
     rows = []
     for record in records:
@@ -424,6 +426,11 @@ def mode_table(records: list[dict]) -> pd.DataFrame:
                      "peak memory MiB": m["peak_memory_mib"], "final train loss": m["final_train_loss"],
                      "test acc %": None if m["final_test_acc"] is None else 100 * m["final_test_acc"]})
     table = pd.DataFrame(rows)
+    longest = table.groupby(["model", "channels_last"])["steps"].transform("max")
+    short = table["steps"] < longest
+    table["test acc %"] = table["test acc %"].where(~short, None)
+    table["note"] = ["" if not cut else f"speed probe: {steps} of {most} steps, accuracy not compared"
+                     for cut, steps, most in zip(short, table["steps"], longest)]
     for reference in ("fp32", "tf32"):
         base = table[table["precision"] == reference].set_index(["model", "channels_last"])
         keys = list(zip(table["model"], table["channels_last"]))
@@ -433,6 +440,28 @@ def mode_table(records: list[dict]) -> pd.DataFrame:
     table["acc vs fp32 (points)"] = [a - base_acc.get(k) if a is not None and base_acc.get(k) is not None else None
                                      for a, k in zip(table["test acc %"], zip(table["model"], table["channels_last"]))]
     return table
+
+
+def accuracy_parity(table: pd.DataFrame, repeats: list[dict]) -> pd.DataFrame:
+    """Each mode's accuracy gap to fp32 beside fp32's own run-to-run spread (``repeats``: fp32 records of other seeds).
+
+    A short run's accuracy moves by several points with the seed alone, so a gap is only a finding
+    when it is larger than that spread: ``beyond spread (points)`` is what is left of the gap after it.
+    """
+    parity = table[["model", "precision", "channels_last", "steps", "test acc %", "acc vs fp32 (points)"]].copy()
+    fp32 = parity[parity["precision"] == "fp32"].set_index(["model", "channels_last"])["test acc %"]
+    spread = {}
+    for record in repeats:
+        c, m = record["config"], record["metrics"]
+        key = (c["model"], c["channels_last"])
+        if m["final_test_acc"] is not None and fp32.get(key) is not None:
+            spread[key] = max(spread.get(key, 0.0), abs(100 * m["final_test_acc"] - fp32[key]))
+    keys = list(zip(parity["model"], parity["channels_last"]))
+    parity["fp32 seed spread (points)"] = [spread.get(k) for k in keys]
+    parity["beyond spread (points)"] = [
+        None if gap is None or pd.isna(gap) or spread.get(k) is None or p == "fp32" else max(0.0, abs(gap) - spread[k])
+        for gap, k, p in zip(parity["acc vs fp32 (points)"], keys, parity["precision"])]
+    return parity
 
 
 def plot_mode_speeds(table: pd.DataFrame, title: str = "Throughput by precision mode"):

@@ -3,7 +3,7 @@
 Notebook 06 drives a real Slurm through the same clients a user types at a login node (sinfo,
 scontrol, sbatch, squeue, sacct, scancel). The jobs are the scripts in ``slurm/``, used as
 templates; the training flags after the script name are generated from a ``TrainConfig``
-(``config_flags``), so no flag is typed twice.
+(``config_flags``, spelt by ``parallel.launch.train_flags``), so no flag is typed twice.
 
 Where no Slurm answers, the notebook still runs: ``SlurmLesson`` records every step it runs live
 (what it printed and what it returned) into ``<run>/results/slurm/steps.json``, and where it cannot
@@ -240,36 +240,29 @@ def config_flags(config, base=None, skip: tuple[str, ...] = SCRIPT_FIELDS, only:
 
     Generated from the config's fields, so a job script receives exactly what the notebook built. The
     fields in ``skip`` are the ones the job scripts set themselves, and are left out; ``only`` names the
-    fields to give, whether or not they differ from ``base``.
+    fields to give, whether or not they differ from ``base``. Each value is spelt by ``train_flags``
+    (workshop_utils.parallel.launch), the one spelling that ``launch_training`` uses too.
     """
+    from ..parallel.launch import train_flags
     from ..spine.config import TrainConfig, setting_of, validate_config
 
     # Checked as the command will see it: the skipped fields are the script's to set.
     validate_config(config.replace(**{name: getattr(TrainConfig(), name) for name in skip}))
     base = TrainConfig() if base is None else base
-    flags: list[str] = []
+    chosen = {}
     for f in dataclasses.fields(TrainConfig):
         value, default = getattr(config, f.name), getattr(base, f.name)
         if f.name in skip or (only is not None and f.name not in only):
             continue
         if only is None and value == default and type(value) is type(default):
             continue
-        flag = "--" + f.name.replace("_", "-")
-        word = next((w for w, v in setting_of(f).words.items() if v == value and type(v) is type(value)), None)
-        if word is not None:
-            flags += [flag, word]
-        elif value is True:
-            flags.append(flag)
-        elif value is False:
-            flags.append("--no-" + flag[2:])
-        elif value is None:
+        if value is None and None not in setting_of(f).words.values():  # no word says None on the command line
             if only is not None and getattr(TrainConfig(), f.name) is None:
                 continue  # the command's own default is None too
             raise WorkshopError(f"{f.name}=None has no flag: the command's default is {default!r}.",
                                 f"leave {f.name} at its default in the config.")
-        else:
-            flags += [flag, str(value)]
-    return flags
+        chosen[f.name] = value
+    return train_flags(chosen)
 
 
 def varying_fields(configs) -> tuple[str, ...]:

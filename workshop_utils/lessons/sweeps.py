@@ -33,7 +33,8 @@ from ..spine.trainer import TrainConfig, train
 METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
 # every rung reports speed, step-time spread, memory and MFU (the device name picks the stated peak)
 LADDER_METRICS = ("samples_per_s", "step_ms_median", "step_ms_p90", "data_wait_fraction", "peak_memory_mib",
-                  "tflops_per_device", "mfu", "device_name")
+                  "tflops_per_device", "mfu", "device_name", "final_test_acc", "warmup_s")
+# warmup_s: the untimed first steps, where torch.compile and CUDA-graph capture spend their time, shown apart
 
 
 def amdahl_speedup(fraction: float, factor: float = math.inf) -> float:
@@ -236,7 +237,9 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
     stated = peak_tflops(table["device_name"].dropna().iloc[0], "bf16") if table["device_name"].notna().any() else None
     table.insert(table.columns.get_loc("mfu"), "mfu_bf16_peak",
                  table["tflops_per_device"].astype(float) / stated if stated else float("nan"))
-    table = table.rename(columns={"mfu": "mfu_own_precision_peak"}).drop(columns=["device_name"])
+    # accuracy kept beside speed: a switch that is faster but learns worse (a large batch) must show it
+    table["test_acc_pct"] = 100 * table["final_test_acc"].astype(float)
+    table = table.rename(columns={"mfu": "mfu_own_precision_peak"}).drop(columns=["device_name", "final_test_acc"])
     table.attrs["stated_peak"] = (f"MFU against the dense BF16 peak, {stated:g} TFLOP/s" if stated else
                                   "no published peak for this device: MFU left empty")
     return table

@@ -213,7 +213,8 @@ def scaling_table(records: list[dict]):
         rows.append({"mode": record["config"]["name"].split("-")[0], "world_size": m["world_size"],
                      "batch_per_process": record["config"]["batch_size"], "global_batch": m["global_batch_size"],
                      "lr": record["config"]["lr"], "step_ms": m["step_ms_median"],
-                     "samples_per_s": m["samples_per_s"], "final_train_loss": m["final_train_loss"]})
+                     "samples_per_s": m["samples_per_s"], "final_train_loss": m["final_train_loss"],
+                     "test_acc_pct": None if m.get("final_test_acc") is None else 100 * m["final_test_acc"]})
     table = pd.DataFrame(rows).sort_values(["mode", "world_size"]).reset_index(drop=True)
     base = table[table.world_size == 1].set_index("mode")["samples_per_s"]
     table["speedup"] = table["samples_per_s"] / table["mode"].map(base)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -151,16 +151,27 @@ def _job_env(threads: int) -> dict:
     return env
 
 
-def _flags(options: dict) -> list[str]:
-    """{"batch_size": 64, "resume": True, "compile": False} -> ["--batch-size", "64", "--resume", "--no-compile"].
+def train_flags(options: dict) -> list[str]:
+    """Flags of ``python -m workshop_utils.train`` for ``{field or flag name: value}``, in the dict's order.
 
-    None leaves the command's default. False is the --no- form every on/off flag has (no_progress=False
-    is --progress): skipping it would leave a default of True, or "auto", in place.
+    ``{"batch_size": 64, "resume": True, "compile": False}`` -> ``["--batch-size", "64", "--resume",
+    "--no-compile"]``. The one place a value becomes a flag (``launch_training``, ``launch_nodes`` and
+    ``config_flags`` all call it). A TrainConfig field's value that has a command-line word is given by
+    that word (``device=None`` -> ``--device auto``, ``keep_checkpoints=None`` -> ``--keep-checkpoints
+    all``, ``synthetic=False`` -> ``--synthetic no``); any other None leaves the command's default. False
+    is the --no- form every on/off flag has (``no_progress=False`` is ``--progress``): skipping it would
+    leave a default of True, or "auto", in place.
     """
+    from ..spine.config import TrainConfig, setting_of
+
+    words = {f.name: setting_of(f).words for f in fields(TrainConfig)}
     args = []
     for key, value in options.items():
         flag = key.replace("_", "-")
-        if value is True:
+        word = next((w for w, v in words.get(key, {}).items() if v == value and type(v) is type(value)), None)
+        if word is not None:
+            args += [f"--{flag}", word]
+        elif value is True:
             args.append(f"--{flag}")
         elif value is False:
             args.append(f"--{flag.removeprefix('no-')}" if flag.startswith("no-") else f"--no-{flag}")
@@ -212,7 +223,7 @@ def launch_training(nproc: int = 1, *, max_restarts: int = 0, port: int | None =
     options.setdefault("no_progress", True)  # progress bars redraw with \r: unreadable as streamed lines
     with tempfile.TemporaryDirectory(prefix="workshop-launch-") as folder:
         out = options.pop("out", None) or Path(folder) / "result.json"
-        return launch_torchrun("workshop_utils.train", _flags({**options, "out": out}), nproc, max_restarts=max_restarts,
+        return launch_torchrun("workshop_utils.train", train_flags({**options, "out": out}), nproc, max_restarts=max_restarts,
                       port=port, device=options.get("device"), timeout_s=timeout_s, check=check, echo=echo, out=out,
                                threads=threads)
 
@@ -291,7 +302,7 @@ def launch_nodes(nnodes: int = 2, nproc_per_node: int = 1, *, port: int | None =
         print(announce, flush=True)
     with tempfile.TemporaryDirectory(prefix="workshop-nodes-") as folder:
         out = Path(folder) / "result.json"
-        args = _flags({**options, "out": out})
+        args = train_flags({**options, "out": out})
         rdzv_id = f"workshop-{port}"
         commands = {f"[agent {n}] ": torchrun_command("workshop_utils.train", args, nproc_per_node, port=port,
                                                       nnodes=nnodes, rdzv_id=rdzv_id, is_host=n == 0)

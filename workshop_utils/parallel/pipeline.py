@@ -208,29 +208,53 @@ def bubble_table(record: dict):
 
 
 def plot_pipeline(record: dict, show=(1, 4)):
-    """Gantt charts of the measured schedule for a few micro-batch counts, and the bubble against the formula."""
+    """Gantt charts of the measured schedule for a few micro-batch counts, and the bubble against the formula.
+
+    The title states the finding: the measured bubble (idle share of a stage) at the fewest and the most
+    micro-batches, with the formula's value beside it.
+    """
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from ..system.plotstyle import PALETTE, style
 
     show = [m for m in show if str(m) in record["timelines"]]
-    fig, axes = plt.subplots(1, len(show) + 1, figsize=(5 * (len(show) + 1), 3.4))
-    colours = {"F": "tab:blue", "B": "tab:orange"}
-    for ax, m in zip(axes, show):
-        timeline = record["timelines"][str(m)]
-        for row in timeline:
-            width = 1e3 * (row["end"] - row["start"])
-            ax.barh(row["stage"], width, left=1e3 * row["start"], color=colours[row["pass"]], edgecolor="white")
-            ax.text(1e3 * row["start"] + width / 2, row["stage"], f"{row['pass']}{row['microbatch'] + 1}",
-                    ha="center", va="center", fontsize=7, color="white")
-        ax.set(xlabel="ms", yticks=range(record["stages"]), yticklabels=[f"stage {s}" for s in range(record["stages"])],
-               title=f"m = {m} micro-batches")
-        ax.invert_yaxis()
-    table = bubble_table(record)
-    axes[-1].plot(table.microbatches, table.bubble_formula, "k--", label="(p-1)/(m+p-1)")
-    axes[-1].plot(table.microbatches, table.bubble_measured, "o-", label="measured")
-    axes[-1].set_xscale("log", base=2)
-    axes[-1].xaxis.set_minor_locator(plt.NullLocator())
-    axes[-1].set(xlabel="micro-batches m", ylabel="idle share of a stage", ylim=(0, 1),
-                 xticks=list(table.microbatches), xticklabels=list(table.microbatches), title="The bubble")
-    axes[-1].legend()
-    fig.tight_layout()
+    table = bubble_table(record).sort_values("microbatches")
+    measured = {int(r["microbatches"]): r["bubble_measured"] for r in record["rows"]}
+    passes = {"F": ("forward", PALETTE[0], "white"), "B": ("backward", PALETTE[1], "black")}
+    stages = record["stages"]
+    with style():
+        fig, axes = plt.subplots(1, len(show) + 1, figsize=(5 * (len(show) + 1), 3.8), squeeze=False)
+        axes = axes[0]
+        for ax, m in zip(axes, show):
+            for row in record["timelines"][str(m)]:
+                name, color, text_color = passes[row["pass"]]
+                width = 1e3 * (row["end"] - row["start"])
+                ax.barh(row["stage"], width, left=1e3 * row["start"], color=color, edgecolor="white")
+                ax.text(1e3 * row["start"] + width / 2, row["stage"], f"{row['pass']}{row['microbatch'] + 1}",
+                        ha="center", va="center", fontsize=7, color=text_color)
+            idle = f", {measured[m]:.0%} idle" if m in measured else ""
+            ax.set(xlabel="time since the step began (ms)", ylabel="pipeline stage (one rank each)",
+                   yticks=range(stages), yticklabels=[f"stage {s}" for s in range(stages)],
+                   title=f"m = {m} micro-batches{idle}")
+            ax.grid(axis="y", visible=False)
+            ax.invert_yaxis()
+            ax.legend(handles=[Patch(color=color, label=f"{name} pass ({key})")
+                               for key, (name, color, _) in passes.items()], loc="best")
+        ax = axes[-1]
+        ax.plot(table.microbatches, 100 * table.bubble_formula, "k--", label="formula (p-1)/(m+p-1)")
+        ax.plot(table.microbatches, 100 * table.bubble_measured, "o-", color=PALETTE[2], label="measured")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.set(xlabel="micro-batches per step (m)", ylabel="idle share of a stage (%)", ylim=(0, 100),
+               xticks=list(table.microbatches), xticklabels=list(table.microbatches), title="The bubble")
+        ax.legend()
+        few, many = table.iloc[0], table.iloc[-1]
+        finding = (f"bubble {few.bubble_measured:.0%} of the step at m = {few.microbatches:.0f} "
+                   f"(formula {few.bubble_formula:.0%})")
+        if len(table) > 1:
+            finding += (f", {many.bubble_measured:.0%} at m = {many.microbatches:.0f} "
+                        f"(formula {many.bubble_formula:.0%})")
+        fig.suptitle(f"GPipe on {stages} stages: {finding}")
+        fig.tight_layout()
     return fig

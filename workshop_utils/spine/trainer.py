@@ -215,8 +215,10 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
     for note in notes:
         say(f"note: {note}")
     if data is None:
+        # The synthetic set stands in for CIFAR-10, which no seed changes: the run's seed decides the
+        # initial weights, the order and the augmentation, never which images there are.
         data = load_data(config.data_root, config.train_size, config.test_size, config.synthetic,
-                         seed=config.seed, quiet=not info.is_main)
+                         quiet=not info.is_main)
     if info.distributed:
         check_same_data(data)
     memory_at_start = memory_in_use_mib(device)

@@ -13,7 +13,9 @@ and writes one file, ``<run-dir>/benchmarks/<name>.json`` (``--run-dir`` default
 
 ``settings`` are the sizes the run used, with their units in their names (``train_images``,
 ``batch_samples``, ``timed_batches``, ``repeats``); ``rows`` is the benchmark's table, one
-dict per row; ``summary`` holds the few numbers its goals are judged by. ``read_benchmarks``
+dict per row; ``summary`` holds the few numbers its goals are judged by. A benchmark with a
+second table (a sweep beside its main comparison) adds ``"tables": {name: [{...}, ...]}`` after
+these keys; a file without it is in the layout all the same. ``read_benchmarks``
 reads every such file of a run folder back, and the run report shows one table per benchmark.
 A mistake on the command line is one line, ``error: ... Fix: ...``, and exit status 2.
 """
@@ -83,9 +85,9 @@ class BenchmarkRun:
         chosen.pop("profile")
         return chosen
 
-    def write(self, settings: dict, rows, summary: dict | None = None) -> Path:
+    def write(self, settings: dict, rows, summary: dict | None = None, tables: dict | None = None) -> Path:
         return write_benchmark(self.name, self.profile, self.device, settings, rows, self.folder(),
-                               summary, repeats=self.repeats)
+                               summary, repeats=self.repeats, tables=tables)
 
     def progress(self, total: int, desc: str, unit: str = "run"):
         """A progress bar on stderr for the benchmark's long loop (use ``.write`` to print beside it)."""
@@ -114,8 +116,12 @@ def _rows(rows) -> list[dict]:
 
 
 def write_benchmark(name: str, profile: str, device: torch.device | str, settings: dict, rows,
-                    run_dir: str | os.PathLike, summary: dict | None = None, repeats: int | None = None) -> Path:
-    """Write ``<run_dir>/benchmarks/<name>.json`` in the one layout (atomically) and return its path."""
+                    run_dir: str | os.PathLike, summary: dict | None = None, repeats: int | None = None,
+                    tables: dict | None = None) -> Path:
+    """Write ``<run_dir>/benchmarks/<name>.json`` in the one layout (atomically) and return its path.
+
+    ``tables`` ({name: rows}) are further tables, stored under ``"tables"`` after the layout's keys.
+    """
     if profile not in ("cpu", "gpu"):
         raise WorkshopError(f"A benchmark records the profile it ran, 'cpu' or 'gpu', not {profile!r}.",
                             "pass the resolved profile (start_benchmark gives it).")
@@ -125,6 +131,8 @@ def write_benchmark(name: str, profile: str, device: torch.device | str, setting
     record = {"benchmark": name, "profile": profile, "environment": environment(device), "settings": settings,
               "rows": _rows(rows), "summary": dict(summary or {}), "git_commit": git_commit(),
               "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if tables:
+        record["tables"] = {key: _rows(value) for key, value in tables.items()}
     return write_json(record, benchmark_path(run_dir, name))
 
 

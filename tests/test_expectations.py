@@ -1,0 +1,88 @@
+"""The 'what you should see' lines, the course's figures beside ours, and accuracy compared with its noise."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import workshop_utils as wu
+
+
+@pytest.mark.parametrize("name", sorted(wu.EXPECTED))
+def test_every_expectation_says_in_range_or_where_to_look(name, capsys):
+    expected = wu.EXPECTED[name]
+    for profile, (low, high) in expected.ranges.items():
+        assert low < high
+        assert wu.what_you_should_see(name, (low + high) / 2, profile) is True
+        assert wu.what_you_should_see(name, high + abs(high) + 1, profile) is False
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.startswith("✓") for line in lines[::2]) and all(line.startswith("⚠") for line in lines[1::2])
+    assert all(expected.look_at in line for line in lines[1::2])
+    assert len(lines) == 2 * len(expected.ranges)
+
+
+def test_an_unmeasured_value_is_said_not_judged(capsys):
+    assert wu.what_you_should_see("bf16 speed-up", None, "cpu") is False
+    assert wu.what_you_should_see("bf16 speed-up", float("nan"), "cpu") is False
+    assert capsys.readouterr().out.count("not measured in this run") == 2
+
+
+def test_an_unknown_expectation_or_profile_is_one_clear_error():
+    with pytest.raises(wu.WorkshopError, match="No expectation named"):
+        wu.what_you_should_see("speed of light", 1.0, "cpu")
+    with pytest.raises(wu.WorkshopError, match="No 'tpu' range"):
+        wu.what_you_should_see("baseline accuracy", 50.0, "tpu")
+
+
+def test_the_baseline_check_holds_accuracy_to_the_profile_range():
+    record = {"metrics": {"parameters": 2_474_506, "final_test_acc": 0.30, "step_ms_median": None,
+                          "data_wait_fraction": None, "mfu": None, "data_source": "cifar10"},
+              "step_loss": [2.3] * 10 + [1.5] * 10}
+    low = wu.EXPECTED["baseline accuracy"].ranges["cpu"][0]
+    checks = wu.check_baseline(record, profile="cpu")
+    assert checks.loc["accuracy in range", "result"] == ("ok" if 30 >= low else "LOOK")
+    assert "cpu profile" in checks.loc["accuracy in range", "detail"]
+    assert wu.check_baseline(record).loc["accuracy above chance", "result"] == "ok"  # without a profile: above 30%
+
+
+def test_the_course_figure_sits_beside_the_measured_one_with_the_reason(capsys):
+    row = wu.beside_the_course("baseline samples/s", 500.0, device_type="cpu", device_name="Some CPU",
+                               flops_per_sample=230e6).iloc[0]
+    assert row["course (quoted)"] == 1000 and row["here / course"] == pytest.approx(0.5)
+    # 1,000 samples/s x 230 MFLOP against an A100's 19.5 TFLOP/s FP32 peak
+    assert f"{1000 * 230e6 / 19.5e12:.2%}" in row["why they differ"]
+    out = capsys.readouterr().out
+    assert "1,000 samples/s" in out and "500 samples/s" in out and "why they differ" in out
+
+
+def test_a_speed_up_on_fewer_devices_is_compared_per_device():
+    row = wu.beside_the_course("8-GPU speed-up", 1.8, world_size=2, device_type="cpu").iloc[0]
+    assert row["here / course"] == pytest.approx((1.8 / 2) / (6.5 / 8))
+    assert "90%" in row["why they differ"] and "81%" in row["why they differ"]
+    assert pd.isna(wu.beside_the_course("AMP speed-up", None, device_type="cuda").iloc[0]["here / course"])
+    with pytest.raises(wu.WorkshopError, match="No course figure"):
+        wu.beside_the_course("16-GPU speed-up", 12.0)
+
+
+def _record(model, precision, steps, accuracy, seed=0):
+    return {"config": {"model": model, "precision": precision, "channels_last": False, "seed": seed},
+            "metrics": {"steps": steps, "samples_per_s": 100.0, "step_ms_median": 10.0, "peak_memory_mib": 1.0,
+                        "final_train_loss": 2.0, "final_test_acc": accuracy}}
+
+
+def test_a_short_speed_probe_is_not_compared_on_accuracy():
+    table = wu.mode_table([_record("simplecnn", "fp32", 30, 0.36), _record("simplecnn", "fp16", 2, 0.05),
+                           _record("simplecnn", "bf16", 30, 0.30)]).set_index("precision")
+    assert pd.isna(table.loc["fp16", "test acc %"]) and pd.isna(table.loc["fp16", "acc vs fp32 (points)"])
+    assert "speed probe: 2 of 30 steps" in table.loc["fp16", "note"]
+    assert table.loc["bf16", "acc vs fp32 (points)"] == pytest.approx(-6.0)
+
+
+def test_accuracy_parity_takes_the_seed_spread_off_each_gap():
+    table = wu.mode_table([_record("simplecnn", "fp32", 30, 0.36), _record("simplecnn", "bf16", 30, 0.30),
+                           _record("simplecnn", "tf32", 30, 0.37)])
+    parity = wu.accuracy_parity(table, [_record("simplecnn", "fp32", 30, 0.32, seed=1)]).set_index("precision")
+    assert parity.loc["fp32", "fp32 seed spread (points)"] == pytest.approx(4.0)
+    assert parity.loc["bf16", "beyond spread (points)"] == pytest.approx(2.0)  # a 6-point gap, 4 of them noise
+    assert parity.loc["tf32", "beyond spread (points)"] == pytest.approx(0.0)
+    assert pd.isna(parity.loc["fp32", "beyond spread (points)"])
