@@ -269,8 +269,8 @@ def test_human_headers_and_rounding():
 # ------------------------------------------------------------------------------------------- the day
 
 
-def test_the_sessions_fill_their_slots_and_the_readme_agenda_matches():
-    readme = (SLIDES / "README.md").read_text()
+def test_the_sessions_fill_their_slots_and_the_instructor_guide_agenda_matches():
+    readme = (SLIDES / "INSTRUCTOR.md").read_text()
     for session in build.SESSIONS:
         if session.deck:
             parts = session.talk + session.demo + session.exercise + session.questions
@@ -278,7 +278,7 @@ def test_the_sessions_fill_their_slots_and_the_readme_agenda_matches():
             assert (SLIDES / "decks" / f"{session.deck}.md").is_file()
             low, high = session.budget
             assert 2 * low <= session.talk + 2 and 3 * high >= session.talk
-        assert f"| {session.when} | {session.title} |" in readme, f"slides/README.md lacks the row of {session.title}"
+        assert f"| {session.when} | {session.title} |" in readme, f"slides/INSTRUCTOR.md lacks the row of {session.title}"
     assert {s.deck for s in build.SESSIONS if s.deck} == set(DECKS)
 
 
@@ -574,3 +574,293 @@ def test_overflow_check_catches_an_overfull_slide(tmp_path, monkeypatch, browser
         browser.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))", session)
         found.append(bool(browser.evaluate(OVERFLOW_JS, session)["problems"]))
     assert found == [True, True, False]
+
+
+# ------------------------------------------------------------------------------------------- the handout
+
+
+def _handout_pages(text: str) -> list[str]:
+    """The pages of the handout's Markdown (template or rendered): what follows the front matter, split at ---."""
+    body = text.split("\n---\n", 1)[1]
+    return re.split(r"^---$", body, flags=re.M)
+
+
+def _handout_commands(page: str) -> list[list[str]]:
+    """Every command in a page's ```bash blocks, as shlex tokens: continued lines joined, comments dropped."""
+    import shlex
+
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", page, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            tokens = shlex.split(line, comments=True)
+            if tokens:
+                commands.append(tokens)
+    return commands
+
+
+def _reference_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "no-runs"))
+    return build.find_results(None, REFERENCE)
+
+
+def test_a_row_selector_picks_a_table_row_by_its_contents():
+    scaling = json.loads((REFERENCE / "results" / "section-ddp-scaling.json").read_text())
+    weak = max((r for r in scaling["table"] if r["mode"] == "weak"), key=lambda r: r["world_size"])
+    assert build._lookup(scaling, "table[mode=weak,max:world_size].speedup") == weak["speedup"]
+    assert build._lookup(scaling, "table[ mode=weak , world_size=1 ].speedup") == 1.0
+    assert build._lookup(scaling, "table[mode=strong,min:world_size].world_size") == 1
+    ladder = json.loads((REFERENCE / "results" / "section-ladder.json").read_text())
+    measured = [r for r in ladder["table"] if r["vs_baseline"] is not None]
+    assert build._lookup(ladder, "table[last:vs_baseline].rung") == measured[-1]["rung"]
+    assert build._lookup(ladder, "table[first:vs_baseline].rung") == measured[0]["rung"]
+    assert build._lookup(ladder, "table[max:vs_baseline].rung") == max(measured, key=lambda r: r["vs_baseline"])["rung"]
+    recompute = json.loads((REFERENCE / "results" / "beyond-recompute.json").read_text())
+    assert build._lookup(recompute, "rows[activation_checkpointing=yes].step_ms") == recompute["rows"][1]["step_ms"]
+    # no such row, or a selector on something that is not a list: missing, so an older folder is tried
+    assert build._lookup(scaling, "table[mode=diagonal].speedup") is None
+    assert build._lookup(scaling, "text[max:x]") is None
+    assert build._lookup(ladder, "table[max:no_such_column].rung") is None
+    assert build._lookup(scaling, "table.0.mode") == "strong"  # plain paths read as before
+    with pytest.raises(build.BuildError, match="neither key=value"):
+        build._lookup(scaling, "table[weak].speedup")
+
+
+def test_a_value_directive_takes_a_row_from_the_newest_folder_holding_it(three_folders):
+    results = build.find_results(None, three_folders)
+    text, renderer = render(results, "x", '{{value section-ladder "table[last:vs_baseline].vs_baseline" fmt=".2f"}} '
+                                          '{{value section-ddp-scaling "table[mode=weak,max:world_size].efficiency" '
+                                          'fmt=".0%"}} {{value section-ladder "table[rung=no such rung].rung"}}')
+    assert re.match(r"\d+\.\d\d \d+%<sup", text)  # the ladder is the newest run's; the scaling an older run's
+    assert renderer.fallbacks == ["x: values of section-ddp-scaling from run 20260201-090000 of 2026-02-01, "
+                                  "old-cpu (cpu)"]
+    assert renderer.missing == ["x: value section-ladder.table[rung=no such rung].rung (run `make run` first)"]
+
+
+def test_the_handout_has_one_page_per_session_with_its_commands_and_numbers(tmp_path, monkeypatch):
+    results = _reference_only(tmp_path, monkeypatch)
+    template = build.HANDOUT.read_text()
+    text, renderer = render(results, "handout", template)
+    assert renderer.missing == [] and "{{" not in text and "Not built" not in text
+    sessions = build.handout_sessions()
+    assert [s.deck for s in sessions] == [d for d in DECKS if not d.startswith("00_")]  # sessions 1-4 and the bonus
+    pages, sources = _handout_pages(text), _handout_pages(template)
+    assert len(pages) == len(sessions) == 5
+    for session, page, source in zip(sessions, pages, sources):
+        assert f"## {session.title}" in page and session.when in page, session.title
+        for number in re.findall(r"\b(\d\d)\b", session.demo_what):  # the notebooks it runs, and how to run them
+            notebook = next((REPO / "notebooks").glob(f"{number}_*.ipynb"))
+            assert f"notebooks/{notebook.name}" in page
+            assert any(c[:4] == ["python", "-m", "workshop_utils.run_notebooks", "--only"] and number in c
+                       for c in _handout_commands(page)), f"{session.title}: no command runs notebook {number}"
+        assert len(_handout_commands(page)) >= 3, session.title
+        values = re.findall(r"\{\{value [^{}]*\}\}", source)
+        shown = []
+        for directive in values:
+            value, one = render(results, "handout", directive)
+            assert one.missing == [] and value.strip(), directive
+            shown.append(value)
+        numbers = [v for v in shown if re.search(r"\d", v)]
+        assert 3 <= len(numbers), f"{session.title}: {shown}"
+        assert 3 <= sum(1 for line in source.splitlines() if line.startswith("| ") and "{{value" in line) <= 5
+        assert all(v in page for v in shown)
+        assert 'class="provenance"' in page  # where the numbers were measured, on every page
+
+
+def test_handout_numbers_come_from_the_newest_run_holding_them(three_folders):
+    results = build.find_results(None, three_folders)
+    template = build.HANDOUT.read_text()
+    text, renderer = render(results, "handout", template)
+    assert renderer.missing == []
+    rows = {}  # each table row of the template, by the records it names, against the same row rendered
+    for source, page in zip(_handout_pages(template), _handout_pages(text)):
+        for t, r in zip([l for l in source.splitlines() if l.startswith("| ")],
+                        [l for l in page.splitlines() if l.startswith("| ")]):
+            for record in re.findall(r"\{\{value ([\w-]+)", t):
+                rows.setdefault(record, r)
+    assert 'class="from"' not in rows["section-ladder"]  # notebook 04 ran last, on its own: the newest run's
+    assert ">old</sup>" in rows["section-precision-modes"]  # notebook 03 only in the older complete run
+    assert ">ref</sup>" in rows["baseline"] and ">ref</sup>" in rows["beyond-recompute"]  # in the reference alone
+    assert "on this handout come from an older run (marked old) or the reference run (marked ref)" in text
+
+
+@pytest.mark.slow
+def test_every_command_on_the_handout_is_a_real_one():
+    """Each make target, module, script and job script exists, and every --flag is one its --help lists."""
+    helps: dict[tuple, str] = {}
+
+    def help_of(*command) -> str:
+        if command not in helps:
+            done = subprocess.run([*command, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, f"{' '.join(command)} --help failed: {done.stderr[-500:]}"
+            helps[command] = done.stdout
+        return helps[command]
+
+    def check_flags(tokens, text, what):
+        for token in tokens:
+            if token.startswith("--"):
+                flag = token.split("=", 1)[0]
+                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), f"{what} has no flag {flag}"
+
+    def sbatch_help() -> str:
+        """sbatch's own --help where it answers (it needs a cluster's configuration), else the kit's table of
+        what goes on the sbatch command line."""
+        if "sbatch" not in helps:
+            done = (subprocess.run(["sbatch", "--help"], capture_output=True, text=True, timeout=60)
+                    if shutil.which("sbatch") else None)
+            helps["sbatch"] = (done.stdout if done is not None and done.returncode == 0
+                               else (REPO / "slurm" / "README.md").read_text())
+        return helps["sbatch"]
+
+    python = sys.executable
+    makefile = (REPO / "Makefile").read_text()
+    checked = 0
+    for tokens in _handout_commands(build.HANDOUT.read_text()):
+        program = tokens[0]
+        if program == "make":
+            assert re.search(rf"^{re.escape(tokens[1])}:", makefile, re.M), f"no make target {tokens[1]}"
+        elif program in ("python", "torchrun"):
+            if program == "torchrun":
+                cut = tokens.index("-m")
+                check_flags(tokens[1:cut], help_of(python, "-m", "torch.distributed.run"), "torchrun")
+                tokens = ["python", *tokens[cut:]]
+            if tokens[1] == "-m":
+                module, rest = tokens[2], tokens[3:]
+                assert importlib.util.find_spec(module) is not None, f"no module {module}"
+                text = help_of(python, "-m", module)
+                if rest and not rest[0].startswith("-"):  # a part, such as parallel_demos' fsdp
+                    assert re.search(rf"[{{,]{re.escape(rest[0])}[,}}]", text), f"{module} has no part {rest[0]}"
+            else:
+                script, rest = tokens[1], tokens[2:]
+                assert (REPO / script).is_file(), f"no script {script}"
+                text = help_of(python, script)
+            check_flags(rest, text, " ".join(tokens[:3]))
+        elif program == "sbatch":
+            script = next(t for t in tokens if t.endswith(".sbatch"))
+            assert (REPO / script).is_file(), f"no job script {script}"
+            cut = tokens.index(script)
+            check_flags(tokens[1:cut], sbatch_help(), "sbatch")
+            if "-m workshop_utils.train" in (REPO / script).read_text():  # the script hands its arguments on
+                check_flags(tokens[cut + 1:], help_of(python, "-m", "workshop_utils.train"), script)
+            else:
+                assert len(tokens) == cut + 1, f"{script} takes no arguments of its own"
+        else:
+            assert program in ("source", "squeue", "scancel", "printf"), f"unexpected command {tokens}"
+        checked += 1
+    assert checked >= 25
+
+
+@pytest.mark.slow
+def test_the_build_makes_the_handout_with_every_build_and_with_deck_only_when_named(tmp_path, monkeypatch,
+                                                                                  capsys):
+    """The build's bookkeeping with Marp stood in for (the browser test below uses the real one)."""
+    calls = []
+
+    def fake_marp(args, env, themes=()):
+        calls.append(list(themes))
+        md_dir, out = (Path(args[args.index(flag) + 1]) for flag in ("--input-dir", "--output"))
+        for md in md_dir.glob("*.md"):
+            body = md.read_text().split("\n---\n", 1)[1]
+            pages = len(re.findall(r"^---$", body, re.M)) + 1
+            suffix = ".pdf" if "--pdf" in args else ".html"
+            sections = "".join(f'<section id="{i}"></section>' for i in range(1, pages + 1))
+            (out / f"{md.stem}{suffix}").write_text(sections)
+
+    monkeypatch.setattr(build, "marp", fake_marp)
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "runs"))
+    out = tmp_path / "out"
+    assert build.main(["--out", str(out), "--html-only"]) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [d["deck"] for d in manifest["decks"]] == DECKS  # not a deck: no budget, not in the list
+    handout = manifest["handout"]
+    assert handout["pages"] == len(build.handout_sessions()) == 5 and handout["problems"] == []
+    assert handout["html"] == "handout.html" and handout["pdf"] is None
+    assert handout["sessions"] == [s.title for s in build.handout_sessions()]
+    assert re.search(r"^  handout\s+5 pages .*-> .*handout\.html$", printed, re.M)
+    theme = calls[-1][0].read_text()
+    assert "@theme workshop-handout" in theme and "@size A4" in theme and "@import 'workshop'" in theme
+    assert (out / "md" / "handout.md").is_file()
+
+    assert build.main(["--out", str(out), "--html-only", "--deck", "01"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["handout"] is None and [d["deck"] for d in manifest["decks"]] == ["01_fundamentals"]
+    assert not (out / "md" / "handout.md").exists() and calls[-1] == []
+    assert "handout" not in capsys.readouterr().out
+
+    assert build.main(["--out", str(out), "--html-only", "--deck", "handout"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["decks"] == [] and manifest["handout"]["pages"] == 5
+    assert "--deck handout" in " ".join(subprocess.run([sys.executable, str(SLIDES / "build.py"), "--help"],
+                                                        capture_output=True, text=True).stdout.split())
+
+
+def _pdf_media_boxes(path: Path) -> list[tuple[float, float]]:
+    """Width and height in points of every page's MediaBox, inside compressed object streams too."""
+    data = path.read_bytes()
+    chunks = [data]
+    for stream in re.finditer(rb"stream\r?\n(.*?)\r?\nendstream", data, re.S):
+        try:
+            chunks.append(zlib.decompress(stream.group(1)))
+        except zlib.error:
+            pass
+    number = rb"\s*(-?[\d.]+)"
+    return [(float(x1) - float(x0), float(y1) - float(y0)) for chunk in chunks
+            for x0, y0, x1, y1 in re.findall(rb"/MediaBox\s*\[" + number * 4 + rb"\s*\]", chunk)]
+
+
+@pytest.mark.slow
+@needs_browser
+def test_handout_builds_one_a4_page_per_session_and_nothing_leaves_its_page(built, browser, tmp_path, monkeypatch):
+    out, manifest = built
+    sessions = build.handout_sessions()
+    entry = manifest["handout"]
+    assert entry["pages"] == len(sessions) == 5 and entry["problems"] == []
+    pdf = out / entry["pdf"]
+    assert pdf.read_bytes().startswith(b"%PDF") and _pdf_pages(pdf) == len(sessions)
+    boxes = _pdf_media_boxes(pdf)
+    assert boxes and all(abs(w - 595.3) < 6 and abs(h - 841.9) < 6 for w, h in boxes), boxes  # A4 portrait, in pt
+
+    results = _reference_only(tmp_path, monkeypatch)  # what the fixture built from
+    expected = []  # per page: every value its template names, as the build formats it
+    for source in _handout_pages(build.HANDOUT.read_text()):
+        expected.append([render(results, "handout", d)[0] for d in re.findall(r"\{\{value [^{}]*\}\}", source)])
+
+    session = browser.open_page()
+    width, height = build.HANDOUT_PAGE
+    browser.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
+                                                        "mobile": False}, session)
+    browser.events.clear()
+    browser.send("Page.navigate", {"url": (out / entry["html"]).as_uri()}, session)
+    browser.wait_event("Page.loadEventFired", session)
+    time.sleep(0.3)
+    pages = browser.evaluate("document.querySelectorAll('svg[data-marpit-svg] > foreignObject > section').length",
+                             session)
+    assert pages == len(sessions)
+    folder = ARTIFACTS / "handout"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    problems = []
+    for number, (s, values) in enumerate(zip(sessions, expected), start=1):
+        browser.evaluate(f"location.hash = '#{number}'", session)
+        browser.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))", session)
+        report = browser.evaluate(OVERFLOW_JS, session)
+        assert (report["width"], report["height"]) == (width, height), report
+        problems += [f"page {number}: {p}" for p in report["problems"]]
+        text = browser.evaluate("document.querySelector('svg.bespoke-marp-active section').innerText", session)
+        code = browser.evaluate("[...document.querySelectorAll('svg.bespoke-marp-active section :is(pre, marp-pre)')]"
+                                ".map(p => p.innerText).join('\\n')", session)
+        assert s.title in text and s.when in text, f"page {number} is not {s.title}"
+        assert "Not built" not in text and "run make run" not in text, f"page {number} shows a notice"
+        assert re.search(r"^(make|python|torchrun|sbatch) ", code, re.M), f"page {number} shows no command"
+        numbers = [v for v in values if re.search(r"\d", v)]
+        assert len(numbers) >= 3 and all(v in text for v in numbers), f"page {number}: {numbers} not all shown"
+        browser.evaluate("document.querySelectorAll('.bespoke-marp-osc').forEach(e => e.style.display = 'none')",
+                         session)
+        shot = browser.send("Page.captureScreenshot", {"format": "png"}, session)["data"]
+        (folder / f"{number:02d}.png").write_bytes(base64.b64decode(shot))
+    requests = [e["params"]["request"]["url"] for e in browser.events
+                if e["method"] == "Network.requestWillBeSent" and e.get("sessionId") == session]
+    assert not [u for u in requests if not u.startswith(LOCAL_SCHEMES)], requests
+    assert not problems, "content outside its page:\n" + "\n".join(problems)
+    browser.send("Target.closeTarget", {"targetId": browser.send("Target.getTargetInfo", session=session)
+                                        ["targetInfo"]["targetId"]})
