@@ -210,7 +210,7 @@ def test_every_compared_accuracy_is_above_20_percent_and_below_100(main_run):
         record = json.loads(path.read_text())
         if path.stem.startswith(ACCURACY_COMPARED) and record.get("kind") == "train":
             records[path.stem] = record
-    assert {"baseline", "ddp-strong-1", "simplecnn-fp32", "resnet18-fp32", "ladder-0-baseline-r1"} <= set(records)
+    assert {"baseline", "ddp-strong-1", "simplecnn-fp32", "resnet18-fp32", "ladder-0-baseline"} <= set(records)
     longest = {}
     for name, record in records.items():
         key = (name.split("-")[0], record["config"]["channels_last"])
