@@ -451,8 +451,8 @@ OVERFLOW_JS = r"""
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
 
 
-def _pdf_pages(path: Path) -> int:
-    """Page objects in a PDF, looking inside compressed object streams too (Marp's pdf-lib writes those)."""
+def _pdf_chunks(path: Path) -> list[bytes]:
+    """A PDF's bytes and its decompressed object streams (Marp's pdf-lib puts page objects in those)."""
     data = path.read_bytes()
     chunks = [data]
     for stream in re.finditer(rb"stream\r?\n(.*?)\r?\nendstream", data, re.S):
@@ -460,7 +460,12 @@ def _pdf_pages(path: Path) -> int:
             chunks.append(zlib.decompress(stream.group(1)))
         except zlib.error:
             pass
-    return sum(len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", chunk)) for chunk in chunks)
+    return chunks
+
+
+def _pdf_pages(path: Path) -> int:
+    """Page objects in a PDF, looking inside compressed object streams too."""
+    return sum(len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", chunk)) for chunk in _pdf_chunks(path))
 
 
 # ------------------------------------------------------------------------------------------- browser tests
@@ -796,15 +801,8 @@ def test_the_build_makes_the_handout_with_every_build_and_with_deck_only_when_na
 
 def _pdf_media_boxes(path: Path) -> list[tuple[float, float]]:
     """Width and height in points of every page's MediaBox, inside compressed object streams too."""
-    data = path.read_bytes()
-    chunks = [data]
-    for stream in re.finditer(rb"stream\r?\n(.*?)\r?\nendstream", data, re.S):
-        try:
-            chunks.append(zlib.decompress(stream.group(1)))
-        except zlib.error:
-            pass
     number = rb"\s*(-?[\d.]+)"
-    return [(float(x1) - float(x0), float(y1) - float(y0)) for chunk in chunks
+    return [(float(x1) - float(x0), float(y1) - float(y0)) for chunk in _pdf_chunks(path)
             for x0, y0, x1, y1 in re.findall(rb"/MediaBox\s*\[" + number * 4 + rb"\s*\]", chunk)]
 
 

@@ -70,6 +70,18 @@ class StepMemory:
         return pd.DataFrame(self.peaks, columns=["step", "peak_memory_mib"])
 
 
+def release_failed_run(device: torch.device) -> None:
+    """After an out-of-memory run: free its tensors and hand the GPU allocator's cached blocks back.
+
+    Call it outside the ``except`` block: inside it the traceback still holds the failed run's frames.
+    """
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------- live sampling
 
 

@@ -15,7 +15,6 @@ mode (the one training loop, only ``batch_size`` and ``precision`` changed), so 
 
 from __future__ import annotations
 
-import gc
 import sys
 
 import matplotlib.pyplot as plt
@@ -29,7 +28,7 @@ from ..spine.trainer import TrainConfig, train
 from ..system.errors import WorkshopError
 from ..system.hardware import pick_device
 from ..system.plotstyle import PALETTE, precision_color, style
-from .monitor import StepMemory
+from .monitor import StepMemory, release_failed_run
 from .numerics import precision_configs
 
 METRICS = ("steps", "samples_per_s", "step_ms_median", "tflops_per_device", "peak_memory_mib")
@@ -91,9 +90,7 @@ def precision_batch_sweep(base: TrainConfig, data: CifarData | None, modes=("fp3
                 out_of_memory.add(mode)
                 rows.append({**row, "status": f"out of memory at batch {size}",
                              "peak_memory_mib": probe.max_mib if probe else None, "detail": failed})
-                gc.collect()  # outside the except block the failed run's tensors can really be freed
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                release_failed_run(device)
                 continue
             if run_dir is not None:
                 result.save(run_dir, f"{config.name}-b{size}")

@@ -14,7 +14,6 @@ saves every run's full record there.
 
 from __future__ import annotations
 
-import gc
 import math
 import sys
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from ..spine.data import CifarData
 from ..system.errors import WorkshopError
 from ..spine.precision import emulated_on_cpu
 from ..system.hardware import cpu_cores, peak_tflops, pick_device
-from .monitor import StepMemory
+from .monitor import StepMemory, release_failed_run
 from ..spine.trainer import TrainConfig, train
 
 METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
@@ -122,10 +121,7 @@ def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, larg
             break
         status = "ok" if metrics["samples_per_s"] else "not timed: no step left after warm-up"
         rows.append({"batch_size": size, "status": status, **metrics, "peak_memory_mib": probe.max_mib})
-    # Outside the except block the failed run's frames (and their tensors) can really be freed.
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # hand the failed attempt's cached blocks back to the GPU
+    release_failed_run(device)
     return pd.DataFrame(rows)
 
 
