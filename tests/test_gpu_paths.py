@@ -205,6 +205,58 @@ def test_evaluation_never_calls_the_compiled_model(tiny_data, monkeypatch):
     assert calls and all(calls), "the compiled model ran in eval mode (a recompile on a GPU)"
 
 
+def test_every_compiled_run_starts_from_fresh_compiler_caches(tiny_data, monkeypatch):
+    """A second compiled run in one process (the next rung, a sweep point) would otherwise recompile with a
+    dynamic batch dimension, and after 8 recompiles fall back to eager without a word."""
+    resets = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(True))
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
+    config = wu.TrainConfig(batch_size=32, max_steps=2, warmup_steps=0, progress=False, test_size=64)
+    wu.train(config.replace(compile=True), tiny_data)
+    wu.train(config.replace(compile=True, batch_size=64), tiny_data)
+    assert len(resets) == 2
+    wu.train(config, tiny_data)
+    assert len(resets) == 2, "an eager run leaves the compiler alone"
+
+
+def test_the_cuda_graph_rung_is_profiled_after_its_graph_is_recorded(tiny_data, tmp_path, monkeypatch):
+    """CUDA graph trees run a step eagerly, record on the next, replay from the third: profiled before that,
+    the rung would show the recording, not the replay it is there to show."""
+    from workshop_utils.lessons import profiling
+
+    warmups = {}
+
+    def fake_profile(config, data, run_dir, name, wait, warmup, active, detail):
+        warmups[config.compile_mode] = warmup
+        raise StopIteration  # enough: the schedule is what is checked
+
+    monkeypatch.setattr(profiling, "profile_training", fake_profile)
+    for mode in ("default", "reduce-overhead"):
+        rung = wu.Rung(mode, {"compile": True, "compile_mode": mode}, "-")
+        with pytest.raises(StopIteration):
+            wu.profile_rungs(wu.TrainConfig(device="cpu"), tiny_data, [rung], tmp_path, warmup=1, progress=False)
+    assert warmups == {"default": 1, "reduce-overhead": 2}
+
+
+def test_the_single_process_lab_run_uses_the_device_of_the_ddp_ranks(monkeypatch, tmp_path):
+    """On a node with one GPU the two lab ranks run on the CPU: the single process beside them must too."""
+    from workshop_utils.lessons import ddp_lab
+
+    seen = {}
+
+    def fake_stream(commands, env, timeout_s, echo):
+        seen["visible"] = env.get("CUDA_VISIBLE_DEVICES")
+        return [0], ["throughput: 1,000 samples/s"]
+
+    monkeypatch.setattr(ddp_lab, "stream", fake_stream)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for gpus, visible in ((1, ""), (2, None)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        assert wu.run_single("train_single.py", tmp_path, echo=False) == 1000
+        assert seen["visible"] == visible, f"{gpus} GPU(s)"
+
+
 @pytest.mark.slow
 def test_deterministic_runs_restore_the_global_settings(tiny_data):
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)

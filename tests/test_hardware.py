@@ -36,6 +36,9 @@ def test_environment_records_versions_and_slurm(monkeypatch):
     env = wu.environment()
     assert env["torch"] == torch.__version__
     assert env["cpu_cores"] >= 1
+    # a CPU speed means little without the CPU: AVX2-only ones emulate bf16 at a tenth of the speed
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(env["cpu_model"], str) and env["cpu_model"].strip()
     assert env["slurm"] == {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "8"}
     assert "slurm" in wu.environment_table(env).index
 

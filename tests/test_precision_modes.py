@@ -70,6 +70,7 @@ def test_benchmark_script_writes_json(tmp_path):
     assert record["rows"][0]["speed-up vs fp32"] == 1
     assert record["settings"]["model"] == "simplecnn" and record["settings"]["steps"] == 2
     assert record["environment"]["device_type"] == "cpu"
+    assert "tables" not in record, "the cpu profile sweeps no batch sizes unless asked"
 
 
 @pytest.mark.slow

@@ -26,14 +26,24 @@ matplotlib.use("Agg")
 SPEED_PER_SAMPLE = {"fp32": 10.0, "tf32": 15.0, "bf16": 20.0, "fp16": 1.0}  # samples/s per sample of batch
 
 
-def fake_train(out_of_memory_at: dict[str, int] | None = None, calls: list | None = None):
-    """A stand-in for ``train``: throughput = batch x the mode's factor; OOM for ``mode`` at ``batch``."""
+class CompileFailed(RuntimeError):
+    """What torch.compile raises for any error while it compiles, with that error as the cause."""
+
+
+def fake_train(out_of_memory_at: dict[str, int] | None = None, calls: list | None = None, failure=None):
+    """A stand-in for ``train``: throughput = batch x the mode's factor; OOM for ``mode`` at ``batch``.
+
+    ``failure(error)`` turns that out-of-memory error into the one raised (default: raised as it is).
+    """
 
     def train(config, data=None, on_step=None):
         if calls is not None:
             calls.append((config.precision, config.batch_size, config.max_steps))
         if (out_of_memory_at or {}).get(config.precision) == config.batch_size:
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {config.batch_size} MiB")
+            error = torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {config.batch_size} MiB")
+            if failure is None:
+                raise error
+            raise failure(error)
         speed = config.batch_size * SPEED_PER_SAMPLE[config.precision]
         metrics = {"steps": config.max_steps, "samples_per_s": speed, "step_ms_median": 1e3 * config.batch_size / speed,
                    "tflops_per_device": speed * 1e-6, "peak_memory_mib": float(config.batch_size)}
@@ -52,8 +62,8 @@ def sweep(monkeypatch, images):
     """The sweep on a fake training loop: ``sweep(modes, batches, out_of_memory_at=..., calls=..., **options)``."""
     monkeypatch.setattr(precision, "_slowdowns", {"fp16": 19.4, "bf16": 0.9})  # fp16 emulated, bf16 native
 
-    def run(modes, batches, out_of_memory_at=None, calls=None, **options):
-        monkeypatch.setattr(precision_sweep, "train", fake_train(out_of_memory_at, calls))
+    def run(modes, batches, out_of_memory_at=None, calls=None, failure=None, **options):
+        monkeypatch.setattr(precision_sweep, "train", fake_train(out_of_memory_at, calls, failure))
         base = wu.TrainConfig(model="simplecnn", device="cpu", loader="device")
         return wu.precision_batch_sweep(base, images, modes, batches, steps=4, warmup_steps=1, progress=False,
                                         **options)
@@ -78,6 +88,28 @@ def test_a_row_per_batch_and_mode_with_speedups_against_fp32_and_tf32(sweep):
 def test_without_a_reference_mode_there_is_no_speedup_column_for_it(sweep):
     table = sweep(("fp32", "bf16"), (16,))
     assert "speedup_vs_fp32" in table and "speedup_vs_tf32" not in table
+
+
+def wrapped_by_the_compiler(error):
+    try:
+        raise error
+    except torch.OutOfMemoryError as cause:
+        try:
+            raise CompileFailed("backend='inductor' raised: OutOfMemoryError") from cause
+        except CompileFailed as wrapped:
+            return wrapped
+
+
+def test_an_out_of_memory_while_compiling_ends_the_sweep_like_any_other(sweep):
+    table = sweep(("fp32", "bf16"), (16, 64), out_of_memory_at={"fp32": 64}, failure=wrapped_by_the_compiler)
+    assert table[table["precision"] == "fp32"]["status"].tolist() == ["ok", "out of memory at batch 64"]
+    assert table[table["precision"] == "bf16"]["status"].tolist() == ["ok", "ok"]
+
+
+def test_an_error_that_is_not_out_of_memory_is_not_swallowed(sweep):
+    with pytest.raises(CompileFailed, match="no memory involved"):
+        sweep(("fp32",), (16, 64), out_of_memory_at={"fp32": 64},
+              failure=lambda error: CompileFailed("no memory involved"))
 
 
 def test_an_out_of_memory_ends_that_modes_sweep_with_a_row_and_the_others_go_on(sweep):

@@ -90,6 +90,68 @@ def test_host_syncs_are_counted_in_the_training_phases_and_not_in_the_loader():
     assert row["host_syncs_per_step"] == 2
 
 
+def _gpu_profile(steps=2):
+    """A GPU profile's events as the profiler reports them, built by hand (no GPU here): every named range twice,
+    on the host and again on the GPU timeline, kernels linked to the operators (and ranges) that launched them,
+    and one ``.item()``: the read-back operator and the runtime call in which the host waits."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.autograd import DeviceType
+
+    def event(name, start, end, device=DeviceType.CPU, annotation=False, kernels=()):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_type=device,
+                               is_async=False, is_user_annotation=annotation, cpu_parent=None,
+                               kernels=[SimpleNamespace(duration=d) for d in kernels])
+
+    events = []
+    for k in range(steps):
+        t = 1000 * k
+        for name, start, end in ((f"ProfilerStep#{k}", 0, 1000), ("data", 0, 100), ("forward", 100, 400),
+                                 ("backward", 400, 800), ("optimizer", 800, 950)):
+            # the host's range (a GPU copy is linked to it like a kernel) and the copy, later on the GPU timeline
+            events.append(event(name, t + start, t + end, annotation=True, kernels=[end - start]))
+            events.append(event(name, t + start + 300, t + end + 300, DeviceType.CUDA, annotation=True))
+        events += [event("aten::convolution", t + 150, t + 160, kernels=[200]),
+                   event("aten::_local_scalar_dense", t + 200, t + 210),  # loss.item() in the forward phase
+                   event("cudaStreamSynchronize", t + 205, t + 209),
+                   event("aten::convolution_backward", t + 450, t + 470, kernels=[250, 50]),
+                   event("aten::_fused_sgd_", t + 850, t + 860, kernels=[40]),
+                   event("void cudnn_conv_kernel", t + 460, t + 660, DeviceType.CUDA)]
+    profiler = SimpleNamespace(events=lambda: events)
+    return wu.ProfileRun(profiler, None, None, None, None, torch.device("cuda"))
+
+
+def test_step_breakdown_on_a_gpu_counts_each_step_once_and_each_kernel_in_its_phase():
+    row = wu.step_breakdown(_gpu_profile(steps=2))
+    assert row["step_ms"] == pytest.approx(1.0)  # not halved by the ranges' GPU copies
+    assert (row["data_ms"], row["forward_ms"], row["backward_ms"], row["optimizer_ms"]) == pytest.approx(
+        (0.0, 0.2, 0.3, 0.04))  # kernel time by launching phase; a range's own span is not a kernel
+    assert row["idle_ms"] == pytest.approx(1.0 - 0.54)
+    assert row["kernels_per_step"] == 4 and row["operators_per_step"] == 4
+    assert row["host_syncs_per_step"] == 1  # one .item(): one wait, not two
+
+
+def test_top_ops_on_a_gpu_lists_operators_not_ranges_or_kernels():
+    """The rows a GPU profile adds (kernels, the ranges' GPU copies) never reach the operator table."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.autograd import DeviceType
+
+    def row(key, gpu_ms, device=DeviceType.CPU, annotation=False):
+        return SimpleNamespace(key=key, count=2, self_cpu_time_total=100, cpu_time_total=200, device_type=device,
+                               is_user_annotation=annotation, self_device_time_total=gpu_ms * 1e3)
+
+    rows = [row("aten::convolution", 3.0), row("aten::add_", 1.0), row("forward", 9.0, annotation=True),
+            row("forward", 9.0, DeviceType.CUDA, annotation=True), row("ProfilerStep#3", 20.0, annotation=True),
+            row("void cudnn_conv_kernel", 3.0, DeviceType.CUDA)]
+    profiler = SimpleNamespace(key_averages=lambda: rows)
+    table = wu.top_ops(profiler, n=10, device=torch.device("cuda"))
+    assert table["operator"].tolist() == ["aten::convolution", "aten::add_"]
+    assert table["self_gpu_ms"].tolist() == [3.0, 1.0] and table["self_share"].tolist() == [0.75, 0.25]
+
+
 def test_step_breakdown_needs_named_phases():
     run = _fake_run(lambda phase: None)
     with pytest.raises(wu.WorkshopError, match="named"):

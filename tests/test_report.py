@@ -78,6 +78,16 @@ def test_cpu_banner_follows_the_records_not_the_machine_writing_the_report(tmp_p
     assert "> Measured on a CPU: speed figures show the method" in wu.write_report(cpu_run).read_text()
 
 
+def test_report_names_the_cpu_a_run_was_measured_on(tmp_path):
+    """CPU speeds depend on the CPU's vector instructions (bf16 is emulated without AVX-512): the report says which."""
+    run = tmp_path / "run"
+    env = {**_env("cpu", "x86_64"), "cpu_model": "AMD EPYC 7B12", "cpu_capability": "AVX2"}
+    wu.save_record({"kind": "train", "metrics": {"data_source": "synthetic"}, "environment": env}, run, "baseline")
+    assert "- CPU: AMD EPYC 7B12 (AVX2), 16 cores available" in wu.write_report(run).read_text()
+    _record(tmp_path / "older", "baseline", "cpu")  # a record written before the CPU was recorded
+    assert "- CPU: model not recorded, 16 cores available" in wu.write_report(tmp_path / "older").read_text()
+
+
 def test_report_lists_each_notebook_with_its_time_budget_and_cause(tmp_path):
     runs = [
         {"notebook": "01_a.ipynb", "status": "ok", "seconds": 95.04, "profile": "gpu", "budget_s": 300,

@@ -26,7 +26,7 @@ _MODULES = {
     ),
     "lessons.ddp_lab": (
         "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
-        "lab_folder", "run_single", "solve_ddp_lab", "start_ddp_lab",
+        "lab_device", "lab_folder", "run_single", "solve_ddp_lab", "start_ddp_lab",
     ),
     "lessons.exercises": (
         "NotYet", "Unsolved", "attendee_notebook", "solved", "write_attendee_notebooks",

@@ -45,7 +45,9 @@ def _environment_lines(env: dict) -> list[str]:
         f"- Device: **{env['device_name']}** ({env['device_type']}); GPUs: {gpus}{driver}",
         f"- PyTorch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, NCCL {env['nccl']}, "
         f"Python {env['python']}",
-        f"- CPU cores available: {env['cpu_cores']}; host {env['hostname']}; measured {env['date']}",
+        f"- CPU: {env.get('cpu_model', 'model not recorded')}"
+        + (f" ({env['cpu_capability']})" if env.get("cpu_capability") else "")
+        + f", {env['cpu_cores']} cores available; host {env['hostname']}; measured {env['date']}",
         f"- Slurm: {', '.join(f'{k}={v}' for k, v in env['slurm'].items()) or 'not in a Slurm job'}",
     ]
 

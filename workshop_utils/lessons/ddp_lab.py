@@ -115,13 +115,16 @@ def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 3
                args=()) -> float | None:
     """``python script --out-dir out_dir``, its output streamed; the samples/s it reported (None if none).
 
+    It runs where each rank of the two-process lab runs (``lab_device(2)``): on a node with one GPU the
+    ranks are CPU processes, and a single process on the GPU beside them would compare a GPU with a CPU.
     ``threads`` is OMP_NUM_THREADS; None gives it what each rank of a two-process job gets (half the cores),
     so that on a CPU the one process and each DDP rank compute with the same share of the machine.
     """
     command = [sys.executable, str(script), *map(str, args), "--out-dir", str(out_dir)]
     if echo:
         print("$ python " + " ".join(shlex.quote(str(a)) for a in command[1:]), flush=True)
-    codes, lines = stream({"": command}, clean_env(threads or cpu_threads_per_process(2)), timeout_s, echo)
+    env = clean_env(threads or cpu_threads_per_process(2), hide_gpus=lab_device(2) == "cpu")
+    codes, lines = stream({"": command}, env, timeout_s, echo)
     if codes[0]:
         raise WorkshopError(f"{Path(script).name} exited with status {codes[0]}: {(lines or ['(no output)'])[-1]}",
                             "read its output above.")

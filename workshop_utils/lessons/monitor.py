@@ -70,6 +70,19 @@ class StepMemory:
         return pd.DataFrame(self.peaks, columns=["step", "peak_memory_mib"])
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is, or was caused by, running out of memory.
+
+    torch.compile wraps an error raised while it compiles (max-autotune trying kernels at a large batch)
+    in its own exception, with the out-of-memory error as the cause.
+    """
+    while error is not None:
+        if isinstance(error, torch.OutOfMemoryError):
+            return True
+        error = error.__cause__
+    return False
+
+
 def release_failed_run(device: torch.device) -> None:
     """After an out-of-memory run: free its tensors and hand the GPU allocator's cached blocks back.
 

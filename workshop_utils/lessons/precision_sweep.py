@@ -28,7 +28,7 @@ from ..spine.trainer import TrainConfig, train
 from ..system.errors import WorkshopError
 from ..system.hardware import pick_device
 from ..system.plotstyle import PALETTE, precision_color, style
-from .monitor import StepMemory, release_failed_run
+from .monitor import StepMemory, is_out_of_memory, release_failed_run
 from .numerics import precision_configs
 
 METRICS = ("steps", "samples_per_s", "step_ms_median", "tflops_per_device", "peak_memory_mib")
@@ -83,7 +83,9 @@ def precision_batch_sweep(base: TrainConfig, data: CifarData | None, modes=("fp3
             failed = None
             try:
                 result = train(config.replace(name=f"{config.name}-b{size}", batch_size=size), data, on_step=probe)
-            except torch.OutOfMemoryError as err:
+            except Exception as err:
+                if not is_out_of_memory(err):
+                    raise
                 failed = str(err).splitlines()[0][:160] if str(err) else "out of memory"
             bar.update()
             if failed is not None:
@@ -95,6 +97,8 @@ def precision_batch_sweep(base: TrainConfig, data: CifarData | None, modes=("fp3
             if run_dir is not None:
                 result.save(run_dir, f"{config.name}-b{size}")
             metrics = {key: result.metrics.get(key) for key in METRICS}
+            if probe is not None:  # the probe resets the peak after every step: its own maximum is the run's
+                metrics["peak_memory_mib"] = probe.max_mib
             status = (f"emulated on this CPU: {config.max_steps} steps, not a fair speed"
                       if emulated_on_cpu(mode, device) else
                       "ok" if metrics["samples_per_s"] else "not timed: no step left after warm-up")

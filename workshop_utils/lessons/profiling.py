@@ -132,6 +132,8 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
             prof.step()
 
         result = train(config, data, on_step=on_step)
+    # the probe resets the peak after every step, so the record's own peak saw only the evaluation
+    result.record["metrics"]["peak_memory_mib"] = memory.max_mib
     if not chrome_trace.exists():
         raise WorkshopError(f"The profiler wrote no trace: the run stopped before step {wait + warmup + active}.",
                             "use more training images or a smaller batch size.")
@@ -143,7 +145,9 @@ def top_ops(prof, n: int = 10, device: torch.device | None = None) -> pd.DataFra
     on_gpu = device is not None and torch.device(device).type == "cuda"
     rows = []
     for event in prof.key_averages():
-        if event.key.startswith("ProfilerStep"):  # one wrapper per step, not an operator
+        # Operators only: not the named ranges (steps, phases) nor, on a GPU, their copies on the GPU timeline
+        # and the kernels themselves, whose time is already the launching operator's device time.
+        if event.is_user_annotation or event.key.startswith("ProfilerStep") or event.device_type.name != "CPU":
             continue
         row = {"operator": event.key, "calls": event.count,
                "self_cpu_ms": event.self_cpu_time_total / 1e3, "cpu_total_ms": event.cpu_time_total / 1e3}
@@ -158,11 +162,17 @@ def top_ops(prof, n: int = 10, device: torch.device | None = None) -> pd.DataFra
     return table.sort_values(key, ascending=False).head(n).reset_index(drop=True)
 
 
-# Calls after which the host waits for the GPU: a value read back (.item(), printing a tensor,
-# a Python ``if`` on one) or an explicit synchronize. A read-back in the training phases costs a
-# CPU nothing, but it is counted all the same: it is the line that would stall the loop on a GPU.
-_HOST_SYNCS = {"aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
-               "cudaEventSynchronize"}
+# On a GPU, the runtime calls in which the host waits for it: a value read back (.item(), printing a
+# tensor, a Python ``if`` on one) ends in one, as does an explicit synchronize. Counting the read-back
+# operator as well would count each wait twice.
+_GPU_WAITS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"}
+# On a CPU nothing waits, but a read-back is counted all the same: it is the line that would stall a GPU loop.
+_READ_BACK = {"aten::_local_scalar_dense"}
+
+
+def _host_range(event) -> bool:
+    """A range the host recorded (a step, a phase), not its copy on the GPU timeline (``gpu_user_annotation``)."""
+    return event.device_type.name == "CPU"
 
 
 def step_breakdown(run: ProfileRun) -> dict:
@@ -174,8 +184,9 @@ def step_breakdown(run: ProfileRun) -> dict:
     step: the GPU waiting for the host (launch overhead, Python, data, syncs).
     """
     events = run.profiler.events()
-    steps = [e.time_range for e in events if e.name.startswith("ProfilerStep")]
-    windows = {name: [e.time_range for e in events if e.name == name] for name in PHASES}
+    # On a GPU each named range appears twice, on the host and on the GPU timeline: the host's copy decides.
+    steps = [e.time_range for e in events if e.name.startswith("ProfilerStep") and _host_range(e)]
+    windows = {name: [e.time_range for e in events if e.name == name and _host_range(e)] for name in PHASES}
     if not steps or not windows["forward"]:
         raise WorkshopError("The profile holds no named steps or phases.",
                             "profile with profile_training, which names the phases.")
@@ -186,7 +197,8 @@ def step_breakdown(run: ProfileRun) -> dict:
     kernels = 0
     if on_gpu:
         for event in events:
-            if event.device_type.name != "CPU" or event.is_async or not event.kernels:
+            # operators only: a named range holds its operators' kernels (and, linked to it, its GPU copy)
+            if event.device_type.name != "CPU" or event.is_async or event.is_user_annotation or not event.kernels:
                 continue
             kernels += len(event.kernels)
             start = event.time_range.start
@@ -198,10 +210,10 @@ def step_breakdown(run: ProfileRun) -> dict:
         for name, ranges in windows.items():
             phase_ms[name] = sum(r.end - r.start for r in ranges) / n / 1e3
     data_windows = windows["data"]
-    syncs = sum(1 for e in events if e.name in _HOST_SYNCS
-                # a data loader reading its own CPU tensors (crop offsets) waits for no device
-                and not (e.name.startswith("aten::") and any(r.start <= e.time_range.start <= r.end
-                                                             for r in data_windows)))
+    waits = _GPU_WAITS if on_gpu else _READ_BACK
+    # outside the data loader, whose own cost is data_ms (on a CPU it reads its crop offsets back, harmlessly)
+    syncs = sum(1 for e in events if e.name in waits
+                and not any(r.start <= e.time_range.start <= r.end for r in data_windows))
     # Operators called from Python or autograd, not the ones they call in turn.
     operators = sum(1 for e in events if e.name.startswith("aten::")
                     and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
@@ -224,8 +236,10 @@ def profile_rungs(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir
     configs = rung_configs(base, rungs)
     trained = [(rung, config) for rung, config in zip(rungs, configs) if config is not None]
     for rung, config in tqdm(trained, desc="profiled rungs", unit="rung", disable=not progress, file=sys.stderr):
+        # CUDA graph trees run a step eagerly, record the graph on the next and replay from the third on
+        graphs = config.compile and config.compile_mode != "default"
         run = profile_training(config.replace(progress=False), data, run_dir, name=f"{config.name}-profile",
-                               wait=0, warmup=warmup, active=active, detail=False)
+                               wait=0, warmup=max(warmup, 2) if graphs else warmup, active=active, detail=False)
         rows.append({"rung": rung.label, **step_breakdown(run)})
     return pd.DataFrame(rows)
 
@@ -273,8 +287,8 @@ def nsys_command(config: TrainConfig, report: Path) -> list[str]:
     """``nsys profile`` around ``python -m workshop_utils.train``, recording the timed steps only.
 
     The trainer (with ``annotate``) opens the CUDA profiler's capture range when warm-up ends and
-    closes it after the last step; ``--capture-range=cudaProfilerApi`` makes nsys record exactly
-    that span, so start-up, data loading and compilation stay out of the report.
+    closes it after the last step of that epoch, before its evaluation; ``--capture-range=cudaProfilerApi``
+    makes nsys record exactly that span, so start-up, compilation and evaluation stay out of the report.
     """
     from .slurm_jobs import config_flags
 

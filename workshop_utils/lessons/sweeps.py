@@ -26,7 +26,7 @@ from ..spine.data import CifarData
 from ..system.errors import WorkshopError
 from ..spine.precision import emulated_on_cpu
 from ..system.hardware import cpu_cores, peak_tflops, pick_device
-from .monitor import StepMemory, release_failed_run
+from .monitor import StepMemory, is_out_of_memory, release_failed_run
 from ..spine.trainer import TrainConfig, train
 
 METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
@@ -115,7 +115,9 @@ def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, larg
         try:
             metrics = _metrics(_run(config.replace(name=f"batch-{size}", batch_size=size), data, run_dir,
                                     on_step=probe))
-        except torch.OutOfMemoryError as err:
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
             rows.append({"batch_size": size, "status": f"out of memory at batch {size}",
                          "peak_memory_mib": probe.max_mib, "detail": str(err).splitlines()[0][:160]})
             break

@@ -99,7 +99,7 @@ class _StopPoll:
         if not self.distributed:
             return stop_requested()
         agreed = self.pending is not None and _read_host(self.pending).item() > 0
-        flag = torch.tensor([float(stop_requested())], device=self.device)
+        flag = torch.full((1,), float(stop_requested()), device=self.device)  # torch.tensor([...]) would sync
         dist.all_reduce(flag, op=dist.ReduceOp.SUM)
         self.pending = _to_host_async(flag)
         return agreed
@@ -272,6 +272,11 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
     if info.distributed:
         eval_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     # Evaluation uses the uncompiled model: compiled, eval mode and the ragged last batch would recompile.
+    if config.compile:
+        # Each run compiles afresh. Dynamo's caches outlive a run: the next run in this process (a ladder rung, a
+        # sweep point) would recompile with a dynamic batch dimension, slower kernels, and after 8 recompiles of
+        # the model's code fall back to eager without a word. Kernels compiled before stay on disk.
+        torch._dynamo.reset()
     train_model = torch.compile(eval_model, mode=config.compile_mode) if config.compile else eval_model
 
     def checkpoint(epoch_index: int) -> None:
@@ -350,6 +355,9 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
                 interrupted = True
                 break
         batches.close()
+        if capture and step > timer.warmup_steps:
+            torch.cuda.profiler.stop()  # the capture holds the timed steps only, not the evaluation after them
+            capture = False
         loss_sum, correct, seen = all_reduce_sum(sums).tolist()
         row = {"epoch": epoch + 1, "step": step, "train_loss": loss_sum / max(seen, 1),
                "train_acc": correct / max(seen, 1), "lr": scheduler.get_last_lr()[0]}
@@ -367,8 +375,6 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
         epoch += 1
     bar.close()
     scalars.close()
-    if capture:
-        torch.cuda.profiler.stop()
 
     samples_per_step = config.batch_size * info.world_size
     timing = timer.summary(samples_per_step)
