@@ -9,7 +9,11 @@ the same number of steps. The rungs are trained round-robin ``--repeats`` times 
 each keeps its median run, so a busy shared machine slows all rungs alike. Prints the
 cumulative table and writes <run-dir>/benchmarks/optimization_ladder.json in the layout
 every benchmark shares (workshop_utils.system.benchmark), with the environment; every
-training run's full record goes to <run-dir>/results/.
+training run's full record goes to <run-dir>/results/. Then every rung is profiled for a few
+steps (``profile_rungs``, off with --no-breakdown): the split of a step into data, forward,
+backward, optimizer and the rest (on a GPU: the GPU idle, waiting for the host), with operators,
+kernels and host syncs per step, says what bounds each rung; it goes into the same JSON under
+``tables.breakdown`` and its traces into <run-dir>/traces/.
 
 Goals from issue 5, on one H100-class GPU: the top rung >= 10x the baseline on the
 same GPU, and >= 150,000 SimpleCNN training samples/s.
@@ -27,10 +31,10 @@ from workshop_utils.system.hardware import cpu_cores
 NAME = "optimization_ladder"
 PROFILES = {
     # images (None: all), test images, optimizer steps per rung, untimed first steps, samples per step
-    # (notebook 01's baseline batch)
-    "cpu": dict(train_images=4096, test_images=512, steps=40, warmup_steps=8, batch_samples=64),
-    # 300 steps keep the whole benchmark (3 passes over 6 rungs, compile included) within a few minutes.
-    "gpu": dict(train_images=None, test_images=512, steps=300, warmup_steps=30, batch_samples=128),
+    # (notebook 01's baseline batch), steps of each rung kept by the profiler for the breakdown
+    "cpu": dict(train_images=4096, test_images=512, steps=40, warmup_steps=8, batch_samples=64, profiled_steps=3),
+    # 300 steps keep the whole benchmark (3 passes over 9 rungs, compile included) within a few minutes.
+    "gpu": dict(train_images=None, test_images=512, steps=300, warmup_steps=30, batch_samples=128, profiled_steps=5),
 }
 BASELINE = dict(model="simplecnn", precision="fp32", loader="torch", num_workers=2)  # notebook 01, gpu profile
 GOALS_GPU = {"vs_baseline": 10.0, "samples_per_s": 150_000}
@@ -41,6 +45,9 @@ def build_parser():
                               repeats_help="round-robin passes over the rungs (each rung keeps its median run)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rung")
     parser.add_argument("--baseline-workers", type=int, help="num_workers of the baseline (default 2, or 0 on CPU)")
+    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                        help="leave out what bounds each rung: every rung profiled for a few steps, split into "
+                             "data, forward, backward, optimizer and the rest, with launches and host syncs per step")
     return parser
 
 
@@ -76,8 +83,23 @@ def main(argv=None):
         for key, goal in GOALS_GPU.items():
             summary[f"goal_{key}_met"] = bool(top[key] >= goal)
             print(f"goal {key} >= {goal:,}: {'met' if top[key] >= goal else 'NOT met'} ({top[key]:,.1f})")
+    tables = {}
+    if args.breakdown:
+        # Why each rung is as fast as it is: the profiler's split of a step (a profiled step runs slower than a
+        # timed one, so read the shares, not the totals).
+        breakdown = wu.profile_rungs(base, data, rungs, run_dir, active=hp["profiled_steps"])
+        print("\nwhat bounds each rung (ms per profiled step; on a GPU, kernel time by launching phase):")
+        print(breakdown.to_markdown(index=False, floatfmt=",.3g"))
+        parts = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]
+        last = breakdown.iloc[-1]
+        biggest = max(parts, key=lambda part: last[part])
+        summary["top_rung_biggest_part"] = biggest.removesuffix("_ms")
+        summary["top_rung_biggest_part_share"] = last[biggest] / last["step_ms"]
+        print(f"top rung: {summary['top_rung_biggest_part']} takes {summary['top_rung_biggest_part_share']:.0%} "
+              "of a profiled step")
+        tables["breakdown"] = breakdown
     path = run.write({**hp, "compile_rung": not args.no_compile, "baseline_workers": baseline["num_workers"]},
-                     table, summary)
+                     table, summary, tables=tables)
     print(f"JSON: {path}")
     return path
 

@@ -24,8 +24,8 @@ NAMES = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.
 TINY = {
     "annotation_overhead": (dict(train_images=64, test_images=16, steps=3, warmup_steps=1, batch_samples=16), []),
     "loader_paths": (dict(train_images=256, batch_samples=32, timed_batches=3), []),
-    "optimization_ladder": (dict(train_images=128, test_images=32, steps=3, warmup_steps=1, batch_samples=16),
-                            ["--no-compile"]),
+    "optimization_ladder": (dict(train_images=128, test_images=32, steps=3, warmup_steps=1, batch_samples=16,
+                                 profiled_steps=1), ["--no-compile"]),
     "precision_modes": (None, ["--model", "simplecnn", "--modes", "fp32", "bf16", "--steps", "2",
                                "--warmup-steps", "1", "--batch-size", "16", "--train-size", "32"]),
 }
@@ -69,7 +69,8 @@ def test_every_benchmark_writes_the_one_layout(name, tmp_path, monkeypatch):
     path = module.main(["--profile", "cpu", "--run-dir", str(tmp_path), "--repeats", "1", *options])
     assert path == tmp_path / "benchmarks" / f"{name}.json"
     record = json.loads(path.read_text())
-    assert tuple(record) == benchmark.LAYOUT_KEYS
+    assert tuple(record)[:len(benchmark.LAYOUT_KEYS)] == benchmark.LAYOUT_KEYS
+    assert set(record) - set(benchmark.LAYOUT_KEYS) <= {"tables"}  # a second table, where a benchmark has one
     assert record["benchmark"] == name and record["profile"] == "cpu"
     assert record["environment"]["device_type"] == "cpu"
     assert record["settings"]["repeats"] == 1
@@ -77,6 +78,13 @@ def test_every_benchmark_writes_the_one_layout(name, tmp_path, monkeypatch):
     assert datetime.fromisoformat(record["created"]).tzinfo is not None
     assert [r["benchmark"] for r in wu.read_benchmarks(tmp_path)] == [name]
     assert f"### {name}" in wu.write_report(tmp_path).read_text()
+    if name == "optimization_ladder":  # beside its speeds, what bounds each rung that ran
+        ran = [row["rung"] for row in record["rows"] if row["samples_per_s"] is not None]
+        breakdown = record["tables"]["breakdown"]
+        assert [row["rung"] for row in breakdown] == ran
+        assert all(row["forward_ms"] > 0 and row["host_syncs_per_step"] == 0 for row in breakdown)
+        assert record["summary"]["top_rung_biggest_part"] in ("data", "forward", "backward", "optimizer", "other")
+        assert 0 < record["summary"]["top_rung_biggest_part_share"] <= 1
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -130,7 +131,8 @@ def test_report_shows_every_benchmark_as_a_table_and_counts_it_as_a_measurement(
     wu.add_report_section(tmp_path, "ladder", "The ladder", order=1, text="notebook 04")
     wu.write_benchmark("optimization_ladder", "gpu", "cuda", {"steps": 300, "batch_samples": 128},
                        pd.DataFrame({"rung": ["baseline", "bf16"], "samples_per_s": [1000.0, 4000.0]}), tmp_path,
-                       summary={"top_vs_baseline": 4.0}, repeats=3)
+                       summary={"top_vs_baseline": 4.0}, repeats=3,
+                       tables={"breakdown": pd.DataFrame({"rung": ["baseline", "bf16"], "idle_ms": [0.75, 0.5]})})
     wu.write_benchmark("loader_paths", "gpu", "cuda", {"timed_batches": 200}, [{"path": "device", "samples_per_s": 9e5}],
                        tmp_path)
     (tmp_path / "benchmarks" / "broken.json").write_text('{"benchmark": "bro')
@@ -138,6 +140,8 @@ def test_report_shows_every_benchmark_as_a_table_and_counts_it_as_a_measurement(
     assert text.index("## The ladder") < text.index("## Benchmarks")
     assert text.index("### loader_paths") < text.index("### optimization_ladder")  # by name
     assert "Settings: steps=300, batch_samples=128, repeats=3." in text
+    ladder = text[text.index("### optimization_ladder"):]  # a benchmark's second table is in the report too
+    assert "Breakdown:" in ladder and re.search(r"\|\s*baseline\s*\|\s*0\.75\s*\|", ladder)
     assert "| baseline |" in text.replace("| baseline   |", "| baseline |") and "Summary: top_vs_baseline = 4." in text
     assert "**NVIDIA H100 80GB HBM3** (cuda)" in text and "Measured on" not in text
     assert "broken.json is not a readable benchmark result" in text  # named, and the rest still reported

@@ -144,6 +144,11 @@ def _benchmark_lines(benchmarks: list[dict]) -> list[str]:
             lines += ["Settings: " + ", ".join(f"{k}={_value(v)}" for k, v in record["settings"].items()) + ".", ""]
         frame = benchmark_frame(record)
         lines += [frame.to_markdown(index=False, floatfmt=",.4g") if not frame.empty else "(no rows)", ""]
+        tables = record.get("tables") if isinstance(record.get("tables"), dict) else {}
+        for name, rows in tables.items():  # a sweep or breakdown beside the main table
+            extra = pd.DataFrame(rows) if isinstance(rows, list) else pd.DataFrame()
+            lines += [f"{name.replace('_', ' ').capitalize()}:", "",
+                      extra.to_markdown(index=False, floatfmt=",.4g") if not extra.empty else "(no rows)", ""]
         if isinstance(record.get("summary"), dict) and record["summary"]:
             lines += ["Summary: " + "; ".join(f"{k} = {_value(v)}" for k, v in record["summary"].items()) + ".", ""]
     return lines
