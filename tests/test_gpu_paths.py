@@ -219,6 +219,26 @@ def test_every_compiled_run_starts_from_fresh_compiler_caches(tiny_data, monkeyp
     assert len(resets) == 2, "an eager run leaves the compiler alone"
 
 
+def test_a_hook_that_resets_the_memory_peak_does_not_hide_the_runs_peak(tiny_data, monkeypatch):
+    """A per-step memory probe resets the allocator's peak after every step; the record keeps the run's peak."""
+    peaks = {"now": 0.0}
+    monkeypatch.setattr(trainer, "memory_in_use_mib", lambda device: 0.0)
+    monkeypatch.setattr(trainer, "reset_peak_memory", lambda device: peaks.update(now=0.0))
+    monkeypatch.setattr(trainer, "peak_memory_mib", lambda device: (peaks["now"], "test peak"))
+
+    def probe(step):  # reads its own per-step peak, then resets it, as StepMemory does
+        peaks["now"] = 0.0
+
+    def step_peaks(step):  # training step N peaks at 100 x N MiB
+        peaks["now"] = 100.0 * step
+
+    # every step starts by seeding its dropout: the place to make that step's memory peak
+    monkeypatch.setattr(trainer, "seed_dropout", lambda seed, rank, step: step_peaks(step + 1))
+    config = wu.TrainConfig(batch_size=32, max_steps=3, warmup_steps=0, progress=False, test_size=64)
+    result = wu.train(config, tiny_data, on_step=probe)
+    assert result.metrics["peak_memory_mib"] == 300.0
+
+
 def test_the_cuda_graph_rung_is_profiled_after_its_graph_is_recorded(tiny_data, tmp_path, monkeypatch):
     """CUDA graph trees run a step eagerly, record on the next, replay from the third: profiled before that,
     the rung would show the recording, not the replay it is there to show."""

@@ -97,8 +97,6 @@ def precision_batch_sweep(base: TrainConfig, data: CifarData | None, modes=("fp3
             if run_dir is not None:
                 result.save(run_dir, f"{config.name}-b{size}")
             metrics = {key: result.metrics.get(key) for key in METRICS}
-            if probe is not None:  # the probe resets the peak after every step: its own maximum is the run's
-                metrics["peak_memory_mib"] = probe.max_mib
             status = (f"emulated on this CPU: {config.max_steps} steps, not a fair speed"
                       if emulated_on_cpu(mode, device) else
                       "ok" if metrics["samples_per_s"] else "not timed: no step left after warm-up")

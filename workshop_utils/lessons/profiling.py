@@ -132,8 +132,6 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
             prof.step()
 
         result = train(config, data, on_step=on_step)
-    # the probe resets the peak after every step, so the record's own peak saw only the evaluation
-    result.record["metrics"]["peak_memory_mib"] = memory.max_mib
     if not chrome_trace.exists():
         raise WorkshopError(f"The profiler wrote no trace: the run stopped before step {wait + warmup + active}.",
                             "use more training images or a smaller batch size.")

@@ -293,6 +293,7 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
     capture = config.annotate and device.type == "cuda"
     stop_poll = _StopPoll(device, info.distributed) if handling_signals() else None
     pending_log = None
+    hook_peak = 0.0  # the peak memory seen before each on_step call, in MiB
     step_losses, history = [], []
     interrupted = False
     bar = tqdm(total=total_steps, initial=step, desc=config.name, unit="step", file=sys.stderr,
@@ -337,6 +338,8 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
             step += 1
             bar.update(1)
             if on_step is not None:
+                # A hook may reset the peak (a per-step memory probe does): keep the run's own peak first.
+                hook_peak = max(hook_peak, peak_memory_mib(device)[0])
                 on_step(step)
             if config.fail_at_step == step and info.rank == info.world_size - 1 and _restart_count() == 0:
                 bar.close()
@@ -379,6 +382,7 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
     samples_per_step = config.batch_size * info.world_size
     timing = timer.summary(samples_per_step)
     peak, memory_kind = peak_memory_mib(device)
+    peak = max(peak, hook_peak)
     memory = max(0.0, peak - memory_before)
     throughput = timing["samples_per_s"]
     per_device_tflops = (achieved_tflops(flops_per_sample, throughput / info.world_size)
