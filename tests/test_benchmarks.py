@@ -85,6 +85,7 @@ def test_every_benchmark_writes_the_one_layout(name, tmp_path, monkeypatch):
         assert all(row["forward_ms"] > 0 and row["host_syncs_per_step"] == 0 for row in breakdown)
         assert record["summary"]["top_rung_biggest_part"] in ("data", "forward", "backward", "optimizer", "other")
         assert 0 < record["summary"]["top_rung_biggest_part_share"] <= 1
+        assert record["summary"]["compile_wait_s"] is None  # --no-compile: no compiler wait to judge
 
 
 @pytest.mark.slow

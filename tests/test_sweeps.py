@@ -137,6 +137,25 @@ def test_ladder_mfu_uses_one_stated_peak_whatever_the_precision(tiny_data, monke
     assert f"{stated:g} TFLOP/s" in table.attrs["stated_peak"]
 
 
+def test_the_compile_wait_is_the_slowest_compiled_rungs_warm_up(tiny_data, monkeypatch, capsys):
+    from workshop_utils.lessons import sweeps
+
+    def fake_train(config, data, **_):  # compiling costs warm-up seconds; eager runs warm up in one
+        warmup_s = {None: 1.0, "default": 40.0, "reduce-overhead": 75.0}[config.compile_mode if config.compile else None]
+        metrics = {"samples_per_s": 1000.0, "step_ms_median": 1.0, "warmup_s": warmup_s}
+        return type("R", (), {"metrics": metrics, "save": lambda *a: None})()
+
+    monkeypatch.setattr(sweeps, "train", fake_train)
+    rungs = [wu.Rung("baseline", {}, ""), wu.Rung("torch.compile", {"compile": True, "compile_mode": "default"}, ""),
+             wu.Rung("CUDA graphs", {"compile_mode": "reduce-overhead"}, "")]
+    assert wu.compile_wait_s(wu.climb_ladder(_config(), tiny_data, rungs)) == 75.0
+    assert wu.what_you_should_see("compile wait", 75.0, "gpu") is False
+    assert "75 s is outside 0 s to 60 s" in capsys.readouterr().out
+    # where no rung compiles (switched off, or no GPU for graphs) there is no wait to judge
+    eager = [rungs[0], wu.Rung("torch.compile", {"compile": True}, "", "compilation is switched off in this profile")]
+    assert wu.compile_wait_s(wu.climb_ladder(_config(), tiny_data, eager)) is None
+
+
 @pytest.mark.slow
 def test_optimizer_kernel_switch_changes_how_the_update_runs_not_what_it_computes(tiny_data):
     base = _config(max_steps=3, warmup_steps=1, loader="device")

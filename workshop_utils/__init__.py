@@ -138,8 +138,8 @@ _MODULES = {
         "node_table", "partition_table", "plot_job_timeline", "preemption_verdict", "rank_binding", "script_lines",
     ),
     "lessons.sweeps": (
-        "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "dataloader_sweep", "ladder_rungs",
-        "worker_counts",
+        "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "compile_wait_s", "dataloader_sweep",
+        "ladder_rungs", "worker_counts",
     ),
     "parallel.tensor_parallel": (
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",

@@ -100,7 +100,7 @@ def check_baseline(record: dict, expected_parameters: int = SIMPLECNN_PARAMETERS
 @dataclass(frozen=True)
 class Expectation:
     what: str  # the quantity, as the one line names it
-    unit: str  # "%", "x" or "points"
+    unit: str  # "%", "x", "points" or "s"
     ranges: dict[str, tuple[float, float]]  # profile -> (lowest, highest) that is still normal
     look_at: str  # where to look when the value is outside
 
@@ -125,6 +125,12 @@ EXPECTED: dict[str, Expectation] = {
     "ladder speed-up": Expectation(
         "top of the ladder over its baseline", "x", {"cpu": (0.7, 3), "gpu": (3, 60)},
         "the per-rung breakdown: the phase that grows is the one that bounds the rung"),
+    "compile wait": Expectation(
+        "wait for the compiler before the first timed step (slowest compiled rung)", "s",
+        {"cpu": (0, 60), "gpu": (0, 60)},
+        "the compiled rungs' warmup_s: point TORCHINDUCTOR_CACHE_DIR at a folder that survives the job (not a "
+        "node's /tmp) and run the notebook once the day before, so the kernels come from that cache; or present "
+        "with torch_compile=False"),
     "recompute memory": Expectation(
         "activation memory with checkpointing, as a share of without", "x", {"cpu": (0.1, 0.6), "gpu": (0.1, 0.6)},
         "which blocks are checkpointed: each one keeps only its input"),
@@ -139,6 +145,8 @@ def _shown(value: float, unit: str) -> str:
         return f"{value:.1f}%"
     if unit == "points":
         return f"{value:.1f} points"
+    if unit == "s":
+        return f"{value:.0f} s"
     return f"{value:.2f}x"
 
 

@@ -241,3 +241,13 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
     table.attrs["stated_peak"] = (f"MFU against the dense BF16 peak, {stated:g} TFLOP/s" if stated else
                                   "no published peak for this device: MFU left empty")
     return table
+
+
+def compile_wait_s(ladder: pd.DataFrame) -> float | None:
+    """Seconds the slowest compiling rung of ``climb_ladder``'s table spent before its first timed step.
+
+    Compilation, autotuning and CUDA-graph capture happen in a run's untimed warm-up steps, so this is how
+    long a live demo waits on the compiler. None where no rung compiled here (not applicable, or switched off).
+    """
+    compiled = ladder[ladder["switch"].str.contains("compile") & ladder["warmup_s"].notna()]
+    return float(compiled["warmup_s"].max()) if len(compiled) else None
