@@ -39,7 +39,6 @@ PROFILES = {
 }
 BASELINE = dict(model="simplecnn", precision="fp32", loader="torch", num_workers=2)  # notebook 01, gpu profile
 GOALS_GPU = {"vs_baseline": 10.0, "samples_per_s": 150_000}
-COMPILE_WAIT_GOAL_S = 60  # the longest a live demo should wait for the compiler
 
 
 def build_parser():
@@ -89,10 +88,11 @@ def main(argv=None):
     # may find the kernels in the on-disk cache, so the first pass's wait can be longer.
     summary["compile_wait_s"] = wu.compile_wait_s(table)
     if summary["compile_wait_s"] is not None:
-        met = summary["compile_wait_s"] <= COMPILE_WAIT_GOAL_S
+        longest = wu.EXPECTED["compile wait"].ranges[run.profile][1]  # the longest a live demo should wait
+        met = summary["compile_wait_s"] <= longest
         summary["goal_compile_wait_s_met"] = met
         print(f"compile wait (slowest compiled rung's warm-up): {summary['compile_wait_s']:.0f} s, goal <= "
-              f"{COMPILE_WAIT_GOAL_S} s: {'met' if met else 'NOT met'}")
+              f"{longest:g} s: {'met' if met else 'NOT met'}")
     tables = {}
     if args.breakdown:
         # Why each rung is as fast as it is: the profiler's split of a step (a profiled step runs slower than a

@@ -148,12 +148,16 @@ def test_the_compile_wait_is_the_slowest_compiled_rungs_warm_up(tiny_data, monke
     monkeypatch.setattr(sweeps, "train", fake_train)
     rungs = [wu.Rung("baseline", {}, ""), wu.Rung("torch.compile", {"compile": True, "compile_mode": "default"}, ""),
              wu.Rung("CUDA graphs", {"compile_mode": "reduce-overhead"}, "")]
-    assert wu.compile_wait_s(wu.climb_ladder(_config(), tiny_data, rungs)) == 75.0
+    table = wu.climb_ladder(_config(), tiny_data, rungs)
+    assert table["compiled"].tolist() == [False, True, True]  # CUDA graphs inherits compile from the rung below
+    assert wu.compile_wait_s(table) == 75.0
     assert wu.what_you_should_see("compile wait", 75.0, "gpu") is False
     assert "75 s is outside 0 s to 60 s" in capsys.readouterr().out
     # where no rung compiles (switched off, or no GPU for graphs) there is no wait to judge
     eager = [rungs[0], wu.Rung("torch.compile", {"compile": True}, "", "compilation is switched off in this profile")]
-    assert wu.compile_wait_s(wu.climb_ladder(_config(), tiny_data, eager)) is None
+    table = wu.climb_ladder(_config(), tiny_data, eager)
+    assert table["compiled"].tolist() == [False, False]
+    assert wu.compile_wait_s(table) is None
 
 
 @pytest.mark.slow

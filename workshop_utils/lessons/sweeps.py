@@ -217,15 +217,17 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
             bar.update()
     bar.close()
     rows = []
-    for rung, measured in zip(rungs, runs):
+    for rung, config, measured in zip(rungs, configs, runs):
         changes = ", ".join(f"{k}={v}" for k, v in rung.changes.items()) or "-"
         if not measured:
             print(f"{rung.label}: not applicable here: {rung.not_here}.")
             rows.append({"rung": rung.label, "switch": changes, **{key: None for key in LADDER_METRICS},
-                         "note": f"not applicable: {rung.not_here}"})
+                         "note": f"not applicable: {rung.not_here}", "compiled": False})
             continue
         measured.sort(key=lambda m: m["samples_per_s"] or 0.0)
-        rows.append({"rung": rung.label, "switch": changes, **measured[len(measured) // 2], "note": ""})
+        # compiled: whether the rung ran through torch.compile, its own switch or one inherited from below
+        rows.append({"rung": rung.label, "switch": changes, **measured[len(measured) // 2], "note": "",
+                     "compiled": config.compile})
     table = pd.DataFrame(rows)
     speed = table["samples_per_s"].astype(float)
     table.insert(3, "vs_previous", speed / speed.ffill().shift(1))  # against the last rung that ran
@@ -249,5 +251,5 @@ def compile_wait_s(ladder: pd.DataFrame) -> float | None:
     Compilation, autotuning and CUDA-graph capture happen in a run's untimed warm-up steps, so this is how
     long a live demo waits on the compiler. None where no rung compiled here (not applicable, or switched off).
     """
-    compiled = ladder[ladder["switch"].str.contains("compile") & ladder["warmup_s"].notna()]
+    compiled = ladder[ladder["compiled"].astype(bool) & ladder["warmup_s"].notna()]
     return float(compiled["warmup_s"].max()) if len(compiled) else None
