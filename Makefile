@@ -2,6 +2,7 @@
 #   make run        executes every notebook in notebooks/ into a new runs/<timestamp>/ folder and writes its report
 #   make test       runs the whole test suite, the full tier CI runs: every notebook executed once (minutes)
 #   make test-fast  the edit-test loop, under 90 s: unit tests only, no notebook, torchrun, Slurm or slides
+#   make test-loaded  the notebook tier with every core busy with other work beside it (a busy CI runner)
 #   make slides     builds the instructor's decks (HTML and PDF) from the newest run folder
 # Compute nodes without internet (README, "Offline install"):
 #   make wheelhouse PY_VERSION=3.12   on a login node: every wheel the kit needs, into wheelhouse/
@@ -13,7 +14,7 @@ STAMP := $(VENV)/.installed-stamp
 # The kernel the notebooks name (their kernelspec), also what the README registers on a portal.
 KERNEL := hpc-dl-workshop
 
-.PHONY: run test test-fast slides install clean-venv wheelhouse install-offline
+.PHONY: run test test-fast test-loaded slides install clean-venv wheelhouse install-offline
 
 install: $(STAMP)
 
@@ -39,6 +40,10 @@ test: $(STAMP) $(SLIDES_DEPS)
 # The tests marked neither slow nor notebook (pyproject.toml lists the markers).
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not notebook"
+
+# The notebook tier with one CPU burner per core beside it (a busy shared runner): verdicts must not change.
+test-loaded: $(STAMP)
+	$(PY) tests/under_load.py -- $(PY) -m pytest -m notebook
 
 slides: $(STAMP) $(SLIDES_DEPS)
 	$(PY) slides/build.py

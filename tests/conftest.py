@@ -16,3 +16,34 @@ def tiny_data():
     from workshop_utils import make_synthetic_cifar
 
     return make_synthetic_cifar(256, 128, seed=0)
+
+
+# What PyTorch reports on the kinds of CPU the kit meets, for ``fake_cpu``: (machine, vector capability,
+# oneDNN native bf16, AVX-512 BF16 instructions, AMX tiles).
+CPU_KINDS = {
+    "avx2": ("x86_64", "AVX2", False, False, False),  # AMD EPYC Zen 2/3, most laptops
+    "avx512-bf16": ("x86_64", "AVX512", True, True, True),  # Intel Xeon Sapphire Rapids and newer
+    "avx512-no-bf16": ("x86_64", "AVX512", True, False, False),  # Intel Xeon Skylake/Cascade Lake
+    "arm-bf16": ("aarch64", "SVE256", True, False, False),  # Arm Neoverse V1 (Graviton3)
+}
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    """``fake_cpu(kind)``: PyTorch's capability functions report a CPU of that kind (see CPU_KINDS).
+
+    Only what the CPU and PyTorch report is faked; no clock is, since no decision reads one.
+    """
+    import platform
+
+    import torch
+
+    def fake(kind: str) -> None:
+        machine, capability, onednn_bf16, avx512_bf16, amx = CPU_KINDS[kind]
+        monkeypatch.setattr(platform, "machine", lambda: machine)
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: onednn_bf16)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+
+    return fake

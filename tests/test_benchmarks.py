@@ -22,6 +22,7 @@ NAMES = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.
 
 # The smallest sizes that still run every path of each benchmark, and the options that keep it short.
 TINY = {
+    "accuracy_spread": (None, ["--only", "02"]),  # sizes from the notebooks; notebook 02's run is the shortest
     "annotation_overhead": (dict(train_images=64, test_images=16, steps=3, warmup_steps=1, batch_samples=16), []),
     "loader_paths": (dict(train_images=256, batch_samples=32, timed_batches=3), []),
     "optimization_ladder": (dict(train_images=128, test_images=32, steps=3, warmup_steps=1, batch_samples=16,

@@ -1,47 +1,106 @@
-"""CPUs without native 16-bit arithmetic: the emulated modes are noticed and sized down or skipped, loudly."""
+"""CPUs without native 16-bit arithmetic: the emulated modes are known from what the CPU reports, sized down
+or skipped loudly, and the plan is the same on a busy machine as on an idle one."""
 
+import json
+import time
+from pathlib import Path
+
+import pytest
 import torch
 
 import workshop_utils as wu
-from workshop_utils.spine import precision
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
 
 
-def test_the_probe_measures_a_ratio_once_per_process(monkeypatch):
-    monkeypatch.setattr(precision, "_slowdowns", {})
-    ratio = precision.autocast_slowdown("bf16", repeats=1)
-    assert 0 < ratio < 1000
-    assert precision.autocast_slowdown("bf16") == ratio  # cached: the notebooks ask several times
-    assert precision.autocast_slowdown("fp32") == 1.0 and precision.autocast_slowdown("tf32") == 1.0
+@pytest.mark.parametrize("kind, native", [("avx2", False), ("avx512-bf16", True), ("avx512-no-bf16", False),
+                                          ("arm-bf16", True)])
+def test_bf16_is_native_only_where_the_cpu_has_bf16_instructions_and_onednn_uses_them(fake_cpu, kind, native):
+    fake_cpu(kind)
+    assert wu.cpu_16bit_support()["native_bf16"] is native
+    assert (wu.emulated_on_cpu("bf16", CPU) is None) is native
+    assert "emulated" in wu.emulated_on_cpu("fp16", CPU)  # fp16 on every CPU: most layers have no fp16 kernel
+    assert wu.emulated_on_cpu("bf16", torch.device("cuda")) is None and wu.emulated_on_cpu("fp32", CPU) is None
+    assert wu.environment(CPU)["cpu_native_bf16"] is native  # every record says which plan its CPU got
 
 
-def test_an_avx2_only_cpu_sizes_bf16_down_and_says_why(monkeypatch, capsys):
-    # what an AVX2-only CPU measured: bf16 autocast 15x, fp16 19x slower than fp32
-    monkeypatch.setattr(precision, "_slowdowns", {"bf16": 15.3, "fp16": 19.4})
-    base = wu.TrainConfig(model="simplecnn", device="cpu", max_steps=8, warmup_steps=2)
-    configs = {c.precision: c for c in wu.precision_configs(base)}
-    assert {p: c.max_steps for p, c in configs.items()} == {"fp32": 8, "tf32": 8, "fp16": 2, "bf16": 2}
-    out = capsys.readouterr().out
-    assert "bf16 autocast is emulated on this CPU" in out and "15x slower" in out and "runs 2 steps" in out
+def test_the_reason_names_what_the_cpu_lacks(fake_cpu):
+    fake_cpu("avx2")
+    assert "(AVX2, oneDNN reports no native bf16)" in wu.emulated_on_cpu("bf16", CPU)
+    fake_cpu("avx512-no-bf16")
+    assert "(AVX512, no AVX-512 BF16 or AMX instructions)" in wu.emulated_on_cpu("bf16", CPU)
 
 
-def test_emulated_modes_can_be_skipped_with_a_reason(monkeypatch, capsys):
-    monkeypatch.setattr(precision, "_slowdowns", {"bf16": 15.3, "fp16": 19.4})
-    base = wu.TrainConfig(model="resnet18", device="cpu", max_steps=8)
-    assert [c.precision for c in wu.precision_configs(base, cpu_emulated_steps=0)] == ["fp32", "tf32"]
-    assert capsys.readouterr().out.count("so it is skipped") == 2
+@pytest.mark.parametrize("kind", ["avx2", "avx512-bf16"])
+def test_a_slow_clock_does_not_change_the_decision(fake_cpu, monkeypatch, kind):
+    """A neighbour's job slows every timing; what runs must not follow it."""
+    fake_cpu(kind)
+    idle = [wu.emulated_on_cpu(mode, CPU) for mode in wu.PRECISIONS]
+    clock = {"t": 0.0}
+
+    def busy_clock():  # each reading 10 s after the last: any timed probe would see a crawling machine
+        clock["t"] += 10.0
+        return clock["t"]
+
+    for name in ("perf_counter", "monotonic", "time", "process_time"):
+        monkeypatch.setattr(time, name, busy_clock)
+    assert [wu.emulated_on_cpu(mode, CPU) for mode in wu.PRECISIONS] == idle
+    assert clock["t"] == 0.0  # and no clock was read to decide
 
 
-def test_a_cpu_with_native_bf16_runs_it_in_full_and_a_gpu_is_never_probed(monkeypatch, capsys):
-    monkeypatch.setattr(precision, "_slowdowns", {"bf16": 0.9, "fp16": 30.0})
-    base = wu.TrainConfig(model="simplecnn", device="cpu", max_steps=8)
-    steps = {c.precision: c.max_steps for c in wu.precision_configs(base)}
-    assert steps["bf16"] == 8 and steps["fp16"] == 2
-    assert "bf16" not in capsys.readouterr().out
-    assert wu.emulated_on_cpu("fp16", torch.device("cuda")) is None
+def _notebook_03_plan(capsys):
+    """Notebook 03's runs in its cpu profile, as its training cell plans them, and what it printed."""
+    hp = wu.notebook_profiles(ROOT / "notebooks" / "03_mixed_precision.ipynb")["cpu"]
+    base = wu.TrainConfig(batch_size=hp["batch_size"], max_steps=hp["max_steps"], warmup_steps=2, device="cpu")
+    configs = wu.precision_plan(base, hp["modes"])
+    return {(c.model, c.precision): c.max_steps for c in configs}, capsys.readouterr().out
 
 
-def test_fp16_counts_as_emulated_on_a_cpu_even_when_the_small_probe_runs_fast(monkeypatch):
-    # seen on an AVX-512 CPU: the probe's conv ran fp16 at 0.97x fp32, a ResNet-18 fp16 step took minutes
-    monkeypatch.setattr(precision, "_slowdowns", {"bf16": 0.9, "fp16": 0.97})
-    assert "emulated" in wu.emulated_on_cpu("fp16", torch.device("cpu"))
-    assert wu.emulated_on_cpu("bf16", torch.device("cpu")) is None
+def test_notebook_03_on_an_avx2_cpu_cuts_the_emulated_modes_and_says_what_a_gpu_shows(fake_cpu, capsys):
+    fake_cpu("avx2")
+    plan, out = _notebook_03_plan(capsys)
+    assert plan == {("simplecnn", "fp32"): 60, ("simplecnn", "tf32"): 60, ("simplecnn", "fp16"): 2,
+                    ("simplecnn", "bf16"): 2, ("resnet18", "fp32"): 60, ("resnet18", "tf32"): 60}
+    assert "simplecnn-bf16: bf16 autocast is emulated on this CPU (AVX2" in out and "runs only 2 steps" in out
+    assert "resnet18-bf16: bf16 autocast is emulated" in out and "so it is skipped;" in out
+    assert "Cut short or skipped on this CPU: bf16, fp16;" in out and "GPU" in out.splitlines()[-1]
+
+
+def test_notebook_03_on_a_cpu_with_native_bf16_runs_bf16_in_full(fake_cpu, capsys):
+    fake_cpu("avx512-bf16")
+    plan, out = _notebook_03_plan(capsys)
+    assert plan == {("simplecnn", "fp32"): 60, ("simplecnn", "tf32"): 60, ("simplecnn", "fp16"): 2,
+                    ("simplecnn", "bf16"): 60, ("resnet18", "fp32"): 60, ("resnet18", "tf32"): 60,
+                    ("resnet18", "bf16"): 60}
+    assert "bf16 autocast" not in out and "Cut short or skipped on this CPU: fp16;" in out
+
+
+def test_the_gpu_figure_comes_from_a_gpu_reference_run_when_one_is_recorded(tmp_path, monkeypatch):
+    from workshop_utils.lessons import numerics
+
+    monkeypatch.setattr(numerics, "GPU_REFERENCE", tmp_path)
+    assert "no GPU reference run is recorded" in wu.gpu_reference_speedup()
+    env = {"device_name": "NVIDIA H100 80GB HBM3", "date": "2027-01-02T10:00:00+00:00"}
+    for mode, speed in (("fp32", 1000.0), ("bf16", 3100.0)):
+        (tmp_path / f"resnet18-{mode}-cl.json").write_text(json.dumps({"metrics": {"samples_per_s": speed},
+                                                                      "environment": env}))
+    assert wu.gpu_reference_speedup() == ("on a GPU, resnet18 bf16 ran 3.10x fp32 in the kit's reference run "
+                                          "(NVIDIA H100 80GB HBM3, 2027-01-02, results/reference/gpu/)")
+
+
+@pytest.mark.parametrize("kind, bf16_rung", [("avx2", False), ("avx512-bf16", True)])
+def test_the_ladder_has_its_bf16_rung_only_where_bf16_is_native(fake_cpu, kind, bf16_rung):
+    fake_cpu(kind)
+    rungs = {r.label: r for r in wu.ladder_rungs(compile=False, device="cpu")}
+    assert (rungs["BF16 autocast"].not_here is None) is bf16_rung
+
+
+def test_an_emulated_mode_runs_a_few_steps_and_keeps_one_timed_step(fake_cpu, capsys):
+    fake_cpu("avx2")
+    base = wu.TrainConfig(model="simplecnn", device="cpu", max_steps=8, warmup_steps=5)
+    configs = {c.precision: c for c in wu.precision_configs(base, cpu_emulated_steps=3)}
+    assert {p: c.max_steps for p, c in configs.items()} == {"fp32": 8, "tf32": 8, "fp16": 3, "bf16": 3}
+    assert configs["bf16"].warmup_steps == 2
+    assert wu.precision_configs(base, ("fp32", "bf16"), cpu_emulated_steps=0)[-1].precision == "fp32"
+    assert capsys.readouterr().out.count("bf16 autocast is emulated") == 2

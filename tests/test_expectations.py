@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pandas as pd
 import pytest
+from helpers import ACCURACY_FLOOR_PCT, ACCURACY_MARGIN_POINTS
 
 import workshop_utils as wu
 
@@ -86,3 +91,39 @@ def test_accuracy_parity_takes_the_seed_spread_off_each_gap():
     assert parity.loc["bf16", "beyond spread (points)"] == pytest.approx(2.0)  # a 6-point gap, 4 of them noise
     assert parity.loc["tf32", "beyond spread (points)"] == pytest.approx(0.0)
     assert pd.isna(parity.loc["fp32", "beyond spread (points)"])
+
+
+SPREADS = sorted((Path(__file__).resolve().parents[1] / "results" / "reference" / "benchmarks")
+                 .glob("accuracy_spread*.json"))
+
+
+def _spread_cases():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import accuracy_spread
+    finally:
+        sys.path.pop(0)
+    return accuracy_spread.cases("cpu", "cpu")
+
+
+def test_every_accuracy_threshold_sits_below_all_recorded_seeds_on_both_kinds_of_cpu():
+    """The thresholds come from measured spread: five seeds of every compared run, with AVX-512 and AVX2 kernels.
+
+    A notebook whose cpu-profile sizes change without the spread measured again fails here, naming the run.
+    """
+    records = [json.loads(path.read_text()) for path in SPREADS]
+    assert {r["environment"]["cpu_capability"] for r in records} >= {"AVX512", "AVX2"}
+    floors = {"01": wu.EXPECTED["baseline accuracy"].ranges["cpu"][0], "02": wu.EXPECTED["ddp accuracy"].ranges["cpu"][0]}
+    for record in records:
+        assert record["settings"]["seeds"] >= 5
+        recorded = {(row["case"], row["steps"], row["batch_size"]) for row in record["rows"]}
+        for case, config, _ in _spread_cases():
+            if config.precision == "bf16" and not record["environment"]["cpu_native_bf16"]:
+                continue  # not run full length on a CPU without bf16 instructions, so not compared there
+            steps = config.max_steps  # the baseline trains whole epochs: its recorded steps stand for them
+            assert any(c == case and (steps is None or s == steps) and b == config.batch_size
+                       for c, s, b in recorded), f"{case}: no recorded spread for its current sizes"
+        for row in record["rows"]:
+            floor = max(ACCURACY_FLOOR_PCT, floors.get(row["case"][:2], 0))
+            assert row["test_acc_pct"] >= floor + ACCURACY_MARGIN_POINTS, \
+                (record["environment"]["cpu_capability"], row)

@@ -8,7 +8,6 @@ the results and figures, and report.md. Nothing else in the suite executes a rea
 (tests/test_run_notebooks.py uses tiny notebooks of its own), and nbval is not used.
 """
 
-import ast
 import json
 import re
 import subprocess
@@ -18,8 +17,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import ACCURACY_FLOOR_PCT
 
-from workshop_utils.system.profiles import TIME_BUDGET_S
+from workshop_utils.system.profiles import TIME_BUDGET_S, notebook_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -45,15 +45,6 @@ def _code(notebook: Path) -> list:
 def _section_keys(notebook: Path) -> list[str]:
     """The report sections a notebook writes: the keys of its ``add_report_section(run_dir, "<key>", ...)`` calls."""
     return re.findall(r'add_report_section\(\s*run_dir,\s*"([^"]+)"', "\n".join(c.source for c in _code(notebook)))
-
-
-def _profiles(notebook: Path) -> dict:
-    """The notebook's ``PROFILES = {...}`` sizes, read from its source (a literal of dict(...) calls)."""
-    for cell in _code(notebook):
-        for node in ast.walk(ast.parse(cell.source)):
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PROFILES" for t in node.targets):
-                return eval(compile(ast.Expression(node.value), str(notebook), "eval"), {"__builtins__": {"dict": dict}})
-    raise AssertionError(f"{notebook.name} has no PROFILES")
 
 
 @dataclass
@@ -157,7 +148,7 @@ def test_each_notebook_adds_its_sections_and_figures_to_the_report(main_run, not
 @pytest.mark.notebook
 def test_baseline_record_obeys_the_cpu_profile_it_was_given(main_run):
     """Notebook 01 received profile="cpu" and run_dir from the main job, and its record shows both obeyed."""
-    sizes = _profiles(BASELINE)[PROFILE]
+    sizes = notebook_profiles(BASELINE)[PROFILE]
     record = json.loads((main_run.dir / "results" / "baseline.json").read_text())
     config, metrics = record["config"], record["metrics"]
     assert (config["epochs"], config["batch_size"], config["num_workers"]) \
@@ -202,6 +193,9 @@ ACCURACY_COMPARED = ("baseline", "ddp-", "simplecnn-", "resnet18-", "ladder-")  
 def test_every_compared_accuracy_is_above_20_percent_and_below_100(main_run):
     """Comparisons of accuracy mean something only between chance (10%) and a saturated 100%.
 
+    The floor sits below every seed of every such run recorded on both kinds of CPU, with a margin
+    (helpers.ACCURACY_FLOOR_PCT; tests/test_expectations.py holds the recorded spread to it).
+
     A run cut to a few steps (a precision the CPU only emulates) is a speed probe whose accuracy the
     table leaves blank; it is left out here for the same reason.
     """
@@ -220,7 +214,7 @@ def test_every_compared_accuracy_is_above_20_percent_and_below_100(main_run):
                 record["metrics"]["steps"] < longest[(name.split("-")[0], record["config"]["channels_last"])]:
             continue
         accuracy = record["metrics"]["final_test_acc"]
-        assert 0.2 < accuracy < 1.0, f"{name}: test accuracy {100 * accuracy:.1f}%"
+        assert ACCURACY_FLOOR_PCT < 100 * accuracy < 100, f"{name}: test accuracy {100 * accuracy:.1f}%"
 
 
 @pytest.mark.notebook

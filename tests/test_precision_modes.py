@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 import workshop_utils as wu
-from workshop_utils.spine import precision
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +21,8 @@ def test_precision_configs_differ_only_in_precision_and_name():
         assert config.replace(name=base.name, precision=base.precision) == base
 
 
-def test_an_emulated_mode_on_cpu_runs_only_a_few_steps(monkeypatch):
-    monkeypatch.setattr(precision, "_slowdowns", {"fp16": 19.4, "bf16": 0.9})  # fp16 emulated, bf16 native
+def test_an_emulated_mode_on_cpu_runs_only_a_few_steps(fake_cpu):
+    fake_cpu("avx512-bf16")  # fp16 emulated, bf16 native
     base = wu.TrainConfig(max_steps=40, warmup_steps=5, device="cpu")
     fp16 = {c.precision: c for c in wu.precision_configs(base, cpu_emulated_steps=3)}["fp16"]
     assert fp16.max_steps == 3 and fp16.warmup_steps == 2  # at least one step is still timed

@@ -18,7 +18,6 @@ import torch
 
 import workshop_utils as wu
 from workshop_utils.lessons import precision_sweep
-from workshop_utils.spine import precision
 from workshop_utils.system.plotstyle import PRECISION_COLORS, STYLE
 
 matplotlib.use("Agg")
@@ -58,9 +57,9 @@ def images():
 
 
 @pytest.fixture
-def sweep(monkeypatch, images):
+def sweep(monkeypatch, images, fake_cpu):
     """The sweep on a fake training loop: ``sweep(modes, batches, out_of_memory_at=..., calls=..., **options)``."""
-    monkeypatch.setattr(precision, "_slowdowns", {"fp16": 19.4, "bf16": 0.9})  # fp16 emulated, bf16 native
+    fake_cpu("avx512-bf16")  # fp16 emulated, bf16 native
 
     def run(modes, batches, out_of_memory_at=None, calls=None, failure=None, **options):
         monkeypatch.setattr(precision_sweep, "train", fake_train(out_of_memory_at, calls, failure))
@@ -199,3 +198,13 @@ def test_the_sweep_trains_for_real_on_a_cpu(tmp_path):
     assert timed["samples_per_s"].gt(0).all() and timed["tflops_per_device"].gt(0).all()
     assert table[table["precision"] == "fp32"]["speedup_vs_fp32"].tolist() == [1.0, 1.0]
     assert len(wu.read_records(tmp_path)) == 4  # every run's record saved
+
+
+@pytest.mark.parametrize("kind, bf16_steps, bf16_status", [("avx2", 2, "emulated on this CPU: 2 steps, not a fair speed"),
+                                                          ("avx512-bf16", 4, "ok")])
+def test_notebook_03s_sweep_on_each_kind_of_cpu(sweep, fake_cpu, kind, bf16_steps, bf16_status):
+    fake_cpu(kind)  # after the fixture's own choice
+    calls = []
+    table = sweep(("fp32", "bf16"), (8, 32, 128), calls=calls)
+    assert {(mode, steps) for mode, _, steps in calls} == {("fp32", 4), ("bf16", bf16_steps)}
+    assert table[table["precision"] == "bf16"]["status"].tolist() == [bf16_status] * 3

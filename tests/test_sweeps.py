@@ -102,10 +102,8 @@ def test_ladder_repeats_round_robin_and_keeps_one_row_per_rung(tiny_data, tmp_pa
 
 
 def test_a_rung_that_does_not_apply_is_shown_with_its_reason_and_not_inherited(tiny_data, tmp_path, capsys,
-                                                                             monkeypatch):
-    from workshop_utils.spine import precision
-
-    monkeypatch.setattr(precision, "_slowdowns", {"bf16": 15.0})  # an AVX2-only CPU: bf16 emulated
+                                                                             fake_cpu):
+    fake_cpu("avx2")  # bf16 emulated
     rungs = {r.label: r for r in wu.ladder_rungs(compile=False, device="cpu")}
     assert "emulated on this CPU" in rungs["BF16 autocast"].not_here
     ladder = [wu.Rung("baseline", {}, ""), rungs["BF16 autocast"], wu.Rung("channels_last", {"channels_last": True}, "")]

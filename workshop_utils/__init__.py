@@ -66,7 +66,7 @@ _MODULES = {
         "achieved_tflops", "mfu", "training_flops_per_sample",
     ),
     "system.hardware": (
-        "PEAK_TFLOPS", "PRECISIONS", "check_precision", "environment", "environment_table", "peak_tflops",
+        "PEAK_TFLOPS", "PRECISIONS", "check_precision", "cpu_16bit_support", "environment", "environment_table", "peak_tflops",
         "device_name", "pick_device",
     ),
     "lessons.io_layouts": (
@@ -89,7 +89,7 @@ _MODULES = {
         "find_first_nonfinite", "format_table", "fp8_matmul_benchmark", "fp8_support", "grad_scaler_trace",
         "mode_table", "overflowing_scale", "overshoot", "overshoot_until_nonfinite", "plot_gradient_magnitudes",
         "plot_mode_speeds", "plot_scale_trace",
-        "precision_configs", "smallest_subnormal", "training_batches", "underflow_table",
+        "precision_configs", "precision_plan", "gpu_reference_speedup", "smallest_subnormal", "training_batches", "underflow_table",
     ),
     "lessons.course_figures": (
         "COURSE_FIGURES", "beside_the_course",
@@ -107,13 +107,13 @@ _MODULES = {
         "plot_bars", "plot_batch_sweep", "plot_step_times", "plot_training_curves", "save_figure",
     ),
     "spine.precision": (
-        "autocast", "autocast_slowdown", "configure_precision", "emulated_on_cpu", "grad_scaler", "set_tf32",
+        "autocast", "configure_precision", "emulated_on_cpu", "grad_scaler", "set_tf32",
     ),
     "spine.preemption": (
         "stop_on_signals",
     ),
     "system.profiles": (
-        "pick_settings", "profile_choice", "resolve_profile",
+        "notebook_profiles", "pick_settings", "profile_choice", "resolve_profile",
     ),
     "lessons.profiling": (
         "ProfileRun", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown", "profile_rungs",
@@ -139,7 +139,7 @@ _MODULES = {
     ),
     "lessons.sweeps": (
         "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "compile_wait_s", "dataloader_sweep",
-        "ladder_rungs", "worker_counts",
+        "ladder_rungs", "rung_configs", "worker_counts",
     ),
     "parallel.tensor_parallel": (
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",

@@ -20,8 +20,10 @@ with ``precision.autocast``; real training always goes through ``trainer.train``
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -402,11 +404,50 @@ def precision_configs(base, modes=PRECISIONS, cpu_emulated_steps: int = 2) -> li
         reason = emulated_on_cpu(mode, torch.device("cpu")) if on_cpu else None
         if reason:
             steps = min(base.max_steps or cpu_emulated_steps, cpu_emulated_steps)
-            print(f"{config.name}: {reason.replace('skipped here', 'skipped' if not steps else f'it runs {steps} steps')}.")
+            print(f"{config.name}: {reason.replace('it is skipped here', 'it is skipped' if not steps else f'it runs only {steps} steps here')}.")
             if not steps:
                 continue
             config = config.replace(max_steps=steps, warmup_steps=min(base.warmup_steps, steps - 1))
         configs.append(config)
+    return configs
+
+
+# Steps a mode the CPU only emulates runs, per model: enough SimpleCNN steps (seconds each) to see it work;
+# no ResNet-18 step, which takes minutes emulated.
+EMULATED_STEPS = {"simplecnn": 2, "resnet18": 0}
+GPU_REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu" / "results"
+
+
+def gpu_reference_speedup(model: str = "resnet18", mode: str = "bf16") -> str:
+    """What a GPU shows for ``mode`` over fp32, from the kit's own GPU reference run, labelled; or that there is none."""
+    try:
+        fast, fp32 = (json.loads((GPU_REFERENCE / f"{model}-{m}-cl.json").read_text()) for m in (mode, "fp32"))
+        ratio = fast["metrics"]["samples_per_s"] / fp32["metrics"]["samples_per_s"]
+        env = fast["environment"]
+        return (f"on a GPU, {model} {mode} ran {ratio:.2f}x fp32 in the kit's reference run "
+                f"({env['device_name']}, {env['date'][:10]}, results/reference/gpu/)")
+    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return (f"no GPU reference run is recorded in this kit yet (results/reference/gpu/), so there is no measured "
+                f"GPU figure for {mode} to show here")
+
+
+def precision_plan(base, modes_by_model: dict, emulated_steps: dict | None = None) -> list:
+    """Notebook 03's runs: ``precision_configs`` for each model and its modes, in order.
+
+    A mode this CPU only emulates runs ``emulated_steps[model]`` steps (0: skipped); the decision comes from
+    what the CPU reports (``emulated_on_cpu``), so a busy machine runs the same plan as an idle one. When
+    anything was cut, one more line says what a GPU shows instead.
+    """
+    steps = {**EMULATED_STEPS, **(emulated_steps or {})}
+    configs = []
+    for model, modes in modes_by_model.items():
+        configs += precision_configs(base.replace(model=model), modes, cpu_emulated_steps=steps.get(model, 0))
+    planned = {(c.model, c.precision): c.max_steps for c in configs}
+    cut = sorted({mode for model, modes in modes_by_model.items() for mode in modes
+                  if planned.get((model, mode)) != base.max_steps})
+    if cut:
+        print(f"Cut short or skipped on this CPU: {', '.join(cut)}; "
+              + gpu_reference_speedup(mode="bf16" if "bf16" in cut else cut[0]) + ".")
     return configs
 
 

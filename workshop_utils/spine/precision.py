@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from ..system.hardware import check_precision
+from ..system.hardware import check_precision, cpu_16bit_support
 
 AUTOCAST_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -51,57 +51,23 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
 
 # ---------------------------------------------------------------- CPUs that only emulate 16-bit formats
 
-EMULATED_SLOWDOWN = 3.0  # autocast this many times slower than fp32 on the probe: emulated, not native
-_slowdowns: dict[str, float] = {}
-
-
-def autocast_slowdown(precision: str, repeats: int = 3) -> float:
-    """How many times slower a small conv step runs on the CPU under ``precision``'s autocast than in fp32.
-
-    Many CPUs (AVX2-only ones, and fp16 on most others) have no native 16-bit arithmetic: autocast then
-    converts every operand and runs 10-20x slower, which turns a minute's demo into a quarter-hour. A
-    ratio of two short timings in the same process tells it apart from a busy machine, which slows both.
-    Measured once per process (a fraction of a second).
-    """
-    if precision not in AUTOCAST_DTYPE:
-        return 1.0
-    if precision not in _slowdowns:
-        import time
-
-        torch.manual_seed(0)
-        conv = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3))
-        images = torch.randn(4, 16, 16, 16)
-
-        def step(dtype):
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-                out = conv(images)
-            out.float().sum().backward()
-
-        timings = {None: [], AUTOCAST_DTYPE[precision]: []}
-        for dtype in timings:
-            step(dtype)  # warm-up: first-call dispatch and allocation are not what we compare
-        for _ in range(repeats):  # interleaved, so a burst of load on the machine hits both alike
-            for dtype in timings:
-                started = time.perf_counter()
-                step(dtype)
-                timings[dtype].append(time.perf_counter() - started)
-        fp32, low = (sorted(t)[len(t) // 2] for t in timings.values())
-        _slowdowns[precision] = low / fp32
-    return _slowdowns[precision]
-
 
 def emulated_on_cpu(precision: str, device: torch.device) -> str | None:
-    """One line saying why ``precision`` is skipped or sized down on this CPU, or None when it runs natively."""
+    """One line saying why ``precision`` is skipped or sized down on this CPU, or None when it runs natively.
+
+    The answer comes from what the CPU and PyTorch report (``cpu_16bit_support``), never from a timing:
+    the same machine gives the same plan whether it is idle or busy.
+    """
     if device.type != "cpu" or precision not in AUTOCAST_DTYPE:
         return None
     if precision == "fp16":
-        # PyTorch's CPU fp16 kernels cover only some shapes: a small probe can run natively while a
-        # ResNet-18 step takes minutes, so fp16 counts as emulated on every CPU.
         return ("fp16 autocast on a CPU is emulated for most layers (a ResNet-18 step takes minutes), so it is "
                 "skipped here; a GPU runs it")
-    slowdown = autocast_slowdown(precision)
-    if slowdown < EMULATED_SLOWDOWN:
+    support = cpu_16bit_support()
+    if support["native_bf16"]:
         return None
-    return (f"{precision} autocast is emulated on this CPU ({torch.backends.cpu.get_cpu_capability()}): a probe step "
-            f"ran {slowdown:.0f}x slower than fp32, so it is skipped here; a GPU (or a CPU with native "
-            f"{precision}) runs it")
+    missing = ("oneDNN reports no native bf16" if not support["onednn_bf16"]
+               else "no AVX-512 BF16 or AMX instructions")
+    return (f"bf16 autocast is emulated on this CPU ({support['cpu_capability']}, {missing}): each step converts "
+            "every operand and runs many times slower than fp32, so it is skipped here; a GPU (or a CPU with "
+            "AVX-512 BF16 or AMX) runs it")

@@ -122,7 +122,7 @@ def cpu_model() -> str:
     """The CPU's model name ("Intel(R) Xeon(R) ...", "AMD EPYC ..."), or the architecture where it cannot be read.
 
     Speeds measured on a CPU depend on it more than on the core count: an AVX2-only CPU emulates
-    bf16 autocast at a tenth of the speed of one with AVX-512.
+    bf16 autocast at a tenth of the speed of one with bf16 instructions (``cpu_16bit_support``).
     """
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -131,6 +131,37 @@ def cpu_model() -> str:
     except OSError:  # not Linux
         pass
     return platform.processor() or platform.machine()
+
+
+_X86 = ("x86_64", "amd64", "i386", "i686")
+
+
+def cpu_16bit_support() -> dict:
+    """Which 16-bit formats this CPU computes in natively, from what the CPU and PyTorch report.
+
+    No stopwatch: a timing probe reads "emulated" on a busy machine and "native" on an idle one, so what
+    a notebook runs would change with a neighbour's job. bf16 is native on x86 when the CPU has bf16
+    instructions (AVX-512 BF16 or AMX) *and* oneDNN, PyTorch's CPU kernel library, will use them (it
+    will not when ``ONEDNN_MAX_CPU_ISA`` caps it below); on other architectures (Arm with its BF16
+    extension) oneDNN's own check decides. fp16 counts as emulated on every CPU: PyTorch's CPU fp16
+    kernels cover only some layers, and a ResNet-18 step takes minutes even where AMX-FP16 exists.
+    """
+    cpu = getattr(torch, "cpu", None)
+
+    def asks(name: str) -> bool:  # a private PyTorch probe that older releases lack counts as "no"
+        probe = getattr(cpu, name, None)
+        return bool(probe()) if probe is not None else False
+
+    facts = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "avx512_bf16": asks("_is_avx512_bf16_supported"),
+        "amx_bf16": asks("_is_amx_tile_supported"),
+        "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    }
+    x86 = platform.machine().lower() in _X86
+    facts["native_bf16"] = facts["onednn_bf16"] and (facts["avx512_bf16"] or facts["amx_bf16"] or not x86)
+    facts["native_fp16"] = False
+    return facts
 
 
 def environment(device: torch.device | str | None = None) -> dict:
@@ -154,6 +185,7 @@ def environment(device: torch.device | str | None = None) -> dict:
         "cpu_cores": cpu_cores(),
         "cpu_model": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector instructions PyTorch uses
+        "cpu_native_bf16": cpu_16bit_support()["native_bf16"],  # whether bf16 autocast runs full-length here
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "slurm": slurm,

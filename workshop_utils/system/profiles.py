@@ -12,9 +12,12 @@ unless someone asks for it.
 
 from __future__ import annotations
 
+import ast
+import json
 import math
 import numbers
 import os
+from pathlib import Path
 
 import torch
 
@@ -145,3 +148,32 @@ def pick_settings(profiles: dict[str, dict], profile: str = "auto", **overrides)
     settings["profile"] = name
     print(f"Profile {name!r}: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "profile"))
     return settings
+
+
+def notebook_profiles(notebook: str | os.PathLike) -> dict[str, dict]:
+    """A notebook's ``PROFILES = {...}`` sizes, read from its source without running it.
+
+    Benchmarks and tests that repeat a notebook's runs take their sizes from here, so the two never drift.
+    The literal may use ``dict(...)`` calls and names the same cell sets to literals before it.
+    """
+    path = Path(notebook)
+    cells = json.loads(path.read_text())["cells"]
+    for cell in cells:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a cell with IPython magic: PROFILES is never in one
+            continue
+        constants = {"__builtins__": {"dict": dict}}  # literal names the cell sets before PROFILES (ALL_MODES)
+        for node in tree.body:
+            names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            if "PROFILES" in names:
+                return eval(compile(ast.Expression(node.value), str(path), "eval"), constants)
+            if isinstance(node, ast.Assign) and names:
+                try:
+                    constants.update(dict.fromkeys(names, ast.literal_eval(node.value)))
+                except ValueError:
+                    pass
+    raise WorkshopError(f"{path.name} has no PROFILES = {{...}} cell.", "add one, or name the notebook that has it.")
