@@ -119,8 +119,10 @@ EXPECTED: dict[str, Expectation] = {
     "amp accuracy gap": Expectation(
         "largest accuracy gap of a 16-bit run to FP32", "points", {"cpu": (0, 6), "gpu": (0, 1.5)},
         "the GradScaler's trace (fp16) and the run-to-run spread of FP32 itself: a gap inside it is noise"),
+    # cpu: only a CPU with native bf16 (AVX-512 BF16 or AMX) runs ResNet-18 in bf16 at all; on the reference
+    # Xeon (AMX) the main job read 1.39x, 1.74x and 1.78x across runs, idle and loaded.
     "bf16 speed-up": Expectation(
-        "ResNet-18 BF16 over strict FP32", "x", {"cpu": (0.2, 1.6), "gpu": (1.5, 12)},
+        "ResNet-18 BF16 over strict FP32", "x", {"cpu": (0.5, 2.5), "gpu": (1.5, 12)},
         "the batch sweep per mode: small batches hide the tensor cores; on a GPU also channels_last"),
     "ladder speed-up": Expectation(
         "top of the ladder over its baseline", "x", {"cpu": (0.7, 3), "gpu": (3, 60)},
