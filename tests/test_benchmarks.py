@@ -39,12 +39,12 @@ def load(name: str):
     return module
 
 
-def tiny(name: str, monkeypatch):
+def tiny(name: str, monkeypatch, profile: str = "cpu"):
     module = load(name)
     sizes, options = TINY[name]
     if sizes is not None:
-        assert set(sizes) == set(module.PROFILES["cpu"]), "TINY must set every size of the cpu profile"
-        monkeypatch.setitem(module.PROFILES, "cpu", sizes)
+        assert set(sizes) == set(module.PROFILES[profile]), f"TINY must set every size of the {profile} profile"
+        monkeypatch.setitem(module.PROFILES, profile, sizes)
     return module, options
 
 
@@ -156,3 +156,34 @@ def test_the_reader_names_a_file_that_is_not_in_the_layout(tmp_path):
     assert len(problems) == 1 and "old.json" in problems[0]
     with pytest.raises(wu.WorkshopError, match="'cpu' or 'gpu'"):
         benchmark.write_benchmark("demo", "auto", "cpu", {}, [], tmp_path)
+
+
+class ReachedTraining(Exception):
+    """Raised where a run would start on the (fake) GPU: every argument up to there was accepted."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "accuracy_spread" else n
+                                  for n in NAMES if n != "loader_paths"])  # loader_paths trains nothing
+def test_every_training_benchmark_hands_its_gpu_device_to_training_in_a_form_training_accepts(name, tmp_path, monkeypatch):
+    # On a GPU a benchmark's device is torch.device("cuda:0"): str() of it once made every training run refuse
+    # to start ("Unknown device 'cuda:0'"). Here a fake GPU goes as far as the training loop's device choice.
+    from workshop_utils.spine import distributed, trainer
+    from workshop_utils.system import hardware
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(benchmark, "pick_device", lambda prefer=None: torch.device("cuda", 0))
+    monkeypatch.setattr(hardware, "pick_device", lambda prefer=None: torch.device("cuda", 0))
+    reached = []
+
+    def device_choice(device=None, timeout_s=300):
+        reached.append(distributed.rank_device(0, device, env={}))  # the real choice, on the fake GPU
+        raise ReachedTraining
+
+    monkeypatch.setattr(trainer, "setup_distributed", device_choice)
+    module, options = tiny(name, monkeypatch, "gpu")
+    with pytest.raises(ReachedTraining):
+        module.main(["--profile", "gpu", "--run-dir", str(tmp_path), "--repeats", "1", *options])
+    assert reached == [torch.device("cuda", 0)]

@@ -336,3 +336,111 @@ def test_large_synthetic_sets_are_generated_once_then_read_back(tmp_path, monkey
     monkeypatch.setattr(data, "_generate_synthetic", lambda *a: pytest.fail("generated again instead of read"))
     again = data.make_synthetic_cifar(96, 32, seed=3)
     assert again.fingerprint() == first.fingerprint() and "cached" in again.location
+
+
+@pytest.mark.parametrize("device", [None, "cpu", "cuda", "cuda:0", "cuda:1", "cuda:12"])
+def test_the_device_field_takes_what_torch_device_prints(device):
+    assert wu.validate_config(wu.TrainConfig(device=device)).device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:", "cuda:-1", "cuda:01", "CUDA", "cpu:0", "mps", ""])
+def test_a_device_the_field_cannot_mean_is_one_line(device):
+    with pytest.raises(WorkshopError, match="device must be 'cpu', 'cuda', 'cuda:N'"):
+        wu.validate_config(wu.TrainConfig(device=device))
+
+
+def test_the_command_line_takes_a_gpu_index():
+    import importlib
+    train = importlib.import_module("workshop_utils.train")  # the module: wu.train is the function
+    assert train.config_from_args(train.build_parser().parse_args(["--device", "cuda:1"]), 1).device == "cuda:1"
+
+
+# ---------------------------------------------------------------- MIG slices
+
+
+@pytest.mark.parametrize("name, whole_gpu, slices", [("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA H100 80GB HBM3", (1, 7)),
+                                                      ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "NVIDIA A100-SXM4-40GB", (3, 7))])
+def test_a_mig_slice_is_measured_against_its_share_of_the_peak(name, whole_gpu, slices):
+    # Against the whole H100's peak, a 1g slice's MFU would read 7x too low.
+    assert wu.mig_share(name) == slices and wu.mig_share(whole_gpu) is None
+    assert wu.peak_tflops(name, "bf16") == pytest.approx(wu.peak_tflops(whole_gpu, "bf16") * slices[0] / slices[1])
+    assert wu.peak_note(name).startswith(f"MIG slice {name.split()[-1]}: peak taken as {slices[0]}/{slices[1]}")
+    assert wu.peak_note(whole_gpu) is None
+
+
+def test_an_a30_has_four_compute_slices():
+    assert wu.mig_share("NVIDIA A30 MIG 2g.12gb") == (2, 4)
+
+
+def test_a_mig_slice_of_an_unknown_gpu_has_no_peak_and_says_so():
+    assert wu.peak_tflops("NVIDIA Z9000 MIG 1g.5gb", "bf16") is None
+    assert "no peak" in wu.peak_note("NVIDIA Z9000 MIG 1g.5gb")
+
+
+class FakeNvml:
+    """pynvml's lookup calls, recording which one the monitor used."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self):
+        self.calls = []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.calls.append(("uuid", uuid))
+        return uuid
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self.calls.append(("index", index))
+        return index
+
+
+def test_the_monitor_reads_a_mig_slice_by_its_uuid_not_the_physical_gpu_0(monkeypatch):
+    from workshop_utils.lessons import monitor
+    nvml = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5c89d7a4-1c0e-5a6b-9d41-3a1b2c3d4e5f")
+    handle, why_not = monitor._nvml_handle(torch.device("cuda", 0))
+    assert why_not is None and nvml.calls == [("uuid", "MIG-5c89d7a4-1c0e-5a6b-9d41-3a1b2c3d4e5f")]
+
+
+def test_the_monitor_refuses_to_guess_a_gpu_it_cannot_identify(monkeypatch):
+    from workshop_utils.lessons import monitor
+    nvml = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def unknown(device):
+        raise RuntimeError("Invalid device index")
+
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", unknown)
+    handle, why_not = monitor._nvml_handle(torch.device("cuda", 1))
+    assert handle is None and "cannot tell which GPU" in why_not and nvml.calls == []
+
+
+# ---------------------------------------------------------------- notebook 06's GPU request, sized to the cluster
+
+
+def _nodes(*gres):
+    return pd.DataFrame({"node": [f"n{i}" for i in range(len(gres))], "gres": list(gres)})
+
+
+@pytest.mark.parametrize("gres, tasks, options, said", [
+    # one node with one GPU: two tasks with a GPU each cannot fit; sbatch would refuse the request outright
+    (["gpu:1"], 2, ["--nodes=1", "--ntasks=1", "--gpus-per-task=1"], "1 task(s) with 1 GPU(s) each on 1 node(s) (2"),
+    (["gpu:h100:4(S:0-1)"], 2, ["--nodes=1", "--ntasks=2", "--gpus-per-task=1"], "on 1 node(s)."),
+    (["gpu:1", "gpu:a100:1,shard:8"], 2, ["--nodes=2", "--ntasks=2", "--gpus-per-task=1"], "on 2 node(s)."),
+    (["(null)", "gpu:2"], 2, ["--nodes=1", "--ntasks=2", "--gpus-per-task=1"], "on 1 node(s)."),
+])
+def test_env_check_asks_for_what_the_cluster_has(gres, tasks, options, said):
+    request, why = wu.env_check_request(_nodes(*gres), tasks, 1)
+    assert request == options and said in why and why.count("\n") == 0
+
+
+def test_env_check_without_gpus_asks_for_tasks_only_and_a_gpu_profile_without_gpu_nodes_is_one_line():
+    assert wu.env_check_request(_nodes("(null)"), 2, 0) == (["--ntasks=2"], "env_check: 2 task(s), no GPU.")
+    with pytest.raises(WorkshopError, match="No node lists a GPU"):
+        wu.env_check_request(_nodes("(null)", None), 2, 1)

@@ -206,3 +206,37 @@ def test_cpu_ranks_are_launched_without_gpus(monkeypatch):
     monkeypatch.setattr(launch, "stream", fake_stream)
     launch.launch_torchrun("workshop_utils.train", [], 2, device="cpu", echo=False)
     assert seen["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_device_index_is_what_one_process_may_name_and_several_may_not(monkeypatch):
+    # str(torch.device) on a GPU is "cuda:0": every entry that passes a device on must be able to say it.
+    _pretend_gpus(monkeypatch, 2)
+    assert rank_device(0, "cuda:1", env={}) == torch.device("cuda", 1)
+    with pytest.raises(WorkshopError, match="sees 2 GPU"):
+        rank_device(0, "cuda:2", env={})
+    with pytest.raises(WorkshopError, match="same GPU"):
+        rank_device(1, "cuda:0", env={"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, world_size=2)
+    assert rank_device(1, "cuda", env={"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, world_size=2) == \
+        torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize("device, backend, device_id", [("cuda", "nccl", torch.device("cuda", 1)),
+                                                         ("cpu", "gloo", None)])
+def test_nccl_process_group_is_bound_to_the_rank_gpu(monkeypatch, device, backend, device_id):
+    # Without device_id every NCCL barrier() warns "using the device under current context".
+    from torch import distributed as dist
+
+    from workshop_utils.spine import distributed
+    _pretend_gpus(monkeypatch, 2)
+    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("set_device", d))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "rendezvous", lambda *a, **k: iter([(dist.HashStore(), 1, 2)]))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **k: seen.update(backend=backend, **k))
+    info, chosen = distributed.setup_distributed(device)
+    assert seen["backend"] == backend == info.backend
+    assert seen["device_id"] == device_id
+    assert chosen == (device_id or torch.device("cpu"))

@@ -90,34 +90,56 @@ def test_host_syncs_are_counted_in_the_training_phases_and_not_in_the_loader():
     assert row["host_syncs_per_step"] == 2
 
 
-def _gpu_profile(steps=2):
+def _event(name, start, end, device=None, annotation=False, kernels=(), id=0):
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end),
+                           device_type=device or DeviceType.CPU, is_async=False, is_user_annotation=annotation,
+                           cpu_parent=None, kernels=[SimpleNamespace(duration=d) for d in kernels], id=id)
+
+
+def _gpu_profile(steps=2, graphs=False):
     """A GPU profile's events as the profiler reports them, built by hand (no GPU here): every named range twice,
-    on the host and again on the GPU timeline, kernels linked to the operators (and ranges) that launched them,
-    and one ``.item()``: the read-back operator and the runtime call in which the host waits."""
+    on the host and again on the GPU timeline; each kernel on the GPU timeline, later than the runtime call that
+    launched it and sharing its correlation id; and one ``.item()``: the read-back operator and the runtime call
+    in which the host waits. With ``graphs`` the forward and backward are each one replayed CUDA graph, whose
+    kernels link to no operator (the replay runs inside a named range), as under torch.compile's reduce-overhead."""
     from types import SimpleNamespace
 
     import torch
     from torch.autograd import DeviceType
 
-    def event(name, start, end, device=DeviceType.CPU, annotation=False, kernels=()):
-        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_type=device,
-                               is_async=False, is_user_annotation=annotation, cpu_parent=None,
-                               kernels=[SimpleNamespace(duration=d) for d in kernels])
-
+    cuda = DeviceType.CUDA
     events = []
     for k in range(steps):
-        t = 1000 * k
+        t, ids = 1000 * k, iter(range(100 * k + 1, 100 * k + 100))
         for name, start, end in ((f"ProfilerStep#{k}", 0, 1000), ("data", 0, 100), ("forward", 100, 400),
                                  ("backward", 400, 800), ("optimizer", 800, 950)):
             # the host's range (a GPU copy is linked to it like a kernel) and the copy, later on the GPU timeline
-            events.append(event(name, t + start, t + end, annotation=True, kernels=[end - start]))
-            events.append(event(name, t + start + 300, t + end + 300, DeviceType.CUDA, annotation=True))
-        events += [event("aten::convolution", t + 150, t + 160, kernels=[200]),
-                   event("aten::_local_scalar_dense", t + 200, t + 210),  # loss.item() in the forward phase
-                   event("cudaStreamSynchronize", t + 205, t + 209),
-                   event("aten::convolution_backward", t + 450, t + 470, kernels=[250, 50]),
-                   event("aten::_fused_sgd_", t + 850, t + 860, kernels=[40]),
-                   event("void cudnn_conv_kernel", t + 460, t + 660, DeviceType.CUDA)]
+            events.append(_event(name, t + start, t + end, annotation=True, kernels=[end - start]))
+            events.append(_event(name, t + start + 300, t + end + 300, cuda, annotation=True))
+
+        def launch(at, durations, call="cudaLaunchKernel"):
+            i = next(ids)
+            events.append(_event(call, t + at, t + at + 2, id=i))
+            events.extend(_event(f"kernel_{i}_{j}", t + at + 300, t + at + 300 + d, cuda, id=i)
+                          for j, d in enumerate(durations))
+            return list(durations)
+
+        if graphs:
+            events.append(_event("## Call CompiledFxGraph ##", t + 140, t + 390, annotation=True,
+                                 kernels=launch(150, [120, 80], "cudaGraphLaunch")))
+            events.append(_event("## Call CompiledFxGraph ##", t + 440, t + 790, annotation=True,
+                                 kernels=launch(450, [200, 50, 50], "cudaGraphLaunch")))
+        else:
+            events.append(_event("aten::convolution", t + 150, t + 160, kernels=launch(152, [200])))
+            events.append(_event("aten::convolution_backward", t + 450, t + 470,
+                                 kernels=launch(452, [250]) + launch(460, [50])))
+        events += [_event("aten::_local_scalar_dense", t + 200, t + 210),  # loss.item() in the forward phase
+                   _event("cudaStreamSynchronize", t + 205, t + 209),
+                   _event("aten::_fused_sgd_", t + 850, t + 860, kernels=launch(852, [40])),
+                   _event("Memcpy DtoH (Device -> Pageable)", t + 520, t + 521, cuda, id=0)]
     profiler = SimpleNamespace(events=lambda: events)
     return wu.ProfileRun(profiler, None, None, None, None, torch.device("cuda"))
 
@@ -128,8 +150,18 @@ def test_step_breakdown_on_a_gpu_counts_each_step_once_and_each_kernel_in_its_ph
     assert (row["data_ms"], row["forward_ms"], row["backward_ms"], row["optimizer_ms"]) == pytest.approx(
         (0.0, 0.2, 0.3, 0.04))  # kernel time by launching phase; a range's own span is not a kernel
     assert row["idle_ms"] == pytest.approx(1.0 - 0.54)
-    assert row["kernels_per_step"] == 4 and row["operators_per_step"] == 4
+    assert row["kernels_per_step"] == 4 and row["launches_per_step"] == 4 and row["graph_launches_per_step"] == 0
+    assert row["operators_per_step"] == 4
     assert row["host_syncs_per_step"] == 1  # one .item(): one wait, not two
+
+
+def test_step_breakdown_counts_the_kernels_a_cuda_graph_replays_and_its_single_launch():
+    # The "CUDA graphs" rung's claim, as its table row must show it: forward and backward each replayed from one
+    # launch, every kernel inside still counted and timed in its phase; the optimizer still launches its own.
+    row = wu.step_breakdown(_gpu_profile(steps=2, graphs=True))
+    assert (row["forward_ms"], row["backward_ms"], row["optimizer_ms"]) == pytest.approx((0.2, 0.3, 0.04))
+    assert row["kernels_per_step"] == 6
+    assert row["launches_per_step"] == 3 and row["graph_launches_per_step"] == 2
 
 
 def test_top_ops_on_a_gpu_lists_operators_not_ranges_or_kernels():

@@ -146,3 +146,30 @@ def test_only_rank_0_writes_tensorboard_scalars_and_a_bad_folder_fails_first(tmp
     (tmp_path / "a-file").write_text("")
     with pytest.raises(wu.WorkshopError, match="tensorboard_dir"):
         wu.train(wu.TrainConfig(tensorboard_dir=str(tmp_path / "a-file"), device="cpu", progress=False))
+
+
+def test_gpu_utilisation_is_read_as_training_ends_not_after_evaluation(tiny_data, tmp_path, monkeypatch):
+    # NVML's utilisation covers its last 1/6-1 s: read after evaluate() it described evaluation. The loop
+    # runs here on the CPU with a pretend GPU reading: 97% while training, 5% once evaluation began.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from workshop_utils.spine import scalar_log, trainer
+    phase = {"now": "training"}
+    real_evaluate = trainer.evaluate
+
+    def evaluate(*args, **kwargs):
+        phase["now"] = "evaluation"
+        return real_evaluate(*args, **kwargs)
+
+    def training_steps_done(self, device):
+        self.utilisation = 97 if phase["now"] == "training" else 5
+
+    monkeypatch.setattr(trainer, "evaluate", evaluate)
+    monkeypatch.setattr(scalar_log.ScalarLog, "training_steps_done", training_steps_done)
+    config = wu.TrainConfig(name="util", batch_size=32, epochs=1, warmup_steps=1, progress=False, device="cpu",
+                            tensorboard_dir=str(tmp_path / "tensorboard"))
+    wu.train(config, tiny_data)
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "util"))
+    events.Reload()
+    assert [e.value for e in events.Scalars(scalar_log.ScalarLog.UTILISATION)] == [97]
+    assert "last_training" in scalar_log.ScalarLog.UTILISATION  # the name says what window it covers

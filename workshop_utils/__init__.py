@@ -49,6 +49,9 @@ _MODULES = {
         "CLASSES", "CifarData", "DeviceLoader", "TorchLoader", "load_data", "make_loader",
         "make_synthetic_cifar", "read_cifar10", "verify_cifar10",
     ),
+    "parallel.failures": (
+        "RankFailed", "RankFailure", "RootCause", "record_failure", "record_failures", "root_cause",
+    ),
     "parallel.dist_checkpoint": (
         "checkpoint_stall", "full_parameter_checksum", "load_into_one_process", "sharded_round_trip",
     ),
@@ -67,7 +70,7 @@ _MODULES = {
     ),
     "system.hardware": (
         "PEAK_TFLOPS", "PRECISIONS", "check_precision", "cpu_16bit_support", "environment", "environment_table", "peak_tflops",
-        "device_name", "pick_device",
+        "peak_note", "mig_share", "device_name", "pick_device",
     ),
     "lessons.io_layouts": (
         "compare_layouts", "loader_throughput", "read_shards", "read_small_files", "write_shards",
@@ -134,7 +137,8 @@ _MODULES = {
         "shard_model", "zero_memory_table",
     ),
     "lessons.slurm_jobs": (
-        "SlurmLesson", "binding_line", "binding_table", "config_flags", "find_slurm", "gather_array", "job_table",
+        "SlurmLesson", "binding_line", "binding_table", "config_flags", "env_check_request", "gpus_in_gres",
+        "find_slurm", "gather_array", "job_table",
         "node_table", "partition_table", "plot_job_timeline", "preemption_verdict", "rank_binding", "script_lines",
     ),
     "lessons.sweeps": (

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from ..system.errors import WorkshopError
-from ..system.hardware import cpu_cores, pick_device
+from ..system.hardware import cpu_cores, mig_uuid, pick_device
 from ..spine.timing import host_peak_rss_mib, memory_in_use_mib, reset_host_peak_rss, reset_peak_memory
 
 BUSY_THRESHOLD_PCT = 80  # below this a GPU is usually starved (rule of thumb of the workshop slides)
@@ -105,10 +105,13 @@ def _nvml_handle(device: torch.device):
         return None, "nvidia-ml-py is not installed, so GPU metrics cannot be read (pip install nvidia-ml-py)"
     try:
         pynvml.nvmlInit()
+        slice_uuid = mig_uuid(device)
+        if slice_uuid is not None:  # a MIG slice: by index NVML would read the whole physical GPU
+            return pynvml.nvmlDeviceGetHandleByUUID(slice_uuid), None
         try:  # NVML numbers GPUs physically; CUDA_VISIBLE_DEVICES may renumber them for PyTorch
             index = torch.cuda._get_nvml_device_index(device)
-        except Exception:
-            index = device.index or 0
+        except Exception as err:
+            return None, f"NVML cannot tell which GPU is {device} ({err}), so GPU metrics are not read"
         return pynvml.nvmlDeviceGetHandleByIndex(index), None
     except pynvml.NVMLError as err:
         return None, f"NVML is not usable here ({err})"

@@ -164,6 +164,18 @@ def top_ops(prof, n: int = 10, device: torch.device | None = None) -> pd.DataFra
 # tensor, a Python ``if`` on one) ends in one, as does an explicit synchronize. Counting the read-back
 # operator as well would count each wait twice.
 _GPU_WAITS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"}
+# The host calls that start work on the GPU: one kernel each, or a whole recorded CUDA graph.
+_GRAPH_LAUNCHES = {"cudaGraphLaunch", "cuGraphLaunch"}
+_LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+             "cudaLaunchCooperativeKernel", *_GRAPH_LAUNCHES}
+
+
+def _is_kernel(event) -> bool:
+    """A kernel on the GPU timeline: not a named range's copy there, not a memory copy or fill."""
+    return (event.device_type.name == "CUDA" and not event.is_user_annotation
+            and not event.name.startswith(("Memcpy", "Memset")))
+
+
 # On a CPU nothing waits, but a read-back is counted all the same: it is the line that would stall a GPU loop.
 _READ_BACK = {"aten::_local_scalar_dense"}
 
@@ -177,9 +189,12 @@ def step_breakdown(run: ProfileRun) -> dict:
     """Where the profiled steps went, per step: milliseconds per phase, launches and host syncs.
 
     On a CPU a phase's time is its wall time. On a GPU it is the time of the kernels launched
-    during the phase (found by their launching operator, on whichever thread launched them:
-    autograd runs the backward pass on its own thread), and ``idle_ms`` is the rest of the
-    step: the GPU waiting for the host (launch overhead, Python, data, syncs).
+    during the phase, and ``idle_ms`` is the rest of the step: the GPU waiting for the host
+    (launch overhead, Python, data, syncs). A kernel belongs to the phase of the host call that
+    launched it (the runtime call shares the kernel's correlation id), whichever thread made it
+    (autograd runs the backward pass on its own thread) and whether the kernel ran alone or inside
+    a replayed CUDA graph. ``kernels_per_step`` counts kernels that ran; ``launches_per_step``
+    counts the host's launch calls, of which ``graph_launches_per_step`` replayed a whole graph.
     """
     events = run.profiler.events()
     # On a GPU each named range appears twice, on the host and on the GPU timeline: the host's copy decides.
@@ -192,18 +207,19 @@ def step_breakdown(run: ProfileRun) -> dict:
     step_ms = sum(r.end - r.start for r in steps) / n / 1e3
     on_gpu = run.device.type == "cuda"
     phase_ms = {name: 0.0 for name in PHASES}
-    kernels = 0
+    counts = {}
     if on_gpu:
-        for event in events:
-            # operators only: a named range holds its operators' kernels (and, linked to it, its GPU copy)
-            if event.device_type.name != "CPU" or event.is_async or event.is_user_annotation or not event.kernels:
-                continue
-            kernels += len(event.kernels)
-            start = event.time_range.start
-            phase = next((name for name, ranges in windows.items() if any(r.start <= start <= r.end for r in ranges)),
-                         None)
+        launches = {e.id: e.time_range.start for e in events if _host_range(e) and e.name in _LAUNCHES}
+        kernels = [e for e in events if _is_kernel(e)]
+        for kernel in kernels:
+            launched = launches.get(kernel.id)
+            phase = None if launched is None else next(
+                (name for name, ranges in windows.items() if any(r.start <= launched <= r.end for r in ranges)), None)
             if phase is not None:
-                phase_ms[phase] += sum(k.duration for k in event.kernels) / n / 1e3
+                phase_ms[phase] += (kernel.time_range.end - kernel.time_range.start) / n / 1e3
+        graph_launches = sum(1 for e in events if _host_range(e) and e.name in _GRAPH_LAUNCHES)
+        counts = {"kernels_per_step": len(kernels) / n, "launches_per_step": len(launches) / n,
+                  "graph_launches_per_step": graph_launches / n}
     else:
         for name, ranges in windows.items():
             phase_ms[name] = sum(r.end - r.start for r in ranges) / n / 1e3
@@ -218,7 +234,8 @@ def step_breakdown(run: ProfileRun) -> dict:
     rest = max(0.0, step_ms - sum(phase_ms.values()))
     return {"step_ms": step_ms, **{f"{name}_ms": ms for name, ms in phase_ms.items()},
             ("idle_ms" if on_gpu else "other_ms"): rest,
-            "operators_per_step": operators / n, "kernels_per_step": kernels / n if on_gpu else None,
+            "operators_per_step": operators / n,
+            **{key: counts.get(key) for key in ("kernels_per_step", "launches_per_step", "graph_launches_per_step")},
             "host_syncs_per_step": syncs / n}
 
 

@@ -205,6 +205,37 @@ def node_table():
                          "threads_per_core", "memory_mib", "gres", "features"])
 
 
+def gpus_in_gres(gres) -> int:
+    """GPUs a node's GRES string offers: "gpu:4", "gpu:h100:4(S:0-1)", "gpu:a100:2,shard:8"; 0 for "(null)"."""
+    return sum(int(count) for count in re.findall(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", str(gres or "")))
+
+
+def env_check_request(nodes, tasks: int, gpus_per_task: int) -> tuple[list[str], str]:
+    """sbatch options for env_check's tasks, sized to the nodes ``node_table`` lists, and one line saying why.
+
+    Tasks with GPUs go to as few nodes as hold them; a cluster with fewer GPUs than asked for gets
+    fewer tasks, not a request sbatch refuses ("Requested node configuration is not available").
+    """
+    if not gpus_per_task:
+        return [f"--ntasks={tasks}"], f"env_check: {tasks} task(s), no GPU."
+    per_node = sorted((gpus_in_gres(g) // gpus_per_task for g in nodes["gres"]), reverse=True) if len(nodes) else []
+    per_node = [n for n in per_node if n > 0]
+    if not per_node:
+        raise WorkshopError(f"No node lists a GPU in its GRES, so {tasks} task(s) with {gpus_per_task} GPU(s) each "
+                            "cannot be placed.", "run the cpu profile (profile='cpu') or ask your admins which "
+                            "partition has GPUs (sinfo -o '%P %G').")
+    fit, used = 0, 0
+    for capacity in per_node:  # the nodes with most GPUs first: as few nodes as possible
+        if fit >= tasks:
+            break
+        fit, used = fit + min(capacity, tasks - fit), used + 1
+    options = [f"--nodes={used}", f"--ntasks={fit}", f"--gpus-per-task={gpus_per_task}"]
+    said = (f"env_check: {fit} task(s) with {gpus_per_task} GPU(s) each on {used} node(s)"
+            + ("." if fit == tasks else f" ({tasks} asked for; this cluster's nodes hold {sum(per_node)} such "
+                                        f"task(s) at most)."))
+    return options, said
+
+
 # ---------------------------------------------------------------------------------------------- job scripts
 
 

@@ -172,7 +172,8 @@ def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True, device=
              None if batch_factor > 1 else "batch_factor 1 changes nothing"),
         Rung("torch.compile", {"compile": True}, "fused kernels, fewer launches and memory trips",
              None if compile else "compilation is switched off in this profile (minutes on a small CPU)"),
-        Rung("CUDA graphs", {"compile_mode": "reduce-overhead"}, "the whole step replayed as one graph: one launch",
+        Rung("CUDA graphs", {"compile_mode": "reduce-overhead"}, "forward and backward each replayed as one recorded graph: one launch each; "
+             "loss, optimizer and loader launch as before",
              "CUDA graphs need a GPU" if device.type != "cuda" else
              None if compile else "it builds on torch.compile, switched off in this profile"),
     ]

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import re
 import typing
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from .data import LOADERS
 from .models import MODELS
 
 DEVICES = ("cuda", "cpu")  # None: a GPU per local rank when there are GPUs, else the CPU
+# What users type, and what str(torch.device) gives back: "cuda:1" names one GPU of several.
+DEVICE_FORM = re.compile(r"cpu|cuda(:(0|[1-9][0-9]*))?")
 OPTIMIZER_KERNELS = ("default", "foreach", "fused")  # PyTorch's choice; one kernel per group; one for all
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # reduce-overhead replays CUDA graphs
 
@@ -96,8 +99,9 @@ class TrainConfig:
     synthetic: bool | str = setting("auto", "train on the synthetic stand-in for CIFAR-10: yes (True; the flag alone), "
                                             "no (False: missing data is an error) or auto (only when no CIFAR-10 "
                                             "is found)", DATA, words={"auto": "auto", "yes": True, "no": False})
-    device: str | None = setting(None, "auto: one GPU per local rank when there are GPUs, else the CPU", SPEED,
-                                 choices=DEVICES, words={"auto": None})
+    device: str | None = setting(None, "auto: one GPU per local rank when there are GPUs, else the CPU; cuda: "
+                                       "the same on the GPU or an error; cuda:N: GPU N (one process only); cpu",
+                                 SPEED, words={"auto": None}, metavar="{auto,cpu,cuda,cuda:N}")
     checkpoint_dir: str | None = setting(None, "folder where rank 0 writes checkpoints (default: none written)", STATE,
                                          metavar="DIR")
     checkpoint_every: int | None = setting(None, "steps between checkpoints (default: at each epoch's end)", STATE,
@@ -169,6 +173,13 @@ def _check_field(name: str, value, s: Setting, types: tuple[type, ...]) -> None:
         raise WorkshopError(f"{name} must be a string, got {value!r}.", f"set {name} to a string.")
 
 
+def check_device(device: str | None) -> None:
+    """Refuse a device string ``TrainConfig.device`` cannot mean: None, cpu, cuda or cuda:N."""
+    if device is not None and not (isinstance(device, str) and DEVICE_FORM.fullmatch(device)):
+        raise WorkshopError(f"device must be 'cpu', 'cuda', 'cuda:N' (N a GPU index) or None (auto), got {device!r}.",
+                            "set device='cuda' for this rank's GPU, 'cuda:1' for GPU 1, or 'cpu'.")
+
+
 def validate_config(config: TrainConfig) -> TrainConfig:
     """Refuse a config that cannot run, with one line naming the value and its fix; return it unchanged.
 
@@ -185,6 +196,7 @@ def validate_config(config: TrainConfig) -> TrainConfig:
         raise WorkshopError(f"momentum must be above 0 and below 1, got {config.momentum!r}.", "try momentum=0.9.")
     if not (config.weight_decay >= 0 and math.isfinite(config.weight_decay)):
         raise WorkshopError(f"weight_decay must be 0 or more, got {config.weight_decay!r}.", "try weight_decay=5e-4.")
+    check_device(config.device)
     if (config.resume or config.stop_after_step) and not config.checkpoint_dir:
         raise WorkshopError("resume and stop_after_step need somewhere to keep checkpoints.",
                             "set checkpoint_dir as well.")

@@ -115,20 +115,35 @@ def gpu_for_local_rank(local_rank: int, visible: int, env=None) -> int:
     return local_rank
 
 
-def rank_device(local_rank: int, device_type: str | None = None, env=None) -> torch.device:
-    """The device this rank trains on: ``cuda:<i>`` (see ``gpu_for_local_rank``) or the CPU. Touches no GPU."""
-    use_cuda = torch.cuda.is_available() if device_type is None else device_type == "cuda"
+def rank_device(local_rank: int, device: str | None = None, env=None, world_size: int = 1) -> torch.device:
+    """The device this rank trains on: ``cuda:<i>`` (see ``gpu_for_local_rank``) or the CPU. Touches no GPU.
+
+    ``device`` is None (a GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``: one process may
+    name its GPU; several may not, since every rank would then pick the same one.
+    """
+    wanted = torch.device(device) if device is not None else None
+    use_cuda = torch.cuda.is_available() if wanted is None else wanted.type == "cuda"
     if not use_cuda:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise WorkshopError("A GPU run was asked for, but PyTorch sees no CUDA GPU.", "run on a GPU node or use the CPU.")
-    return torch.device("cuda", gpu_for_local_rank(local_rank, torch.cuda.device_count(), env))
+    visible = torch.cuda.device_count()
+    if wanted is None or wanted.index is None:
+        return torch.device("cuda", gpu_for_local_rank(local_rank, visible, env))
+    if world_size > 1:
+        raise WorkshopError(f"device={device!r} would put all {world_size} ranks on the same GPU.",
+                            "pass device='cuda' (each rank takes its local rank's GPU) and choose the GPUs "
+                            "with CUDA_VISIBLE_DEVICES.")
+    if wanted.index >= visible:
+        raise WorkshopError(f"device={device!r} was asked for, but this process sees {visible} GPU(s) "
+                            f"(cuda:0..cuda:{visible - 1}).", f"pick an index below {visible}, or device='cuda'.")
+    return wanted
 
 
-def setup_distributed(device_type: str | None = None, timeout_s: int = 300) -> tuple[DistInfo, torch.device]:
-    """Join the process group (if there is one) and pick this rank's device."""
+def setup_distributed(device: str | None = None, timeout_s: int = 300) -> tuple[DistInfo, torch.device]:
+    """Join the process group (if there is one) and pick this rank's device (see ``rank_device``)."""
     info = read_dist_env()
-    device = rank_device(info.local_rank, device_type)
+    device = rank_device(info.local_rank, device, world_size=info.world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not info.distributed:
@@ -144,8 +159,11 @@ def setup_distributed(device_type: str | None = None, timeout_s: int = 300) -> t
             # torchrun keeps its store across restarts: a per-attempt prefix stops a restarted rank from
             # reading the address of a predecessor that no longer listens.
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+            # device_id binds NCCL's communicator to this rank's GPU at once; without it every barrier()
+            # warns that it guesses the device from the current context.
             dist.init_process_group(backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
-                                    rank=info.rank, world_size=info.world_size, timeout=timeout)
+                                    rank=info.rank, world_size=info.world_size, timeout=timeout,
+                                    device_id=device if device.type == "cuda" else None)
         except dist.DistNetworkError as err:
             if "EADDRINUSE" not in str(err) and "in use" not in str(err).lower():
                 raise

@@ -1,7 +1,9 @@
 """TensorBoard scalars of a training run, written by rank 0 once per epoch.
 
 ``tensorboard --logdir <run folder>/tensorboard`` then shows loss, accuracy, learning rate,
-step time, samples/s and (on a GPU with NVML) utilisation, run beside run. Nothing here reads
+step time, samples/s and (on a GPU with NVML) utilisation, run beside run. NVML's utilisation
+covers only its last sampling period (1/6 s to 1 s, by GPU): it is read as the epoch's training
+steps end, before evaluation and before the loop waits for the GPU, and its name says so. Nothing here reads
 a value off the GPU inside the hot loop: per-step losses stay on the device until the epoch's
 end, where the loop synchronises anyway to sum its accuracy, and step times come from the
 step timer's marks.
@@ -17,8 +19,12 @@ from ..system.results import check_output_path
 class ScalarLog:
     """Scalars for TensorBoard under ``folder``; does nothing without a folder or off rank 0."""
 
+    # What the utilisation scalar covers, in its name: read at the end of training, not of evaluation.
+    UTILISATION = "device/gpu_utilisation_percent_last_training_second"
+
     def __init__(self, folder: str | None, is_main: bool, run_name: str):
         self.writer = None
+        self.utilisation = None  # NVML's reading as the epoch's training steps ended
         if folder and is_main:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package: imported on use
 
@@ -26,8 +32,18 @@ class ScalarLog:
             self.writer = SummaryWriter(str(check_output_path(folder, what="tensorboard_dir", folder=True)
                                             / run_name))
 
+    def training_steps_done(self, device: torch.device) -> None:
+        """Read the GPU's utilisation now, while the epoch's training steps may still be running on it."""
+        self.utilisation = None
+        if self.writer is None or device.type != "cuda":
+            return
+        try:
+            self.utilisation = torch.cuda.utilization(device)
+        except Exception:  # no NVML on this node: the other scalars still matter
+            pass
+
     def epoch_end(self, step: int, row: dict, steps: list[int], losses: list[torch.Tensor], lrs: list[float],
-                  step_s: list[float], samples_per_step: int, device: torch.device) -> None:
+                  step_s: list[float], samples_per_step: int) -> None:
         """Per-step loss, learning rate and step time of the epoch just ended; its accuracy and losses."""
         if self.writer is None:
             return
@@ -42,11 +58,8 @@ class ScalarLog:
                 add("speed/samples_per_s", samples_per_step / seconds, number)
         for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
             add(f"epoch/{key}", row[key], step)
-        if device.type == "cuda":
-            try:
-                add("device/gpu_utilisation_percent", torch.cuda.utilization(device), step)
-            except Exception:  # no NVML on this node: the other scalars still matter
-                pass
+        if self.utilisation is not None:
+            add(self.UTILISATION, self.utilisation, step)
         self.writer.flush()
 
     def close(self) -> None:

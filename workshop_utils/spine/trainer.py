@@ -209,7 +209,7 @@ def train(config: TrainConfig, data: CifarData | None = None,
 
 def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int], None] | None) -> RunResult:
     started = time.perf_counter()
-    info, device = setup_distributed(config.device and torch.device(config.device).type)
+    info, device = setup_distributed(config.device)
     say = print if info.is_main else (lambda *a, **k: None)
     notes = configure_precision(config.precision, device)
     for note in notes:
@@ -361,6 +361,7 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
         if capture and step > timer.warmup_steps:
             torch.cuda.profiler.stop()  # the capture holds the timed steps only, not the evaluation after them
             capture = False
+        scalars.training_steps_done(device)  # before the sync and the evaluation below change what the GPU does
         loss_sum, correct, seen = all_reduce_sum(sums).tolist()
         row = {"epoch": epoch + 1, "step": step, "train_loss": loss_sum / max(seen, 1),
                "train_acc": correct / max(seen, 1), "lr": scheduler.get_last_lr()[0]}
@@ -370,7 +371,7 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
         history.append(row)
         steps_done, step_s = timer.last_stretch()
         scalars.epoch_end(step, row, [n + 1 for n in steps_done], step_losses[epoch_first:], step_lrs[epoch_first:],
-                          step_s, config.batch_size * info.world_size, device)
+                          step_s, config.batch_size * info.world_size)
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.3f}")
         epoch_done = step % steps_per_epoch == 0 or step == total_steps
         if interrupted or (epoch_done and not config.checkpoint_every) or step == total_steps:

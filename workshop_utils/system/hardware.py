@@ -64,13 +64,58 @@ def device_name(device: torch.device | str | None = None) -> str:
     return platform.processor() or platform.machine() or "CPU"
 
 
+# A MIG slice is named after its GPU plus its profile ("NVIDIA H100 80GB HBM3 MIG 1g.10gb"): <g>g is its share of
+# the GPU's compute slices, 7 on an A100, H100 or H200 and 4 on an A30.
+MIG_PROFILE = re.compile(r"\bMIG\s+(\d+)g\.(\d+)gb\b", re.IGNORECASE)
+MIG_COMPUTE_SLICES = {"A30": 4}
+FULL_GPU_SLICES = 7
+
+
+def mig_share(name: str) -> tuple[int, int] | None:
+    """(compute slices of this MIG instance, slices of the whole GPU), or None for a whole GPU."""
+    match = MIG_PROFILE.search(name)
+    if not match:
+        return None
+    whole = next((n for gpu, n in MIG_COMPUTE_SLICES.items()
+                  if re.search(rf"(?<![a-z0-9]){gpu.lower()}(?![a-z0-9])", name.lower())), FULL_GPU_SLICES)
+    return int(match.group(1)), whole
+
+
 def peak_tflops(name: str, precision: str) -> float | None:
-    """Vendor peak dense TFLOP/s for a GPU name and precision, or None when unknown."""
+    """Vendor peak dense TFLOP/s for a GPU name and precision, or None when unknown.
+
+    A MIG slice gets its share of the whole GPU's peak (``mig_share``; ``peak_note`` says so),
+    not the whole GPU's: MFU against the full peak would read up to 7x too low on a 1g slice.
+    """
     choose(precision, PRECISIONS, "precision")
     for pattern, peaks in PEAK_TFLOPS.items():
         if re.search(rf"(?<![a-z0-9]){re.escape(pattern.lower())}(?![a-z0-9])", name.lower()):
-            return peaks.get(precision)
+            peak, share = peaks.get(precision), mig_share(name)
+            return peak * share[0] / share[1] if peak and share else peak
     return None
+
+
+def peak_note(name: str) -> str | None:
+    """One line on how the peak of a MIG slice was taken, or None for a whole GPU."""
+    share = mig_share(name)
+    if share is None:
+        return None
+    profile = MIG_PROFILE.search(name).group(0).split()[-1]
+    known = peak_tflops(name, "bf16") is not None or peak_tflops(name, "fp32") is not None
+    return (f"MIG slice {profile}: peak taken as {share[0]}/{share[1]} of the whole GPU's (its share of the compute "
+            f"slices)" if known else f"MIG slice {profile} of a GPU not in the peak table: no peak, no MFU")
+
+
+def mig_uuid(device: torch.device, env=None) -> str | None:
+    """The MIG instance's UUID behind a CUDA device, when CUDA_VISIBLE_DEVICES names one (``MIG-...``).
+
+    NVML numbers whole GPUs only: looked up by index, a slice would read its parent GPU (another tenant's
+    memory and utilisation); by this UUID, NVML reads the slice itself.
+    """
+    text = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES") or ""
+    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+    index = device.index or 0
+    return entries[index] if index < len(entries) and entries[index].startswith("MIG-") else None
 
 
 def _gpu_facts() -> list[dict]:
@@ -186,6 +231,7 @@ def environment(device: torch.device | str | None = None) -> dict:
         "cpu_model": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector instructions PyTorch uses
         "cpu_native_bf16": cpu_16bit_support()["native_bf16"],  # whether bf16 autocast runs full-length here
+        "peak_note": peak_note(device_name(device)) if device.type == "cuda" else None,
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "slurm": slurm,
