@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
+
+import workshop_utils as wu
 
 from workshop_utils.parallel.comm_model import (LINKS, Link, bus_bandwidth_gbps, ddp_buckets, exposed_communication_s,
                                        fit_link, link_measurement_plan, predict_scaling, ring_all_reduce_s)
@@ -129,3 +132,38 @@ def test_one_process_has_nobody_to_all_reduce_with():
     result = subprocess.run([sys.executable, "-m", "workshop_utils.comm_model"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and result.stderr.strip().startswith("error: One process")
+
+
+def _one_process_record(device_type="cpu", step_ms=230.0):
+    return {"config": {"name": "weak-1", "model": "simplecnn", "precision": "fp32", "batch_size": 64},
+            "metrics": {"step_ms_median": step_ms, "parameters": 2_474_506, "flops_per_sample": 246_183_936},
+            "environment": {"device_type": device_type, "device_name": "x86_64" if device_type == "cpu" else "H100",
+                            "date": "2026-11-25T00:00:00+00:00"}}
+
+
+def test_a_cpu_run_predicts_the_gpu_cluster_from_a_stated_gpu_step_not_its_own(tmp_path):
+    # A 230 ms CPU step hides any all-reduce: the 64-GPU efficiency it gave (99%) was no GPU's.
+    record = _one_process_record()
+    step = wu.cluster_step(record, reference=tmp_path / "none.json")
+    expected = 246_183_936 * 64 / (wu.peak_tflops("H100 SXM", "fp32") * 1e12 * 0.05)
+    assert step.step_s == pytest.approx(expected) and step.step_s < 0.23 / 10
+    assert step.grad_bytes == 4 * 2_474_506
+    assert step.source.startswith("GPU step estimated, not measured") and "5% MFU" in step.source
+    cpu_64 = predict_scaling(0.23, step.grad_bytes, [64], LINKS["nvlink4"], LINKS["ib_ndr"]).iloc[0]
+    gpu_64 = predict_scaling(step.step_s, step.grad_bytes, [64], LINKS["nvlink4"], LINKS["ib_ndr"]).iloc[0]
+    assert gpu_64.efficiency_no_overlap < cpu_64.efficiency_no_overlap
+
+
+def test_a_recorded_gpu_reference_run_is_preferred_and_named(tmp_path):
+    reference = _one_process_record("cuda", step_ms=12.5)
+    reference["config"].update(model="resnet18", batch_size=256)
+    reference["metrics"]["parameters"] = 11_173_962
+    (tmp_path / "ddp-weak-1.json").write_text(json.dumps(reference))
+    step = wu.cluster_step(_one_process_record(), reference=tmp_path / "ddp-weak-1.json")
+    assert step.step_s == pytest.approx(0.0125) and step.grad_bytes == 4 * 11_173_962
+    assert "reference run (H100, 2026-11-25, resnet18, batch 256)" in step.source
+
+
+def test_on_a_gpu_the_measured_step_is_the_input():
+    step = wu.cluster_step(_one_process_record("cuda", step_ms=3.0))
+    assert step.step_s == pytest.approx(0.003) and step.source == "step measured here on H100"

@@ -136,6 +136,9 @@ _MODULES = {
         "BYTES_PER_PARAMETER", "ZERO_STAGES", "compare_ddp_fsdp", "held_bytes", "memory_ratio", "plot_held_memory",
         "shard_model", "zero_memory_table",
     ),
+    "lessons.cluster_step": (
+        "ClusterStep", "cluster_step",
+    ),
     "lessons.slurm_jobs": (
         "SlurmLesson", "binding_line", "binding_table", "config_flags", "env_check_request", "gpus_in_gres",
         "find_slurm", "gather_array", "job_table",
