@@ -187,6 +187,15 @@ def untouched_gradients(model):
     return model
 
 
+def failing_on_rank_1(model):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("no gradient on rank 1")
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
 def placeholder_gradients(model):
     ...
 
@@ -204,6 +213,7 @@ def test_the_placeholder_function_is_named_before_any_launch(tmp_path, capsys):
     (average_gradients, None),
     (summed_gradients, "sum over the 2 ranks"),
     (untouched_gradients, "no dist.all_reduce call"),
+    (failing_on_rank_1, r"failed on the ranks: rank 1 failed first: ValueError: no gradient on rank 1 \(then rank 0 "),
 ])
 def test_gradients_averaged_by_hand_are_compared_with_ddp(tmp_path, capsys, function, message):
     if message is None:
@@ -252,18 +262,33 @@ MISTAKES = {
     "a crash on rank 1": ("    dataset = synthetic_cifar(args.samples)\n",
                           "    dataset = synthetic_cifar(args.samples)\n"
                           "    if rank == 1:\n        raise RuntimeError('rank 1 fell over')\n",
-                          r"the run failed \(exit status 1\); rank 1: RuntimeError: rank 1 fell over"),
+                          r"the run failed \(exit status 1\); rank 1 failed first: RuntimeError: rank 1 fell over"),
+    # Rank 0 is in the step's all-reduce when rank 1 fails: its "Connection closed by peer" is a consequence.
+    "a crash in rank 1's training loop": (
+        "            seen += len(images)\n",
+        "            seen += len(images)\n            if rank == 1 and epoch == 1:\n"
+        "                raise RuntimeError('rank 1 fell over in epoch 1')\n",
+        r"the run failed \(exit status 1\); rank 1 failed first: RuntimeError: rank 1 fell over in epoch 1 "
+        r"\(then rank 0 lost its connection to it\)\. Fix: read rank 1's own traceback"),
+    "a barrier on rank 0 only": ("        print(f\"saved {out / 'checkpoint.pt'}\", flush=True)\n",
+                                 "        print(f\"saved {out / 'checkpoint.pt'}\", flush=True)\n        dist.barrier()\n",
+                                 r"rank 0 waited in barrier\(\) while rank 1 had already finished and left: a "
+                                 r"collective that only some ranks run .*Fix: run every collective"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mistake", MISTAKES)
-def test_each_mistake_gets_its_own_message(tmp_path, mistake):
+def test_each_mistake_gets_its_own_message(tmp_path, capsys, mistake):
     old, new, message = MISTAKES[mistake]
     script = mutated(tmp_path, old, new)
     with pytest.raises(NotYet, match=message) as caught:
         wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False)
     assert "\n" not in str(caught.value) and str(caught.value).startswith("✗ Exercise 2.2: ")
+    if "crash" in mistake:  # below the interleaved output, the failing rank's own traceback, ending in its error
+        shown = capsys.readouterr().out
+        assert "--- the last lines of rank 1, the first to fail:\n" in shown
+        assert shown.rstrip().endswith("RuntimeError: " + re.search(r"raise RuntimeError\('(.*)'\)", new).group(1))
 
 
 @pytest.mark.slow

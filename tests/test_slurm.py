@@ -128,6 +128,18 @@ def test_one_node_script_starts_one_process_per_task_on_a_cpu_node(cluster, tmp_
 
 
 @pytest.mark.slow
+def test_one_node_script_ends_its_log_with_the_rank_that_failed_first(cluster, tmp_path):
+    """Both ranks print an error when rank 1 fails; the log's last lines name rank 1 and its own error."""
+    job, text, run_dir = submit_and_wait(cluster, tmp_path, "train_one_node.sbatch", *TINY, "--steps", "6",
+                                         "--fail-at-step", "3", options=("--ntasks-per-node=2",))
+    assert job["JobState"] == "FAILED" and job["ExitCode"] == "1:0", job
+    assert re.search(r"^error: rank 1 failed first: InjectedFailure: injected failure on rank 1 at step 3 "
+                     r"\(--fail-at-step\) \(then rank 0 lost its connection to it\)\. Fix: ", text, re.M), text
+    assert text.rstrip().endswith("InjectedFailure: injected failure on rank 1 at step 3 (--fail-at-step)"), text
+    assert (run_dir / "torchrun.out").exists() and "results in" not in text
+
+
+@pytest.mark.slow
 def test_multi_node_script_runs_two_torchrun_agents_and_restarts_after_a_crash(cluster, tmp_path):
     """Two agents (--nnodes=2) meet at the c10d rendezvous; one slurmd, so both run on this host.
 
@@ -146,6 +158,17 @@ def test_multi_node_script_runs_two_torchrun_agents_and_restarts_after_a_crash(c
     assert metrics["world_size"] == 2 and metrics["steps"] == 6
     assert metrics["resumed_from_step"] == 2
     assert (run_dir / "torchrun-logs").is_dir()
+
+
+@pytest.mark.slow
+def test_multi_node_script_without_restarts_ends_its_log_with_the_rank_that_failed_first(cluster, tmp_path):
+    job, text, run_dir = submit_and_wait(
+        cluster, tmp_path, "train_multi_node.sbatch", *TINY, "--steps", "6", "--fail-at-step", "3",
+        options=("--nodes=1", "--ntasks-per-node=2"), env={"WORKSHOP_MAX_RESTARTS": "0"}, timeout_s=240)
+    assert job["JobState"] == "FAILED", job
+    assert re.search(r"^error: rank 1 failed first: InjectedFailure: injected failure on rank 1 at step 3 "
+                     r"\(--fail-at-step\) \(then rank 0 ", text, re.M), text
+    assert text.rstrip().endswith("InjectedFailure: injected failure on rank 1 at step 3 (--fail-at-step)"), text
 
 
 @pytest.mark.slow

@@ -11,12 +11,14 @@ from dataclasses import asdict
 
 from .parallel.collectives import measure_all_reduce
 from .parallel.comm_model import fit_link, message_sizes
+from .parallel.failures import record_failures
 from .spine.distributed import setup_distributed, teardown_distributed
 from .system.errors import WorkshopError, exit_on_workshop_error
 from .system.results import write_json
 
 
 @exit_on_workshop_error
+@record_failures  # each rank's fatal exception, time-stamped, for launch_torchrun to name the first
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m workshop_utils.comm_model",

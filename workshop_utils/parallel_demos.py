@@ -22,6 +22,7 @@ from pathlib import Path
 from .parallel.collectives import show_collectives, time_collectives
 from .parallel.comm_model import message_sizes
 from .parallel.dist_checkpoint import checkpoint_stall, sharded_round_trip
+from .parallel.failures import RankFailed, record_failures
 from .system.errors import WorkshopError, choose, exit_on_workshop_error
 from .parallel.pipeline import measure_bubble
 from .parallel.sharding import compare_ddp_fsdp
@@ -85,6 +86,7 @@ def hide_gpus() -> None:
 
 
 @exit_on_workshop_error
+@record_failures  # each rank's fatal exception, time-stamped, for launch_torchrun to name the first
 def main(argv=None) -> None:
     from .spine.distributed import setup_distributed, teardown_distributed
     from .system.hardware import environment
@@ -155,6 +157,8 @@ def launch_demo(part: str, nproc: int = 2, device: str = "cpu", timeout_s: float
         try:
             launched = launch_torchrun("workshop_utils.parallel_demos", args, nproc, device=device, out=out,
                                        timeout_s=timeout_s, echo=echo)
+        except RankFailed as err:  # the first failing rank, found, travels on with the message
+            raise RankFailed(f"'{part}' on {nproc} {device} ranks: {err.problem}", err.cause) from None
         except WorkshopError as err:
             raise WorkshopError(f"'{part}' on {nproc} {device} ranks: {err.problem}", err.fix) from None
         if launched.record is None:

@@ -27,6 +27,7 @@ import socket
 import sys
 from pathlib import Path
 
+from .parallel.failures import LOST_PEER, record_failure, record_failures
 from .spine.config import GROUPS, HOW_MUCH, OUTPUT, Setting, TrainConfig, field_types, setting_of, validate_config
 from .spine.distributed import read_dist_env, teardown_distributed
 from .spine.preemption import stop_on_signals
@@ -195,6 +196,7 @@ def save_result(record: dict, out: Path) -> None:
 
 
 @exit_on_workshop_error
+@record_failures  # under torchrun, the exception that ends a rank goes to its error file, time-stamped
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     info = read_dist_env()
@@ -209,14 +211,18 @@ def main(argv=None) -> None:
     try:
         result = train(config)
     except InjectedFailure as err:
+        record_failure(err)
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except RuntimeError as err:
-        if info.world_size == 1 or "peer" not in str(err).lower():
+        if info.world_size == 1 or not LOST_PEER.search(str(err)):
             raise
-        # The survivors of a crashed rank fail in their next collective: one line, not a traceback each.
-        print(f"error: rank {info.rank} lost a peer rank (its own error is above); torchrun stops or restarts "
-              f"the job. [{str(err).splitlines()[0][:160]}]", file=sys.stderr, flush=True)
+        # The survivors of a crashed rank fail in their next collective: one line, not a traceback each,
+        # and recorded, so that whoever reads the error files sees a consequence, not a cause.
+        record_failure(err)
+        print(f"error: rank {info.rank} lost its connection to a rank that failed first (that rank's own error is "
+              f"the cause); torchrun stops or restarts the job. [{str(err).splitlines()[0][:160]}]",
+              file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
         teardown_distributed()

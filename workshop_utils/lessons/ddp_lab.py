@@ -40,6 +40,7 @@ from pathlib import Path
 from .exercises import (NotYet, Unsolved, answered_number, attendee_source, exercise_check, passed, require,
                         require_answered)
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
+from ..parallel.failures import MISMATCHED_COLLECTIVE_FIX, record_failure, record_failures, root_cause
 from ..parallel.launch import cpu_threads_per_process, free_port, stream, torchrun_command
 from ..system.errors import WorkshopError
 from ..system.results import fresh_folder, repo_root
@@ -48,6 +49,7 @@ LAB_EXERCISE = "Exercise 2.2"
 GRADIENTS_EXERCISE = "Exercise 2.1"
 EFFICIENCY_EXERCISE = "Exercise 2.3"
 PROBE_MODULE = "workshop_utils.lessons.ddp_lab"
+TORCHRUN_LOGS = "torchrun"  # the check folder's subfolder where torchrun has the ranks write their error files
 SOLUTION_FILE = "train_ddp.py"
 STARTER_NAME = "my_train_ddp.py"
 # Variables a kernel started inside a job would otherwise hand on to the ranks it launches.
@@ -234,12 +236,15 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code:
             record["error"] = f"SystemExit: {stop.code}"
+            record_failure(stop)
     except BaseException as err:  # noqa: BLE001 - recorded, shown as the script's own traceback, then exit 1
         record["error"] = f"{type(err).__name__}: {err}"
         frames = err.__traceback__  # from the script's first frame on: the probe's and runpy's are noise
         while frames is not None and Path(frames.tb_frame.f_code.co_filename).resolve() != Path(script).resolve():
             frames = frames.tb_next
-        traceback.print_exception(type(err), err, frames or err.__traceback__)
+        # Before anything closes the process group: the ranks this failure stops come later in time.
+        record_failure(err.with_traceback(frames or err.__traceback__))
+        traceback.print_exception(type(err), err, err.__traceback__)
         code = 1
     record["end"] = time.time()
     record["torn_down"] = not (dist.is_available() and dist.is_initialized())
@@ -328,6 +333,8 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
     rendezvous = ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--master-port", "--master_port")
     if not any(f.split("=")[0] in rendezvous for f in flags):
         flags = [*flags, "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    if not any(f.split("=")[0] in ("--log-dir", "--log_dir") for f in flags):
+        flags = [*flags, f"--log-dir={probe / TORCHRUN_LOGS}"]
     return [sys.executable, "-m", "torch.distributed.run", *flags, *probe_args], launcher
 
 
@@ -344,10 +351,10 @@ def _read(path: Path) -> str:
 
 
 def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str) -> NotYet:
-    """The one line a failed run gets: a known mistake by its symptom, else the failing rank's error.
+    """The one line a failed run gets: a known mistake by its symptom, else the rank that failed first.
 
-    The probe records the exception that ended a rank; a rank that torchrun stopped because
-    another one failed records nothing, so the first recorded error names the culprit.
+    Every rank a failure stops records an error of its own too (a lost connection), so the rank
+    is picked by ``root_cause``, from the error files the probe writes under torchrun.
     """
     errors = {}
     for rank in range(nproc):
@@ -375,16 +382,19 @@ def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str)
     for symptom, problem, hint in known:
         if symptom in everything:
             return NotYet(f"✗ {exercise}: {problem}", hint)
-    rank = min(errors) if errors else next((r for r, text in stderr.items() if "Traceback" in text), None)
-    text = stderr[rank] if rank is not None else "\n".join(lines)
-    tail = [line for line in text.splitlines() if line.strip()][-6:]
-    if tail:  # the streamed output above interleaves the ranks: this is the failing one's alone
-        print(f"--- the last lines of {'rank ' + str(rank) if rank is not None else 'the output'}:", *tail, sep="\n")
-    last = errors.get(rank) or next((line.strip() for line in reversed(tail)
-                                     if re.match(r"\s*\w+(Error|Exception)\b", line)),
-                                    tail[-1].strip() if tail else "(no output)")
-    who = f"rank {rank}" if rank is not None else "the job"
-    return NotYet(f"✗ {exercise}: the run failed (exit status {code}); {who}: {' '.join(last.split())}",
+    cause = root_cause(lines, nproc, folder / TORCHRUN_LOGS, rank_output=stderr)
+    if cause is not None:  # the streamed output above interleaves the ranks: these lines are the failing one's alone
+        if cause.last_lines:
+            print(cause.last_lines_text())
+        return NotYet(f"✗ {exercise}: the run failed (exit status {code}); {cause.line}.", cause.fix)
+    # Launched with `python`: one process and no torchrun report, its own output is all there is.
+    tail = [line for line in (stderr.get(0) or "\n".join(lines)).splitlines() if line.strip()][-6:]
+    if tail:
+        print("--- the last lines of the output:", *tail, sep="\n")
+    last = errors.get(0) or next((line.strip() for line in reversed(tail)
+                                  if re.match(r"\s*\w+(Error|Exception)\b", line)),
+                                 tail[-1].strip() if tail else "(no output)")
+    return NotYet(f"✗ {exercise}: the run failed (exit status {code}); the script: {' '.join(last.split())}",
                   "the traceback above names the line; fix it and run this cell again.")
 
 
@@ -544,7 +554,7 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=None, timeout_s: floa
     device = lab_device(nproc)
     if command is None:
         argv = torchrun_command(PROBE_MODULE, ["--probe", str(probe), str(script.resolve()), *extra], nproc,
-                                port=free_port())
+                                port=free_port(), log_dir=probe / TORCHRUN_LOGS)
     else:
         argv, _ = lab_command(command, script, nproc, probe, extra, exercise)
     if echo:
@@ -558,9 +568,7 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=None, timeout_s: floa
         if "longer than" not in str(err):
             raise
         raise NotYet(f"✗ {exercise}: the run did not finish within {timeout_s:.0f} s and was stopped: a rank waits "
-                     "for the others in a collective they never reach.",
-                     "look for a collective (an all-reduce, a barrier, the DDP model's forward) that only some "
-                     "ranks run, e.g. inside `if rank == 0:`; the lab's training takes seconds.") from None
+                     "for the others in a collective they never reach.", MISMATCHED_COLLECTIVE_FIX) from None
     seconds = time.perf_counter() - started
     code = max(codes, key=abs)
     if code:
@@ -680,7 +688,7 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 2, timeout_
     source_file.write_text("import torch\nimport torch.distributed as dist\n\n\n" + source)
     device = lab_device(nproc)
     argv = torchrun_command(PROBE_MODULE, ["--gradients", str(source_file), average_gradients.__name__, str(folder)],
-                            nproc, port=free_port())
+                            nproc, port=free_port(), log_dir=folder / TORCHRUN_LOGS)
     try:
         codes, lines = stream({"": argv}, clean_env(cpu_threads_per_process(nproc), device == "cpu"), timeout_s,
                               echo=False)
@@ -690,10 +698,11 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 2, timeout_
         raise NotYet(f"✗ {exercise}: the ranks did not finish within {timeout_s:.0f} s: one waits in a collective "
                      "the other never joins.", "call the same all-reduces, in the same order, on every rank.") from None
     if any(codes):
-        errors = [line.strip() for line in lines if re.match(r"\s*\w+(Error|Exception)\b", line)]
-        print("--- last lines of the ranks' output:", *lines[-6:], sep="\n")
-        raise NotYet(f"✗ {exercise}: your function failed on the ranks: {(errors or lines[-1:] or ['?'])[-1]}",
-                     "the output above shows the error; gloo (CPU ranks) sums, it has no ReduceOp.AVG.")
+        cause = root_cause(lines, nproc, folder / TORCHRUN_LOGS)
+        print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
+        raise NotYet(f"✗ {exercise}: your function failed on the ranks: "
+                     f"{cause.line if cause else (lines or ['(no output)'])[-1].strip()}",
+                     "the lines above show the error; gloo (CPU ranks) sums, it has no ReduceOp.AVG.")
     results = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
     worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own", "to_sum")}
     tolerance = 1e-5 * max(1.0, max(r["scale"] for r in results))
@@ -778,6 +787,7 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
 # ---------------------------------------------------------------- the entry the ranks run
 
 
+@record_failures  # the probe records the script's own failure; this records the probe's and the gradients'
 def main(argv=None) -> None:
     """``--probe FOLDER SCRIPT [ARGS...]`` or ``--gradients SOURCE NAME FOLDER``: what a rank of a check runs."""
     argv = list(sys.argv[1:] if argv is None else argv)

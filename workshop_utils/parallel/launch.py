@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..system.errors import WorkshopError
+from .failures import RankFailed, RootCause, root_cause
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,10 +62,17 @@ def check_process_count(nproc_per_node: int, device: str | None) -> None:
 
 
 def torchrun_command(module: str, args: list[str], nproc_per_node: int, *, port: int, nnodes: int = 1,
-                     max_restarts: int = 0, rdzv_id: str = "workshop", is_host: bool | None = None) -> list[str]:
-    """The torchrun command line, with the venv's own torchrun (``sys.executable -m torch.distributed.run``)."""
+                     max_restarts: int = 0, rdzv_id: str = "workshop", is_host: bool | None = None,
+                     log_dir: str | os.PathLike | None = None) -> list[str]:
+    """The torchrun command line, with the venv's own torchrun (``sys.executable -m torch.distributed.run``).
+
+    ``log_dir`` is where torchrun has each worker write its error file (``root_cause`` reads them);
+    None leaves torchrun's default, a new folder in /tmp that nobody removes.
+    """
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
                f"--max-restarts={max_restarts}"]
+    if log_dir is not None:
+        command.append(f"--log-dir={log_dir}")
     if nnodes == 1:
         command += ["--master-addr=127.0.0.1", f"--master-port={port}"]
     else:  # several agents meet at a c10d rendezvous; the one with is_host=1 serves it
@@ -82,6 +90,7 @@ class Launched:
     record: dict | None = field(default=None, repr=False)
     seconds: float = 0.0
     layout: "NodeLayout | None" = field(default=None, repr=False)  # launch_nodes only: who got which device
+    cause: RootCause | None = field(default=None, repr=False)  # a failed launch's first failing rank
 
 
 def stop_process_group(process: subprocess.Popen, grace_s: float = 10) -> None:
@@ -180,11 +189,17 @@ def train_flags(options: dict) -> list[str]:
     return args
 
 
-def _failure(codes: list[int], lines: list[str]) -> WorkshopError:
-    errors = [line for line in lines if "error:" in line.lower()] or lines[-1:]
-    return WorkshopError(f"torchrun exited with status {max(codes, key=abs)}; first error: "
-                         f"{errors[0].strip() if errors else '(no output)'}",
-                         "read the streamed output above for the rank that failed.")
+def _failure(codes: list[int], lines: list[str], cause: RootCause | None, echo: bool) -> WorkshopError:
+    """The one line of a failed launch: the rank that failed first (``root_cause``), then, shown, its last lines."""
+    code = max(codes, key=abs)
+    if cause is None:  # no rank failed: torchrun itself did (a bad flag, a rendezvous that never met)
+        errors = [line for line in lines if "error:" in line.lower()] or lines[-1:]
+        return WorkshopError(f"torchrun exited with status {code}; first error: "
+                             f"{errors[0].strip() if errors else '(no output)'}",
+                             "read the streamed output above.")
+    if echo and cause.last_lines:
+        print(cause.last_lines_text(), flush=True)
+    return RankFailed(f"torchrun exited with status {code}; {cause.line}.", cause)
 
 
 def launch_torchrun(module: str, args: list[str], nproc: int = 1, *, max_restarts: int = 0, port: int | None = None,
@@ -196,21 +211,24 @@ def launch_torchrun(module: str, args: list[str], nproc: int = 1, *, max_restart
     """
     check_process_count(nproc, device)
     port = check_port_free(port) if port is not None else free_port()
-    command = torchrun_command(module, args, nproc, port=port, max_restarts=max_restarts)
-    if echo:
-        print("$ torchrun " + " ".join(command[3:]), flush=True)
+    if echo:  # the line a reader would type; the run adds a --log-dir of its own for the error files
+        print("$ torchrun " + " ".join(torchrun_command(module, args, nproc, port=port,
+                                                        max_restarts=max_restarts)[3:]), flush=True)
     env = _job_env(threads or cpu_threads_per_process(nproc))
     if device == "cpu":
         # CPU ranks on a GPU node must not see the GPUs: library code (Adam's step, checkpoint writers)
         # would otherwise start CUDA on GPU 0 in every rank, costing time and memory there.
         env["CUDA_VISIBLE_DEVICES"] = ""
     started = time.perf_counter()
-    codes, lines = stream({"": command}, env, timeout_s, echo)
+    with tempfile.TemporaryDirectory(prefix="workshop-torchrun-") as logs:
+        command = torchrun_command(module, args, nproc, port=port, max_restarts=max_restarts, log_dir=logs)
+        codes, lines = stream({"": command}, env, timeout_s, echo)
+        cause = root_cause(lines, nproc, logs) if any(codes) else None
     seconds = time.perf_counter() - started
     if check and any(codes):
-        raise _failure(codes, lines)
+        raise _failure(codes, lines, cause, echo)
     record = json.loads(Path(out).read_text()) if out is not None and Path(out).exists() else None
-    return Launched(max(codes, key=abs), lines, record, seconds)
+    return Launched(max(codes, key=abs), lines, record, seconds, cause=cause)
 
 
 def launch_training(nproc: int = 1, *, max_restarts: int = 0, port: int | None = None, timeout_s: float = 600,
@@ -305,7 +323,8 @@ def launch_nodes(nnodes: int = 2, nproc_per_node: int = 1, *, port: int | None =
         args = train_flags({**options, "out": out})
         rdzv_id = f"workshop-{port}"
         commands = {f"[agent {n}] ": torchrun_command("workshop_utils.train", args, nproc_per_node, port=port,
-                                                      nnodes=nnodes, rdzv_id=rdzv_id, is_host=n == 0)
+                                                      nnodes=nnodes, rdzv_id=rdzv_id, is_host=n == 0,
+                                                      log_dir=Path(folder) / "logs")
                     for n in range(nnodes)}
         if echo:
             for label, command in commands.items():
@@ -316,7 +335,7 @@ def launch_nodes(nnodes: int = 2, nproc_per_node: int = 1, *, port: int | None =
                 for label, visible in zip(commands, layout.visible_devices)}
         codes, lines = stream(commands, env, timeout_s, echo, envs)
         if any(codes):
-            raise _failure(codes, lines)
+            raise _failure(codes, lines, root_cause(lines, nnodes * nproc_per_node, Path(folder) / "logs"), echo)
         record = json.loads(out.read_text()) if out.exists() else None
         return Launched(max(codes, key=abs), [announce, *lines], record, time.perf_counter() - started, layout)
 
