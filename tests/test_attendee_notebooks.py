@@ -13,12 +13,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import HANG_LIMIT_FACTOR
 
 from workshop_utils.lessons.exercises import write_attendee_notebooks
 from workshop_utils.system.profiles import TIME_BUDGET_S
 
 ROOT = Path(__file__).resolve().parent.parent
-LIMIT_S = 2 * TIME_BUDGET_S["cpu"]
+LIMIT_S = HANG_LIMIT_FACTOR * TIME_BUDGET_S["cpu"]
 pytestmark = [pytest.mark.notebook, pytest.mark.timeout(6 * LIMIT_S + 180)]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import ACCURACY_FLOOR_PCT
+from helpers import ACCURACY_FLOOR_PCT, HANG_LIMIT_FACTOR
 
 from workshop_utils.system.profiles import TIME_BUDGET_S, notebook_profiles
 
@@ -26,8 +26,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 BASELINE = ROOT / "notebooks" / "01_single_gpu_baseline.ipynb"
 PROFILE = "cpu"
 BUDGET_S = TIME_BUDGET_S[PROFILE]
-# A notebook that hangs is stopped at twice its budget and reported failed; the others still run.
-NOTEBOOK_LIMIT_S = 2 * BUDGET_S
+# A notebook that hangs is stopped and reported failed; the others still run. Over budget is shown, not failed.
+NOTEBOOK_LIMIT_S = HANG_LIMIT_FACTOR * BUDGET_S
 RUN_LIMIT_S = len(NOTEBOOKS) * NOTEBOOK_LIMIT_S + 120
 
 # The first test to ask for main_run waits for the whole run: pytest's per-test timeout must cover it.
