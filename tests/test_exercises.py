@@ -281,8 +281,9 @@ def test_matmul_tflops(capsys):
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     measured = wu.time_repeats(lambda: a @ b, repeats=5).median  # the notebook's solution, smaller
     assert wu.check_matmul_tflops(2 * 256**3 / measured / 1e12, 256, measured, "x86_64", torch.device("cpu"))
-    not_yet(lambda: wu.check_matmul_tflops(2 * 256**3 / 1e12, 256, 1.0, "x86_64", torch.device("cpu")),
-            "`seconds` = 1, but a 256 x 256 matmul takes")
+    # The check's own timing is shown, never judged: a busy machine once put it 10x from the attendee's.
+    assert wu.check_matmul_tflops(2 * 256**3 / 1e12, 256, 1.0, "x86_64", torch.device("cpu"))
+    assert "this check's own timing of `a @ b`" in capsys.readouterr().out
     # 8192^3 in 10 us: what a timer that never waits for the GPU reports
     fast = 2 * 8192**3 / 1e-5 / 1e12
     not_yet(lambda: wu.check_matmul_tflops(fast, 8192, 1e-5, "NVIDIA H100 80GB HBM3"), "synchronizes")

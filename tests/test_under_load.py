@@ -15,10 +15,18 @@ BURN = "while True: sum(i * i for i in range(10_000))"  # what each burner runs
 @pytest.mark.slow
 @pytest.mark.parametrize("status", [0, 3])
 def test_the_command_runs_beside_busy_burners_which_are_all_stopped_after(status):
-    probe = ("import os; "
-             "print('burners seen:', sum(1 for p in os.listdir('/proc') if p.isdigit() and "
-             f"open(f'/proc/{{p}}/cmdline', 'rb').read().split(b'\\0')[-2:-1] == [{BURN.encode()!r}])); "
-             f"raise SystemExit({status})")
+    # Only the runner's own burners (children of the probe's parent): the suite may itself run under load.
+    probe = f"""import os
+def own_burner(pid):
+    try:
+        command = open(f'/proc/{{pid}}/cmdline', 'rb').read().split(b'\\0')[-2:-1]
+        parent = int(open(f'/proc/{{pid}}/stat').read().rsplit(')', 1)[1].split()[1])
+    except OSError:  # a process that ended meanwhile
+        return False
+    return command == [{BURN.encode()!r}] and parent == os.getppid()
+print('burners seen:', sum(own_burner(p) for p in os.listdir('/proc') if p.isdigit()))
+raise SystemExit({status})
+"""
     done = subprocess.run([sys.executable, str(RUNNER), "--burners", "2", "--", sys.executable, "-c", probe],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == status, done.stderr

@@ -50,9 +50,10 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
                         exercise: str = "Exercise 1.2") -> bool:
     """An n x n by n x n matrix multiply is n^3 multiply-adds, 2 n^3 FLOPs, in ``seconds``.
 
-    With ``device`` the check times such a multiply itself and wants ``seconds`` within a factor of
-    four of its own median: closer would fail on a busy shared machine, and the mistakes it is there
-    for (timing something else, a clock stopped before the GPU finished) are further off than that.
+    With ``device`` the check times such a multiply itself and shows its median beside the answer,
+    for comparison only: on a shared machine both timings move with other people's work, so no
+    verdict rests on them. A clock stopped before the GPU finished is caught without a stopwatch:
+    the rate then exceeds the device's data-sheet peak.
     """
     seconds = answered_number(seconds, exercise, "seconds")
     require(seconds > 0, exercise, f"`seconds` = {seconds:g}: a time must be above 0.",
@@ -72,14 +73,14 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
                 f"{value:.0f} TFLOP/s is more than {device_name} can do ({fastest or 0:g} TFLOP/s at best).",
                 "the timer stopped before the GPU finished: time with wu.time_repeats(..., device=device), "
                 "which synchronizes.")
+    compared = ""
     if device is not None:
         device = torch.device(device)
         a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         own = time_repeats(lambda: a @ b, repeats=5, device=device).median
-        require(own / 4 <= seconds <= 4 * own, exercise,
-                f"`seconds` = {seconds:.3g}, but a {n} x {n} matmul takes {own:.3g} s here.",
-                "time `a @ b` itself, with wu.time_repeats(lambda: a @ b, repeats, device=device).median.")
-    return passed(exercise, f"{value:.3g} TFLOP/s for a {n} x {n} matmul")
+        compared = (f" (this check's own timing of `a @ b`: {own:.3g} s against your {seconds:.3g} s; far apart on an "
+                    "idle machine means something else was timed)")
+    return passed(exercise, f"{value:.3g} TFLOP/s for a {n} x {n} matmul{compared}")
 
 
 @exercise_check
