@@ -6,7 +6,9 @@
 Each rung is one more switch of ``TrainConfig`` on top of the rungs before it
 (``workshop_utils.lessons.sweeps.ladder_rungs``), trained with the one training loop for
 the same number of steps. The rungs are trained round-robin ``--repeats`` times and
-each keeps its median run, so a busy shared machine slows all rungs alike. Prints the
+each keeps its median run, so a busy shared machine slows all rungs alike; every ratio comes
+with the range of its per-pass values, and one whose range includes 1 reads "no measurable
+change" (a rung whose settings equal the rung's below is not trained again). Prints the
 cumulative table and writes <run-dir>/benchmarks/optimization_ladder.json in the layout
 every benchmark shares (workshop_utils.system.benchmark), with the environment; every
 training run's full record goes to <run-dir>/results/. Then every rung is profiled for a few
@@ -74,16 +76,21 @@ def main(argv=None):
     print(table.to_markdown(index=False, floatfmt=",.3g"))
     print(table.attrs["stated_peak"])
     top = table.dropna(subset=["samples_per_s"]).iloc[-1]  # the highest rung that applies here
-    print(f"\ntop rung ({top['rung']}): {top['samples_per_s']:,.0f} samples/s, {top['vs_baseline']:.1f}x the baseline")
+    print(f"\ntop rung ({top['rung']}): {top['samples_per_s']:,.0f} samples/s, against the baseline: "
+          f"{wu.speedup_text(top)}")
     best = table.loc[table["samples_per_s"].idxmax()]
-    print(f"fastest rung ({best['rung']}): {best['samples_per_s']:,.0f} samples/s, {best['vs_baseline']:.1f}x")
-    summary = {"top_vs_baseline": top["vs_baseline"], "top_samples_per_s": top["samples_per_s"],
+    print(f"fastest rung ({best['rung']}): {best['samples_per_s']:,.0f} samples/s, against the baseline: "
+          f"{wu.speedup_text(best)}")
+    # top_vs_baseline is null where the passes disagree on the direction: no speed-up was measured
+    summary = {"top_vs_baseline": top["vs_baseline"], "top_vs_baseline_min": top["vs_baseline_min"],
+               "top_vs_baseline_max": top["vs_baseline_max"], "top_samples_per_s": top["samples_per_s"],
                "baseline": baseline, "load_average_1_5_15_min": list(load),
                "stated_peak": table.attrs["stated_peak"]}
     if run.profile == "gpu":
         for key, goal in GOALS_GPU.items():
             summary[f"goal_{key}_met"] = bool(top[key] >= goal)
-            print(f"goal {key} >= {goal:,}: {'met' if top[key] >= goal else 'NOT met'} ({top[key]:,.1f})")
+            shown = wu.speedup_text(top) if key == "vs_baseline" else f"{top[key]:,.1f}"
+            print(f"goal {key} >= {goal:,}: {'met' if top[key] >= goal else 'NOT met'} ({shown})")
     # The compiled rungs' warm-up (compilation, autotuning, graph capture), of each rung's kept run: later passes
     # may find the kernels in the on-disk cache, so the first pass's wait can be longer.
     summary["compile_wait_s"] = wu.compile_wait_s(table)

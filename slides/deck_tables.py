@@ -3,9 +3,11 @@
 A report section records every column a notebook computed, under the names the code uses
 (``samples_per_s``, ``mfu``). A slide shows a few of them: ``TABLES`` names, per section, which columns in
 which order, their headers and how to round them. A section that is not listed still reads well: its
-headers are spelled out by ``human_header`` and its numbers rounded to three significant digits. A column
-that is empty in every row (MFU on a CPU) is left out, and so is its note. No table is ever split: it
-shows at most ``MAX_COLUMNS`` columns and ``MAX_ROWS`` rows, and says what it left out.
+headers are spelled out by ``human_header`` and its numbers rounded to three significant digits. A ratio
+whose column names its spread (the ladder's, over several passes) is followed by its per-pass range,
+"1.52 (1.48–1.57)". A column that is empty in every row (MFU on a CPU) is left out, and so is its note.
+No table is ever split: it shows at most ``MAX_COLUMNS`` columns and ``MAX_ROWS`` rows, and says what it
+left out.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Column:
     header: str
     fmt: str = "auto"  # see format_cell; "footnote": shown as small print under the table, not as a column
     note: str = ""  # small print under the table, shown only with the column
+    spread: tuple[str, str] | None = None  # the keys of the value's run-to-run low and high, shown after it
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -85,8 +88,10 @@ TABLES: dict[str, Table] = {
     "batch_size": Table((Column("batch_size", "Batch size", "int"), Column("status", "Result", "status"),
                          THROUGHPUT, STEP_MS, PEAK_MEMORY, MFU)),
     "ladder": Table((Column("rung", "Rung", "text"), THROUGHPUT,
-                     Column("vs_previous", "This rung's gain (×)", "2"),
-                     Column("vs_baseline", "Against the baseline (×)", "2"),
+                     Column("vs_previous", "This rung's gain (×)", "2",
+                            spread=("vs_previous_min", "vs_previous_max")),
+                     Column("vs_baseline", "Against the baseline (×)", "2",
+                            spread=("vs_baseline_min", "vs_baseline_max")),
                      Column("mfu_bf16_peak", "MFU vs. BF16 peak (%)", "pct1",
                             "MFU on every rung against one peak, the device's dense BF16 one, so switching "
                             "precision does not move the yardstick."),
@@ -195,6 +200,16 @@ def format_cell(value, fmt: str = "auto") -> str:
     return format(number, fmt)
 
 
+def _cell(row: dict, column: Column, key: str) -> str:
+    text = format_cell(row.get(key), column.fmt)
+    if not column.spread or _is_empty(row.get(key)):
+        return text
+    low, high = (row.get(k) for k in column.spread)
+    if _is_empty(low) or _is_empty(high):
+        return text
+    return f"{text} ({format_cell(low, column.fmt)}–{format_cell(high, column.fmt)})"
+
+
 @dataclass
 class Rendered:
     headers: list[str]
@@ -239,5 +254,5 @@ def curate(section: str, rows: list[dict], max_rows: int | None = None) -> Rende
     if extra > 0:
         left.append(f"{extra} more column(s)")
     return Rendered([column.header for column, _ in chosen],
-                    [[format_cell(row.get(key), column.fmt) for column, key in chosen] for row in shown],
+                    [[_cell(row, column, key) for column, key in chosen] for row in shown],
                     numeric, notes, "; ".join(left) + (": all of them in the run's report.md" if left else ""))

@@ -1,4 +1,4 @@
-"""The 'what you should see' lines, the course's figures beside ours, and accuracy compared with its noise."""
+"""The 'what you should see' lines, a speed-up read per device, and accuracy compared with its noise."""
 
 from __future__ import annotations
 
@@ -50,23 +50,18 @@ def test_the_baseline_check_holds_accuracy_to_the_profile_range():
     assert wu.check_baseline(record).loc["accuracy above chance", "result"] == "ok"  # without a profile: above 30%
 
 
-def test_the_course_figure_sits_beside_the_measured_one_with_the_reason(capsys):
-    row = wu.beside_the_course("baseline samples/s", 500.0, device_type="cpu", device_name="Some CPU",
-                               flops_per_sample=230e6).iloc[0]
-    assert row["course (quoted)"] == 1000 and row["here / course"] == pytest.approx(0.5)
-    # 1,000 samples/s x 230 MFLOP against an A100's 19.5 TFLOP/s FP32 peak
-    assert f"{1000 * 230e6 / 19.5e12:.2%}" in row["why they differ"]
+def test_the_scaling_speed_up_is_read_per_device_without_figures_from_outside_the_kit(capsys):
+    row = wu.beside_the_course("8-GPU speed-up", 1.8, world_size=2, device_type="cpu", device_name="Some CPU").iloc[0]
+    assert row["per-device efficiency"] == pytest.approx(0.9)
     out = capsys.readouterr().out
-    assert "1,000 samples/s" in out and "500 samples/s" in out and "why they differ" in out
-
-
-def test_a_speed_up_on_fewer_devices_is_compared_per_device():
-    row = wu.beside_the_course("8-GPU speed-up", 1.8, world_size=2, device_type="cpu").iloc[0]
-    assert row["here / course"] == pytest.approx((1.8 / 2) / (6.5 / 8))
-    assert "90%" in row["why they differ"] and "81%" in row["why they differ"]
-    assert pd.isna(wu.beside_the_course("AMP speed-up", None, device_type="cuda").iloc[0]["here / course"])
-    with pytest.raises(wu.WorkshopError, match="No course figure"):
-        wu.beside_the_course("16-GPU speed-up", 12.0)
+    assert "1.80x" in out and "90% per device" in out and "2 CPU processes" in out and "all-reduce" in out
+    assert "6.5" not in out and "A100" not in out and "course" not in out
+    assert wu.beside_the_course("8-GPU speed-up", None, world_size=1, device_type="cuda").iloc[0][
+        "per-device efficiency"] is None
+    assert "not measured in this run" in capsys.readouterr().out
+    for gone in ("baseline samples/s", "AMP speed-up", "combined speed-up"):
+        with pytest.raises(wu.WorkshopError, match="No figure named"):
+            wu.beside_the_course(gone, 2.0)
 
 
 def _record(model, precision, steps, accuracy, seed=0):

@@ -256,6 +256,21 @@ def test_a_table_drops_empty_columns_and_their_notes_and_says_what_it_left_out()
     assert shown.headers[0] == "Some value 0" and shown.rows[0][1] == "1.23"
 
 
+def test_a_ladder_ratio_shows_its_per_pass_range_and_an_uncredited_one_its_reason():
+    rows = [{"rung": "baseline", "samples_per_s": 100.0, "vs_previous": None, "vs_baseline": 1.0, "note": ""},
+            {"rung": "channels_last", "samples_per_s": 150.0, "vs_previous": 1.5, "vs_previous_min": 1.4545,
+             "vs_previous_max": 1.5556, "vs_baseline": 1.5, "vs_baseline_min": 1.4545, "vs_baseline_max": 1.5556,
+             "note": ""},
+            {"rung": "fused optimizer", "samples_per_s": 151.0, "vs_previous": None, "vs_previous_min": 0.96,
+             "vs_previous_max": 1.06, "vs_baseline": 1.51, "vs_baseline_min": 1.41, "vs_baseline_max": 1.6,
+             "note": "no measurable change against the rung below (per-pass ratios 0.96–1.06x)"}]
+    shown = tables.curate("ladder", rows)
+    gain, baseline_ratio = (shown.headers.index(h) for h in ("This rung's gain (×)", "Against the baseline (×)"))
+    assert shown.rows[1][gain] == "1.50 (1.45–1.56)" and shown.rows[2][gain] == "–"
+    assert shown.rows[2][baseline_ratio] == "1.51 (1.41–1.60)" and shown.rows[0][baseline_ratio] == "1.00"
+    assert shown.notes == [f"fused optimizer: {rows[2]['note']}"]
+
+
 def test_human_headers_and_rounding():
     assert tables.human_header("self_cpu_ms") == "Self CPU (ms)"
     assert tables.human_header("peak_memory_mib") == "Peak memory (MiB)"

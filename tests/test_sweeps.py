@@ -3,6 +3,7 @@
 import json
 import math
 
+import pandas as pd
 import pytest
 
 import workshop_utils as wu
@@ -156,6 +157,75 @@ def test_the_compile_wait_is_the_slowest_compiled_rungs_warm_up(tiny_data, monke
     table = wu.climb_ladder(_config(), tiny_data, eager)
     assert table["compiled"].tolist() == [False, False]
     assert wu.compile_wait_s(table) is None
+
+
+def _fake_speeds(monkeypatch, speeds: dict[int, list[float]]):
+    """``train`` replaced by a table: samples/s by rung index and pass (run names "ladder-<index>-<slug>[-r<pass>]")."""
+    import re
+
+    from workshop_utils.lessons import sweeps
+
+    trained = []
+
+    def fake_train(config, data, **_):
+        index, repeat = re.fullmatch(r"ladder-(\d+)-.*?(?:-r(\d+))?", config.name).groups()
+        trained.append(config.name)
+        metrics = {"samples_per_s": speeds[int(index)][int(repeat or 1) - 1], "step_ms_median": 1.0, "warmup_s": 0.1}
+        return type("R", (), {"metrics": metrics, "save": lambda *a: None})()
+
+    monkeypatch.setattr(sweeps, "train", fake_train)
+    return trained
+
+
+def test_a_rung_with_the_settings_of_the_rung_below_is_not_trained_and_gets_no_ratio(tiny_data, monkeypatch):
+    base = _config(num_workers=0)
+    # the notebook's tuned loader where the best setting of the loader sweep is the baseline's own
+    same_loader = dict(num_workers=0, pin_memory=False, persistent_workers=False, prefetch_factor=None)
+    rungs = wu.ladder_rungs(same_loader, compile=False, device="cpu", base=base)
+    assert wu.same_as_below(wu.rung_configs(base, rungs))[:3] == [False, True, False]
+
+    trained = _fake_speeds(monkeypatch, {0: [100.0], 2: [150.0]})
+    ladder = [wu.Rung("baseline", {}, ""), wu.Rung("tuned DataLoader", same_loader, ""),
+              wu.Rung("channels_last", {"channels_last": True}, "")]
+    table = wu.climb_ladder(base, tiny_data, ladder).set_index("rung")
+    assert trained == ["ladder-0-baseline", "ladder-2-channels_last"]
+    unchanged = table.loc["tuned DataLoader"]
+    assert unchanged["note"] == "same settings as the rung below"
+    assert unchanged[["samples_per_s", "vs_previous", "vs_baseline"]].isna().all()
+    assert wu.speedup_text(unchanged) == "same settings as the rung below"
+    assert table.loc["channels_last", "vs_previous"] == pytest.approx(1.5)  # against the baseline, the rung that ran
+    assert not table.loc["tuned DataLoader", "compiled"]
+
+
+def test_a_speed_up_inside_its_run_to_run_spread_reads_no_measurable_change(tiny_data, monkeypatch):
+    # three round-robin passes: channels_last is faster in every one, the device loader only in some
+    _fake_speeds(monkeypatch, {0: [100.0, 110.0, 90.0], 1: [150.0, 160.0, 140.0], 2: [145.0, 170.0, 135.0]})
+    rungs = [wu.Rung("baseline", {}, ""), wu.Rung("channels_last", {"channels_last": True}, ""),
+             wu.Rung("device-resident loader", {"loader": "device"}, "")]
+    table = wu.climb_ladder(_config(), tiny_data, rungs, repeats=3).set_index("rung")
+
+    gain = table.loc["channels_last"]  # per pass 1.50, 1.45, 1.56: outside the spread, so it keeps its ratio
+    assert gain["vs_previous"] == pytest.approx(150 / 100)
+    assert (gain["vs_previous_min"], gain["vs_previous_max"]) == pytest.approx((160 / 110, 140 / 90))
+    assert gain["note"] == ""
+    assert wu.speedup_text(gain, "vs_previous") == "1.50x (per pass 1.45–1.56x)"
+
+    noise = table.loc["device-resident loader"]  # per pass 0.97, 1.06, 0.96 against channels_last
+    assert pd.isna(noise["vs_previous"])
+    assert (noise["vs_previous_min"], noise["vs_previous_max"]) == pytest.approx((135 / 140, 170 / 160))
+    assert noise["note"].startswith("no measurable change against the rung below (per-pass ratios 0.96–1.06x)")
+    assert wu.speedup_text(noise, "vs_previous") == "no measurable change (per pass 0.96–1.06x)"
+    # against the baseline the same rung gained in every pass: that ratio stands
+    assert noise["vs_baseline"] == pytest.approx(145 / 100) and noise["vs_baseline_min"] > 1
+    assert table.loc["baseline", "vs_baseline"] == 1.0 and pd.isna(table.loc["baseline", "vs_baseline_min"])
+
+
+def test_one_pass_has_no_spread_and_keeps_its_ratios(tiny_data, monkeypatch):
+    _fake_speeds(monkeypatch, {0: [100.0], 1: [98.0]})
+    rungs = [wu.Rung("baseline", {}, ""), wu.Rung("channels_last", {"channels_last": True}, "")]
+    row = wu.climb_ladder(_config(), tiny_data, rungs).iloc[1]
+    assert row["vs_previous"] == pytest.approx(0.98) and pd.isna(row["vs_previous_max"]) and row["note"] == ""
+    assert wu.speedup_text(row) == "0.98x"
 
 
 @pytest.mark.slow

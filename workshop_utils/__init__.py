@@ -95,7 +95,7 @@ _MODULES = {
         "precision_configs", "precision_plan", "gpu_reference_speedup", "smallest_subnormal", "training_batches", "underflow_table",
     ),
     "lessons.course_figures": (
-        "COURSE_FIGURES", "beside_the_course",
+        "beside_the_course",
     ),
     "lessons.precision_sweep": (
         "plot_precision_batch_sweep", "precision_batch_sweep", "speedup_by_batch",
@@ -146,7 +146,7 @@ _MODULES = {
     ),
     "lessons.sweeps": (
         "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "compile_wait_s", "dataloader_sweep",
-        "ladder_rungs", "rung_configs", "worker_counts",
+        "ladder_rungs", "rung_configs", "same_as_below", "speedup_text", "worker_counts",
     ),
     "parallel.tensor_parallel": (
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",

@@ -7,9 +7,10 @@ throws away ``warmup`` steps (the profiler's own start-up cost), then keeps
 * a table of the operators with the most *self* time (time in the operator
   itself, not in what it calls), which is where the work really is;
 * a Chrome trace (``traces/<name>.json``): open it at https://ui.perfetto.dev
-  or chrome://tracing to see every operator and kernel on a timeline;
-* the same trace in TensorBoard's layout (``traces/tensorboard/``), for
-  ``tensorboard --logdir`` with the ``torch-tb-profiler`` plugin;
+  (or chrome://tracing) to see every operator and kernel on a timeline. For summaries of
+  such traces (GPU time by kernel, idle time and its causes, per rank of a distributed run),
+  the maintained tool is Holistic Trace Analysis (``pip install HolisticTraceAnalysis``; the
+  kit does not install it);
 * the peak memory of every step (``monitor.StepMemory``).
 
 ``step_breakdown`` reads the kept steps back as one row: the milliseconds of a step spent in
@@ -24,10 +25,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +43,7 @@ from ..system.hardware import pick_device
 from .monitor import StepMemory
 from ..spine.timing import PHASES
 from ..spine.trainer import RunResult, TrainConfig, train
-from .sweeps import Rung, rung_configs
+from .sweeps import Rung, rung_configs, same_as_below
 
 
 @dataclass
@@ -54,7 +53,6 @@ class ProfileRun:
     profiler: torch.profiler.profile
     result: RunResult
     chrome_trace: Path
-    tensorboard_dir: Path
     step_memory: pd.DataFrame
     device: torch.device
 
@@ -62,14 +60,10 @@ class ProfileRun:
         return top_ops(self.profiler, n, self.device)
 
 
-def _exporter(chrome_trace: Path, tensorboard_dir: Path):
+def _exporter(chrome_trace: Path):
     def export(prof) -> None:
         chrome_trace.parent.mkdir(parents=True, exist_ok=True)
-        tensorboard_dir.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(chrome_trace))
-        # The name pattern the TensorBoard profiler plugin looks for: <worker>.<time>.pt.trace.json
-        worker = f"{socket.gethostname()}_{os.getpid()}"
-        (tensorboard_dir / f"{worker}.{time.time_ns()}.pt.trace.json").write_bytes(chrome_trace.read_bytes())
 
     return export
 
@@ -107,7 +101,7 @@ def native_noise_filtered(noise: re.Pattern = _NATIVE_NOISE):
 
 def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = "profile", wait: int = 1,
                      warmup: int = 1, active: int = 3, detail: bool = True) -> ProfileRun:
-    """Train for ``wait + warmup + active`` steps under ``torch.profiler`` and export the traces.
+    """Train for ``wait + warmup + active`` steps under ``torch.profiler`` and export the Chrome trace.
 
     ``detail`` also records every operator's input shapes and allocations (the memory columns,
     the trace's shapes), which slows the profiled steps further.
@@ -117,14 +111,14 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
                             "use wait >= 0, warmup >= 0 and active >= 1.")
     device = pick_device(config.device)
     traces = Path(run_dir) / "traces"
-    chrome_trace, tensorboard_dir = traces / f"{name}.json", traces / "tensorboard"
+    chrome_trace = traces / f"{name}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     # The profiled steps are also the timed ones, so the record's throughput matches the trace.
     config = config.replace(name=name, max_steps=wait + warmup + active, warmup_steps=wait + warmup, annotate=True)
     memory = StepMemory(device)
     plan = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     with native_noise_filtered(), profile(activities=activities, schedule=plan, profile_memory=detail,
-                                          on_trace_ready=_exporter(chrome_trace, tensorboard_dir),
+                                          on_trace_ready=_exporter(chrome_trace),
                                           record_shapes=detail) as prof:
 
         def on_step(step: int) -> None:
@@ -135,7 +129,7 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
     if not chrome_trace.exists():
         raise WorkshopError(f"The profiler wrote no trace: the run stopped before step {wait + warmup + active}.",
                             "use more training images or a smaller batch size.")
-    return ProfileRun(prof, result, chrome_trace, tensorboard_dir, memory.frame(), device)
+    return ProfileRun(prof, result, chrome_trace, memory.frame(), device)
 
 
 def top_ops(prof, n: int = 10, device: torch.device | None = None) -> pd.DataFrame:
@@ -241,7 +235,7 @@ def step_breakdown(run: ProfileRun) -> dict:
 
 def profile_rungs(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir, active: int = 3,
                   warmup: int = 1, progress: bool = True) -> pd.DataFrame:
-    """``step_breakdown`` of every rung that applies here, each profiled for ``active`` steps.
+    """``step_breakdown`` of every rung that applies here and changes something, each profiled for ``active`` steps.
 
     A profiled step runs slower than a timed one (the profiler records every operator), so
     these rows say where the time goes, and the ladder's own table says how fast each rung is.
@@ -249,7 +243,8 @@ def profile_rungs(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir
     """
     rows = []
     configs = rung_configs(base, rungs)
-    trained = [(rung, config) for rung, config in zip(rungs, configs) if config is not None]
+    trained = [(rung, config) for rung, config, same in zip(rungs, configs, same_as_below(configs))
+               if config is not None and not same]
     for rung, config in tqdm(trained, desc="profiled rungs", unit="rung", disable=not progress, file=sys.stderr):
         # CUDA graph trees run a step eagerly, record the graph on the next and replay from the third on
         graphs = config.compile and config.compile_mode != "default"

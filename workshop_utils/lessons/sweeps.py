@@ -9,7 +9,8 @@ saves every run's full record there.
   step spent waiting for data and Amdahl's bound on what fixing it could gain.
 * ``batch_size_sweep``: 32, 64, ... until memory runs out; the out-of-memory
   error is caught and reported, never raised. A memory cap makes this work on CPU.
-* ``climb_ladder``: the cumulative optimization ladder, one switch per rung.
+* ``climb_ladder``: the cumulative optimization ladder, one switch per rung. A rung that switches
+  nothing here is not trained again, and a speed-up that the passes do not agree on is not credited.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -34,6 +36,8 @@ METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
 LADDER_METRICS = ("samples_per_s", "step_ms_median", "step_ms_p90", "data_wait_fraction", "peak_memory_mib",
                   "tflops_per_device", "mfu", "device_name", "final_test_acc", "warmup_s")
 # warmup_s: the untimed first steps, where torch.compile and CUDA-graph capture spend their time, shown apart
+SAME_AS_BELOW = "same settings as the rung below"
+NO_MEASURABLE_CHANGE = "no measurable change"
 
 
 def amdahl_speedup(fraction: float, factor: float = math.inf) -> float:
@@ -195,20 +199,91 @@ def rung_configs(base: TrainConfig, rungs: list[Rung]) -> list[TrainConfig | Non
     return configs
 
 
+def same_as_below(configs: list[TrainConfig | None]) -> list[bool]:
+    """Whether each rung's config equals, apart from its name, that of the last rung below it that applies.
+
+    Such a rung switches nothing on this machine (the tuned loader where the best setting found is the
+    baseline's own): training it again would measure only run-to-run noise, and its ratio would credit
+    that noise as a gain.
+    """
+    flags, below = [], None
+    for config in configs:
+        flags.append(config is not None and below is not None and config.replace(name=below.name) == below)
+        below = config if config is not None else below
+    return flags
+
+
+def _per_pass_range(speeds, against) -> tuple[float, float]:
+    """The smallest and largest of the per-pass ratios ``speeds / against``; NaN where there is no spread."""
+    if speeds is None or against is None or len(speeds) < 2:
+        return math.nan, math.nan
+    ratios = np.asarray(speeds, dtype=float) / np.asarray(against, dtype=float)
+    ratios = ratios[np.isfinite(ratios)]
+    return (float(ratios.min()), float(ratios.max())) if len(ratios) >= 2 else (math.nan, math.nan)
+
+
+def _credit_measurable_changes(table: pd.DataFrame, passes: list) -> pd.DataFrame:
+    """Put each ratio's run-to-run spread beside it, and take back the ratios that the spread does not support.
+
+    ``passes`` holds, per row of ``climb_ladder``'s table, the rung's samples/s in every round-robin pass
+    (in pass order), or None for a rung that did not run. The ratio of the same two rungs is taken pass by
+    pass: ``vs_previous_min``/``_max`` and ``vs_baseline_min``/``_max`` are the smallest and largest. Where
+    1 lies between them, some passes found the rung faster and others slower: the difference is inside the
+    noise, so the ratio is left empty (NaN) and the note says "no measurable change". With one pass there
+    is no spread, and the ratios stand as measured.
+    """
+    below, baseline = None, passes[0]
+    spreads = {"vs_previous": [], "vs_baseline": []}
+    for index, speeds in enumerate(passes):
+        spreads["vs_previous"].append(_per_pass_range(speeds, below))
+        # the baseline against itself is the denominator, not a change
+        spreads["vs_baseline"].append(_per_pass_range(speeds, baseline) if index else (math.nan, math.nan))
+        below = speeds if speeds is not None else below
+    notes = [[] for _ in passes]
+    for column, against in (("vs_previous", "the rung below"), ("vs_baseline", "the baseline")):
+        low, high = (pd.Series([s[i] for s in spreads[column]], index=table.index) for i in (0, 1))
+        inside = (low <= 1) & (1 <= high)
+        table[column] = table[column].astype(float).mask(inside)
+        for index in np.flatnonzero(inside.to_numpy()):
+            notes[index].append(f"against {against} (per-pass ratios {low.iloc[index]:.2f}–{high.iloc[index]:.2f}x)")
+        position = table.columns.get_loc(column)
+        table.insert(position + 1, f"{column}_min", low)
+        table.insert(position + 2, f"{column}_max", high)
+    table["note"] = [f"{NO_MEASURABLE_CHANGE} " + " nor ".join(found) if found else note
+                     for found, note in zip(notes, table["note"])]
+    return table
+
+
+def speedup_text(row, column: str = "vs_baseline") -> str:
+    """One ratio of a ladder row as a reader should take it: "1.52x (per pass 1.48–1.57x)", "no measurable
+    change (per pass 0.97–1.04x)", or the row's note where the rung has no ratio (not trained here)."""
+    value, low, high = row[column], row.get(f"{column}_min"), row.get(f"{column}_max")
+    spread = f" (per pass {low:.2f}–{high:.2f}x)" if pd.notna(low) and pd.notna(high) else ""
+    if pd.notna(value):
+        return f"{value:.2f}x{spread}"
+    if spread:
+        return NO_MEASURABLE_CHANGE + spread
+    return row.get("note") or "no ratio"
+
+
 def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=None,
                  repeats: int = 1, progress: bool = False) -> pd.DataFrame:
     """Train once per rung, each with all switches so far; speed-ups against the previous rung and the base.
 
     With ``repeats`` > 1 the rungs are trained round-robin that many times and each rung keeps
     its median run: a neighbour's job that slows a shared machine for a while then slows every
-    rung alike instead of one, so the ratios stay meaningful. ``progress`` shows a bar over the
+    rung alike instead of one, so the ratios stay meaningful. Each ratio then comes with the range
+    of its per-pass values, and one whose range includes 1 is not credited
+    (``_credit_measurable_changes``). A rung whose settings equal the rung's below (``same_as_below``)
+    is not trained again: it has no ratio and its note says so. ``progress`` shows a bar over the
     runs (the benchmark's; a notebook's runs print their own lines).
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise WorkshopError(f"repeats must be a whole number >= 1, got {repeats!r}.", "use repeats=1 or more.")
     configs = rung_configs(base, rungs)
+    unchanged = same_as_below(configs)
     runs = [[] for _ in rungs]
-    trained = [(index, config) for index, config in enumerate(configs) if config is not None]
+    trained = [(index, config) for index, config in enumerate(configs) if config is not None and not unchanged[index]]
     bar = tqdm(total=repeats * len(trained), desc="ladder runs", unit="run", disable=not progress, file=sys.stderr)
     for repeat in range(repeats):
         for index, config in trained:
@@ -217,22 +292,26 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
             runs[index].append(_metrics(_run(config.replace(name=name), data, run_dir), LADDER_METRICS))
             bar.update()
     bar.close()
-    rows = []
-    for rung, config, measured in zip(rungs, configs, runs):
+    rows, passes = [], []
+    for rung, config, measured, same in zip(rungs, configs, runs, unchanged):
         changes = ", ".join(f"{k}={v}" for k, v in rung.changes.items()) or "-"
         if not measured:
-            print(f"{rung.label}: not applicable here: {rung.not_here}.")
+            note = SAME_AS_BELOW if same else f"not applicable: {rung.not_here}"
+            print(f"{rung.label}: {SAME_AS_BELOW}, not trained again." if same else
+                  f"{rung.label}: not applicable here: {rung.not_here}.")
             rows.append({"rung": rung.label, "switch": changes, **{key: None for key in LADDER_METRICS},
-                         "note": f"not applicable: {rung.not_here}", "compiled": False})
+                         "note": note, "compiled": False})
+            passes.append(None)
             continue
-        measured.sort(key=lambda m: m["samples_per_s"] or 0.0)
+        passes.append([m["samples_per_s"] for m in measured])  # in pass order: pass p of every rung ran side by side
+        median = sorted(measured, key=lambda m: m["samples_per_s"] or 0.0)[len(measured) // 2]
         # compiled: whether the rung ran through torch.compile, its own switch or one inherited from below
-        rows.append({"rung": rung.label, "switch": changes, **measured[len(measured) // 2], "note": "",
-                     "compiled": config.compile})
+        rows.append({"rung": rung.label, "switch": changes, **median, "note": "", "compiled": config.compile})
     table = pd.DataFrame(rows)
     speed = table["samples_per_s"].astype(float)
     table.insert(3, "vs_previous", speed / speed.ffill().shift(1))  # against the last rung that ran
     table.insert(4, "vs_baseline", speed / speed.iloc[0])
+    table = _credit_measurable_changes(table, passes)
     # MFU against one stated peak, the device's dense BF16 one, so that switching precision never makes a
     # rung look worse; the peak of the rung's own precision (what the training record reports) beside it.
     stated = peak_tflops(table["device_name"].dropna().iloc[0], "bf16") if table["device_name"].notna().any() else None
