@@ -66,7 +66,10 @@ _MODULES = {
         "WorkshopError", "install_notebook_error_handler",
     ),
     "spine.flops": (
-        "achieved_tflops", "mfu", "training_flops_per_sample",
+        "achieved_tflops", "mfu", "training_flops_per_sample", "training_flops_per_sequence",
+    ),
+    "spine.gpt": (
+        "GPT", "GPT_SIZES", "GPTSize", "build_gpt", "flops_per_token_closed_form",
     ),
     "system.hardware": (
         "PEAK_TFLOPS", "PRECISIONS", "check_precision", "cpu_16bit_support", "environment", "environment_table", "peak_tflops",
@@ -81,7 +84,7 @@ _MODULES = {
         "node_layout", "resume_verdict", "world_sizes_for_this_machine",
     ),
     "spine.models": (
-        "MODELS", "SimpleCNN", "build_model", "count_parameters", "max_parameter_difference",
+        "MODELS", "SimpleCNN", "TOKEN_MODELS", "build_model", "count_parameters", "max_parameter_difference",
         "parameter_checksum", "resnet18_cifar", "state_checksum", "unwrap",
     ),
     "lessons.monitor": (
@@ -151,11 +154,15 @@ _MODULES = {
     "parallel.tensor_parallel": (
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",
     ),
+    "spine.text": (
+        "STDLIB_MODULES", "TokenData", "TokenDeviceLoader", "TokenTorchLoader", "bits_per_byte", "load_text",
+        "make_token_loader", "read_token_shards", "stdlib_corpus", "unigram_entropy", "write_token_shard",
+    ),
     "spine.timing": (
         "RegionTimer", "StepTimer", "Timings", "init_cuda", "peak_memory_mib", "time_repeats",
     ),
     "spine.trainer": (
-        "InjectedFailure", "RunResult", "deterministic_kernels", "evaluate", "train",
+        "InjectedFailure", "RunResult", "build_optimizer", "deterministic_kernels", "evaluate", "train",
     ),
     "spine.config": (
         "TrainConfig", "validate_config",

@@ -21,17 +21,19 @@ from ..system.errors import WorkshopError, choose
 from ..system.hardware import PRECISIONS
 from ..system.results import check_output_path
 from .data import LOADERS
-from .models import MODELS
+from .gpt import GPT_SIZES
+from .models import MODELS, TOKEN_MODELS
 
 DEVICES = ("cuda", "cpu")  # None: a GPU per local rank when there are GPUs, else the CPU
 # What users type, and what str(torch.device) gives back: "cuda:1" names one GPU of several.
 DEVICE_FORM = re.compile(r"cpu|cuda(:(0|[1-9][0-9]*))?")
 OPTIMIZER_KERNELS = ("default", "foreach", "fused")  # PyTorch's choice; one kernel per group; one for all
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # reduce-overhead replays CUDA graphs
+OPTIMIZERS = ("sgd", "adamw")  # SGD with Nesterov momentum (the CNNs); AdamW (what transformers are trained with)
 
 # Groups of --help, in this order.
 WHAT, HOW_MUCH, OPTIMIZER, DATA, SPEED, STATE, OUTPUT = GROUPS = (
-    "what to train", "how much", "optimizer (SGD with Nesterov momentum)", "data", "speed",
+    "what to train", "how much", "optimizer", "data", "speed",
     "checkpoints and failures", "output")
 
 
@@ -60,14 +62,21 @@ class TrainConfig:
 
     name: str = setting("run", "label of the result record and the progress bar", WHAT)
     model: str = setting("simplecnn", "network", WHAT, choices=MODELS)
+    gpt_size: str = setting("tiny", "size of model gpt: tiny (842,496 parameters, for CPUs) or gpt2-small "
+                                    "(124,475,904: GPT-2 small, to fill a GPU)", WHAT, choices=tuple(GPT_SIZES))
+    sequence_length: int | None = setting(None, "tokens per training sequence, model gpt only (default: the size's "
+                                                "context, 128 tiny, 1024 gpt2-small; at most that)", WHAT, minimum=1)
     precision: str = setting("fp32", "fp32 (TF32 off), tf32, fp16 (+ GradScaler) or bf16", WHAT, choices=PRECISIONS)
     batch_size: int = setting(128, "samples per process per optimizer step", HOW_MUCH, minimum=1)
     epochs: int = setting(1, "passes over the training set", HOW_MUCH, minimum=1)
     max_steps: int | None = setting(None, "optimizer steps in total; caps --epochs (default: what the epochs take)",
                                     HOW_MUCH, minimum=1, aliases=("--steps",))
-    lr: float = setting(0.05, "peak learning rate", OPTIMIZER)
+    optimizer: str = setting("sgd", "sgd: SGD with Nesterov momentum; adamw: AdamW, betas (0.9, 0.95), no decay "
+                                    "on biases and norms (GPT training's choice)", OPTIMIZER, choices=OPTIMIZERS)
+    lr: float = setting(0.05, "peak learning rate (sgd 0.05; adamw takes about 1e-3)", OPTIMIZER)
     momentum: float = setting(0.9, "SGD momentum, above 0 and below 1", OPTIMIZER)
-    weight_decay: float = setting(5e-4, "L2 penalty on the weights, 0 or more", OPTIMIZER)
+    weight_decay: float = setting(5e-4, "L2 penalty on the weights (sgd), decoupled weight decay (adamw); 0 or more",
+                                  OPTIMIZER)
     lr_warmup_steps: int = setting(0, "steps of linear learning-rate warm-up before the cosine decay", OPTIMIZER,
                                    minimum=0)
     loader: str = setting("torch", "torch: DataLoader + PIL transforms; device: the data set resident on the device",
@@ -78,7 +87,8 @@ class TrainConfig:
     persistent_workers: bool = setting(False, "keep workers alive between epochs (torch loader)", DATA)
     prefetch_factor: int | None = setting(None, "batches each worker loads ahead (torch loader; default: PyTorch's)",
                                           DATA, minimum=1)
-    channels_last: bool = setting(False, "NHWC memory layout, what tensor-core convolutions prefer", SPEED)
+    channels_last: bool = setting(False, "NHWC memory layout, what tensor-core convolutions prefer (images only)",
+                                  SPEED)
     compile: bool = setting(False, "torch.compile the model", SPEED)
     compile_mode: str = setting("default", "torch.compile mode: reduce-overhead replays CUDA graphs (one launch per "
                                            "step), max-autotune also searches kernels (minutes)", SPEED,
@@ -92,10 +102,14 @@ class TrainConfig:
                                 minimum=0)
     eval_batch_size: int = setting(512, "samples per evaluation batch", HOW_MUCH, minimum=1)
     seed: int = setting(0, "same seed, same run", HOW_MUCH, minimum=0, maximum=2**63 - 1)
-    data_root: str | None = setting(None, "folder holding CIFAR-10 (default: $WORKSHOP_DATA, then ./data)", DATA,
+    data_root: str | None = setting(None, "folder holding CIFAR-10 (default: $WORKSHOP_DATA, then ./data); for "
+                                          "model gpt, train.bin and val.bin uint16 token shards, nanoGPT's layout "
+                                          "(default: the Python standard library's source as bytes)", DATA,
                                     metavar="DIR")
-    train_size: int | None = setting(None, "use the first N training images (default: all)", DATA, minimum=1)
-    test_size: int | None = setting(None, "use the first N test images (default: all)", DATA, minimum=1)
+    train_size: int | None = setting(None, "use the first N training images, or sequences for model gpt "
+                                           "(default: all)", DATA, minimum=1)
+    test_size: int | None = setting(None, "use the first N test images, or validation sequences for model gpt "
+                                          "(default: all)", DATA, minimum=1)
     synthetic: bool | str = setting("auto", "train on the synthetic stand-in for CIFAR-10: yes (True; the flag alone), "
                                             "no (False: missing data is an error) or auto (only when no CIFAR-10 "
                                             "is found)", DATA, words={"auto": "auto", "yes": True, "no": False})
@@ -126,6 +140,13 @@ class TrainConfig:
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def tokens_per_sequence(self) -> int | None:
+        """The GPT's sequence length as trained (the field, else the size's context); None for image models."""
+        if self.model not in TOKEN_MODELS:
+            return None
+        return self.sequence_length or GPT_SIZES[self.gpt_size].context
 
 
 def setting_of(f: dataclasses.Field) -> Setting:
@@ -197,6 +218,15 @@ def validate_config(config: TrainConfig) -> TrainConfig:
     if not (config.weight_decay >= 0 and math.isfinite(config.weight_decay)):
         raise WorkshopError(f"weight_decay must be 0 or more, got {config.weight_decay!r}.", "try weight_decay=5e-4.")
     check_device(config.device)
+    if config.model in TOKEN_MODELS:
+        context = GPT_SIZES[config.gpt_size].context
+        if config.sequence_length is not None and config.sequence_length > context:
+            raise WorkshopError(f"sequence_length {config.sequence_length} is longer than the {config.gpt_size} "
+                                f"GPT's context of {context} tokens.",
+                                f"set sequence_length to {context} or less, or pick a larger gpt_size.")
+    elif config.sequence_length is not None:
+        raise WorkshopError(f"sequence_length is for model 'gpt'; model {config.model!r} reads images.",
+                            "leave sequence_length unset, or set model='gpt'.")
     if (config.resume or config.stop_after_step) and not config.checkpoint_dir:
         raise WorkshopError("resume and stop_after_step need somewhere to keep checkpoints.",
                             "set checkpoint_dir as well.")

@@ -396,6 +396,28 @@ class CifarDataset(Dataset):
         return tensor, int(self.labels[index])
 
 
+def build_dataloader(dataset: Dataset, sampler: ResumableSampler, batch_size: int, device: torch.device,
+                     train: bool, seed: int = 0, num_workers: int = 0, pin_memory: bool = False,
+                     persistent_workers: bool = False, prefetch_factor: int | None = None) -> DataLoader:
+    """The DataLoader of the torch loader path, for images and tokens alike."""
+    workers = num_workers > 0
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory and device.type == "cuda",
+        persistent_workers=persistent_workers and workers,
+        prefetch_factor=prefetch_factor if workers else None,
+        drop_last=train,
+        # Forked workers share the data set's memory. Python 3.14 starts them from a fork server on Linux,
+        # which would pickle the whole set (150 MB) to every worker at every epoch's start.
+        multiprocessing_context="fork" if workers and sys.platform.startswith("linux") else None,
+        # An explicit generator keeps DataLoader from drawing from the global RNG (exact resume).
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
 class TorchLoader:
     """The standard DataLoader path, wrapped to the shared ``epoch()`` interface."""
 
@@ -404,22 +426,10 @@ class TorchLoader:
                  persistent_workers: bool = False, prefetch_factor: int | None = None, channels_last: bool = False):
         self.batch_size, self.device, self.channels_last = batch_size, device, channels_last
         self.sampler = ResumableSampler(len(labels), rank, world_size, shuffle=train, seed=seed, drop_last=train)
-        workers = num_workers > 0
-        self.loader = DataLoader(
-            CifarDataset(images, labels, augment=train, seed=seed),
-            batch_size=batch_size,
-            sampler=self.sampler,
-            num_workers=num_workers,
-            pin_memory=pin_memory and device.type == "cuda",
-            persistent_workers=persistent_workers and workers,
-            prefetch_factor=prefetch_factor if workers else None,
-            drop_last=train,
-            # Forked workers share the data set's memory. Python 3.14 starts them from a fork server on Linux,
-            # which would pickle the whole set (150 MB) to every worker at every epoch's start.
-            multiprocessing_context="fork" if workers and sys.platform.startswith("linux") else None,
-            # An explicit generator keeps DataLoader from drawing from the global RNG (exact resume).
-            generator=torch.Generator().manual_seed(seed),
-        )
+        self.loader = build_dataloader(CifarDataset(images, labels, augment=train, seed=seed), self.sampler,
+                                       batch_size, device, train, seed, num_workers=num_workers,
+                                       pin_memory=pin_memory, persistent_workers=persistent_workers,
+                                       prefetch_factor=prefetch_factor)
 
     def __len__(self) -> int:
         self.sampler.start = 0

@@ -1,10 +1,12 @@
-"""The two models of the workshop.
+"""The models of the workshop: two image classifiers and a GPT.
 
 * ``SimpleCNN`` (2,474,506 parameters): small enough that on a fast GPU the
   data pipeline, not the maths, limits speed: the perfect patient for profiling.
 * ``resnet18`` for CIFAR (11,173,962 parameters): torchvision's ResNet-18 with a
   3x3 stem and no max-pool, so 32x32 images are not shrunk away in the first
   layer. Heavy enough in convolutions for mixed precision to show its worth.
+* ``gpt``: a GPT-2-style decoder sized by name (``gpt.GPT_SIZES``: ``tiny``,
+  842,496 parameters, for CPUs; ``gpt2-small``, 124,475,904, to fill a GPU).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import torch
 from torch import nn
 from torchvision.models import resnet18 as torchvision_resnet18
 
-from ..system.errors import choose
+from ..system.errors import WorkshopError, choose
+from .gpt import build_gpt
 
-MODELS = ("simplecnn", "resnet18")
+MODELS = ("simplecnn", "resnet18", "gpt")
+TOKEN_MODELS = ("gpt",)  # models that read token ids and predict the next token at every position
 
 
 def _block(c_in: int, c_out: int) -> nn.Sequential:
@@ -52,8 +56,14 @@ def resnet18_cifar(num_classes: int = 10) -> nn.Module:
     return model
 
 
-def build_model(name: str, num_classes: int = 10) -> nn.Module:
+def build_model(name: str, num_classes: int = 10, size: str | None = None) -> nn.Module:
+    """A fresh model; ``size`` names the GPT's size (default ``tiny``), for the GPT only."""
     choose(name, MODELS, "model")
+    if name == "gpt":
+        return build_gpt(size or "tiny")
+    if size is not None:
+        raise WorkshopError(f"Model {name!r} comes in one size; size={size!r} is for model 'gpt'.",
+                            "leave size unset.")
     return SimpleCNN(num_classes) if name == "simplecnn" else resnet18_cifar(num_classes)
 
 

@@ -6,6 +6,10 @@ says which rank this is, DDP wraps the model when there is more than one, and
 rank 0 alone prints and saves. Every optimization of the workshop is one field
 of the config, so a learner can switch exactly one thing and measure it.
 
+Images and text go through the same loop: a batch is ``(inputs, targets)`` and the
+loss is cross-entropy over every prediction, one per image for the CNNs, one per
+position for the GPT (its data are token windows, ``spine/text.py``).
+
 Inside the hot loop nothing waits for the GPU: losses and accuracies are summed
 on the device and read once per epoch; step times come from CUDA events read at
 the end (see ``timing.StepTimer``).
@@ -37,12 +41,13 @@ from .config import TrainConfig, validate_config
 from .data import CifarData, mix_seeds, load_data, make_loader
 from .distributed import all_reduce_sum, setup_distributed
 from ..system.errors import WorkshopError
-from .flops import achieved_tflops, mfu, training_flops_per_sample
+from .flops import achieved_tflops, mfu, training_flops_per_sample, training_flops_per_sequence
 from ..system.hardware import device_name, environment
-from .models import build_model, count_parameters, parameter_checksum, unwrap
+from .models import TOKEN_MODELS, build_model, count_parameters, parameter_checksum, unwrap
 from .precision import autocast, configure_precision, grad_scaler
 from .preemption import handling_signals, stop_requested
 from .scalar_log import ScalarLog
+from .text import TokenData, bits_per_byte, load_text, make_token_loader
 from ..system.results import save_record
 from .timing import StepTimer, memory_in_use_mib, peak_memory_mib, phase_ranges, reset_peak_memory
 
@@ -144,7 +149,7 @@ def _print_log(pending, total_steps: int) -> None:
         print(f"step {step}/{total_steps}  loss {_read_host(loss).item():.4f}  lr {lr:.4g}", flush=True)
 
 
-def check_same_data(data: CifarData) -> None:
+def check_same_data(data: CifarData | TokenData) -> None:
     """Refuse to train when the ranks read different data (one node without CIFAR-10 falls back to synthetic)."""
     mine = (data.fingerprint(), data.source, socket.gethostname(), data.location)
     everyone = [None] * dist.get_world_size()
@@ -156,17 +161,23 @@ def check_same_data(data: CifarData) -> None:
                             "to each node), or set synthetic=True on all of them.")
 
 
+def predictions_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over every prediction: (batch, classes) for images, (batch, positions, vocab) for tokens."""
+    # flatten(0, -2) of a 2-D tensor is the tensor itself: the CNNs' loss is computed exactly as before.
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction=reduction)
+
+
 @torch.no_grad()
 def evaluate(model, loader, device, precision: str) -> tuple[float, float]:
-    """Mean loss and accuracy over ``loader``, summed across ranks."""
+    """Mean loss and accuracy per prediction (image, or next token) over ``loader``, summed across ranks."""
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, count
-    for images, labels in loader.epoch(0):
+    for inputs, targets in loader.epoch(0):
         with autocast(precision, device):
-            logits = model(images)
-        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
-        totals[1] += (logits.argmax(1) == labels).sum()
-        totals[2] += labels.numel()
+            logits = model(inputs)
+        totals[0] += predictions_loss(logits.float(), targets, reduction="sum")
+        totals[1] += (logits.argmax(-1) == targets).sum()
+        totals[2] += targets.numel()
     loss_sum, correct, count = all_reduce_sum(totals).tolist()
     return loss_sum / max(count, 1), correct / max(count, 1)
 
@@ -196,7 +207,28 @@ def deterministic_kernels(enabled: bool = True):
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
 
 
-def train(config: TrainConfig, data: CifarData | None = None,
+def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """SGD with Nesterov momentum, or AdamW with GPT training's betas and no decay on biases and norms."""
+    kernels = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[config.optimizer_kernels]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                               weight_decay=config.weight_decay, nesterov=True, **kernels)
+    # Decay pulls weights towards zero; a bias or a norm's gain at zero is no simpler a model, only a broken one.
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    others = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": matrices, "weight_decay": config.weight_decay},
+                              {"params": others, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95), **kernels)
+
+
+def _check_data_kind(config: TrainConfig, data) -> None:
+    wants_text = config.model in TOKEN_MODELS
+    if wants_text != isinstance(data, TokenData):
+        raise WorkshopError(f"Model {config.model!r} reads {'token ids' if wants_text else 'images'}, but the data "
+                            f"passed are {'images' if wants_text else 'tokens'}.",
+                            f"pass {'wu.load_text()' if wants_text else 'wu.load_data()'}, or no data at all.")
+
+
+def train(config: TrainConfig, data: CifarData | TokenData | None = None,
           on_step: Callable[[int], None] | None = None) -> RunResult:
     """Train as ``config`` says, on this process's share of the data; return the record and model.
 
@@ -207,18 +239,22 @@ def train(config: TrainConfig, data: CifarData | None = None,
         return _train(config, data, on_step)
 
 
-def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int], None] | None) -> RunResult:
+def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Callable[[int], None] | None) -> RunResult:
     started = time.perf_counter()
     info, device = setup_distributed(config.device)
     say = print if info.is_main else (lambda *a, **k: None)
     notes = configure_precision(config.precision, device)
     for note in notes:
         say(f"note: {note}")
-    if data is None:
+    text = config.model in TOKEN_MODELS
+    if data is None and text:
+        data = load_text(config.data_root, quiet=not info.is_main)
+    elif data is None:
         # The synthetic set stands in for CIFAR-10, which no seed changes: the run's seed decides the
         # initial weights, the order and the augmentation, never which images there are.
         data = load_data(config.data_root, config.train_size, config.test_size, config.synthetic,
                          quiet=not info.is_main)
+    _check_data_kind(config, data)
     if info.distributed:
         check_same_data(data)
     memory_at_start = memory_in_use_mib(device)
@@ -227,16 +263,25 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
                   channels_last=config.channels_last)
     dataloader_options = dict(num_workers=config.num_workers, pin_memory=config.pin_memory,
                               persistent_workers=config.persistent_workers, prefetch_factor=config.prefetch_factor)
-    train_loader = make_loader(config.loader, data.train_images, data.train_labels, config.batch_size,
-                               train=True, **common, **dataloader_options)
-    test_loader = make_loader(config.loader, data.test_images, data.test_labels, config.eval_batch_size,
-                              train=False, **common, **dataloader_options)
+    sequence = config.tokens_per_sequence
+    if text:
+        train_loader = make_token_loader(config.loader, data.train_tokens, sequence, config.batch_size, train=True,
+                                         limit=config.train_size, **common, **dataloader_options)
+        test_loader = make_token_loader(config.loader, data.val_tokens, sequence, config.eval_batch_size,
+                                        train=False, limit=config.test_size, **common, **dataloader_options)
+        have, more = f"{train_loader.windows} training sequences of {sequence} tokens", "more training text"
+    else:
+        train_loader = make_loader(config.loader, data.train_images, data.train_labels, config.batch_size,
+                                   train=True, **common, **dataloader_options)
+        test_loader = make_loader(config.loader, data.test_images, data.test_labels, config.eval_batch_size,
+                                  train=False, **common, **dataloader_options)
+        have, more = f"{len(data.train_labels)} training images", "more training images"
     steps_per_epoch = len(train_loader)
     if steps_per_epoch == 0:
         raise WorkshopError(
             f"batch_size {config.batch_size} x {info.world_size} process(es) is larger than the "
-            f"{len(data.train_labels)} training images: not one full step fits.",
-            "use a smaller batch size or more training images.",
+            f"{have}: not one full step fits.",
+            f"use a smaller batch size or {more}.",
         )
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps is not None:
@@ -247,12 +292,12 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
     reset_peak_memory(device)
     memory_before = memory_in_use_mib(device)
     torch.manual_seed(config.seed)  # same initial weights on every rank
-    model = build_model(config.model).to(device)
+    model = build_model(config.model, size=config.gpt_size if text else None).to(device)
+    if text:
+        data.check_vocabulary(model.size.vocab)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    kernels = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[config.optimizer_kernels]
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                                weight_decay=config.weight_decay, nesterov=True, **kernels)
+    optimizer = build_optimizer(config, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config.lr_warmup_steps, total_steps))
     scaler = grad_scaler(config.precision, device)
 
@@ -267,7 +312,7 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
         else:
             say(f"No checkpoint in {config.checkpoint_dir} yet: starting from scratch.")
 
-    flops_per_sample = training_flops_per_sample(model)
+    flops_per_sample = training_flops_per_sequence(model, sequence) if text else training_flops_per_sample(model)
     eval_model = model
     if info.distributed:
         eval_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -315,12 +360,12 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
                 batch = next(batches, None)
             if batch is None:
                 break
-            images, labels = batch
+            inputs, targets = batch
             timer.add_data_wait(step, time.perf_counter() - waited)
             seed_dropout(config.seed, info.rank, step)
             with phase("forward"), autocast(config.precision, device):
-                logits = train_model(images)
-                loss = F.cross_entropy(logits, labels)
+                logits = train_model(inputs)
+                loss = predictions_loss(logits, targets)
             with phase("backward"):
                 optimizer.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
@@ -330,9 +375,9 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
                 scaler.update()
                 scheduler.step()
             loss = loss.detach()
-            sums[0] += loss.float() * labels.numel()
-            sums[1] += (logits.detach().argmax(1) == labels).sum()
-            sums[2] += labels.numel()
+            sums[0] += loss.float() * targets.numel()
+            sums[1] += (logits.detach().argmax(-1) == targets).sum()
+            sums[2] += targets.numel()
             step_losses.append(loss)
             timer.step_done(step)
             step += 1
@@ -368,6 +413,8 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
         _print_log(pending_log, total_steps)
         pending_log = None
         row["test_loss"], row["test_acc"] = evaluate(eval_model, test_loader, device, config.precision)
+        if text:
+            row["test_bits_per_byte"] = bits_per_byte(row["test_loss"], data.bytes_per_token)
         history.append(row)
         steps_done, step_s = timer.last_stretch()
         scalars.epoch_end(step, row, [n + 1 for n in steps_done], step_losses[epoch_first:], step_lrs[epoch_first:],
@@ -413,6 +460,15 @@ def _train(config: TrainConfig, data: CifarData | None, on_step: Callable[[int],
         "interrupted": interrupted,
         "wall_s": time.perf_counter() - started,
     }
+    if text:  # losses are nats per token; the accuracies are next-token accuracies
+        metrics.update({
+            "sequence_length": sequence,
+            "tokens_per_step": samples_per_step * sequence,
+            "tokens_per_s": throughput * sequence if throughput else None,
+            "flops_per_token": flops_per_sample / sequence,
+            "final_test_bits_per_byte": history[-1]["test_bits_per_byte"] if history else None,
+            "corpus": data.corpus,
+        })
     record = {
         "kind": "train",
         "config": dataclasses.asdict(config),

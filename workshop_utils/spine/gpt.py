@@ -1,0 +1,150 @@
+"""A GPT-2-style decoder: the workload that fills a GPU, sized by name.
+
+Pre-norm blocks (LayerNorm before attention and before the MLP, residual
+around each), causal self-attention through
+``F.scaled_dot_product_attention(..., is_causal=True)`` so PyTorch can pick its
+fused kernels (flash or memory-efficient on a GPU, its flash kernel on a CPU),
+a 4x MLP with GPT-2's tanh GELU, learned position embeddings, and the token
+table tied to the output layer. No dropout: runs that see their corpus about
+once (nanoGPT's pretraining default) need none, and with none a step depends
+only on the weights and the batch.
+
+Two sizes (``GPT_SIZES``):
+
+* ``tiny``: 4 layers of width 128, context 128, the byte vocabulary (256).
+  The cpu profile's model: a step of 16 sequences of 128 bytes took 0.4 s in
+  one thread of a busy two-core machine.
+* ``gpt2-small``: GPT-2 small's shape (12 layers, width 768, 12 heads,
+  context 1024). Its vocabulary is GPT-2's 50,257 tokens padded to 50,304
+  (393 x 128): the output layer, about a quarter of the model's FLOPs, then has
+  tensor-core-friendly shapes, token shards written by nanoGPT's preparation
+  scripts (GPT-2 BPE ids) fit it, and tokens/s and MFU compare with published
+  GPT-2-small runs. On the byte corpus ids above 255 never occur; the model
+  learns to keep their logits low, and the cost is the same as on real BPE.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..system.errors import WorkshopError, choose
+
+
+@dataclass(frozen=True)
+class GPTSize:
+    layers: int
+    width: int  # model dimension d
+    heads: int
+    context: int  # longest sequence: rows of the position table
+    vocab: int
+
+
+GPT_SIZES = {
+    "tiny": GPTSize(layers=4, width=128, heads=4, context=128, vocab=256),
+    "gpt2-small": GPTSize(layers=12, width=768, heads=12, context=1024, vocab=50304),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)  # one matmul for queries, keys and values
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(x).split(width, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, length, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU
+        self.proj = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm: the residual stream itself is never normalised, which keeps deep stacks trainable."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(width), CausalSelfAttention(width, heads)
+        self.ln_2, self.mlp = nn.LayerNorm(width), MLP(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Token ids (batch, sequence) in, next-token logits (batch, sequence, vocab) out."""
+
+    def __init__(self, size: GPTSize):
+        super().__init__()
+        if size.width % size.heads:
+            raise WorkshopError(f"width {size.width} does not split into {size.heads} heads.",
+                                "pick a width that is a multiple of the number of heads.")
+        self.size = size
+        self.wte = nn.Embedding(size.vocab, size.width)
+        self.wpe = nn.Embedding(size.context, size.width)
+        self.blocks = nn.ModuleList(Block(size.width, size.heads) for _ in range(size.layers))
+        self.ln_f = nn.LayerNorm(size.width)
+        self.lm_head = nn.Linear(size.width, size.vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: one matrix reads tokens in and writes logits out
+        self.apply(self._init_weights)
+        # GPT-2's scaled init: each block adds two projections to the residual stream, so their
+        # weights shrink with depth and the stream's variance stays put however many blocks there are.
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * size.layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        if length > self.size.context:
+            raise WorkshopError(f"A sequence of {length} tokens is longer than the model's context of "
+                                f"{self.size.context}.", f"use sequences of at most {self.size.context} tokens.")
+        positions = torch.arange(length, device=tokens.device)
+        x = self.wte(tokens) + self.wpe(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+    def non_embedding_parameters(self) -> int:
+        """Parameters outside the token and position tables (Kaplan et al.'s N)."""
+        return sum(p.numel() for p in self.parameters()) - self.wte.weight.numel() - self.wpe.weight.numel()
+
+
+def build_gpt(size: str = "tiny") -> GPT:
+    choose(size, tuple(GPT_SIZES), "gpt_size")
+    return GPT(GPT_SIZES[size])
+
+
+def flops_per_token_closed_form(size: GPTSize, sequence_length: int, parameters: int) -> int:
+    """6·N + 12·layers·width·sequence: a training step's FLOPs per token (PaLM, appendix B; nanoGPT's MFU).
+
+    6·N: each weight multiplies once forward and twice backward, 2 FLOPs a multiply-add. 12·L·d·T:
+    attention's scores and weighted sum, which no weight counts; a causal mask skips half of
+    them in a fused kernel but every MFU convention counts them all. Which ``parameters`` to pass
+    is the caller's statement of what N counts.
+    """
+    return 6 * parameters + 12 * size.layers * size.width * sequence_length
