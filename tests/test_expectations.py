@@ -50,20 +50,6 @@ def test_the_baseline_check_holds_accuracy_to_the_profile_range():
     assert wu.check_baseline(record).loc["accuracy above chance", "result"] == "ok"  # without a profile: above 30%
 
 
-def test_the_scaling_speed_up_is_read_per_device_without_figures_from_outside_the_kit(capsys):
-    row = wu.beside_the_course("8-GPU speed-up", 1.8, world_size=2, device_type="cpu", device_name="Some CPU").iloc[0]
-    assert row["per-device efficiency"] == pytest.approx(0.9)
-    out = capsys.readouterr().out
-    assert "1.80x" in out and "90% per device" in out and "2 CPU processes" in out and "all-reduce" in out
-    assert "6.5" not in out and "A100" not in out and "course" not in out
-    assert wu.beside_the_course("8-GPU speed-up", None, world_size=1, device_type="cuda").iloc[0][
-        "per-device efficiency"] is None
-    assert "not measured in this run" in capsys.readouterr().out
-    for gone in ("baseline samples/s", "AMP speed-up", "combined speed-up"):
-        with pytest.raises(wu.WorkshopError, match="No figure named"):
-            wu.beside_the_course(gone, 2.0)
-
-
 def _record(model, precision, steps, accuracy, seed=0):
     return {"config": {"model": model, "precision": precision, "channels_last": False, "seed": seed},
             "metrics": {"steps": steps, "samples_per_s": 100.0, "step_ms_median": 10.0, "peak_memory_mib": 1.0,

@@ -648,7 +648,9 @@ def test_a_sigkilled_rank_is_restarted_and_ends_bit_identical(tmp_path, monkeypa
     output = "\n".join(launched.lines)
     assert launched.returncode == 0, output[-4000:]
     assert f"rank {rank} " in output and "sends itself SIGKILL" in output, output[-4000:]
-    assert "exitcode: -9" in output, output[-4000:]  # torchrun saw signal 9, not an exception
+    # Which rank torchrun's own log calls first is a race: it orders by whole-second time stamps, and the rank that
+    # lost its connection has written one. test_root_cause checks that the kit names the SIGKILLed rank.
+    assert "Resumed from" in output, output[-4000:]
     crashed = launched.record
     assert crashed["metrics"]["resumed_from_step"] == 3
     identical, line = resume_verdict(crashed, uninterrupted, step, "cpu")

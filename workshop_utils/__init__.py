@@ -97,9 +97,6 @@ _MODULES = {
         "plot_mode_speeds", "plot_scale_trace",
         "precision_configs", "precision_plan", "gpu_reference_speedup", "smallest_subnormal", "training_batches", "underflow_table",
     ),
-    "lessons.course_figures": (
-        "beside_the_course",
-    ),
     "lessons.precision_sweep": (
         "plot_precision_batch_sweep", "precision_batch_sweep", "speedup_by_batch",
     ),

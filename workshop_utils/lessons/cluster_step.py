@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..system.hardware import peak_tflops
+from .numerics import GPU_REFERENCE
 
-GPU_REFERENCE_RESULTS = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu" / "results"
 # The estimate's stated inputs: a GPU of the data-sheet table, and an MFU assumed, not measured.
 ESTIMATE_GPU = "H100 SXM"
 ESTIMATE_MFU = 0.05
@@ -39,7 +39,7 @@ def cluster_step(record: dict, reference: Path | None = None) -> ClusterStep:
     if env["device_type"] == "cuda":
         return ClusterStep(metrics["step_ms_median"] / 1e3, 4 * metrics["parameters"],
                            f"step measured here on {env['device_name']}")
-    path = reference or GPU_REFERENCE_RESULTS / f"ddp-{record['config']['name']}.json"
+    path = reference or GPU_REFERENCE / f"ddp-{record['config']['name']}.json"
     try:
         gpu = json.loads(Path(path).read_text())
         step_s, parameters = gpu["metrics"]["step_ms_median"] / 1e3, gpu["metrics"]["parameters"]
