@@ -140,6 +140,11 @@ class Session:
         return f"{self.start}–{self.end}" if self.start else f"optional, {self.minutes} min"
 
 
+# Minutes an attendee needs for each exercise, the sum of which sizes a session's exercise slot: estimated, not yet
+# timed with attendees (slides/INSTRUCTOR.md, "The day", says how).
+EXERCISE_MINUTES = {"1.1": 3, "1.2": 3, "1.3": 4, "2.1": 5, "2.2": 10, "2.3": 5, "3.1": 4, "3.2": 4, "3.3": 8,
+                    "4.1": 5, "4.2": 4, "4.3": 5, "5.1": 5, "5.2": 5, "5.3": 5}
+
 SESSIONS = (
     Session("10:00", "10:15", "Welcome: the day at a glance", "00_overview", talk=15),
     Session("10:15", "11:30", "Session 1 · HPC fundamentals and an introduction to DDP", "01_fundamentals",
@@ -148,14 +153,20 @@ SESSIONS = (
     Session("11:45", "13:00", "Session 2 · Hands-on DDP", "02_ddp", talk=35, demo=20, exercise=20,
             demo_what="notebook 02: DDP scaling, all-reduce, crash and resume"),
     Session("13:00", "14:00", "Lunch"),
-    Session("14:00", "15:00", "Session 3 · Advanced optimization", "03_optimization", talk=30, demo=24, questions=6,
-            demo_what="notebooks 03 and 04: mixed precision; profiling and the ladder"),
-    Session("15:00", "15:15", "Break"),
-    Session("15:15", "16:00", "Session 4 · Slurm and deployment", "04_slurm", talk=24, demo=15, questions=6,
-            demo_what="notebook 06 and the job scripts in slurm/"),
-    Session("", "", "Bonus · Beyond data parallelism", "05_beyond_data_parallel", talk=30, demo=15,
+    Session("14:00", "15:30", "Session 3 · Advanced optimization", "03_optimization", talk=30, demo=24, exercise=30,
+            questions=6, demo_what="notebooks 03 and 04: mixed precision; profiling and the ladder"),
+    Session("15:30", "15:45", "Break"),
+    # The job scripts are this session's hands-on: submit one, watch it, requeue it.
+    Session("15:45", "16:45", "Session 4 · Slurm and deployment", "04_slurm", talk=24, demo=15, exercise=15,
+            questions=6, demo_what="notebook 06 and the job scripts in slurm/"),
+    Session("", "", "Bonus · Beyond data parallelism", "05_beyond_data_parallel", talk=30, demo=15, exercise=15,
             demo_what="notebook 05: collectives, FSDP, tensor and pipeline parallelism"),
 )
+
+
+def session_notebooks(session: Session) -> list[str]:
+    """The numbers of the notebooks a session's live demo runs ("03", "04"), as its ``demo_what`` names them."""
+    return re.findall(r"\b(\d\d)\b", session.demo_what)
 
 
 def session_of(deck: str) -> Session | None:
@@ -669,7 +680,7 @@ class Renderer:
                  ((session.talk, "talk"), (session.demo, "live demo"), (session.exercise, "exercises"),
                   (session.questions, "questions")) if minutes]
         notebooks = []
-        for number in re.findall(r"\b(\d\d)\b", session.demo_what):
+        for number in session_notebooks(session):
             found = sorted((REPO / "notebooks").glob(f"{number}_*.ipynb"))
             notebooks.append(f"<code>notebooks/{_html(found[0].name)}</code>" if found
                              else f"notebook {number} (not in this checkout)")

@@ -108,3 +108,17 @@ def test_every_accuracy_threshold_sits_below_all_recorded_seeds_on_both_kinds_of
             floor = max(ACCURACY_FLOOR_PCT, floors.get(row["case"][:2], 0))
             assert row["test_acc_pct"] >= floor + ACCURACY_MARGIN_POINTS, \
                 (record["environment"]["cpu_capability"], row)
+
+
+def test_an_accuracy_gap_is_shown_with_the_seed_spread_recorded_for_its_run(monkeypatch, tmp_path):
+    # The real records: notebook 04's larger-batch rung, on both kinds of CPU.
+    line = wu.seed_spread("ladder-6-2x-batch", "cpu")
+    assert "AVX512" in line and "AVX2" in line and "over 5 seeds" in line
+    # A record of one run, read back as its range; another profile or run has none, and the line says so.
+    record = {"profile": "cpu", "settings": {"seeds": 3}, "environment": {"cpu_capability": "AVX2"},
+              "tables": {"spread": [{"case": "04 ladder-1-x", "min_pct": 30.4, "max_pct": 41.6}]}}
+    (tmp_path / "accuracy_spread.json").write_text(json.dumps(record))
+    monkeypatch.setattr(wu.lessons.checks, "SPREAD_RECORDS", tmp_path)
+    assert wu.seed_spread("ladder-1-x", "cpu").endswith(": 30% to 42% over 3 seeds (AVX2)")
+    assert wu.seed_spread("ladder-1-x", "gpu").startswith("no seed spread recorded for ladder-1-x in the gpu profile")
+    assert wu.seed_spread("ladder-2-y", "cpu").startswith("no seed spread recorded")

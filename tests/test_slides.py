@@ -877,3 +877,20 @@ def test_handout_builds_one_a4_page_per_session_and_nothing_leaves_its_page(buil
     assert not problems, "content outside its page:\n" + "\n".join(problems)
     browser.send("Target.closeTarget", {"targetId": browser.send("Target.getTargetInfo", session=session)
                                         ["targetInfo"]["targetId"]})
+
+
+def test_every_session_has_time_for_the_exercises_of_its_notebooks():
+    """A session's exercise slot holds at least the estimated minutes of every exercise in the notebooks it runs."""
+    numbered = re.compile(r"^#+ Exercise (\d+\.\d+)", re.M)
+    found = set()
+    for session in build.SESSIONS:
+        needed = 0
+        for number in build.session_notebooks(session):
+            notebook, = (REPO / "notebooks").glob(f"{number}_*.ipynb")
+            cells = json.loads(notebook.read_text())["cells"]
+            exercises = numbered.findall("\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown"))
+            assert set(exercises) <= set(build.EXERCISE_MINUTES), f"{notebook.name}: an exercise without minutes"
+            found |= set(exercises)
+            needed += sum(build.EXERCISE_MINUTES[e] for e in exercises)
+        assert session.exercise >= needed, f"{session.title}: {session.exercise} min for {needed} min of exercises"
+    assert found == set(build.EXERCISE_MINUTES)  # no estimate for an exercise that no session runs

@@ -22,7 +22,7 @@ _MODULES = {
         "latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint",
     ),
     "lessons.checks": (
-        "EXPECTED", "check_baseline", "summary_table", "what_you_should_see",
+        "EXPECTED", "check_baseline", "seed_spread", "summary_table", "what_you_should_see",
     ),
     "lessons.ddp_lab": (
         "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",

@@ -13,14 +13,18 @@ purpose, to be narrowed by GPU reference runs (``results/reference/``).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from ..system.errors import WorkshopError
 
 SIMPLECNN_PARAMETERS = 2_474_506
+# benchmarks/accuracy_spread.py trains each compared run with several seeds and records the spread here.
+SPREAD_RECORDS = Path(__file__).resolve().parents[2] / "results" / "reference" / "benchmarks"
 
 
 def _fmt(value, spec: str) -> str:
@@ -170,3 +174,23 @@ def what_you_should_see(name: str, value: float | None, profile: str) -> bool:
     print(f"⚠ What you should see: {expected.what} {_shown(value, expected.unit)} is outside {span}: "
           f"look at {expected.look_at}.")
     return False
+
+
+def seed_spread(run_name: str, profile: str) -> str:
+    """The seed-to-seed accuracy range recorded for the notebooks' run ``run_name`` (e.g. "ladder-6-2x-batch").
+
+    An accuracy gap between two short runs is a finding only when it is larger than this range; the line says
+    where the range was measured, or that none was recorded for ``profile``.
+    """
+    found = []
+    for path in sorted(SPREAD_RECORDS.glob("accuracy_spread*.json")):
+        record = json.loads(path.read_text())
+        if record.get("profile") != profile:
+            continue
+        seeds, cpu = record["settings"]["seeds"], record["environment"].get("cpu_capability") or "GPU"
+        found += [f"{row['min_pct']:.0f}% to {row['max_pct']:.0f}% over {seeds} seeds ({cpu})"
+                  for row in record["tables"]["spread"] if row["case"].split(" ", 1)[-1] == run_name]
+    if not found:
+        return (f"no seed spread recorded for {run_name} in the {profile} profile: run benchmarks/accuracy_spread.py "
+                "before reading a gap as an effect")
+    return f"seed spread recorded for {run_name} (benchmarks/accuracy_spread.py): " + "; ".join(found)
