@@ -1,7 +1,23 @@
-"""Test-wide settings, also seen by the notebooks the main job executes (their kernels inherit the environment)."""
+"""Test-wide settings, also seen by the notebooks the main job executes (their kernels inherit the environment).
 
+It also makes ``pytest --nbval-lax notebooks/`` compare what it should: the committed notebooks carry no
+outputs, so the expected output of every cell tagged ``nbval-check-output`` comes from
+``tests/nbval/<notebook>.json`` (written by ``python tests/nbval_expected.py <run folder>``), and volatile
+parts (times, speeds, paths) are masked by ``tests/nbval/sanitize.cfg``. A failing notebook cell is
+reported in one line: the notebook, the cell and the error's own first line.
+"""
+
+import json
 import os
+import re
 import tempfile
+from pathlib import Path
+
+import pytest
+
+NBVAL = Path(__file__).resolve().parent / "tests" / "nbval"
+CHECKED = "nbval-check-output"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def pytest_configure(config):
@@ -13,3 +29,59 @@ def pytest_configure(config):
     # A notebook's profile "auto" means cpu inside the tests, even on a GPU node: the full gpu profile
     # is the main job's and the pre-flight's, not the test suite's. WORKSHOP_PROFILE=gpu make test asks for it.
     os.environ.setdefault("WORKSHOP_PROFILE", "cpu")
+    option = config.option
+    if getattr(option, "nbval_lax", False) or getattr(option, "nbval", False):
+        if not option.nbval_sanitize_with:
+            option.nbval_sanitize_with = str(NBVAL / "sanitize.cfg")
+
+
+def expected_outputs(notebook: Path) -> dict:
+    """Cell id -> the outputs nbval expects of that cell, as recorded in tests/nbval/ (WORKSHOP_NBVAL_EXPECTED)."""
+    folder = Path(os.environ.get("WORKSHOP_NBVAL_EXPECTED", NBVAL))
+    path = folder / f"{notebook.stem}.json"
+    return json.loads(path.read_text())["cells"] if path.exists() else {}
+
+
+def pytest_collection_modifyitems(config, items):
+    import nbformat
+
+    for item in items:
+        cell = getattr(item, "cell", None)  # nbval's items carry the notebook cell they execute
+        if cell is None or CHECKED not in cell.get("metadata", {}).get("tags", []):
+            continue
+        notebook = Path(str(item.fspath))
+        expected = expected_outputs(notebook)
+        if cell.get("id") not in expected:
+            raise pytest.UsageError(
+                f"{notebook.name}: cell {cell.get('id')} is tagged {CHECKED} but tests/nbval/{notebook.stem}.json "
+                "has no output for it: run the notebooks (make run) and then python tests/nbval_expected.py <run>.")
+        # nbval compares a cell only when its reference ran: give it the recorded outputs and a run count.
+        cell["outputs"] = [nbformat.from_dict(output) for output in expected[cell["id"]]]
+        cell["execution_count"] = 1
+
+
+def _first_error_line(text: str) -> str:
+    """The exception's own line ("WorkshopError: ...", "NameError: ...") out of a kernel's coloured traceback."""
+    lines = [line.strip() for line in ANSI.sub("", text).splitlines() if line.strip()]
+    found = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b:?", line)]
+    return (found or lines or ["(no message)"])[-1]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    cell = getattr(item, "cell", None)
+    if cell is None or not report.failed or call.excinfo is None:
+        return
+    error = call.excinfo.value
+    details = ANSI.sub("", getattr(error, "inner_traceback", None) or "")
+    if str(error) == "Cell outputs differ":
+        cause = "its output is not the one recorded in tests/nbval/ (the difference is below)"
+    elif details:
+        cause = _first_error_line(details)
+    else:
+        cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    source = next((line for line in cell["source"].splitlines() if line.strip()), "")
+    line = f"{Path(str(item.fspath)).name}, {item.name} ({source.strip()[:60]}): {cause}"
+    report.longrepr = f"{line}\n\n{details}" if details else line

@@ -4,8 +4,10 @@ The session fixture ``main_run`` runs the main job (``python -m workshop_utils.r
 ``make run`` does) once over every notebook in notebooks/, with the cpu profile, into one run folder:
 papermill executes each notebook headless and passes it the run folder and the profile. The tests
 below then read what that run recorded: notebooks.json, the executed copies in ``<run>/notebooks/``,
-the results and figures, and report.md. Nothing else in the suite executes a real notebook
-(tests/test_run_notebooks.py uses tiny notebooks of its own), and nbval is not used.
+the results and figures, and report.md. Nothing else in the suite executes a real notebook in its solved
+form (tests/test_run_notebooks.py uses tiny notebooks of its own; the attendee copies run in
+tests/test_attendee_notebooks.py). nbval's expectations are checked on this run's executed copies
+(tests/test_nbval.py says how), not by executing the notebooks again.
 """
 
 import json
@@ -18,12 +20,14 @@ from pathlib import Path
 import nbformat
 import pytest
 from helpers import ACCURACY_FLOOR_PCT, HANG_LIMIT_FACTOR
+from nbval_expected import compared, sanitize_patterns
 
 from workshop_utils.system.profiles import TIME_BUDGET_S, notebook_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 BASELINE = ROOT / "notebooks" / "01_single_gpu_baseline.ipynb"
+NBVAL = ROOT / "tests" / "nbval"  # what nbval expects of the cells whose output is the same on every machine
 PROFILE = "cpu"
 BUDGET_S = TIME_BUDGET_S[PROFILE]
 # A notebook that hangs is stopped and reported failed; the others still run. Over budget is shown, not failed.
@@ -184,6 +188,25 @@ def test_every_exercise_check_passes_in_the_solved_notebooks(main_run, notebook)
     for cell in checks:
         text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
         assert "✓ Exercise" in text and "not yet solved" not in text, (cell.source, text)
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_stable_outputs_are_the_ones_nbval_expects(main_run, notebook):
+    """What ``pytest --nbval-lax notebooks/`` checks, checked on the main job's run instead of a second execution.
+
+    Every cell tagged nbval-check-output is compared with tests/nbval/<notebook>.json as nbval compares it
+    (same sanitizer, same skipped keys), so a change that makes nbval fail fails here too.
+    """
+    patterns = sanitize_patterns()
+    expected = json.loads(path.read_text())["cells"] if (path := NBVAL / f"{notebook.stem}.json").exists() else {}
+    cells = {c.id: c for c in nbformat.read(main_run.dir / "notebooks" / notebook.name, as_version=4).cells}
+    for cell_id, outputs in expected.items():
+        ran = compared(cells[cell_id].outputs, patterns)
+        assert ran == compared(outputs, patterns), (
+            f"{notebook.name}, cell {cell_id} ({cells[cell_id].source.splitlines()[0]}): its output is not the one "
+            f"recorded in tests/nbval/ (python tests/nbval_expected.py <run> records a new one)\n"
+            f"recorded: {compared(outputs, patterns)}\nthis run: {ran}")
 
 
 ACCURACY_COMPARED = ("baseline", "ddp-", "simplecnn-", "resnet18-", "ladder-")  # records whose accuracies a table compares
