@@ -119,8 +119,8 @@ _MODULES = {
         "notebook_profiles", "pick_settings", "profile_choice", "resolve_profile",
     ),
     "lessons.profiling": (
-        "ProfileRun", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown", "profile_rungs",
-        "profile_training", "step_breakdown", "top_ops",
+        "ProfileRun", "native_noise_filtered", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown",
+        "profile_rungs", "profile_training", "step_breakdown", "top_ops",
     ),
     "lessons.recompute": (
         "BlockStack", "measure_recompute",
