@@ -24,6 +24,8 @@ NAMES = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.
 TINY = {
     "accuracy_spread": (None, ["--only", "02"]),  # sizes from the notebooks; notebook 02's run is the shortest
     "annotation_overhead": (dict(train_images=64, test_images=16, steps=3, warmup_steps=1, batch_samples=16), []),
+    "gpt_throughput": (dict(gpt_size="tiny", batch_sequences=2, sequence_tokens=32, steps=3, warmup_steps=1,
+                            train_sequences=16, validation_sequences=4, lr=1e-3, compile=False), ["--modes", "fp32"]),
     "loader_paths": (dict(train_images=256, batch_samples=32, timed_batches=3), []),
     "optimization_ladder": (dict(train_images=128, test_images=32, steps=3, warmup_steps=1, batch_samples=16,
                                  profiled_steps=1), ["--no-compile"]),
@@ -79,6 +81,11 @@ def test_every_benchmark_writes_the_one_layout(name, tmp_path, monkeypatch):
     assert datetime.fromisoformat(record["created"]).tzinfo is not None
     assert [r["benchmark"] for r in wu.read_benchmarks(tmp_path)] == [name]
     assert f"### {name}" in wu.write_report(tmp_path).read_text()
+    if name == "gpt_throughput":  # tokens, not images: the second workload's own units
+        (row,) = record["rows"]
+        assert row["precision"] == "fp32" and row["tokens_per_s"] > 0 and row["timed_steps"] == 2
+        assert record["summary"]["parameters"] == 842_496 and record["summary"]["tokens_per_step"] == 2 * 32
+        assert record["summary"]["fp32_mfu"] is None  # a CPU has no data-sheet peak: unknown, never guessed
     if name == "optimization_ladder":  # beside its speeds, what bounds each rung that ran
         ran = [row["rung"] for row in record["rows"] if row["samples_per_s"] is not None]
         breakdown = record["tables"]["breakdown"]
