@@ -33,6 +33,21 @@ def pytest_configure(config):
     if getattr(option, "nbval_lax", False) or getattr(option, "nbval", False):
         if not option.nbval_sanitize_with:
             option.nbval_sanitize_with = str(NBVAL / "sanitize.cfg")
+        _run_cells_as_jupyter_does()
+
+
+def _run_cells_as_jupyter_does() -> None:
+    """Execute each cell with store_history=True, as Jupyter and papermill do; nbval passes False.
+
+    IPython decides whether a trailing ``;`` hides a cell's value by reading the cell back from its
+    history, so without history every check cell (``wu.check_...(...);``) would also show ``True``.
+    """
+    from nbval import kernel
+
+    def execute_cell_input(self, cell_input, allow_stdin=None):
+        return self.kc.execute(cell_input, store_history=True, allow_stdin=allow_stdin, stop_on_error=False)
+
+    kernel.RunningKernel.execute_cell_input = execute_cell_input
 
 
 def expected_outputs(notebook: Path) -> dict:

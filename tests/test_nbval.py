@@ -56,7 +56,8 @@ def test_the_sanitizer_masks_what_moves_and_keeps_what_does_not():
 
 def _tiny(folder: Path, stable_text: str) -> Path:
     notebook = nbformat.v4.new_notebook()
-    checked = nbformat.v4.new_code_cell('print("2,474,506 trainable parameters")', metadata={"tags": [CHECKED]})
+    # Ends like a check cell: a value hidden by a trailing semicolon, which nbval alone would show.
+    checked = nbformat.v4.new_code_cell('print("2,474,506 trainable parameters")\nTrue;', metadata={"tags": [CHECKED]})
     volatile = nbformat.v4.new_code_cell("import time\nprint(time.time())")
     notebook.cells = [checked, volatile]
     path = folder / "tiny.ipynb"
