@@ -86,8 +86,7 @@ def main(argv=None):
                 bar.update()
     rows = []
     for config in configs:
-        measured = sorted(runs[config.name], key=lambda r: r.metrics["tokens_per_s"] or 0.0)
-        m = measured[len(measured) // 2].metrics  # the median run by throughput
+        m = wu.median_run(runs[config.name], lambda run: run.metrics["tokens_per_s"]).metrics
         rows.append({"precision": config.precision, "steps": m["steps"], "timed_steps": m["timed_steps"],
                      "tokens_per_s": m["tokens_per_s"], "step_ms_median": m["step_ms_median"],
                      "tflops_per_device": m["tflops_per_device"], "mfu": m["mfu"],

@@ -90,10 +90,7 @@ def main(argv=None):
                 runs[config.name].append(wu.train(config, data).record)
                 bar.update()
     # each mode's median run by throughput (the only run when --repeats is 1)
-    records = []
-    for measured in runs.values():
-        measured.sort(key=lambda r: r["metrics"]["samples_per_s"] or 0.0)
-        records.append(measured[len(measured) // 2])
+    records = [wu.median_run(measured, lambda r: r["metrics"]["samples_per_s"]) for measured in runs.values()]
     table = wu.mode_table(records)
     print(f"{args.model}: modes compared at batch {hp['batch_samples']} ({hp['steps']} steps, "
           f"{hp['warmup_steps']} of them untimed warm-up)")

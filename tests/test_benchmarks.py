@@ -50,6 +50,13 @@ def tiny(name: str, monkeypatch, profile: str = "cpu"):
     return module, options
 
 
+def test_the_median_run_is_the_middle_speed_and_a_run_without_one_counts_slowest():
+    runs = [{"speed": 3.0}, {"speed": None}, {"speed": 1.0}, {"speed": 2.0}, {"speed": 5.0}]
+    assert benchmark.median_run(runs, lambda r: r["speed"]) == {"speed": 2.0}
+    assert benchmark.median_run(runs[:1], lambda r: r["speed"]) == {"speed": 3.0}
+    assert benchmark.median_run([{"speed": None}, {"speed": 4.0}], lambda r: r["speed"]) == {"speed": 4.0}
+
+
 def test_every_script_is_covered():
     assert NAMES == sorted(TINY)
 

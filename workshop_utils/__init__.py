@@ -60,7 +60,7 @@ _MODULES = {
         "setup_distributed", "teardown_distributed",
     ),
     "system.benchmark": (
-        "benchmark_frame", "benchmark_parser", "read_benchmarks", "start_benchmark", "write_benchmark",
+        "benchmark_frame", "benchmark_parser", "median_run", "read_benchmarks", "start_benchmark", "write_benchmark",
     ),
     "system.errors": (
         "WorkshopError", "install_notebook_error_handler",

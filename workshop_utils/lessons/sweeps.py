@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..spine.data import CifarData
+from ..system.benchmark import median_run
 from ..system.errors import WorkshopError
 from ..spine.precision import emulated_on_cpu
 from ..system.hardware import cpu_cores, peak_tflops, pick_device
@@ -304,7 +305,7 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
             passes.append(None)
             continue
         passes.append([m["samples_per_s"] for m in measured])  # in pass order: pass p of every rung ran side by side
-        median = sorted(measured, key=lambda m: m["samples_per_s"] or 0.0)[len(measured) // 2]
+        median = median_run(measured, lambda m: m["samples_per_s"])
         # compiled: whether the rung ran through torch.compile, its own switch or one inherited from below
         rows.append({"rung": rung.label, "switch": changes, **median, "note": "", "compiled": config.compile})
     table = pd.DataFrame(rows)

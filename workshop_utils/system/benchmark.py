@@ -105,6 +105,14 @@ def start_benchmark(parser: argparse.ArgumentParser, argv=None) -> BenchmarkRun:
     return BenchmarkRun(args.benchmark, args, profile, device, args.repeats)
 
 
+def median_run(runs: list, speed):
+    """Of repeated runs of one case, the one of median ``speed(run)`` (the only one when there is one).
+
+    A run without a speed (``None``) counts as the slowest.
+    """
+    return sorted(runs, key=lambda run: speed(run) or 0.0)[len(runs) // 2]
+
+
 def benchmark_path(run_dir: str | os.PathLike, name: str) -> Path:
     return Path(run_dir) / BENCHMARK_FOLDER / f"{name}.json"
 
