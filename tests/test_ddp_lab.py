@@ -263,13 +263,16 @@ MISTAKES = {
                           "    dataset = synthetic_cifar(args.samples)\n"
                           "    if rank == 1:\n        raise RuntimeError('rank 1 fell over')\n",
                           r"the run failed \(exit status 1\); rank 1 failed first: RuntimeError: rank 1 fell over"),
-    # Rank 0 is in the step's all-reduce when rank 1 fails: its "Connection closed by peer" is a consequence.
+    # Rank 0 is in the step's all-reduce when rank 1 fails: its "Connection closed by peer", or torchrun's SIGTERM
+    # if that comes first, is a consequence.
     "a crash in rank 1's training loop": (
         "            seen += len(images)\n",
         "            seen += len(images)\n            if rank == 1 and epoch == 1:\n"
         "                raise RuntimeError('rank 1 fell over in epoch 1')\n",
         r"the run failed \(exit status 1\); rank 1 failed first: RuntimeError: rank 1 fell over in epoch 1 "
-        r"\(then rank 0 lost its connection to it\)\. Fix: read rank 1's own traceback"),
+        # What happens to rank 0 next is a race: its next all-reduce finds the peer gone, or torchrun stops it first.
+        r"\(then rank 0 (lost its connection to it|was stopped by torchrun with SIGTERM)\)\. "
+        r"Fix: read rank 1's own traceback"),
     "a barrier on rank 0 only": ("        print(f\"saved {out / 'checkpoint.pt'}\", flush=True)\n",
                                  "        print(f\"saved {out / 'checkpoint.pt'}\", flush=True)\n        dist.barrier()\n",
                                  r"rank 0 waited in barrier\(\) while rank 1 had already finished and left: a "

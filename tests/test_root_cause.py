@@ -306,15 +306,18 @@ def test_a_clean_run_still_passes(failing_ranks):
 
 
 TINY = dict(model="simplecnn", batch_size=8, steps=4, train_size=32, test_size=16, warmup_steps=0, device="cpu")
-INJECTED = ("rank 1 failed first: InjectedFailure: injected failure on rank 1 at step 2 (--fail-at-step) "
-            "(then rank 0 lost its connection to it). Fix: read rank 1's own traceback")
+# What rank 0 meets after rank 1 fails is a race: its next all-reduce finds the peer gone, or torchrun stops it
+# first. Either is a consequence, and the line names rank 1 as the cause in both.
+INJECTED = (r"rank 1 failed first: InjectedFailure: injected failure on rank 1 at step 2 \(--fail-at-step\) "
+            r"\(then rank 0 (lost its connection to it|was stopped by torchrun with SIGTERM)\)\. "
+            r"Fix: read rank 1's own traceback")
 
 
 @pytest.mark.slow
 def test_the_training_command_names_the_rank_that_failed(capsys):
     with pytest.raises(RankFailed) as err:
         launch_training(2, fail_at_step=2, timeout_s=200, threads=1, **TINY)
-    assert f"torchrun exited with status 1; {INJECTED}" in one_line(err)
+    assert re.search(f"torchrun exited with status 1; {INJECTED}", one_line(err)), one_line(err)
     shown = capsys.readouterr().out  # streamed, then the failing rank's own last lines
     assert "--- the last lines of rank 1, the first to fail:\n" in shown
     assert shown.rstrip().endswith("InjectedFailure: injected failure on rank 1 at step 2 (--fail-at-step)")
@@ -324,7 +327,7 @@ def test_the_training_command_names_the_rank_that_failed(capsys):
 def test_agents_of_several_nodes_name_the_rank_that_failed():
     with pytest.raises(RankFailed) as err:
         launch_nodes(2, 1, fail_at_step=2, timeout_s=200, threads=1, echo=False, **TINY)
-    assert INJECTED in one_line(err)
+    assert re.search(INJECTED, one_line(err)), one_line(err)
 
 
 # Loaded by every Python process of the job through PYTHONPATH: rank 1's all-reduces fail.

@@ -134,7 +134,8 @@ def test_one_node_script_ends_its_log_with_the_rank_that_failed_first(cluster, t
                                          "--fail-at-step", "3", options=("--ntasks-per-node=2",))
     assert job["JobState"] == "FAILED" and job["ExitCode"] == "1:0", job
     assert re.search(r"^error: rank 1 failed first: InjectedFailure: injected failure on rank 1 at step 3 "
-                     r"\(--fail-at-step\) \(then rank 0 lost its connection to it\)\. Fix: ", text, re.M), text
+                     r"\(--fail-at-step\) \(then rank 0 (lost its connection to it|was stopped by torchrun with "
+                     r"SIGTERM)\)\. Fix: ", text, re.M), text  # which of the two rank 0 meets first is a race
     assert text.rstrip().endswith("InjectedFailure: injected failure on rank 1 at step 3 (--fail-at-step)"), text
     assert (run_dir / "torchrun.out").exists() and "results in" not in text
 
