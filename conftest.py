@@ -4,7 +4,9 @@ It also makes ``pytest --nbval-lax notebooks/`` compare what it should: the comm
 outputs, so the expected output of every cell tagged ``nbval-check-output`` comes from
 ``tests/nbval/<notebook>.json`` (written by ``python tests/nbval_expected.py <run folder>``), and volatile
 parts (times, speeds, paths) are masked by ``tests/nbval/sanitize.cfg``. A failing notebook cell is
-reported in one line: the notebook, the cell and the error's own first line.
+reported in one line: the notebook, the cell and the error's own first line. With
+``WORKSHOP_NBVAL_EXECUTED=<folder>`` nbval's run is also kept: each notebook it executed is written there with
+the outputs its cells printed and each cell's outcome (``tests/test_attendee_notebooks.py`` reads them).
 """
 
 import json
@@ -17,6 +19,8 @@ import pytest
 
 NBVAL = Path(__file__).resolve().parent / "tests" / "nbval"
 CHECKED = "nbval-check-output"
+EXECUTED = "WORKSHOP_NBVAL_EXECUTED"
+OUTCOME = "nbval_outcome"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -82,11 +86,34 @@ def _first_error_line(text: str) -> str:
     return (found or lines or ["(no message)"])[-1]
 
 
+def _keep_outputs(item, report) -> None:
+    """Put what the cell printed, and whether it passed, into nbval's copy of the notebook (written at the end)."""
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        item.cell["outputs"] = list(getattr(item, "test_outputs", None) or [])
+        item.cell["metadata"][OUTCOME] = report.outcome
+        _executed[Path(str(item.fspath)).name] = item.parent.nb
+
+
+_executed: dict = {}
+
+
+def pytest_sessionfinish(session):
+    folder = os.environ.get(EXECUTED)
+    if folder and _executed:
+        import nbformat
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        for name, notebook in _executed.items():
+            nbformat.write(notebook, Path(folder) / name)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     cell = getattr(item, "cell", None)
+    if cell is not None and os.environ.get(EXECUTED):
+        _keep_outputs(item, report)
     if cell is None or not report.failed or call.excinfo is None:
         return
     error = call.excinfo.value

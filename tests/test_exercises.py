@@ -89,6 +89,17 @@ def test_the_attendee_copy_has_no_solution_no_output_and_the_same_cells(tmp_path
     assert nbformat.read(source, as_version=4).cells[1].outputs, "the source notebook is left as it was"
 
 
+def test_the_attendee_copy_keeps_nbval_comparing_its_stable_cells_but_not_its_checks(tmp_path):
+    """A check's recorded output is the solved run's ✓ line; in the copy it says "not yet solved"."""
+    checked = "nbval-check-output"
+    source = solved_notebook(tmp_path, [("print(4)", [checked]), (SOLVED, ["exercise"]),
+                                        ("check(answer)", ["check", checked])])
+    copy = tmp_path / "attendee" / "09_demo.ipynb"
+    attendee_notebook(source, copy)
+    tags = [c.metadata.get("tags") for c in nbformat.read(copy, as_version=4).cells if c.cell_type == "code"]
+    assert tags == [[checked], ["exercise"], ["check"]]
+
+
 def test_write_attendee_notebooks_copies_a_folder_and_never_overwrites_its_source(tmp_path, capsys):
     source = solved_notebook(tmp_path, [(SOLVED, ["exercise"]), ("check(answer)", ["check"])])
     written = write_attendee_notebooks(source.parent, tmp_path / "out")

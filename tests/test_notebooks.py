@@ -5,9 +5,9 @@ The session fixture ``main_run`` runs the main job (``python -m workshop_utils.r
 papermill executes each notebook headless and passes it the run folder and the profile. The tests
 below then read what that run recorded: notebooks.json, the executed copies in ``<run>/notebooks/``,
 the results and figures, and report.md. Nothing else in the suite executes a real notebook in its solved
-form (tests/test_run_notebooks.py uses tiny notebooks of its own; the attendee copies run in
-tests/test_attendee_notebooks.py). nbval's expectations are checked on this run's executed copies
-(tests/test_nbval.py says how), not by executing the notebooks again.
+form (tests/test_run_notebooks.py uses tiny notebooks of its own; the attendee copies run through nbval
+in tests/test_attendee_notebooks.py). nbval's expectations are checked on this run's executed copies
+(tests/test_nbval.py says how), not by executing the solved notebooks again.
 """
 
 import json

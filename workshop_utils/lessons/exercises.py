@@ -41,6 +41,7 @@ PLACEHOLDER = "### PLACEHOLDER "
 YOUR_CODE_HERE = "# YOUR CODE HERE"
 EXERCISE_TAG = "exercise"
 CHECK_TAG = "check"
+NBVAL_CHECKED_TAG = "nbval-check-output"  # nbval compares the cell's output with tests/nbval/<notebook>.json
 
 
 class NotYet(WorkshopError):
@@ -224,6 +225,9 @@ def attendee_notebook(source_path, out_path) -> int:
                                 "holds a solution block but is not tagged 'exercise'."),
                 "an exercise cell holds its solution between the markers and carries the tag 'exercise'.")
         cell.source = attendee
+        if CHECK_TAG in cell_tags(cell):
+            # The solved check's expected output is its ✓ line; the attendee's first run prints "not yet solved".
+            cell.metadata["tags"] = [tag for tag in cell_tags(cell) if tag != NBVAL_CHECKED_TAG]
         cell.outputs = []
         cell.execution_count = None
         cell.metadata.pop("execution", None)  # papermill's timings of the solved run
