@@ -136,6 +136,33 @@ def test_02_averaging_by_hand_gives_ddp_gradients(tmp_path, capsys):
     assert "✓ Exercise 2.1: correct" in capsys.readouterr().out
 
 
+def test_02_no_sync_by_hand_all_reduces_once_a_step_and_leaves_no_process_group(capsys):
+    """The cell's DDP step of 4 micro-batches: the hook sees every bucket 4 times without no_sync(), once with it.
+
+    The training loop's ``accumulation_steps`` does the same on real ranks: tests/test_accumulation.py counts its
+    all-reduces (4x as many without ``no_sync``) and compares its weights with the all-reduce-every-time run.
+    """
+    import torch.distributed as dist
+
+    namespace = run_cell("02", "gpt.no_sync()")
+    sent = namespace["sent"]
+    buckets = len(sent[True])
+    assert buckets >= 1 and len(sent[False]) == namespace["micro_batches"] * buckets == 4 * buckets
+    assert sum(sent[True]) == wu.count_parameters(namespace["gpt"].module), "every gradient goes in one bucket or another"
+    assert not dist.is_initialized(), "the kernel must leave its world of one before torchrun starts the real ranks"
+    assert f"{4 * buckets} bucket all-reduces without no_sync(), {buckets} with it" in capsys.readouterr().out
+
+
+def test_03_attention_logits_overflow_in_fp16_only_when_the_scale_comes_last(capsys):
+    """fp16's 65,504 is passed by every product-first diagonal logit; scaling first, bf16 and SDPA stay finite."""
+    run_cell("03", "scaled_dot_product_attention")
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["fp16"].startswith("product first, 8 of 64 logits inf and 64 attention weights NaN")
+    for mode in ("fp32", "bf16"):
+        assert lines[mode].startswith("product first, 0 of 64 logits inf and 0 attention weights NaN")
+    assert all("scale first, all finite: True" in line and line.endswith("all finite: True") for line in lines.values())
+
+
 def test_03_the_fp16_step_by_hand_is_the_grad_scaler_demo_step(tiny_data):
     device = torch.device("cpu")
     amp_step = run_cell("03", "def amp_step", device=device)["amp_step"]

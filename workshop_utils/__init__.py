@@ -21,6 +21,9 @@ _MODULES = {
     "spine.checkpoint": (
         "latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint",
     ),
+    "lessons.accumulation": (
+        "accumulation_table", "step_time_change",
+    ),
     "lessons.checks": (
         "EXPECTED", "check_baseline", "seed_spread", "summary_table", "what_you_should_see",
     ),

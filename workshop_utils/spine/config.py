@@ -67,7 +67,11 @@ class TrainConfig:
     sequence_length: int | None = setting(None, "tokens per training sequence, model gpt only (default: the size's "
                                                 "context, 128 tiny, 1024 gpt2-small; at most that)", WHAT, minimum=1)
     precision: str = setting("fp32", "fp32 (TF32 off), tf32, fp16 (+ GradScaler) or bf16", WHAT, choices=PRECISIONS)
-    batch_size: int = setting(128, "samples per process per optimizer step", HOW_MUCH, minimum=1)
+    batch_size: int = setting(128, "samples per process per forward and backward pass (per optimizer step unless "
+                                   "accumulation_steps is above 1)", HOW_MUCH, minimum=1)
+    accumulation_steps: int = setting(1, "micro-batches of batch_size each process adds up before one optimizer step: "
+                                         "the global batch is batch_size x accumulation_steps x processes",
+                                      HOW_MUCH, minimum=1)
     epochs: int = setting(1, "passes over the training set", HOW_MUCH, minimum=1)
     max_steps: int | None = setting(None, "optimizer steps in total; caps --epochs (default: what the epochs take)",
                                     HOW_MUCH, minimum=1, aliases=("--steps",))
@@ -98,6 +102,11 @@ class TrainConfig:
                                      choices=OPTIMIZER_KERNELS)
     deterministic: bool = setting(False, "deterministic GPU kernels where PyTorch has them: exact resume, "
                                          "some speed lost", SPEED)
+    sync_micro_batches: bool = setting(False, "with accumulation under DDP, all-reduce after every micro-batch (off: "
+                                              "no_sync() skips all but the last one's; the same gradients, fewer "
+                                              "all-reduces)", SPEED)
+    bucket_cap_mb: float = setting(25.0, "DDP's gradient bucket size in MiB (PyTorch's default, 25): larger buckets "
+                                         "mean fewer all-reduces that start later in the backward pass", SPEED)
     warmup_steps: int = setting(5, "first steps left out of timing (autotuning, compilation, allocator)", SPEED,
                                 minimum=0)
     eval_batch_size: int = setting(512, "samples per evaluation batch", HOW_MUCH, minimum=1)
@@ -217,6 +226,9 @@ def validate_config(config: TrainConfig) -> TrainConfig:
         raise WorkshopError(f"momentum must be above 0 and below 1, got {config.momentum!r}.", "try momentum=0.9.")
     if not (config.weight_decay >= 0 and math.isfinite(config.weight_decay)):
         raise WorkshopError(f"weight_decay must be 0 or more, got {config.weight_decay!r}.", "try weight_decay=5e-4.")
+    if not (config.bucket_cap_mb > 0 and math.isfinite(config.bucket_cap_mb)):
+        raise WorkshopError(f"bucket_cap_mb must be a positive number of MiB, got {config.bucket_cap_mb!r}.",
+                            "try bucket_cap_mb=25 (PyTorch's default).")
     check_device(config.device)
     if config.model in TOKEN_MODELS:
         context = GPT_SIZES[config.gpt_size].context

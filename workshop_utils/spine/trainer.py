@@ -10,6 +10,10 @@ Images and text go through the same loop: a batch is ``(inputs, targets)`` and t
 loss is cross-entropy over every prediction, one per image for the CNNs, one per
 position for the GPT (its data are token windows, ``spine/text.py``).
 
+Gradient accumulation is a field too: ``accumulation_steps`` micro-batches per optimizer step, DDP's
+all-reduce skipped under ``no_sync()`` for all but the last (``all_reduces`` in the record counts the
+buckets each rank sent).
+
 Inside the hot loop nothing waits for the GPU: losses and accuracies are summed
 on the device and read once per epoch; step times come from CUDA events read at
 the end (see ``timing.StepTimer``).
@@ -33,6 +37,7 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
@@ -127,6 +132,16 @@ class RunResult:
 
     def save(self, run_dir, name: str | None = None) -> Path:
         return save_record(self.record, run_dir, name or self.record["config"]["name"])
+
+
+def counting_all_reduce(count, bucket):
+    """DDP's own all-reduce of one gradient bucket (PyTorch's ``allreduce_hook``), counted in ``count[0]``.
+
+    No annotations: DDP checks a hook's annotations against the types themselves, and this module's
+    ``from __future__ import annotations`` would turn them into strings.
+    """
+    count[0] += 1
+    return default_hooks.allreduce_hook(None, bucket)
 
 
 def _lr_lambda(warmup: int, total: int):
@@ -276,12 +291,14 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
         test_loader = make_loader(config.loader, data.test_images, data.test_labels, config.eval_batch_size,
                                   train=False, **common, **dataloader_options)
         have, more = f"{len(data.train_labels)} training images", "more training images"
-    steps_per_epoch = len(train_loader)
+    accumulation = config.accumulation_steps
+    steps_per_epoch = len(train_loader) // accumulation  # a last group short of micro-batches is left out
     if steps_per_epoch == 0:
+        micro = f" x {accumulation} micro-batches" if accumulation > 1 else ""
         raise WorkshopError(
-            f"batch_size {config.batch_size} x {info.world_size} process(es) is larger than the "
+            f"batch_size {config.batch_size}{micro} x {info.world_size} process(es) is larger than the "
             f"{have}: not one full step fits.",
-            f"use a smaller batch size or {more}.",
+            f"use a smaller batch size{' or fewer accumulation steps' if micro else ''} or {more}.",
         )
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps is not None:
@@ -314,8 +331,11 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
 
     flops_per_sample = training_flops_per_sequence(model, sequence) if text else training_flops_per_sample(model)
     eval_model = model
+    all_reduces = [0]  # gradient buckets this rank all-reduced
     if info.distributed:
-        eval_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        eval_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                             bucket_cap_mb=config.bucket_cap_mb)
+        eval_model.register_comm_hook(all_reduces, counting_all_reduce)
     # Evaluation uses the uncompiled model: compiled, eval mode and the ragged last batch would recompile.
     if config.compile:
         # Each run compiles afresh. Dynamo's caches outlive a run: the next run in this process (a ladder rung, a
@@ -349,35 +369,47 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
     while step < total_steps and not interrupted:
         train_model.train()
         sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, samples
-        batches = train_loader.epoch(epoch, start_batch=step % steps_per_epoch)
+        batches = train_loader.epoch(epoch, start_batch=(step % steps_per_epoch) * accumulation)
         epoch_first = len(step_losses)
         timer.begin()
         while step < total_steps:
             if capture and step == timer.warmup_steps:
                 torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi records from here
-            waited = time.perf_counter()
-            with phase("data"):
-                batch = next(batches, None)
+            if step == (epoch + 1) * steps_per_epoch:
+                break  # the epoch's last full group of micro-batches is done
+            loss = None
+            for micro in range(accumulation):
+                waited = time.perf_counter()
+                with phase("data"):
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                inputs, targets = batch
+                timer.add_data_wait(step, time.perf_counter() - waited)
+                seed_dropout(config.seed, info.rank, step * accumulation + micro)
+                # DDP all-reduces in backward(); under no_sync() the gradients only add up on each rank.
+                skip_sync = info.distributed and micro < accumulation - 1 and not config.sync_micro_batches
+                with eval_model.no_sync() if skip_sync else contextlib.nullcontext():
+                    with phase("forward"), autocast(config.precision, device):
+                        logits = train_model(inputs)
+                        micro_loss = predictions_loss(logits, targets)
+                    with phase("backward"):
+                        if micro == 0:
+                            optimizer.zero_grad(set_to_none=True)
+                        scaler.scale(micro_loss / accumulation if accumulation > 1 else micro_loss).backward()
+                micro_loss = micro_loss.detach()
+                sums[0] += micro_loss.float() * targets.numel()
+                sums[1] += (logits.detach().argmax(-1) == targets).sum()
+                sums[2] += targets.numel()
+                loss = micro_loss if loss is None else loss + micro_loss
             if batch is None:
                 break
-            inputs, targets = batch
-            timer.add_data_wait(step, time.perf_counter() - waited)
-            seed_dropout(config.seed, info.rank, step)
-            with phase("forward"), autocast(config.precision, device):
-                logits = train_model(inputs)
-                loss = predictions_loss(logits, targets)
-            with phase("backward"):
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
             with phase("optimizer"):
                 step_lrs.append(scheduler.get_last_lr()[0])
                 scaler.step(optimizer)
                 scaler.update()
                 scheduler.step()
-            loss = loss.detach()
-            sums[0] += loss.float() * targets.numel()
-            sums[1] += (logits.detach().argmax(-1) == targets).sum()
-            sums[2] += targets.numel()
+            loss = loss / accumulation if accumulation > 1 else loss
             step_losses.append(loss)
             timer.step_done(step)
             step += 1
@@ -418,7 +450,7 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
         history.append(row)
         steps_done, step_s = timer.last_stretch()
         scalars.epoch_end(step, row, [n + 1 for n in steps_done], step_losses[epoch_first:], step_lrs[epoch_first:],
-                          step_s, config.batch_size * info.world_size)
+                          step_s, config.batch_size * accumulation * info.world_size)
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.3f}")
         epoch_done = step % steps_per_epoch == 0 or step == total_steps
         if interrupted or (epoch_done and not config.checkpoint_every) or step == total_steps:
@@ -427,7 +459,7 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
     bar.close()
     scalars.close()
 
-    samples_per_step = config.batch_size * info.world_size
+    samples_per_step = config.batch_size * accumulation * info.world_size
     timing = timer.summary(samples_per_step)
     peak, memory_kind = peak_memory_mib(device)
     peak = max(peak, hook_peak)
@@ -443,6 +475,8 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
         "epochs_done": len(history),
         "world_size": info.world_size,
         "global_batch_size": samples_per_step,
+        "accumulation_steps": accumulation,
+        "all_reduces": all_reduces[0] if info.distributed else None,
         "peak_memory_mib": memory,
         "memory_kind": f"{memory_kind}, above what was in use before the model was built",
         "data_on_device_mib": max(0.0, memory_before - memory_at_start) if config.loader == "device" else 0.0,
