@@ -142,15 +142,16 @@ class Session:
 
 # Minutes an attendee needs for each exercise, the sum of which sizes a session's exercise slot: estimated, not yet
 # timed with attendees (slides/INSTRUCTOR.md, "The day", says how).
-EXERCISE_MINUTES = {"1.1": 3, "1.2": 3, "1.3": 4, "2.1": 5, "2.2": 10, "2.3": 5, "3.1": 4, "3.2": 4, "3.3": 8,
+EXERCISE_MINUTES = {"1.1": 3, "1.2": 3, "1.3": 4, "1.4": 3, "2.1": 5, "2.2": 10, "2.3": 5, "2.4": 5,
+                    "3.1": 4, "3.2": 4, "3.3": 8,
                     "4.1": 5, "4.2": 4, "4.3": 5, "5.1": 5, "5.2": 5, "5.3": 5}
 
 SESSIONS = (
     Session("10:00", "10:15", "Welcome: the day at a glance", "00_overview", talk=15),
     Session("10:15", "11:30", "Session 1 · HPC fundamentals and an introduction to DDP", "01_fundamentals",
-            talk=45, demo=20, exercise=10, demo_what="notebook 01: the single-GPU baseline"),
+            talk=42, demo=20, exercise=13, demo_what="notebook 01: the single-GPU baseline"),
     Session("11:30", "11:45", "Break"),
-    Session("11:45", "13:00", "Session 2 · Hands-on DDP", "02_ddp", talk=35, demo=20, exercise=20,
+    Session("11:45", "13:00", "Session 2 · Hands-on DDP", "02_ddp", talk=30, demo=20, exercise=25,
             demo_what="notebook 02: DDP scaling, all-reduce, crash and resume"),
     Session("13:00", "14:00", "Lunch"),
     Session("14:00", "15:30", "Session 3 · Advanced optimization", "03_optimization", talk=30, demo=24, exercise=30,

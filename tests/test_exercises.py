@@ -232,6 +232,9 @@ PLACEHOLDER_CALLS = {
     "check_loader_choice": lambda: wu.check_loader_choice(..., 1.0, 1.1, loader_table(), 0),
     "check_batch_memory": lambda: wu.check_batch_memory(..., 100, batch_table(), 600),
     "check_next_fix": lambda: wu.check_next_fix(..., 1.2, breakdown_table()),
+    "check_flops_per_token": lambda: wu.check_flops_per_token(..., 842_496, wu.GPT_SIZES["tiny"], 128, 5.9e6),
+    "check_micro_batch_plan": lambda: wu.check_micro_batch_plan(..., ..., wu.GPT_SIZES["gpt2-small"], 1024, 2**19,
+                                                                4, 30 * 2**30),
 }
 
 
@@ -454,6 +457,36 @@ def test_fsdp_traffic_against_ddp(capsys):
     not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 2 * one_pass, n_bytes, world_size, link), "three per step")
     not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 3 * ddp_s, n_bytes, world_size, link), "three all-reduces")
     unsolved(lambda: wu.check_fsdp_traffic(ddp_s, ..., n_bytes, world_size, link), capsys, "`fsdp_s`", "placeholder")
+
+
+def test_flops_per_token_by_the_formula_and_its_named_mistakes(capsys):
+    size, n, T = wu.GPT_SIZES["tiny"], 842_496, 128
+    counted = wu.training_flops_per_sequence(wu.build_model("gpt"), T) / T
+    right = 6 * n + 12 * size.layers * size.width * T  # the notebook's solution
+    assert wu.check_flops_per_token(right, n, size, T, counted)
+    assert f"the counter measured {counted / 1e6:.2f}" in capsys.readouterr().out
+    not_yet(lambda: wu.check_flops_per_token(6 * n, n, size, T, counted), "no parameter counts")
+    not_yet(lambda: wu.check_flops_per_token(2 * n + 4 * size.layers * size.width * T, n, size, T, counted),
+            "forward pass alone")
+    not_yet(lambda: wu.check_flops_per_token(6 * n + 12 * size.layers * size.width, n, size, T, counted),
+            "grows with the sequence")
+    not_yet(lambda: wu.check_flops_per_token(right * 1.5, n, size, T, counted), "is not right")
+
+
+def test_micro_batch_plan_fits_memory_reaches_the_batch_and_takes_the_largest_power_of_two():
+    size, T, target, ranks = wu.GPT_SIZES["gpt2-small"], 1024, 2**19, 4
+    free = 0.8 * 40 * 2**30 - 16 * 124_475_904  # the notebook's node: 4 GPUs of 40 GiB
+    per_sequence = wu.activation_bytes_per_sequence(size, T)
+    assert per_sequence == 12 * 34 * 768 * 1024  # Korthikanti et al.: 34 s h bytes per layer, no attention matrix
+    assert wu.activation_bytes_per_sequence(size, T, stored_attention=True) == per_sequence + 12 * 5 * 12 * 1024**2
+    assert wu.largest_micro_batch(size, T, free, target // ranks) == 64  # 100 fit; 128 sequences per rank
+    assert wu.check_micro_batch_plan(64, 2, size, T, target, ranks, free)
+    not_yet(lambda: wu.check_micro_batch_plan(128, 1, size, T, target, ranks, free), "GiB are free")
+    not_yet(lambda: wu.check_micro_batch_plan(32, 4, size, T, target, ranks, free), "so do 64")
+    not_yet(lambda: wu.check_micro_batch_plan(64, 1, size, T, target, ranks, free), "not 524,288")
+    not_yet(lambda: wu.check_micro_batch_plan(64, 2.5, size, T, target, ranks, free), "whole number")
+    # With the whole memory free, the batch's share of a rank (128 sequences) is the limit, in one micro-batch.
+    assert wu.largest_micro_batch(size, T, 1e12, target // ranks) == 128
 
 
 def test_fewest_microbatches():

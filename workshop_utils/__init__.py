@@ -37,7 +37,8 @@ _MODULES = {
     "lessons.exercise_checks": (
         "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus", "check_fsdp_traffic",
         "check_loader_choice", "check_lost_fraction", "check_matmul_tflops", "check_mfu", "check_microbatches",
-        "check_next_fix", "check_safe_loss_scale",
+        "check_next_fix", "check_safe_loss_scale", "check_flops_per_token", "check_micro_batch_plan",
+        "activation_bytes_per_sequence", "largest_micro_batch",
     ),
     "parallel.collectives": (
         "COLLECTIVES", "collective_table", "collectives_frame", "fit_all_reduce", "plot_collective_times",

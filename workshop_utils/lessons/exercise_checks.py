@@ -18,6 +18,7 @@ from torch import nn
 from ..parallel.comm_model import Link, ring_all_reduce_s
 from ..parallel.pipeline import bubble_fraction
 from ..parallel.sharding import BYTES_PER_PARAMETER, ZERO_STAGES
+from ..spine.gpt import GPTSize, flops_per_token_closed_form
 from ..spine.precision import autocast
 from ..spine.timing import time_repeats
 from ..system.errors import WorkshopError
@@ -404,6 +405,76 @@ def check_microbatches(microbatches, stages: int, target: float, exercise: str =
     require(fewer > target + 1e-12, exercise, f"m = {value - 1} already gives a bubble of {fewer:.3f}.",
             "find the smallest m with (p-1) / (m+p-1) <= target.")
     return passed(exercise, f"m = {value}: bubble {bubble:.3f} <= {target:g}")
+
+
+# ---------------------------------------------------------------- the GPT: FLOPs per token, micro-batches
+
+
+@exercise_check
+def check_flops_per_token(flops_per_token, parameters: int, size: GPTSize, sequence_length: int,
+                          counted: float, exercise: str = "Exercise 1.4") -> bool:
+    """6·N + 12·layers·width·sequence, shown beside what ``torch.utils.flop_counter`` counted."""
+    value = answered_number(flops_per_token, exercise, "flops_per_token")
+    L, d, T, N = size.layers, size.width, sequence_length, parameters
+    right = flops_per_token_closed_form(size, T, N)
+    judge(value, right, exercise, "flops_per_token", [
+        (6 * N, "that is the weights' share alone: attention's scores and weighted sum multiply activations by "
+                "activations, which no parameter counts.", "add 12 x layers x width x sequence."),
+        (2 * N + 4 * L * d * T, "that is the forward pass alone.", "training adds a backward pass of twice its "
+                                                                   "FLOPs: 6 per weight, 12 L d T for attention."),
+        (6 * N + 12 * L * d, "attention's term grows with the sequence: each token attends to every earlier one.",
+         "multiply 12 x layers x width by the sequence length."),
+        (6 * N + 12 * L * d * T * T, "that counts the attention of every token of the sequence for each token.",
+         "per token, attention costs 12 x layers x width x sequence."),
+    ], "FLOPs per token = 6 x parameters + 12 x layers x width x sequence.")
+    return passed(exercise, f"{value / 1e6:.2f} MFLOP per token by the formula; the counter measured "
+                            f"{counted / 1e6:.2f} on the model itself")
+
+
+def activation_bytes_per_sequence(size: GPTSize, sequence_length: int, stored_attention: bool = False) -> float:
+    """Activations one sequence keeps for the backward pass in 16-bit training, all layers.
+
+    Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), section 4:
+    per layer, sequence s, width h, a heads, s·h·(34 + 5·a·s/h) bytes. The 5·a·s/h term is the attention
+    matrix; a fused attention kernel (scaled_dot_product_attention's flash path) never stores it.
+    """
+    per_layer = sequence_length * size.width * 34
+    if stored_attention:
+        per_layer += 5 * size.heads * sequence_length ** 2
+    return float(size.layers * per_layer)
+
+
+def largest_micro_batch(size: GPTSize, sequence_length: int, free_bytes: float, tokens_per_rank: int) -> int:
+    """The largest power of two of sequences that fits ``free_bytes`` and divides a rank's share of the batch."""
+    per_sequence = activation_bytes_per_sequence(size, sequence_length)
+    sequences = tokens_per_rank // sequence_length
+    micro = 1
+    while micro * 2 * per_sequence <= free_bytes and sequences % (micro * 2) == 0:
+        micro *= 2
+    return micro
+
+
+@exercise_check
+def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_length: int, target_tokens: int,
+                           ranks: int, free_bytes: float, exercise: str = "Exercise 2.4") -> bool:
+    """The largest power-of-two micro-batch that fits, and the accumulation steps that reach the global batch."""
+    micro = answered_count(micro_batch, exercise, "micro_batch")
+    steps = answered_count(accumulation, exercise, "accumulation")
+    require(micro >= 1 and steps >= 1, exercise, "both must be 1 or more.", "count sequences and steps from 1.")
+    per_sequence = activation_bytes_per_sequence(size, sequence_length)
+    require(micro * per_sequence <= free_bytes, exercise,
+            f"{micro} sequences keep {micro * per_sequence / 2**30:.1f} GiB of activations; "
+            f"{free_bytes / 2**30:.1f} GiB are free.", "take fewer sequences per micro-batch.")
+    tokens = micro * steps * ranks * sequence_length
+    require(tokens == target_tokens, exercise,
+            f"{micro} x {steps} x {ranks} ranks x {sequence_length} tokens is {tokens:,} tokens a step, not "
+            f"{target_tokens:,}.", "global batch = micro-batch x accumulation x ranks x sequence.")
+    best = largest_micro_batch(size, sequence_length, free_bytes, target_tokens // ranks)
+    require(micro >= best, exercise, f"{micro} sequences fit, but so do {best}: fewer, larger micro-batches keep "
+                                     "the GPU busier for the same global batch.",
+            "double the micro-batch while it fits and still divides the batch.")
+    return passed(exercise, f"{micro} sequences x {steps} accumulation steps x {ranks} ranks = {tokens:,} tokens; "
+                            f"{micro * per_sequence / 2**30:.1f} of {free_bytes / 2**30:.1f} GiB of activations")
 
 
 # ---------------------------------------------------------------- notebook 04: measure, then decide
