@@ -18,17 +18,6 @@ RUN = dict(model="gpt", optimizer="sgd", lr=0.05, weight_decay=0.0, sequence_len
            eval_batch_size=16, test_size=16, warmup_steps=1, progress=False)
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return wu.load_text(quiet=True)
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_two_micro_batches_of_four_are_one_batch_of_eight(corpus, one_thread):

@@ -22,22 +22,6 @@ LEARN = dict(lr=6e-3, lr_warmup_steps=10, batch_size=16, sequence_length=32, max
              eval_batch_size=64)
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return wu.load_text(quiet=True)
-
-
-@pytest.fixture
-def one_thread():
-    """Training runs in one thread: on a busy 2-core runner two threads wait on each other.
-
-    Measured with the suite running beside it, the tiny GPT at 16 sequences of 32 tokens: 83 ms a
-    step in one thread, 2,721 ms in two.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def meta_gpt(size: str):
