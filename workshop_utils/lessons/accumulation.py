@@ -40,7 +40,8 @@ def accumulation_table(records: dict[str, dict]) -> pd.DataFrame:
 def step_time_change(table: pd.DataFrame, run: str, against: str) -> tuple[float | None, str]:
     """Milliseconds per step that ``run`` adds to ``against`` and one line saying so, or None and "no
     measurable change" when the middle halves of their step times overlap."""
-    a, b = table.set_index("run").loc[against], table.set_index("run").loc[run]
+    rows = table.set_index("run")
+    a, b = rows.loc[against], rows.loc[run]
     extra = b["all_reduces_per_step"] - a["all_reduces_per_step"]
     spread = (f"(middle half of the steps: {a.step_ms_p25:.1f}–{a.step_ms_p75:.1f} ms against "
               f"{b.step_ms_p25:.1f}–{b.step_ms_p75:.1f} ms)")
