@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+# Before anything loads PyTorch: its CPU threads sleep rather than spin while they wait, in this process and
+# in every kernel, rank and job the tests start (workshop_utils.system.hardware.wait_passively says why).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 NBVAL = Path(__file__).resolve().parent / "tests" / "nbval"
 CHECKED = "nbval-check-output"
 EXECUTED = "WORKSHOP_NBVAL_EXECUTED"

@@ -235,3 +235,36 @@ def test_the_main_job_decides_the_profile_and_the_notebooks_receive_it(tmp_path,
                       json.loads((tmp_path / case / "profile.json").read_text()))
     assert seen["tests"] == ("cpu", {"given": "cpu", "auto_in_kernel": "cpu"})
     assert seen["main job"] == ("gpu", {"given": "gpu", "auto_in_kernel": "gpu"})
+
+
+@pytest.mark.slow
+def test_the_kernels_threads_wait_passively_unless_the_user_chose_otherwise(tmp_path):
+    """Spinning OpenMP threads take the cores a busy machine's other work needs (wu.wait_passively).
+
+    The main job sets the policy for its kernels when no one has; a policy the user set is theirs. The
+    kernel's own environment record says which one ran, next to the thread count it used.
+    """
+    folder = tmp_path / "nbs"
+    write_notebook(folder, "a_policy.ipynb",
+                   "import json\nimport workshop_utils as wu\n"
+                   "json.dump(wu.environment('cpu'), open(f'{run_dir}/env.json', 'w'))")
+    seen = {}
+    for case, policy in (("unset", None), ("user's", "ACTIVE")):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        if policy:
+            env["OMP_WAIT_POLICY"] = policy
+        done = subprocess.run([sys.executable, "-m", "workshop_utils.run_notebooks", "--notebooks", str(folder),
+                               "--run-dir", str(tmp_path / case)], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        seen[case] = json.loads((tmp_path / case / "env.json").read_text())
+    assert seen["unset"]["omp_wait_policy"] == "PASSIVE"
+    assert seen["user's"]["omp_wait_policy"] == "ACTIVE"
+    assert seen["unset"]["cpu_threads"] == torch.get_num_threads()
+
+
+def test_wait_passively_keeps_a_policy_the_user_set():
+    fresh, chosen = {}, {"OMP_WAIT_POLICY": "ACTIVE"}
+    wu.wait_passively(fresh)
+    wu.wait_passively(chosen)
+    assert (fresh, chosen) == ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"})

@@ -77,7 +77,7 @@ _MODULES = {
     ),
     "system.hardware": (
         "PEAK_TFLOPS", "PRECISIONS", "check_precision", "cpu_16bit_support", "environment", "environment_table", "peak_tflops",
-        "peak_note", "mig_share", "device_name", "pick_device",
+        "peak_note", "wait_passively", "mig_share", "device_name", "pick_device",
     ),
     "lessons.io_layouts": (
         "compare_layouts", "loader_throughput", "read_shards", "read_small_files", "write_shards",

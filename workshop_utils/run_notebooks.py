@@ -38,6 +38,7 @@ from pathlib import Path
 
 from .system.results import repo_root, write_json
 from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.hardware import wait_passively
 from .system.profiles import PROFILE_NAMES, TIME_BUDGET_S, profile_choice
 from .report import write_report
 from .system.results import resolve_run_dir
@@ -234,6 +235,7 @@ def run_notebooks(run_dir=None, profile: str = "auto", only: list[str] | None = 
     limit = timeout_s or (TIME_BUDGET_S[name] if check else None)
     run_dir = resolve_run_dir(run_dir, "preflight" if check else None).resolve()
     (run_dir / "notebooks").mkdir(exist_ok=True)
+    wait_passively()  # the kernels and the ranks they start share the cores with each other and the machine
     print(f"Run folder: {run_dir}", flush=True)
     print(f"Profile {name} ({reason}); {len(selected)} notebook(s); time budget {TIME_BUDGET_S[name]} s each"
           + (f", stopped after {limit:g} s" if limit else ""), flush=True)
