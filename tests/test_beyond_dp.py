@@ -150,6 +150,81 @@ def test_a_split_that_does_not_divide_says_how_to_fix_it(one_rank_group, monkeyp
         wu.ColumnParallelLinear(torch.nn.Linear(4, 8))
 
 
+def _tensor_parallel_share(model, world: int) -> float:
+    """Parameters a rank holds under split_gpt, as a share of the model: column-wise layers split weight
+    and bias, row-wise layers their weight (the bias is added once, after the all-reduce, so every rank
+    keeps all of it); everything outside the blocks' six linear layers stays whole."""
+    from workshop_utils.parallel.gpt_parallel import COLUMNWISE, ROWWISE
+
+    split = 0
+    for block in model.blocks:
+        layers = dict(block.named_modules())
+        split += sum(p.numel() for name in COLUMNWISE for p in layers[name].parameters())
+        split += sum(layers[name].weight.numel() for name in ROWWISE)
+    total = sum(p.numel() for p in model.parameters())
+    return (total - split + split / world) / total
+
+
+@pytest.mark.slow
+def test_the_gpt_sharded_and_split_per_block_trains_like_the_unsharded_model():
+    record = wu.launch_demo("gpt-parallel", size="tiny", steps=3, batch=4, sequence=32, **DEMO)
+    table = wu.gpt_parallel_table(record)
+    assert list(table.index) == ["one model (unsharded)", "FSDP2 per block", "FSDP2 per block, bf16 policy",
+                                 "tensor parallel per block"] and record["skipped"] == {}
+    reference = record["losses"]["one model (unsharded)"]
+    assert len(reference) == 3 and reference[-1] < reference[0]  # it learns, so equal losses mean something
+    for name in ("FSDP2 per block", "tensor parallel per block"):  # fp32 all through: equal to rounding
+        assert table.loc[name, "largest_loss_gap"] < 1e-5 and table.loc[name, "weight_gap"] < 1e-3, name
+    bf16 = table.loc["FSDP2 per block, bf16 policy"]
+    assert 0 < bf16.largest_loss_gap < 3e-2 and bf16.weight_gap < 0.3  # bf16's rounding, not another model
+    n = record["parameters"]
+    unsharded = table.loc["one model (unsharded)"]
+    assert unsharded.parameters_mib * 2**20 == 4 * n and unsharded.optimizer_mib * 2**20 == 8 * n
+    assert unsharded.of_unsharded == 1.0
+    for name in ("FSDP2 per block", "FSDP2 per block, bf16 policy"):  # the bf16 copies live only while a block runs
+        assert table.loc[name, "of_unsharded"] == pytest.approx(0.5, abs=0.01), name
+    expected = _tensor_parallel_share(wu.build_model("gpt"), 2)
+    assert 0.5 < expected < 1
+    assert table.loc["tensor parallel per block", "parameters_mib"] * 2**20 == pytest.approx(4 * n * expected)
+
+
+def test_tensor_parallelism_needs_whole_heads_on_every_rank():
+    from workshop_utils.parallel.gpt_parallel import why_not_split
+
+    small = wu.GPT_SIZES["gpt2-small"]
+    assert why_not_split(small, 4) is None and why_not_split(small, 6) is None
+    assert "12 heads" in why_not_split(small, 8)  # eight GPUs: the other strategies run, this one is skipped
+    with pytest.raises(WorkshopError, match="divides the head count"):
+        wu.split_gpt(wu.build_model("gpt"), _FakeMesh(3))
+
+
+class _FakeMesh:
+    def __init__(self, ranks: int):
+        self.ranks = ranks
+
+    def size(self) -> int:
+        return self.ranks
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_per_gpt_block_keeps_gradients_and_cuts_memory():
+    result = wu.measure_gpt_recompute(batch=4, sequence=64, steps=1)
+    assert result["gradient_max_abs_difference"] == 0.0
+    # Stored: four blocks' attention and MLP activations; recomputed: their inputs and one block's.
+    assert 0.15 < result["memory_ratio"] < 0.6
+    again = wu.measure_gpt_recompute(batch=4, sequence=64, steps=1)
+    assert again["table"].peak_memory_mib.tolist() == result["table"].peak_memory_mib.tolist()
+
+
+def test_a_gpt_that_recomputes_its_blocks_computes_the_same_logits():
+    torch.manual_seed(0)
+    model = wu.build_model("gpt")
+    tokens = torch.randint(0, 256, (2, 16))
+    stored = model(tokens)
+    model.recompute_blocks = True
+    assert torch.equal(model(tokens), stored)
+
+
 @pytest.mark.slow
 def test_pipeline_gradients_equal_the_unsplit_model_and_the_bubble_is_measured():
     # Three stages: the middle one receives and sends in both directions, and checks its own gradients.

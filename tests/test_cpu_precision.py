@@ -75,6 +75,17 @@ def test_notebook_03_on_a_cpu_with_native_bf16_runs_bf16_in_full(fake_cpu, capsy
     assert "bf16 autocast" not in out and "Cut short or skipped on this CPU: fp16;" in out
 
 
+@pytest.mark.parametrize("cpu, bf16_steps", [("avx2", 2), ("avx512-bf16", 40)])
+def test_notebook_03s_gpt_runs_bf16_in_full_only_where_the_cpu_computes_it(fake_cpu, capsys, cpu, bf16_steps):
+    fake_cpu(cpu)
+    hp = wu.notebook_profiles(ROOT / "notebooks" / "03_mixed_precision.ipynb")["cpu"]
+    base = wu.TrainConfig(model="gpt", batch_size=hp["gpt_batch"], sequence_length=hp["gpt_sequence"],
+                          max_steps=hp["gpt_steps"], warmup_steps=2, device="cpu")
+    plan = {c.precision: c.max_steps for c in wu.precision_plan(base, {"gpt": hp["gpt_modes"]})}
+    assert plan == {"fp32": 40, "bf16": bf16_steps}
+    assert ("gpt-bf16: bf16 autocast is emulated" in capsys.readouterr().out) == (cpu == "avx2")
+
+
 def test_the_gpu_figure_comes_from_a_gpu_reference_run_when_one_is_recorded(tmp_path, monkeypatch):
     from workshop_utils.lessons import numerics
 

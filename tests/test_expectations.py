@@ -122,3 +122,15 @@ def test_an_accuracy_gap_is_shown_with_the_seed_spread_recorded_for_its_run(monk
     assert wu.seed_spread("ladder-1-x", "cpu").endswith(": 30% to 42% over 3 seeds (AVX2)")
     assert wu.seed_spread("ladder-1-x", "gpu").startswith("no seed spread recorded for ladder-1-x in the gpu profile")
     assert wu.seed_spread("ladder-2-y", "cpu").startswith("no seed spread recorded")
+
+
+def test_the_gpt_rows_of_the_mode_table_add_tokens_and_blank_a_speed_probes_loss():
+    def gpt(precision, steps):
+        record = _record("gpt", precision, steps, 0.4)
+        record["metrics"].update(tokens_per_s=12_800.0, final_test_loss=2.5, final_test_bits_per_byte=3.6)
+        return record
+
+    table = wu.mode_table([gpt("fp32", 40), gpt("bf16", 2)]).set_index("precision")
+    assert table.loc["fp32", "tokens/s"] == 12_800.0 and table.loc["fp32", "test loss (nats/token)"] == 2.5
+    assert pd.isna(table.loc["bf16", "test loss (nats/token)"]) and pd.isna(table.loc["bf16", "test bits/byte"])
+    assert "tokens/s" not in wu.mode_table([_record("simplecnn", "fp32", 30, 0.36)])  # CNN tables stay as they were

@@ -236,3 +236,28 @@ def test_tiny_gpt_learns_below_the_unigram_entropy(corpus, one_thread):
     assert result.metrics["steps"] == LEARN["max_steps"]
     assert validation < 0.9 * unigram, (validation, unigram)
     assert result.metrics["final_test_bits_per_byte"] < 0.9 * unigram / math.log(2)
+
+
+def test_the_unfused_attention_computes_what_the_fused_kernel_does():
+    """attention="math" writes out q·kᵀ, the causal mask, softmax and ·v: the same logits and gradients."""
+    torch.manual_seed(0)
+    fused = wu.build_model("gpt")
+    written_out = wu.build_model("gpt")
+    written_out.load_state_dict(fused.state_dict())
+    written_out.use_attention("math")
+    tokens = torch.randint(0, 256, (2, 48))
+    for model in (fused, written_out):
+        model(tokens).logsumexp(-1).mean().backward()
+    assert torch.allclose(fused(tokens), written_out(tokens), atol=1e-5)
+    worst = max((a.grad - b.grad).abs().max().item() for a, b in zip(fused.parameters(), written_out.parameters()))
+    assert worst < 1e-5
+    with pytest.raises(wu.WorkshopError, match="attention"):
+        fused.use_attention("flash")
+
+
+def test_the_attention_switch_reaches_the_model_and_is_for_the_gpt_only(corpus, one_thread):
+    result = wu.train(wu.TrainConfig(max_steps=2, attention="math", **TINY_RUN), corpus)
+    assert result.record["config"]["attention"] == "math"
+    assert not any(block.attn.fused for block in result.model.blocks)
+    with pytest.raises(wu.WorkshopError, match="attention='math' is for model 'gpt'"):
+        wu.train(wu.TrainConfig(model="simplecnn", attention="math", max_steps=1))

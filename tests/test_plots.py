@@ -86,6 +86,22 @@ def _fsdp_record(world: int = 2, parameters: int = 62_006):
             "losses": {"DDP": ddp, "FSDP": [x + 1e-7 for x in ddp]}}
 
 
+def _gpt_parallel_record(world: int = 2, parameters: int = 842_496):
+    """What compare_gpt_parallel returns: four strategies, the first the unsharded reference."""
+    record = _fsdp_record(world, parameters)
+    shares = {"one model (unsharded)": 1, "FSDP2 per block": world, "FSDP2 per block, bf16 policy": world,
+              "tensor parallel per block": 1.9}
+    rows = []
+    for strategy, share in shares.items():
+        for rank in range(world):
+            held = {"parameters": int(4 * parameters / share), "gradients": int(4 * parameters / share),
+                    "optimizer": int(8 * parameters / share)}
+            rows.append({"strategy": strategy, "rank": rank, **held, "total": sum(held.values())})
+    losses = [5.55, 5.11, 4.89]
+    return {**record, "kind": "gpt_parallel", "model": "GPT tiny", "held_bytes": rows,
+            "losses": {name: [x + (1e-3 if "bf16" in name else 0) for x in losses] for name in shares}}
+
+
 def _gpipe_timeline(stages: int, m: int, forward_s: float = 1e-3, backward_s: float = 2e-3):
     """GPipe's schedule on equal stages: every forward, then every backward in reverse micro-batch order."""
     end, rows = {}, []
@@ -140,6 +156,7 @@ CHARTS = {
     "device monitor on a CPU": lambda: wu.plot_monitor(_monitor_frame(), "CPU while training the baseline"),
     "device monitor on a GPU": lambda: wu.plot_monitor(_monitor_frame(gpu=True), "GPU while training the baseline"),
     "held memory": lambda: wu.plot_held_memory(_fsdp_record()),
+    "held memory, four strategies": lambda: wu.plot_held_memory(_gpt_parallel_record()),
     "pipeline": lambda: wu.plot_pipeline(_pipeline_record(), show=(1, 4)),
 }
 
@@ -254,6 +271,17 @@ def test_the_held_memory_chart_states_fsdps_saving():
     try:
         assert "held per rank with FSDP, 2.0x less than DDP" in _titles(fig)
         assert fig.axes[0].get_xlabel() and "MiB" in fig.axes[0].get_ylabel()
+    finally:
+        plt.close(fig)
+
+
+def test_the_held_memory_chart_measures_every_strategy_against_the_first():
+    fig = CHARTS["held memory, four strategies"]()
+    try:
+        titles = _titles(fig)
+        assert "held per rank with FSDP2 per block, 2.0x less than one model (unsharded)" in titles
+        assert "losses differ by at most 1.0e-03" in titles  # the bf16 policy's gap, the largest
+        assert len(fig.axes[1].get_lines()) == 4
     finally:
         plt.close(fig)
 

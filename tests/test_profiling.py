@@ -233,3 +233,26 @@ def test_nsys_command_records_the_timed_steps_of_exactly_this_config(monkeypatch
     assert "no nsys" in wu.nsys_missing()
     with pytest.raises(wu.WorkshopError, match="cannot run here"):
         wu.nsys_profile(config, "unused")
+
+
+def test_the_profiler_names_the_kernel_scaled_dot_product_attention_chose():
+    import torch
+
+    torch.manual_seed(0)
+    model = wu.build_model("gpt")
+    tokens = torch.randint(0, 256, (2, 32))
+    fused = wu.attention_kernels(model.use_attention("fused"), tokens)
+    assert "aten::scaled_dot_product_attention" in fused
+    assert any("flash" in name or "math" in name or "efficient" in name for name in fused), fused  # which one ran
+    unfused = wu.attention_kernels(model.use_attention("math"), tokens)
+    assert "aten::softmax" in unfused and not any("scaled_dot_product" in name for name in unfused)
+
+
+@pytest.mark.parametrize("kernels", ["default", "fused"])
+def test_adamw_reading_its_host_held_step_counters_is_no_host_sync_of_the_loop(tmp_path, corpus, kernels):
+    """AdamW reads each parameter's step counter back from the host on a CPU (68 of them for the tiny GPT);
+    on a GPU that read waits for nothing, so the breakdown must not count it as a sync of the training loop."""
+    config = wu.TrainConfig(model="gpt", optimizer="adamw", lr=1e-3, batch_size=4, sequence_length=32, test_size=8,
+                            optimizer_kernels=kernels, progress=False, device="cpu")
+    run = wu.profile_training(config, corpus, tmp_path, name="gpt-profile", wait=0, warmup=1, active=2, detail=False)
+    assert wu.step_breakdown(run)["host_syncs_per_step"] == 0

@@ -471,8 +471,11 @@ def _pdf_chunks(path: Path) -> list[bytes]:
     data = path.read_bytes()
     chunks = [data]
     for stream in re.finditer(rb"stream\r?\n(.*?)\r?\nendstream", data, re.S):
+        # A stream whose last byte is 0x0D loses it to the "\r?\n" before endstream (1 stream in 256; the
+        # bytes change with the build's timestamp): that byte ends zlib's checksum, which decompressobj does
+        # not insist on, while zlib.decompress would refuse the whole stream and its pages would go uncounted.
         try:
-            chunks.append(zlib.decompress(stream.group(1)))
+            chunks.append(zlib.decompressobj().decompress(stream.group(1)))
         except zlib.error:
             pass
     return chunks

@@ -238,3 +238,19 @@ def test_optimizer_kernel_switch_changes_how_the_update_runs_not_what_it_compute
     assert max(losses) - min(losses) < 1e-3  # fused reorders the arithmetic, not the result
     # the untimed first steps (compilation, autotuning) are reported on their own, never in the throughput
     assert all(r.metrics["warmup_s"] > 0 and r.metrics["timed_steps"] == 2 for r in runs.values())
+
+
+def test_the_gpt_ladder_starts_unfused_and_its_last_rung_keeps_the_tokens_per_step():
+    base = wu.TrainConfig(model="gpt", batch_size=16, sequence_length=64, attention="math", loader="torch",
+                          optimizer="adamw", lr=3e-3)
+    rungs = wu.gpt_ladder_rungs(base, compile=False, device="cpu")
+    configs = wu.rung_configs(base, rungs)
+    by_label = {rung.label: config for rung, config in zip(rungs, configs)}
+    assert by_label["baseline"].attention == "math" and by_label["fused attention"].attention == "fused"
+    assert by_label["torch.compile"] is None  # switched off: listed with its reason, not inherited
+    last = configs[-1]
+    assert (last.batch_size, last.accumulation_steps) == (8, 2)  # 8 sequences x 2 passes = the baseline's 16
+    assert (last.attention, last.loader, last.optimizer_kernels, last.compile) == ("fused", "device", "fused", False)
+    assert all(c.name.startswith("gpt-ladder-") for c in configs if c is not None)  # beside SimpleCNN's ladder-*
+    odd = wu.gpt_ladder_rungs(base.replace(batch_size=15), compile=False, device="cpu")
+    assert "does not split into 2 micro-batches" in odd[-1].not_here

@@ -123,11 +123,11 @@ _MODULES = {
         "notebook_profiles", "pick_settings", "profile_choice", "resolve_profile",
     ),
     "lessons.profiling": (
-        "ProfileRun", "native_noise_filtered", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown",
+        "ProfileRun", "attention_kernels", "native_noise_filtered", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown",
         "profile_rungs", "profile_training", "step_breakdown", "top_ops",
     ),
     "lessons.recompute": (
-        "BlockStack", "measure_recompute",
+        "BlockStack", "measure_gpt_recompute", "measure_recompute",
     ),
     "report": (
         "add_report_section", "write_report",
@@ -150,7 +150,10 @@ _MODULES = {
     ),
     "lessons.sweeps": (
         "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "compile_wait_s", "dataloader_sweep",
-        "ladder_rungs", "rung_configs", "same_as_below", "speedup_text", "worker_counts",
+        "gpt_ladder_rungs", "ladder_rungs", "rung_configs", "same_as_below", "speedup_text", "worker_counts",
+    ),
+    "parallel.gpt_parallel": (
+        "compare_gpt_parallel", "gpt_parallel_table", "shard_gpt", "split_gpt",
     ),
     "parallel.tensor_parallel": (
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",

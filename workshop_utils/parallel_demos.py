@@ -23,6 +23,7 @@ from .parallel.collectives import show_collectives, time_collectives
 from .parallel.comm_model import message_sizes
 from .parallel.dist_checkpoint import checkpoint_stall, sharded_round_trip
 from .parallel.failures import RankFailed, record_failures
+from .parallel.gpt_parallel import compare_gpt_parallel
 from .system.errors import WorkshopError, choose, exit_on_workshop_error
 from .parallel.pipeline import measure_bubble
 from .parallel.sharding import compare_ddp_fsdp
@@ -53,6 +54,7 @@ PARTS = {
     "collectives-time": _collectives_time,
     "fsdp": compare_ddp_fsdp,
     "tensor-parallel": check_tensor_parallel,
+    "gpt-parallel": compare_gpt_parallel,
     "pipeline": measure_bubble,
     "checkpoint": _checkpoint,
 }

@@ -412,9 +412,9 @@ def precision_configs(base, modes=PRECISIONS, cpu_emulated_steps: int = 2) -> li
     return configs
 
 
-# Steps a mode the CPU only emulates runs, per model: enough SimpleCNN steps (seconds each) to see it work;
-# no ResNet-18 step, which takes minutes emulated.
-EMULATED_STEPS = {"simplecnn": 2, "resnet18": 0}
+# Steps a mode the CPU only emulates runs, per model: enough SimpleCNN and tiny-GPT steps (seconds each) to see
+# it work; no ResNet-18 step, which takes minutes emulated.
+EMULATED_STEPS = {"simplecnn": 2, "resnet18": 0, "gpt": 2}
 GPU_REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu" / "results"
 
 
@@ -466,10 +466,15 @@ def mode_table(records: list[dict]) -> pd.DataFrame:
                      "steps": m["steps"], "samples/s": m["samples_per_s"], "step ms (median)": m["step_ms_median"],
                      "peak memory MiB": m["peak_memory_mib"], "final train loss": m["final_train_loss"],
                      "test acc %": None if m["final_test_acc"] is None else 100 * m["final_test_acc"]})
+        if "tokens_per_s" in m:  # the GPT: its loss is nats per token, its accuracy next-token accuracy
+            rows[-1].update({"tokens/s": m["tokens_per_s"], "test loss (nats/token)": m["final_test_loss"],
+                             "test bits/byte": m["final_test_bits_per_byte"]})
     table = pd.DataFrame(rows)
     longest = table.groupby(["model", "channels_last"])["steps"].transform("max")
     short = table["steps"] < longest
-    table["test acc %"] = table["test acc %"].where(~short, None)
+    for column in ("test acc %", "test loss (nats/token)", "test bits/byte"):
+        if column in table:
+            table[column] = table[column].where(~short, None)
     table["note"] = ["" if not cut else f"speed probe: {steps} of {most} steps, accuracy not compared"
                      for cut, steps, most in zip(short, table["steps"], longest)]
     for reference in ("fp32", "tf32"):

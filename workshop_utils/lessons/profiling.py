@@ -174,6 +174,18 @@ def _is_kernel(event) -> bool:
 _READ_BACK = {"aten::_local_scalar_dense"}
 
 
+def _optimizer_counter_read(event) -> bool:
+    """A read-back inside ``Optimizer.step``: Adam and AdamW read each parameter's step counter, which they keep
+    on the host unless fused or capturable (where it stays on the GPU and is never read back). On a GPU that
+    read waits for nothing, so it is no host sync of the training loop."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("Optimizer.step"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def _host_range(event) -> bool:
     """A range the host recorded (a step, a phase), not its copy on the GPU timeline (``gpu_user_annotation``)."""
     return event.device_type.name == "CPU"
@@ -221,7 +233,8 @@ def step_breakdown(run: ProfileRun) -> dict:
     waits = _GPU_WAITS if on_gpu else _READ_BACK
     # outside the data loader, whose own cost is data_ms (on a CPU it reads its crop offsets back, harmlessly)
     syncs = sum(1 for e in events if e.name in waits
-                and not any(r.start <= e.time_range.start <= r.end for r in data_windows))
+                and not any(r.start <= e.time_range.start <= r.end for r in data_windows)
+                and (on_gpu or not _optimizer_counter_read(e)))
     # Operators called from Python or autograd, not the ones they call in turn.
     operators = sum(1 for e in events if e.name.startswith("aten::")
                     and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
@@ -231,6 +244,25 @@ def step_breakdown(run: ProfileRun) -> dict:
             "operators_per_step": operators / n,
             **{key: counts.get(key) for key in ("kernels_per_step", "launches_per_step", "graph_launches_per_step")},
             "host_syncs_per_step": syncs / n}
+
+
+def attention_kernels(model: torch.nn.Module, tokens: torch.Tensor, precision: str = "fp32") -> list[str]:
+    """The operators that computed the GPT's attention in one forward pass, as the profiler recorded them.
+
+    ``scaled_dot_product_attention`` dispatches to one of several kernels (flash, memory-efficient, cuDNN,
+    or the math fallback) by device, dtype and shapes; this names the one it took. On a GPU the CUDA
+    kernel's own name is listed too. The unfused path shows as its softmax.
+    """
+    from ..spine.precision import autocast
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if tokens.is_cuda else [])
+    with native_noise_filtered(), torch.no_grad(), autocast(precision, tokens.device), \
+            profile(activities=activities) as prof:
+        model(tokens)
+    wanted = ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha")
+    names = {event.key for event in prof.key_averages()}
+    found = sorted(name for name in names if any(w in name.lower() for w in wanted))
+    return found or sorted(name for name in names if name in ("aten::softmax", "aten::_softmax"))
 
 
 def profile_rungs(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir, active: int = 3,

@@ -10,7 +10,8 @@ where the backward pass takes more than twice the forward's time; ``time_ratio``
 costs on the machine that ran it.
 
 ``measure_recompute`` trains a stack of transformer-style MLP blocks with and without it and
-reports peak memory, step time and the largest gradient difference (which must be zero).
+reports peak memory, step time and the largest gradient difference (which must be zero);
+``measure_gpt_recompute`` does the same for the GPT, one checkpoint per block.
 """
 
 from __future__ import annotations
@@ -50,18 +51,48 @@ class BlockStack(nn.Module):
 def measure_recompute(width: int = 256, depth: int = 8, tokens: int = 2048, steps: int = 3, seed: int = 0,
                       device=None) -> dict:
     """Peak memory above the model's own, median step time and gradients, without and with checkpointing."""
-    import pandas as pd
-
     device = torch.device(device or "cpu")
     x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(seed)).to(device)
+    measured = _compare(lambda recompute: BlockStack(width, depth, recompute), x, lambda out: out.square().mean(),
+                        steps, seed, device)
+    return {**measured, "width": width, "depth": depth, "tokens": tokens}
+
+
+def measure_gpt_recompute(size: str = "tiny", batch: int = 8, sequence: int = 128, steps: int = 3, seed: int = 0,
+                          device=None, data_root=None) -> dict:
+    """The same on the GPT, checkpointing each block (``GPT.recompute_blocks``), on a batch of real text."""
+    import torch.nn.functional as F
+
+    from ..spine.gpt import build_gpt
+    from ..spine.text import load_text
+
+    device = torch.device(device or "cpu")
+    data = load_text(data_root, quiet=True)
+    window = torch.from_numpy(data.train_tokens[:batch * sequence + 1].astype("int64"))
+    inputs, targets = window[:-1].view(batch, sequence).to(device), window[1:].view(batch, sequence).to(device)
+
+    def build(recompute: bool):
+        model = build_gpt(size)
+        model.recompute_blocks = recompute
+        return model
+
+    measured = _compare(build, inputs, lambda logits: F.cross_entropy(logits.flatten(0, 1), targets.flatten()),
+                        steps, seed, device)
+    return {**measured, "model": f"GPT {size}", "batch": batch, "sequence": sequence, "data_source": data.source}
+
+
+def _compare(build, x, loss_of, steps: int, seed: int, device) -> dict:
+    """``build(recompute)`` trained on ``x`` without and with recomputation: memory, time, gradients."""
+    import pandas as pd
+
     rows, grads = [], {}
     for recompute in (False, True):
         torch.manual_seed(seed)
-        model = BlockStack(width, depth, recompute).to(device)
+        model = build(recompute).to(device)
 
         def step(model=model):
             model.zero_grad(set_to_none=True)
-            model(x).square().mean().backward()
+            loss_of(model(x)).backward()
 
         step()  # warms up the allocator; its gradients are the ones compared
         grads[recompute] = [p.grad.detach().clone() for p in model.parameters()]
@@ -74,7 +105,7 @@ def measure_recompute(width: int = 256, depth: int = 8, tokens: int = 2048, step
     return {"table": table, "memory_ratio": table.peak_memory_mib.iloc[1] / table.peak_memory_mib.iloc[0],
             "time_ratio": table.step_ms.iloc[1] / table.step_ms.iloc[0],
             "gradient_max_abs_difference": max((a - b).abs().max().item() for a, b in zip(grads[False], grads[True])),
-            "width": width, "depth": depth, "tokens": tokens, "memory_measure": memory_measure}
+            "memory_measure": memory_measure}
 
 
 def _step_peak_mib(step, model, x, device) -> tuple[float, str]:

@@ -185,17 +185,43 @@ def ladder_rungs(tuned_loader: dict | None = None, compile: bool = True, device=
     return rungs
 
 
+def gpt_ladder_rungs(base: TrainConfig, compile: bool = True, device=None, micro_batches: int = 2) -> list[Rung]:
+    """The ladder on the GPT, from fp32 eager with unfused attention and a DataLoader (``base`` sets those).
+
+    The last rung is a trade, not a speed-up: ``micro_batches`` forward and backward passes of 1/k the
+    sequences add up to the same tokens per optimizer step, for about 1/k of the activation memory.
+    """
+    device = pick_device(device)
+    splits = micro_batches > 1 and base.batch_size % micro_batches == 0
+    return [
+        Rung("baseline", {}, "fp32, attention as matmul, mask, softmax, matmul; DataLoader; AdamW's default kernels"),
+        Rung("fused attention", {"attention": "fused"},
+             "scaled_dot_product_attention: one flash or memory-efficient kernel, no attention matrix stored"),
+        Rung("device-resident loader", {"loader": "device"}, "the token array on the device: a batch is one gather"),
+        Rung("BF16 autocast", {"precision": "bf16"}, "the matmuls on tensor cores at half the bytes per value",
+             emulated_on_cpu("bf16", device)),
+        Rung("fused AdamW", {"optimizer_kernels": "fused"}, "the AdamW update of every tensor in one kernel"),
+        Rung("torch.compile", {"compile": True}, "layer norms, GELU and residual adds fused into the matmuls' neighbours",
+             None if compile else "compilation is switched off in this profile (minutes on a small CPU)"),
+        Rung(f"{micro_batches} micro-batches", {"batch_size": base.batch_size // max(micro_batches, 1),
+                                                "accumulation_steps": micro_batches},
+             f"the same tokens per optimizer step in {micro_batches} passes: activation memory for time",
+             None if splits else f"batch {base.batch_size} does not split into {micro_batches} micro-batches"),
+    ]
+
+
 def rung_configs(base: TrainConfig, rungs: list[Rung]) -> list[TrainConfig | None]:
     """Each rung's config: ``base`` with the switches of every applicable rung up to it; None where not here."""
     if not rungs:
         raise WorkshopError("The ladder has no rungs.", "pass ladder_rungs() or a list of Rung.")
     configs, config = [], base
+    prefix = "ladder" if base.model == "simplecnn" else f"{base.model}-ladder"  # two ladders share a run folder
     for index, rung in enumerate(rungs):
         slug = rung.label.lower().replace(" ", "-").replace(".", "-")
         if rung.not_here:
             configs.append(None)  # shown with its reason, not trained; later rungs do not inherit it
             continue
-        config = config.replace(name=f"ladder-{index}-{slug}", **rung.changes)
+        config = config.replace(name=f"{prefix}-{index}-{slug}", **rung.changes)
         configs.append(config)
     return configs
 

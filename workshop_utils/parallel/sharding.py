@@ -163,9 +163,10 @@ def memory_ratio(record: dict) -> float:
 
 
 def plot_held_memory(record: dict):
-    """Stacked bars: parameters, gradients and Adam state held by each rank, DDP against FSDP.
+    """Stacked bars: parameters, gradients and Adam state held by each rank, per strategy; and the loss curves.
 
-    The title states the finding: the most any rank holds under FSDP, and how many times less than DDP.
+    The first strategy in the record is the reference (DDP, or the unsharded model). The title states
+    the finding: the most any rank holds under the leanest strategy, and how many times less than that.
     """
     import matplotlib.pyplot as plt
 
@@ -176,8 +177,9 @@ def plot_held_memory(record: dict):
     largest = {}
     for r in rows:
         largest[r["strategy"]] = max(largest.get(r["strategy"], 0), r["total"])
+    reference = next(iter(largest))
     with style():
-        fig, (ax_mem, ax_loss) = plt.subplots(1, 2, figsize=(12, 4))
+        fig, (ax_mem, ax_loss) = plt.subplots(1, 2, figsize=(12 if len(rows) <= 4 else 15, 4))
         bottom = [0.0] * len(rows)
         for part, color in zip(("parameters", "gradients", "optimizer"), PALETTE):
             values = [r[part] / 2**20 for r in rows]
@@ -186,21 +188,25 @@ def plot_held_memory(record: dict):
             bottom = [b + v for b, v in zip(bottom, values)]
         ax_mem.set(xlabel="strategy and rank", ylabel="memory held on the rank (MiB)",
                    title=f"Held after an optimizer step ({record['world_size']} ranks)")
+        if len(rows) > 4:
+            ax_mem.tick_params(axis="x", labelsize=7)
         ax_mem.legend()
         losses = record["losses"]
         for name, trajectory in losses.items():
-            ax_loss.plot(range(1, len(trajectory) + 1), trajectory, "o-" if name == "DDP" else "x--", label=name)
-        gap = ""
-        if "DDP" in losses and "FSDP" in losses and losses["DDP"] and len(losses["DDP"]) == len(losses["FSDP"]):
-            gap = f": losses differ by at most {max(abs(a - b) for a, b in zip(losses['DDP'], losses['FSDP'])):.1e}"
+            ax_loss.plot(range(1, len(trajectory) + 1), trajectory, "o-" if name == reference else "x--", label=name)
+        gaps = [abs(a - b) for name, trajectory in losses.items() if name != reference
+                and len(trajectory) == len(losses.get(reference, ())) for a, b in zip(losses[reference], trajectory)]
+        gap = f": losses differ by at most {max(gaps):.1e}" if gaps else ""
         ax_loss.set(xlabel="optimizer step", ylabel="training loss (mean over ranks)",
                     title=f"Same trajectory{gap}")
         ax_loss.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax_loss.legend()
-        finding = ", ".join(f"{name} peak {held / 2**20:,.1f} MiB per rank" for name, held in largest.items())
-        if largest.get("FSDP") and largest.get("DDP"):
-            finding = (f"peak {largest['FSDP'] / 2**20:,.1f} MiB held per rank with FSDP, "
-                       f"{largest['DDP'] / largest['FSDP']:.1f}x less than DDP ({largest['DDP'] / 2**20:,.1f} MiB)")
+        leanest = min(largest, key=largest.get)
+        finding = f"{reference} peak {largest[reference] / 2**20:,.1f} MiB per rank"
+        if leanest != reference and largest[leanest]:
+            finding = (f"peak {largest[leanest] / 2**20:,.1f} MiB held per rank with {leanest}, "
+                       f"{largest[reference] / largest[leanest]:.1f}x less than {reference} "
+                       f"({largest[reference] / 2**20:,.1f} MiB)")
         fig.suptitle(f"{record['model']}, Adam, {record['world_size']} ranks: {finding}")
         fig.tight_layout()
     return fig

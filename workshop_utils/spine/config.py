@@ -21,7 +21,7 @@ from ..system.errors import WorkshopError, choose
 from ..system.hardware import PRECISIONS
 from ..system.results import check_output_path
 from .data import LOADERS
-from .gpt import GPT_SIZES
+from .gpt import ATTENTION, GPT_SIZES
 from .models import MODELS, TOKEN_MODELS
 
 DEVICES = ("cuda", "cpu")  # None: a GPU per local rank when there are GPUs, else the CPU
@@ -93,6 +93,9 @@ class TrainConfig:
                                           DATA, minimum=1)
     channels_last: bool = setting(False, "NHWC memory layout, what tensor-core convolutions prefer (images only)",
                                   SPEED)
+    attention: str = setting("fused", "model gpt: fused (scaled_dot_product_attention, PyTorch's flash or "
+                                      "memory-efficient kernel) or math (matmul, mask, softmax, matmul, the attention "
+                                      "matrix stored)", SPEED, choices=ATTENTION)
     compile: bool = setting(False, "torch.compile the model", SPEED)
     compile_mode: str = setting("default", "torch.compile mode: reduce-overhead replays CUDA graphs (one launch per "
                                            "step), max-autotune also searches kernels (minutes)", SPEED,
@@ -239,6 +242,9 @@ def validate_config(config: TrainConfig) -> TrainConfig:
     elif config.sequence_length is not None:
         raise WorkshopError(f"sequence_length is for model 'gpt'; model {config.model!r} reads images.",
                             "leave sequence_length unset, or set model='gpt'.")
+    elif config.attention != "fused":
+        raise WorkshopError(f"attention={config.attention!r} is for model 'gpt'; model {config.model!r} has no "
+                            "attention.", "leave attention unset, or set model='gpt'.")
     if (config.resume or config.stop_after_step) and not config.checkpoint_dir:
         raise WorkshopError("resume and stop_after_step need somewhere to keep checkpoints.",
                             "set checkpoint_dir as well.")

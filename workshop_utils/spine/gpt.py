@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..system.errors import WorkshopError, choose
 
@@ -44,6 +45,8 @@ class GPTSize:
     vocab: int
 
 
+ATTENTION = ("fused", "math")
+
 GPT_SIZES = {
     "tiny": GPTSize(layers=4, width=128, heads=4, context=128, vocab=256),
     "gpt2-small": GPTSize(layers=12, width=768, heads=12, context=1024, vocab=50304),
@@ -51,18 +54,29 @@ GPT_SIZES = {
 
 
 class CausalSelfAttention(nn.Module):
+    """Queries, keys and values from three layers, not GPT-2's one fused layer: split column-wise
+    for tensor parallelism, each rank's slice of each is whole heads (a slice of a fused layer
+    would hand rank 0 all the queries and half the keys). The head count follows from the
+    width the layers give, so the same code runs on a rank's heads."""
+
     def __init__(self, width: int, heads: int):
         super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)  # one matmul for queries, keys and values
+        self.head_width = width // heads
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
         self.proj = nn.Linear(width, width)
+        self.fused = True  # False: the unfused reference below (GPT.use_attention)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (t.view(batch, length, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, length, width))
+        batch, length, _ = x.shape
+        q, k, v = (layer(x).view(batch, length, -1, self.head_width).transpose(1, 2)
+                   for layer in (self.q, self.k, self.v))
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # what the fused kernel computes, written out: the (length x length) matrix stored per head
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_width)
+            future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+            y = scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(batch, length, -1))
 
 
 class MLP(nn.Module):
@@ -104,6 +118,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(size.width)
         self.lm_head = nn.Linear(size.width, size.vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one matrix reads tokens in and writes logits out
+        # Activation checkpointing per block: keep each block's input, recompute the rest in backward.
+        self.recompute_blocks = False
         self.apply(self._init_weights)
         # GPT-2's scaled init: each block adds two projections to the residual stream, so their
         # weights shrink with depth and the stream's variance stays put however many blocks there are.
@@ -126,8 +142,17 @@ class GPT(nn.Module):
         positions = torch.arange(length, device=tokens.device)
         x = self.wte(tokens) + self.wpe(positions)
         for block in self.blocks:
-            x = block(x)
+            # use_reentrant=False: the variant PyTorch recommends, which works with FSDP2 and DTensors too.
+            x = checkpoint(block, x, use_reentrant=False) if self.recompute_blocks and self.training else block(x)
         return self.lm_head(self.ln_f(x))
+
+    def use_attention(self, kind: str) -> "GPT":
+        """``fused``: ``scaled_dot_product_attention``, which picks PyTorch's flash or memory-efficient kernel;
+        ``math``: matmul, mask, softmax, matmul as separate operations, the attention matrix stored for backward."""
+        choose(kind, ATTENTION, "attention")
+        for block in self.blocks:
+            block.attn.fused = kind == "fused"
+        return self
 
     def non_embedding_parameters(self) -> int:
         """Parameters outside the token and position tables (Kaplan et al.'s N)."""

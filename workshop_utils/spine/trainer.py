@@ -312,6 +312,7 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
     model = build_model(config.model, size=config.gpt_size if text else None).to(device)
     if text:
         data.check_vocabulary(model.size.vocab)
+        model.use_attention(config.attention)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(config, model)
