@@ -31,10 +31,16 @@ $(SLIDES_DEPS): slides/package-lock.json
 	@if command -v npm >/dev/null; then npm ci --prefix slides --no-audit --no-fund --loglevel=error; \
 	else echo "npm not found: slides cannot be built and their tests will be skipped"; fi
 
+# JupyterHub's proxy for the portal test and the portal recipe, pinned by portal/package-lock.json.
+PORTAL_DEPS := portal/node_modules/.package-lock.json
+$(PORTAL_DEPS): portal/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix portal --no-audit --no-fund --loglevel=error; \
+	else echo "npm not found: the portal test will be skipped"; fi
+
 run: $(STAMP)
 	$(PY) -m workshop_utils.run_notebooks
 
-test: $(STAMP) $(SLIDES_DEPS)
+test: $(STAMP) $(SLIDES_DEPS) $(PORTAL_DEPS)
 	$(PY) -m pytest
 
 # The tests marked neither slow nor notebook (pyproject.toml lists the markers).
