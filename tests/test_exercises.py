@@ -168,11 +168,19 @@ def test_each_lesson_notebook_asks_for_three_exercises_or_more(prefix):
     assert len(exercise_cells(path)[1]) >= 3
 
 
+def _left_open(value: ast.expr) -> bool:
+    """``...``, or a ``dict(gap=..., ...)`` of answers whose every value is ``...`` (Exercise 6.1's gaps)."""
+    if isinstance(value, ast.Constant):
+        return value.value is ...
+    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "dict"
+            and bool(value.keywords) and all(_left_open(k.value) for k in value.keywords))
+
+
 def placeholder_names(source: str) -> set[str]:
-    """The names the attendee's placeholders leave as ``...``."""
+    """The names the attendee's placeholders leave as ``...`` (or as answers that are all ``...``)."""
     tree = ast.parse(attendee_source(source))
-    return {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-            and node.value.value is ... for t in node.targets if isinstance(t, ast.Name)}
+    return {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and _left_open(node.value)
+            for t in node.targets if isinstance(t, ast.Name)}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

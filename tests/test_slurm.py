@@ -27,6 +27,8 @@ import pytest
 
 from slurm_cluster import SlurmCluster, missing_binaries
 
+import workshop_utils as wu
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
 # 1024 images in batches of 64: 16 steps an epoch, slow enough on a CPU to signal a job mid-run.
@@ -503,3 +505,69 @@ def test_nsys_job_without_nsys_stops_with_one_line(cluster, tmp_path):
     assert job["JobState"] == "FAILED" and job["ExitCode"] == "2:0"
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no nsys command" in errors[0] and "Traceback" not in text
+
+
+# ---------------------------------------------------------------------- Exercise 6.1: the attendee's job script
+
+SOLVED_61 = dict(nodes=1, ntasks_per_node=1, cpus_per_task=2, time="00:05:00", signal="B:USR1@60", nproc_per_node=2,
+                 rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):'
+                               '$((29500 + SLURM_JOB_ID % 1000))"')
+
+
+def _on_cluster(cluster, monkeypatch):
+    """The check's sbatch and scontrol talk to the test cluster, and its jobs run this Python."""
+    for key in ("SLURM_CONF", "PATH", "WORKSHOP_RUNS"):
+        monkeypatch.setenv(key, cluster.env[key])
+    monkeypatch.delenv("WORKSHOP_SLURM", raising=False)
+
+
+@pytest.mark.slow
+def test_exercise_61_runs_the_attendees_script_and_judges_what_the_job_did(cluster, tmp_path, monkeypatch, capsys):
+    _on_cluster(cluster, monkeypatch)
+    assert wu.check_job_script(SOLVED_61, jobs_dir=tmp_path, timeout_s=240)
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"✓ Exercise 6\.1: correct \(job \d+ \(\S+job.sbatch\) ran on 1 node\(s\) with 2 ranks, "
+                        r"wrote its checkpoints, inside its 300 s limit\)\.", said), said
+    folder = next(tmp_path.glob("ex61-*"))
+    log = next(folder.glob("ex61-train-*.out")).read_text()
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log and list((folder / "checkpoints").glob("step_*.pt"))
+
+
+@pytest.mark.slow
+def test_exercise_61_names_a_partition_the_cluster_does_not_have(cluster, tmp_path, monkeypatch):
+    _on_cluster(cluster, monkeypatch)
+    script = wu.fill_job_script(SOLVED_61).replace("#SBATCH --time", "#SBATCH --partition=gpu-big\n#SBATCH --time")
+    with pytest.raises(wu.WorkshopError, match=r"sbatch refused the script: .*invalid partition.*gpu-big") as err:
+        wu.check_job_script(script, jobs_dir=tmp_path)
+    assert "\n" not in str(err.value) and "partition that sinfo lists" in err.value.fix
+
+
+@pytest.mark.parametrize("change, said", [
+    (dict(rdzv_endpoint='""'), "no rendezvous endpoint"),
+    (dict(rdzv_endpoint=":29500"), "no rendezvous endpoint"),
+    (dict(ntasks_per_node=2), "srun starts 2 torchruns on each node and each starts 2 processes, 4 per node"),
+    (dict(signal=""), "no --signal"),
+    (dict(signal="TERM@60"), "listen for SIGUSR1"),
+    (dict(signal="B:USR1@5"), "5 s of warning"),
+    (dict(time="00:01:00"), "--time of 60 s: the job needs about 120 s"),
+    (dict(cpus_per_task=1), "--cpus-per-task=1 for 2 training processes"),
+])
+def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, said, monkeypatch):
+    monkeypatch.setattr("workshop_utils.lessons.job_script_exercise.submit",
+                        lambda *a, **k: pytest.fail("a script with a mistake in its text must not be submitted"))
+    with pytest.raises(wu.WorkshopError) as err:
+        wu.check_job_script({**SOLVED_61, **change})
+    assert said in str(err.value) and "\n" not in str(err.value) and err.value.fix
+
+
+def test_exercise_61_without_slurm_judges_the_text_and_says_it_ran_nothing(monkeypatch, capsys):
+    monkeypatch.setenv("WORKSHOP_SLURM", "off")
+    assert wu.check_job_script(SOLVED_61)
+    assert capsys.readouterr().out.strip() == ("✓ Exercise 6.1: correct (the script reads right; Slurm not used here "
+                                               "(WORKSHOP_SLURM=off), so it was not run here).")
+
+
+def test_exercise_61_left_open_is_one_line_and_no_error(capsys):
+    assert wu.check_job_script({**SOLVED_61, "time": ..., "signal": ...}) is False
+    assert capsys.readouterr().out.strip() == ("… Exercise 6.1: not yet solved: fill time, signal. Fix: each is what "
+                                               "goes after its flag in the script above.")

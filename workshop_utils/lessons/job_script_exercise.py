@@ -1,0 +1,203 @@
+"""Exercise 6.1: complete a job script, and the check that runs it on the cluster.
+
+The attendee fills the gaps of ``JOB_SCRIPT``: the resources (nodes, tasks per node, CPUs per task, time), the
+signal that leaves the job time to checkpoint, and the launch line that starts torchrun on every node with its
+rendezvous taken from Slurm's variables. ``check_job_script`` reads the script first (a mistake Slurm would
+not report, or would report only after the queue, is named at once), then submits it to the cluster, waits,
+and judges what happened from ``scontrol`` and the job's output: it ran, with the resources asked, every rank
+joined the process group, a checkpoint was written. Each common mistake is one line. Without a reachable
+Slurm the check says so and judges the text alone.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+from ..system.errors import WorkshopError
+from .exercises import NotYet, Unsolved, exercise_check, passed
+from .slurm_jobs import find_slurm, job_env, job_records, seconds_of, submit, wait_for
+
+EXERCISE = "Exercise 6.1"
+GAPS = ("nodes", "ntasks_per_node", "cpus_per_task", "time", "signal", "nproc_per_node", "rdzv_endpoint")
+
+JOB_SCRIPT = """\
+#!/bin/bash
+#SBATCH --job-name=ex61-train
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={ntasks_per_node}
+#SBATCH --cpus-per-task={cpus_per_task}
+#SBATCH --time={time}
+#SBATCH --signal={signal}
+#SBATCH --output=%x-%j.out
+set -uo pipefail
+export OMP_NUM_THREADS=1  # each of the processes torchrun starts computes in one thread
+# The warning signal reaches this script (B:); pass it on to the training processes on every node, not to
+# torchrun itself (its command line names the module too, but only the processes it starts run python -u).
+forward() {{ srun --overlap --ntasks-per-node=1 pkill -USR1 -f "python[0-9.]* -u -m workshop_utils.train" || true; }}
+trap forward USR1
+# srun starts one task per node (torchrun); torchrun starts --nproc-per-node training processes.
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun --nnodes="$SLURM_JOB_NUM_NODES" \\
+    --nproc-per-node={nproc_per_node} --rdzv-backend=c10d --rdzv-endpoint={rdzv_endpoint} --rdzv-id="$SLURM_JOB_ID" \\
+    -m workshop_utils.train "$@" &
+# bash runs the trap only between commands: wait (which a signal interrupts) until training has ended.
+while ! wait $!; do kill -0 $! 2>/dev/null || break; done
+"""
+
+# What the job must fit into its time limit: start-up and a few CPU steps take well under this; the
+# signal's lead time comes on top.
+NEEDED_S = 120
+# What the training in the job does: a few CPU steps of the small CNN, a checkpoint every few, one line a step.
+TRAINING = ("--device", "cpu", "--batch-size", "16", "--train-size", "256", "--test-size", "64", "--steps", "12",
+            "--epochs", "100", "--lr", "0.01", "--warmup-steps", "0", "--checkpoint-every", "4", "--log-every", "4", "--no-progress")
+
+
+def fill_job_script(answers: dict) -> str:
+    """``JOB_SCRIPT`` with the gaps filled from ``answers``; any gap still ``...`` leaves it unsolved."""
+    missing = [gap for gap in GAPS if answers.get(gap, ...) is ...]
+    if missing:
+        raise Unsolved(f"… {EXERCISE}: not yet solved: fill {', '.join(missing)}.",
+                       "each is what goes after its flag in the script above.")
+    return JOB_SCRIPT.format(**{gap: answers[gap] for gap in GAPS})
+
+
+def _option(script: str, name: str) -> str | None:
+    """The value of ``#SBATCH --name=value`` (the last one, as sbatch reads them), else None."""
+    found = re.findall(rf"^#SBATCH\s+--{name}(?:=|\s+)(\S*)", script, re.M)
+    return found[-1] if found else None
+
+
+def _flag(script: str, name: str) -> str | None:
+    """The value of ``--name=value`` on the torchrun line (empty string when the value is empty)."""
+    found = re.search(rf"--{name}(?:=|\s+)(\"[^\"]*\"|'[^']*'|\S*)", _launch(script))
+    return found.group(1).strip("\"'") if found else None
+
+
+def _launch(script: str) -> str:
+    """The torchrun command, its continuation lines joined."""
+    joined = script.replace("\\\n", " ")
+    return next((line for line in joined.splitlines() if re.search(r"(^|[\s;&|])torchrun\s+-", line)
+                 and not line.lstrip().startswith("#")), "")
+
+
+def _minutes(value: str | None) -> int | None:
+    """A bare number of minutes, as --time also takes it, in seconds."""
+    return int(value) * 60 if value is not None and value.isdigit() else None
+
+
+def _whole_number(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def script_problem(script: str) -> str | None:
+    """The first mistake the script's text shows, as "problem. Fix: ..."; None when the text is right."""
+    if not _launch(script):
+        return "no torchrun line: the job would start nothing. Fix: keep the launch line of the template."
+    endpoint = _flag(script, "rdzv-endpoint")
+    if not endpoint or endpoint.endswith(":") or endpoint.startswith(":"):
+        return ("no rendezvous endpoint: torchrun's agents on the job's nodes have nowhere to meet. Fix: "
+                "--rdzv-endpoint=HOST:PORT with HOST the job's first node, "
+                "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1), and a free port such as 29500.")
+    signal = _option(script, "signal")
+    warning = re.fullmatch(r"(?:[BR]+:)*(?:SIG)?USR1@(\d+)", signal or "")
+    if not signal:
+        return ("no --signal: when the time limit comes, Slurm ends the job without warning and the steps since "
+                "the last checkpoint are lost. Fix: #SBATCH --signal=B:USR1@60 sends SIGUSR1 to the script 60 s "
+                "before the end; its trap passes it on and the training loop checkpoints and stops.")
+    if not warning:
+        return (f"--signal={signal}: the trap and the training loop listen for SIGUSR1. Fix: "
+                "--signal=B:USR1@SECONDS, SECONDS the warning's lead time.")
+    lead, limit = int(warning.group(1)), seconds_of(_option(script, "time")) or _minutes(_option(script, "time"))
+    if limit is None:
+        return ("--time is not a duration Slurm reads. Fix: HH:MM:SS (00:05:00) or minutes (5).")
+    if lead < 30:
+        return (f"--signal gives {lead} s of warning: too little to write a checkpoint on a busy file system. Fix: "
+                "give it a minute or more (B:USR1@60).")
+    if limit < NEEDED_S + lead:
+        return (f"--time of {limit} s: the job needs about {NEEDED_S} s, and the warning comes {lead} s before the "
+                f"end, so it would run out of time. Fix: at least {NEEDED_S + lead} s, e.g. 00:05:00.")
+    tasks, nproc = _whole_number(_option(script, "ntasks-per-node")), _whole_number(_flag(script, "nproc-per-node"))
+    if tasks is None or nproc is None:
+        return ("--ntasks-per-node and --nproc-per-node must be whole numbers. Fix: one task per node "
+                "(torchrun), and as many processes per node as it has GPUs (here: 2 CPU processes).")
+    if tasks > 1 and nproc > 1:
+        return (f"--ntasks-per-node={tasks} and --nproc-per-node={nproc}: srun starts {tasks} torchruns on each "
+                f"node and each starts {nproc} processes, {tasks * nproc} per node, {tasks} times too many. Fix: "
+                "--ntasks-per-node=1 (the one task is torchrun) and --nproc-per-node the processes per node.")
+    cpus = _whole_number(_option(script, "cpus-per-task"))
+    if cpus is not None and cpus < nproc:
+        return (f"--cpus-per-task={cpus} for {nproc} training processes: they would take turns on "
+                f"{cpus} core(s). Fix: --cpus-per-task of at least {nproc} (one core per process here).")
+    return None
+
+
+def _judge_finished(job_id: str, output: Path, checkpoints: Path, asked: dict) -> str:
+    """What the finished job shows: "" when everything is right, else the problem and its fix."""
+    records = job_records(job_id)
+    record = records[0] if records else {}
+    state = record.get("JobState", "unknown (Slurm forgot the job)")
+    log = output.read_text(errors="replace") if output.exists() else ""
+    if state == "TIMEOUT":
+        limit = record.get("TimeLimit", asked.get("time"))
+        return (f"job {job_id} ran out of time (state TIMEOUT at its limit of {limit}). Fix: ask for more --time "
+                "than the job needs, with room for the signal's lead time.")
+    if state != "COMPLETED":
+        last = [line for line in log.splitlines() if line.strip()][-1:] or ["no output"]
+        return (f"job {job_id} ended {state}, exit code {record.get('ExitCode', '?')}: {last[0][:200]}. Fix: read "
+                f"{output.name}, the job's output.")
+    nodes, cpus = _whole_number(record.get("NumNodes")), _whole_number(record.get("NumCPUs"))
+    if nodes != asked["nodes"] or (cpus is not None and cpus < asked["cpus"]):
+        return (f"job {job_id} got {nodes} node(s) and {cpus} CPU(s), not the {asked['nodes']} node(s) and "
+                f"{asked['cpus']} CPU(s) the script asks for. Fix: check the #SBATCH lines.")
+    joined = {int(rank) for rank, world in re.findall(r"^rank (\d+) of (\d+) ", log, re.M)
+              if int(world) == asked["ranks"]}  # every training process says its rank as it starts
+    if joined != set(range(asked["ranks"])):
+        return (f"job {job_id}: ranks {sorted(joined) or 'none'} of the {asked['ranks']} the script asks for "
+                "joined the process group. Fix: --nproc-per-node is the processes per node, --nnodes the nodes.")
+    if not list(checkpoints.glob("*.pt")):
+        return f"job {job_id} wrote no checkpoint into {checkpoints}. Fix: keep \"$@\" at the end of the launch line."
+    return ""
+
+
+@exercise_check
+def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: str = EXERCISE) -> bool:
+    """Read the script (or ``JOB_SCRIPT`` filled from a dict of answers), then run it on the cluster when one
+    answers, and judge what it did."""
+    if script is ...:
+        raise Unsolved(f"… {exercise}: not yet solved: fill the gaps of the job script.",
+                       "each is what goes after its flag in the script.")
+    if isinstance(script, dict):
+        script = fill_job_script(script)
+    problem = script_problem(script)
+    if problem:
+        raise NotYet(f"✗ {exercise}: {problem.split('. Fix: ')[0]}.", problem.split(". Fix: ")[-1])
+    site = find_slurm()
+    if not site.available:
+        return passed(exercise, f"the script reads right; {site.line}, so it was not run here")
+    folder = Path(jobs_dir or ".").resolve() / f"ex61-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    (folder / "job.sbatch").write_text(script)
+    checkpoints = folder / "checkpoints"
+    try:
+        job_id = submit(folder / "job.sbatch", [*TRAINING, "--checkpoint-dir", str(checkpoints)], cwd=folder,
+                        env=job_env(folder))
+    except WorkshopError as err:
+        said = str(err.problem)
+        if "partition" in said.lower():
+            raise NotYet(f"✗ {exercise}: sbatch refused the script: {said}",
+                         "name a partition that sinfo lists, or leave --partition out for the default.") from None
+        raise NotYet(f"✗ {exercise}: sbatch refused the script: {said}", "read sbatch's message above.") from None
+    wait_for([job_id], timeout_s=timeout_s)
+    nodes = _whole_number(_option(script, "nodes")) or 1
+    nproc = _whole_number(_flag(script, "nproc-per-node")) or 1
+    asked = {"nodes": nodes, "cpus": nodes * (_whole_number(_option(script, "cpus-per-task")) or 1),
+             "ranks": nodes * nproc, "time": _option(script, "time")}
+    output = next(folder.glob(f"*-{job_id}.out"), folder / f"slurm-{job_id}.out")
+    problem = _judge_finished(job_id, output, checkpoints, asked)
+    if problem:
+        raise NotYet(f"✗ {exercise}: {problem.split('. Fix: ')[0]}.", problem.split(". Fix: ")[-1])
+    limit = seconds_of(_option(script, "time"))
+    return passed(exercise, f"job {job_id} ({folder / 'job.sbatch'}) ran on {nodes} node(s) with {asked['ranks']} "
+                            "ranks, wrote its checkpoints"
+                            + (f", inside its {limit} s limit" if limit else ""))
