@@ -144,7 +144,7 @@ class Session:
 # timed with attendees (slides/INSTRUCTOR.md, "The day", says how).
 EXERCISE_MINUTES = {"1.1": 3, "1.2": 3, "1.3": 4, "1.4": 3, "2.1": 5, "2.2": 10, "2.3": 5, "2.4": 5,
                     "3.1": 4, "3.2": 4, "3.3": 8,
-                    "4.1": 5, "4.2": 4, "4.3": 5, "5.1": 5, "5.2": 5, "5.3": 5, "6.1": 10}
+                    "4.1": 5, "4.2": 4, "4.3": 5, "5.1": 5, "5.2": 5, "5.3": 5, "6.1": 10, "6.2": 5}
 
 SESSIONS = (
     Session("10:00", "10:15", "Welcome: the day at a glance", "00_overview", talk=15),

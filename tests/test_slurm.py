@@ -553,7 +553,7 @@ def test_exercise_61_names_a_partition_the_cluster_does_not_have(cluster, tmp_pa
     (dict(cpus_per_task=1), "--cpus-per-task=1 for 2 training processes"),
 ])
 def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, said, monkeypatch):
-    monkeypatch.setattr("workshop_utils.lessons.job_script_exercise.submit",
+    monkeypatch.setattr("workshop_utils.lessons.slurm_exercises.submit",
                         lambda *a, **k: pytest.fail("a script with a mistake in its text must not be submitted"))
     with pytest.raises(wu.WorkshopError) as err:
         wu.check_job_script({**SOLVED_61, **change})
@@ -571,3 +571,48 @@ def test_exercise_61_left_open_is_one_line_and_no_error(capsys):
     assert wu.check_job_script({**SOLVED_61, "time": ..., "signal": ...}) is False
     assert capsys.readouterr().out.strip() == ("… Exercise 6.1: not yet solved: fill time, signal. Fix: each is what "
                                                "goes after its flag in the script above.")
+
+
+# ---------------------------------------------------------------------- Exercise 6.2: the attendee's job array
+
+RATES = (0.01, 0.03, 0.1)
+SWEEP_LINES = [f"--lr {lr}" for lr in RATES]
+
+
+@pytest.mark.slow
+def test_exercise_62_runs_the_array_gathers_it_and_finds_each_rate(cluster, tmp_path, monkeypatch, capsys):
+    _on_cluster(cluster, monkeypatch)
+    config = wu.TrainConfig(batch_size=16, epochs=100, max_steps=8, train_size=256, test_size=64, warmup_steps=0,
+                            device="cpu", progress=False)
+    assert wu.check_array_sweep(SWEEP_LINES, "0-2%2", RATES, config, jobs_dir=tmp_path, timeout_s=240)
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"✓ Exercise 6\.2: correct \(array \d+: 3 tasks, one per learning rate, gathered by job \d+\)\.",
+                        said), said
+    gathered = next(tmp_path.glob("ex62-*/wu-sweep-*/sweep.csv")).read_text()
+    assert all(str(lr) in gathered for lr in RATES)
+
+
+@pytest.mark.parametrize("lines, array, said", [
+    (SWEEP_LINES, "1-3", "task(s) [3] would find no line in the sweep file"),
+    (SWEEP_LINES, "0-3", "task(s) [3] would find no line"),
+    (SWEEP_LINES, "0-1", "line(s) [3] would never train"),
+    (SWEEP_LINES, "0..2", "is not a task list Slurm reads"),
+    (SWEEP_LINES[:2], "0-1", "2 line(s) for 3 learning rates"),
+    (["--lr 0.01"] * 3, "0-2", "some tasks train the same run twice"),
+    (["--lr 0.01", "--seed 1", "--lr 0.1"], "0-2", "line(s) [2] set no --lr"),
+    (list(reversed(SWEEP_LINES)), "0-2", "not [0.01, 0.03, 0.1]"),
+])
+def test_exercise_62_names_each_miscount_in_one_line_before_the_queue(lines, array, said, monkeypatch):
+    monkeypatch.setattr("workshop_utils.lessons.slurm_exercises.submit",
+                        lambda *a, **k: pytest.fail("a sweep with a mistake must not be submitted"))
+    with pytest.raises(wu.WorkshopError) as err:
+        wu.check_array_sweep(lines, array, RATES, wu.TrainConfig())
+    assert said in str(err.value) and "\n" not in str(err.value) and err.value.fix
+
+
+def test_exercise_62_left_open_or_without_slurm_is_one_line(monkeypatch, capsys):
+    assert wu.check_array_sweep(..., ..., RATES, wu.TrainConfig()) is False
+    monkeypatch.setenv("WORKSHOP_SLURM", "off")
+    assert wu.check_array_sweep(SWEEP_LINES, "0-2%2", RATES, wu.TrainConfig())
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("… Exercise 6.2: not yet solved") and out[1].startswith("✓ Exercise 6.2: correct (3 tasks")

@@ -126,8 +126,9 @@ _MODULES = {
         "ProfileRun", "attention_kernels", "native_noise_filtered", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown",
         "profile_rungs", "profile_training", "step_breakdown", "top_ops",
     ),
-    "lessons.job_script_exercise": (
-        "JOB_SCRIPT", "check_job_script", "fill_job_script", "script_problem",
+    "lessons.slurm_exercises": (
+        "JOB_SCRIPT", "array_tasks", "check_array_sweep", "check_job_script", "fill_job_script", "script_problem",
+        "sweep_problem",
     ),
     "lessons.recompute": (
         "BlockStack", "measure_gpt_recompute", "measure_recompute",

@@ -1,4 +1,6 @@
-"""Exercise 6.1: complete a job script, and the check that runs it on the cluster.
+"""Notebook 06's exercises, whose checks run what the attendee wrote on the cluster.
+
+Exercise 6.1: complete a job script.
 
 The attendee fills the gaps of ``JOB_SCRIPT``: the resources (nodes, tasks per node, CPUs per task, time), the
 signal that leaves the job time to checkpoint, and the launch line that starts torchrun on every node with its
@@ -7,11 +9,16 @@ not report, or would report only after the queue, is named at once), then submit
 and judges what happened from ``scontrol`` and the job's output: it ran, with the resources asked, every rank
 joined the process group, a checkpoint was written. Each common mistake is one line. Without a reachable
 Slurm the check says so and judges the text alone.
+
+Exercise 6.2: a learning-rate sweep as a job array: the sweep file's lines and the ``--array`` spec. The check
+names a miscount (a task without a line, a line no task reads) at once, then runs the array with the kit's
+``train_array.sbatch``, gathers it with a job that waits for it (``afterok``), and finds one result per rate.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import uuid
 from pathlib import Path
 
@@ -201,3 +208,96 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
     return passed(exercise, f"job {job_id} ({folder / 'job.sbatch'}) ran on {nodes} node(s) with {asked['ranks']} "
                             "ranks, wrote its checkpoints"
                             + (f", inside its {limit} s limit" if limit else ""))
+
+
+# ---------------------------------------------------------------------------------------------- Exercise 6.2
+
+SWEEP = "Exercise 6.2"
+
+
+def array_tasks(spec: str) -> list[int] | None:
+    """The task ids of ``--array=SPEC`` ("0-2", "0-2%2", "0,1,2", "0-6:2"); None when Slurm would not read it."""
+    body = str(spec).removeprefix("--array=").split("%")[0]
+    tasks = []
+    for part in body.split(","):
+        found = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part.strip())
+        if not found:
+            return None
+        first, last, step = int(found.group(1)), int(found.group(2) or found.group(1)), int(found.group(3) or 1)
+        tasks += range(first, last + 1, step)
+    return sorted(set(tasks))
+
+
+def sweep_problem(lines, spec, values) -> str | None:
+    """The first mistake in a sweep file's ``lines`` and its ``--array`` spec for the learning rates ``values``."""
+    if isinstance(lines, str) or not all(isinstance(line, str) for line in lines):
+        return "sweep_lines must be a list of strings, one line of flags per task. Fix: e.g. [\"--lr 0.02\", ...]."
+    if len(lines) != len(values):
+        return (f"{len(lines)} line(s) for {len(values)} learning rates: the sweep file needs one line per task. "
+                "Fix: one line per learning rate, in their order.")
+    found = [re.search(r"--lr(?:=|\s+)(\S+)", line) for line in lines]
+    missing = [i + 1 for i, f in enumerate(found) if f is None]
+    if missing:
+        return f"line(s) {missing} set no --lr: those tasks would all train with the default. Fix: --lr VALUE."
+    read = [float(f.group(1)) for f in found]
+    if len(set(read)) < len(read):
+        return (f"the lines set learning rates {read}: some tasks train the same run twice. Fix: one learning "
+                "rate per line.")
+    if read != [float(v) for v in values]:
+        return f"the lines set {read}, not {list(values)}. Fix: the learning rates in their given order."
+    tasks = array_tasks(spec)
+    if tasks is None:
+        return f"--array={spec} is not a task list Slurm reads. Fix: FIRST-LAST, e.g. 0-{len(lines) - 1}."
+    wanted = list(range(len(lines)))
+    if tasks != wanted:
+        beyond = [t for t in tasks if t >= len(lines)]
+        unread = [t for t in wanted if t not in tasks]
+        said = (f"task(s) {beyond} would find no line in the sweep file" if beyond else
+                f"line(s) {[t + 1 for t in unread]} would never train")
+        return (f"--array={spec} starts tasks {tasks}: task i reads line i+1 of the sweep file, so {said}. Fix: "
+                f"--array=0-{len(lines) - 1} (with %K to run at most K at a time).")
+    return None
+
+
+@exercise_check
+def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout_s: float = 300,
+                      exercise: str = SWEEP) -> bool:
+    """Read the sweep file's lines and the array spec; where Slurm answers, run the array, gather it with a job
+    that waits for it, and check one result per learning rate."""
+    from .slurm_jobs import SCRIPT_FIELDS, config_flags, gather_array, template
+
+    if sweep_lines is ... or array is ...:
+        raise Unsolved(f"… {exercise}: not yet solved: write sweep_lines and array.",
+                       "one line of flags per learning rate; --array names the task ids.")
+    problem = sweep_problem(sweep_lines, array, values)
+    if problem:
+        raise NotYet(f"✗ {exercise}: {problem.split('. Fix: ')[0]}.", problem.split(". Fix: ")[-1])
+    site = find_slurm()
+    if not site.available:
+        return passed(exercise, f"{len(sweep_lines)} tasks read their lines; {site.line}, so they were not run here")
+    folder = Path(jobs_dir or ".").resolve() / f"ex62-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    (folder / "sweep.txt").write_text("\n".join(sweep_lines) + "\n")
+    shared = config_flags(config, skip=(*SCRIPT_FIELDS, "lr"))
+    env = job_env(folder)  # WORKSHOP_RUNS: the tasks' results go to <folder>/wu-sweep-<array id>/
+    job_id = submit(template("train_array.sbatch"), ["sweep.txt", *shared],
+                    [f"--array={str(array).removeprefix('--array=')}", "--cpus-per-task=1", "--time=00:10:00",
+                     "--output=%x-%A_%a.out"], cwd=folder, env=env)
+    code = "import sys, workshop_utils as wu; print(wu.gather_array(*sys.argv[1:]).to_string(index=False))"
+    gather = submit(None, options=[f"--dependency=afterok:{job_id}", "--job-name=ex62-gather", "--time=00:05:00",
+                                   "--output=%x-%j.out",
+                                   "--wrap=" + " ".join(shlex.quote(a) for a in ["python", "-c", code,
+                                                                                  f"wu-sweep-{job_id}",
+                                                                                  f"wu-sweep-{job_id}/sweep.csv"])],
+                    cwd=folder, env=env)
+    wait_for([job_id, gather], timeout_s=timeout_s)
+    table = folder / f"wu-sweep-{job_id}" / "sweep.csv"
+    if not table.exists():
+        raise NotYet(f"✗ {exercise}: the gather job {gather} wrote no {table.name}: a task of array {job_id} failed.",
+                     f"read the tasks' output files in {folder}.")
+    gathered = gather_array(table.parent)
+    rates = sorted(float(v) for v in gathered["lr"]) if "lr" in gathered else []
+    if rates != sorted(float(v) for v in values):
+        raise NotYet(f"✗ {exercise}: the gathered table holds learning rates {rates}, not {sorted(values)}.",
+                     f"read {table}.")
+    return passed(exercise, f"array {job_id}: {len(gathered)} tasks, one per learning rate, gathered by job {gather}")
