@@ -148,9 +148,12 @@ _MODULES = {
         "ClusterStep", "cluster_step",
     ),
     "lessons.slurm_jobs": (
-        "SlurmLesson", "binding_line", "binding_table", "config_flags", "env_check_request", "gpus_in_gres",
+        "binding_line", "binding_table", "config_flags", "env_check_request", "gpus_in_gres",
         "find_slurm", "gather_array", "job_table",
-        "node_table", "partition_table", "plot_job_timeline", "preemption_verdict", "rank_binding", "script_lines",
+        "node_table", "partition_table", "preemption_verdict", "rank_binding", "script_lines",
+    ),
+    "lessons.slurm_lesson": (
+        "SlurmLesson", "plot_job_timeline",
     ),
     "lessons.sweeps": (
         "Rung", "amdahl_speedup", "batch_size_sweep", "climb_ladder", "compile_wait_s", "dataloader_sweep",
