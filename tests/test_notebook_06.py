@@ -97,7 +97,10 @@ def test_notebook_06_runs_live_against_the_local_slurm_within_its_limit(executed
     printed = "".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs)
     assert "answers here" in printed and "[recorded]" not in printed, "a live run must not replay anything"
     kinds = [s["kind"] for s in recorded["steps"]]
-    assert kinds[:2] == ["cluster", "submit"] and kinds[-2:] == ["timeline", "jobs"], kinds
+    assert kinds[:2] == ["cluster", "submit"] and kinds[-3:] == ["timeline", "jobs", "usage"], kinds
+    usage = recorded["steps"][-1]["value"]  # Exercise 6.3's input: the first job, read back after it ended
+    assert usage["cpus"] == 1 and usage["gpus"] == 0 and 0 < usage["elapsed_s"] <= usage["time_limit_s"] == 600
+    assert 0 < usage["cpu_time_s"] and usage["max_rss_mib"] > 100 and "no accounting" in usage["source"]
     nodes = frame_rows(recorded["steps"][0]["value"]["nodes"])
     assert len(nodes) == 1 and nodes[0]["cpus"] == "2" and nodes[0]["gres"] == "(null)"
 
@@ -310,3 +313,77 @@ def test_numa_binding_is_only_asked_for_where_it_can_work():
     if not torch.cuda.is_available() or shutil.which("numactl") is None:
         assert why and "\n" not in why, why
     assert numa_binding_problem(64) != "" or torch.cuda.device_count() >= 64
+
+
+# ---------------------------------------------------------------------- Exercise 6.3: what a job used
+
+USAGE = {"job": "7", "elapsed_s": 90, "time_limit_s": 600, "cpus": 4, "gpus": 2, "cpu_time_s": 180.0,
+         "max_rss_mib": 1000.0, "source": "sacct"}
+RIGHT = dict(cpu_efficiency=0.5, time_share=0.15, gpu_hours=0.05, next_time_limit_s=180, next_memory_mib=1300)
+
+
+def test_exercise_63_passes_the_arithmetic_and_says_what_to_ask_for_next(capsys):
+    import workshop_utils as wu
+
+    assert wu.check_job_usage(**RIGHT, usage=USAGE)
+    assert capsys.readouterr().out.strip() == ("✓ Exercise 6.3: correct (50% of 4 core(s) busy, 15% of the time "
+                                               "limit used; next time ask --time=3 --mem=1300M).")
+
+
+@pytest.mark.parametrize("wrong, said", [
+    (dict(cpu_efficiency=2.0), "the cores kept busy on average"),
+    (dict(cpu_efficiency=50.0), "a percentage"),
+    (dict(time_share=600 / 90), "upside down"),
+    (dict(gpu_hours=180.0), "GPU-seconds"),
+    (dict(gpu_hours=0.025), "the job's hours, not its GPU-hours"),
+    (dict(next_time_limit_s=135), "not rounded up to whole minutes"),
+    (dict(next_time_limit_s=900), "grows the old limit"),
+    (dict(next_memory_mib=1250), "not rounded up to whole 100 MiB"),
+    (dict(next_memory_mib=1000), "no room to spare"),
+])
+def test_exercise_63_names_each_mistake_in_one_line(wrong, said):
+    import workshop_utils as wu
+
+    with pytest.raises(wu.WorkshopError) as err:
+        wu.check_job_usage(**{**RIGHT, **wrong}, usage=USAGE)
+    assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_jobs_use_comes_from_sacct_where_the_cluster_keeps_accounting(monkeypatch, tmp_path):
+    """sacct -P as a cluster with accounting prints it: the job, its batch step and a job step."""
+    from workshop_utils.lessons import slurm_jobs
+
+    sacct = ("7|00:01:30|02:59.512|4||cpu=4,mem=16G,node=1,billing=4,gres/gpu:h100=2\n"
+             "7.batch|00:01:30|00:00.210|4|6264K|cpu=4,mem=16G,node=1,gres/gpu:h100=2\n"
+             "7.0|00:01:28|02:59.302|4|1024000K|cpu=4,mem=16G,node=1,gres/gpu:h100=2\n")
+    monkeypatch.setattr(slurm_jobs.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(slurm_jobs, "slurm", lambda *a, **k: subprocess.CompletedProcess(a, 0, sacct, ""))
+    monkeypatch.setattr(slurm_jobs, "job_records", lambda job: [{"RunTime": "00:01:30", "TimeLimit": "00:10:00",
+                                                                 "NumCPUs": "4", "AllocTRES": "gres/gpu=2"}])
+    usage = slurm_jobs.job_usage("7", tmp_path)  # no run folder needed: accounting answers
+    assert usage == {"job": "7", "elapsed_s": 90.0, "time_limit_s": 600, "cpus": 4, "gpus": 2,
+                     "cpu_time_s": pytest.approx(179.512), "max_rss_mib": 1000.0, "source": "sacct"}
+
+
+def test_without_accounting_a_jobs_use_comes_from_its_own_training_record(monkeypatch, tmp_path):
+    from workshop_utils.lessons import slurm_jobs
+
+    monkeypatch.setattr(slurm_jobs.shutil, "which", lambda name: None)  # no sacct
+    monkeypatch.setattr(slurm_jobs, "job_records", lambda job: [{"RunTime": "00:00:15", "TimeLimit": "00:10:00",
+                                                                 "NumCPUs": "1", "TRES": "cpu=1,node=1"}])
+    (tmp_path / "wu-one-gpu-2").mkdir()
+    (tmp_path / "wu-one-gpu-2" / "result.json").write_text(json.dumps({"metrics": {"cpu_time_s": 4.5,
+                                                                                   "max_rss_mib": 830.0}}))
+    usage = slurm_jobs.job_usage("2", tmp_path)
+    assert (usage["elapsed_s"], usage["cpus"], usage["gpus"], usage["cpu_time_s"], usage["max_rss_mib"]) == \
+        (15, 1, 0, 4.5, 830.0) and "no accounting" in usage["source"]
+    monkeypatch.setattr(slurm_jobs, "job_records", lambda job: [])  # the controller forgot the job
+    with pytest.raises(slurm_jobs.WorkshopError, match="cannot be read back"):
+        slurm_jobs.job_usage("2", tmp_path)
+
+
+def test_every_training_record_says_its_cpu_time_and_peak_memory(tiny_data):
+    import workshop_utils as wu
+
+    metrics = wu.train(wu.TrainConfig(batch_size=32, max_steps=2, progress=False, device="cpu"), tiny_data).metrics
+    assert 0 < metrics["cpu_time_s"] and metrics["max_rss_mib"] > 50  # a Python with PyTorch loaded

@@ -127,8 +127,8 @@ _MODULES = {
         "profile_rungs", "profile_training", "step_breakdown", "top_ops",
     ),
     "lessons.slurm_exercises": (
-        "JOB_SCRIPT", "array_tasks", "check_array_sweep", "check_job_script", "fill_job_script", "script_problem",
-        "sweep_problem",
+        "JOB_SCRIPT", "array_tasks", "check_array_sweep", "check_job_script", "check_job_usage", "fill_job_script",
+        "next_request", "script_problem", "sweep_problem",
     ),
     "lessons.recompute": (
         "BlockStack", "measure_gpt_recompute", "measure_recompute",
@@ -149,7 +149,7 @@ _MODULES = {
     ),
     "lessons.slurm_jobs": (
         "binding_line", "binding_table", "config_flags", "env_check_request", "gpus_in_gres",
-        "find_slurm", "gather_array", "job_table",
+        "find_slurm", "gather_array", "job_table", "job_usage",
         "node_table", "partition_table", "preemption_verdict", "rank_binding", "script_lines",
     ),
     "lessons.slurm_lesson": (

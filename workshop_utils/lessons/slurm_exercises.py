@@ -1,4 +1,4 @@
-"""Notebook 06's exercises, whose checks run what the attendee wrote on the cluster.
+"""Notebook 06's exercises: the checks of 6.1 and 6.2 run what the attendee wrote on the cluster.
 
 Exercise 6.1: complete a job script.
 
@@ -13,17 +13,21 @@ Slurm the check says so and judges the text alone.
 Exercise 6.2: a learning-rate sweep as a job array: the sweep file's lines and the ``--array`` spec. The check
 names a miscount (a task without a line, a line no task reads) at once, then runs the array with the kit's
 ``train_array.sbatch``, gathers it with a job that waits for it (``afterok``), and finds one result per rate.
+
+Exercise 6.3: a finished job's efficiency from what it asked for and used (``slurm_jobs.job_usage``), and the
+request for the next run.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import uuid
 from pathlib import Path
 
 from ..system.errors import WorkshopError
-from .exercises import NotYet, Unsolved, exercise_check, passed
+from .exercises import NotYet, Unsolved, answered_number, exercise_check, judge, passed
 from .slurm_jobs import find_slurm, job_env, job_records, seconds_of, submit, wait_for
 
 EXERCISE = "Exercise 6.1"
@@ -301,3 +305,56 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
         raise NotYet(f"✗ {exercise}: the gathered table holds learning rates {rates}, not {sorted(values)}.",
                      f"read {table}.")
     return passed(exercise, f"array {job_id}: {len(gathered)} tasks, one per learning rate, gathered by job {gather}")
+
+
+# ---------------------------------------------------------------------------------------------- Exercise 6.3
+
+USAGE = "Exercise 6.3"
+TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
+
+
+def next_request(usage: dict) -> tuple[int, int]:
+    """(seconds, MiB) to ask for next time: 1.5 x the elapsed time in whole minutes, 1.25 x the peak memory in
+    whole 100 MiB."""
+    return (60 * math.ceil(TIME_MARGIN * usage["elapsed_s"] / 60),
+            100 * math.ceil(MEMORY_MARGIN * usage["max_rss_mib"] / 100))
+
+
+@exercise_check
+def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib, usage: dict,
+                    exercise: str = USAGE) -> bool:
+    """Each answer against the same arithmetic on ``usage``, the usual mistakes named."""
+    elapsed, cpus, gpus = usage["elapsed_s"], usage["cpus"], usage["gpus"]
+    busy = usage["cpu_time_s"] / elapsed  # cores kept busy on average
+    value = answered_number(cpu_efficiency, exercise, "cpu_efficiency")
+    judge(value, busy / cpus, exercise, "cpu_efficiency", [
+        (busy, "that is the cores kept busy on average; efficiency divides by the cores allocated.",
+         "cpu_time_s / (elapsed_s x cpus)."),
+        (100 * busy / cpus, "a percentage: keep it a share between 0 and 1.", "drop the x 100."),
+    ], "cpu_time_s / (elapsed_s x cpus): the share of the allocated core-seconds that computed.")
+    value = answered_number(time_share, exercise, "time_share")
+    judge(value, elapsed / usage["time_limit_s"], exercise, "time_share", [
+        (usage["time_limit_s"] / elapsed, "upside down: the share of the limit the job used is below 1.",
+         "elapsed_s / time_limit_s."),
+    ], "elapsed_s / time_limit_s.")
+    value = answered_number(gpu_hours, exercise, "gpu_hours")
+    judge(value, elapsed * gpus / 3600, exercise, "gpu_hours", [
+        (elapsed * gpus, "GPU-seconds: an hour has 3,600 of them.", "divide by 3600."),
+        (elapsed / 3600, "the job's hours, not its GPU-hours: every GPU it held counts.", "multiply by gpus."),
+    ], "elapsed_s x gpus / 3600 (0 for a job without GPUs).", abs_tol=1e-9)
+    right_time, right_memory = next_request(usage)
+    value = answered_number(next_time_limit_s, exercise, "next_time_limit_s")
+    judge(value, right_time, exercise, "next_time_limit_s", [
+        (TIME_MARGIN * elapsed, "not rounded up to whole minutes: Slurm's limits are minutes.",
+         "60 x ceil(1.5 x elapsed_s / 60)."),
+        (60 * math.ceil(TIME_MARGIN * usage["time_limit_s"] / 60), "that grows the old limit; the new one comes "
+         "from what the job used.", "start from elapsed_s, not time_limit_s."),
+    ], "60 x ceil(1.5 x elapsed_s / 60).", rel=0)
+    value = answered_number(next_memory_mib, exercise, "next_memory_mib")
+    judge(value, right_memory, exercise, "next_memory_mib", [
+        (MEMORY_MARGIN * usage["max_rss_mib"], "not rounded up to whole 100 MiB.", "100 x ceil(1.25 x max_rss_mib / 100)."),
+        (100 * math.ceil(usage["max_rss_mib"] / 100), "no room to spare: the next run's peak can be higher.",
+         "1.25 x the peak, then round up."),
+    ], "100 x ceil(1.25 x max_rss_mib / 100).", rel=0)
+    return passed(exercise, f"{100 * busy / cpus:.0f}% of {cpus} core(s) busy, {100 * elapsed / usage['time_limit_s']:.0f}% "
+                            f"of the time limit used; next time ask --time={right_time // 60} --mem={right_memory}M")

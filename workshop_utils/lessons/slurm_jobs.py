@@ -459,6 +459,64 @@ def run_folder(runs: str | os.PathLike, job_id: str) -> Path:
     return found[0]
 
 
+def duration_s(text: str | None) -> float | None:
+    """sacct's ``[D-][HH:]MM:SS[.mmm]`` (TotalCPU has milliseconds) as seconds; None for what is not one."""
+    if not text:
+        return None
+    whole, _, fraction = text.partition(".")
+    seconds = seconds_of(whole)
+    return None if seconds is None else seconds + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)
+
+
+def memory_mib(text: str | None) -> float | None:
+    """sacct's memory (``123456K``, ``1.5G``; a bare number is bytes) in MiB; None for what is not one."""
+    found = re.fullmatch(r"([\d.]+)([KMGT]?)", (text or "").strip())
+    if not found:
+        return None
+    return float(found.group(1)) * {"": 2**-20, "K": 2**-10, "M": 1, "G": 2**10, "T": 2**20}[found.group(2)]
+
+
+def tres_gpus(tres: str | None) -> int:
+    """GPUs in a TRES list (``cpu=8,mem=64G,node=1,gres/gpu=4``, or ``gres/gpu:h100=4``)."""
+    return sum(int(n) for n in re.findall(r"gres/gpu(?::[\w-]+)?=(\d+)", tres or ""))
+
+
+def _sacct_usage(job_id: str) -> dict | None:
+    """What the accounting database says the job used, or None where the cluster keeps no accounting."""
+    if shutil.which("sacct") is None:
+        return None
+    proc = slurm("sacct", "-n", "-P", "-j", str(job_id), "-o", "JobID,Elapsed,TotalCPU,AllocCPUS,MaxRSS,AllocTRES",
+                 check=False)
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.count("|") == 5]
+    job = next((row for row in rows if row[0] == str(job_id)), None)
+    if proc.returncode != 0 or job is None:
+        return None
+    peaks = [m for m in (memory_mib(row[4]) for row in rows) if m is not None]  # MaxRSS is per job step
+    return {"elapsed_s": duration_s(job[1]), "cpu_time_s": duration_s(job[2]), "cpus": int(job[3] or 0),
+            "max_rss_mib": max(peaks) if peaks else None, "gpus": tres_gpus(job[5])}
+
+
+def job_usage(job_id: str, runs: str | os.PathLike) -> dict:
+    """What a finished job asked for and what it used: sacct where the cluster keeps accounting; else the
+    controller's record (elapsed, limit, CPUs, GPUs) and the training record the job wrote (its run's CPU
+    time and peak resident memory, what sacct calls TotalCPU and MaxRSS)."""
+    record = next(iter(job_records(job_id)), {})
+    usage = {"job": str(job_id), "elapsed_s": seconds_of(record.get("RunTime")),
+             "time_limit_s": seconds_of(record.get("TimeLimit")), "cpus": int(record.get("NumCPUs") or 0),
+             "gpus": tres_gpus(record.get("AllocTRES") or record.get("TRES"))}
+    accounted = _sacct_usage(job_id)
+    if accounted:
+        usage.update({key: value for key, value in accounted.items() if value is not None}, source="sacct")
+    else:
+        metrics = json.loads((run_folder(runs, job_id) / "result.json").read_text())["metrics"]
+        usage.update(cpu_time_s=metrics.get("cpu_time_s"), max_rss_mib=metrics.get("max_rss_mib"),
+                     source="scontrol and the job's own training record (this cluster keeps no accounting)")
+    if not usage["elapsed_s"] or not usage["cpus"] or usage.get("cpu_time_s") is None:
+        raise WorkshopError(f"Job {job_id}'s use cannot be read back ({usage}).",
+                            "ask soon after it ended: without accounting the controller forgets a job in minutes.")
+    return usage
+
+
 SWEEP_METRICS = ("steps", "final_train_loss", "final_test_loss", "final_test_acc", "samples_per_s", "wall_s")
 
 

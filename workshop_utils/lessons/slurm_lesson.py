@@ -23,8 +23,8 @@ from ..system.errors import WorkshopError
 from ..system.results import repo_root, write_json
 from .slurm_jobs import (
     FINISHED, POLL_S, SCRIPT_FIELDS, binding_table, cancel, compare_final_parameters, config_flags, find_slurm,
-    frame_of, give_up, job_env, job_finished, job_records, job_table, node_table, partition_table, run_folder, slurm,
-    squeue_text, submit, template, varying_fields, wait_for,
+    frame_of, give_up, job_env, job_finished, job_records, job_table, job_usage, node_table, partition_table,
+    run_folder, slurm, squeue_text, submit, template, varying_fields, wait_for,
 )
 
 
@@ -471,6 +471,20 @@ class SlurmLesson:
             return f"sacct -X -j {ids} -o JobID,JobName,State,ExitCode,Elapsed,Start,End,NodeList"
         return (f"scontrol -o show job {ids}   (sacct has nothing to say here: this cluster keeps no "
                 "accounting, so the same columns come from slurmctld's memory)")
+
+    def usage(self, job_id: str) -> dict:
+        """What a finished job asked for and used (``job_usage``): the input of the efficiency questions."""
+        def run():
+            usage = job_usage(job_id, self.jobs_dir)
+            if usage["source"] == "sacct":
+                print(f"$ sacct -j {job_id} -o JobID,Elapsed,TotalCPU,AllocCPUS,MaxRSS,AllocTRES")
+            else:
+                print(f"$ scontrol -o show job {job_id}   (and {self.jobs_dir.name}/<its run folder>/result.json: "
+                      "this cluster keeps no accounting)")
+            print(", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+                            for key, value in usage.items() if key != "source"))
+            return usage
+        return self._step("usage", run)
 
     def signal(self, job_id: str, signal_name: str = "USR1") -> None:
         """``scancel --batch --signal=USR1 JOB``: what Slurm sends before a time limit, sent now."""

@@ -34,6 +34,11 @@ from pathlib import Path
 
 import socket
 
+try:
+    import resource  # Unix only: the process's peak resident memory
+except ImportError:
+    resource = None
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -235,6 +240,12 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
                               {"params": others, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95), **kernels)
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process, all its threads, and of its child processes that ended (DataLoader workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _check_data_kind(config: TrainConfig, data) -> None:
     wants_text = config.model in TOKEN_MODELS
     if wants_text != isinstance(data, TokenData):
@@ -255,7 +266,7 @@ def train(config: TrainConfig, data: CifarData | TokenData | None = None,
 
 
 def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Callable[[int], None] | None) -> RunResult:
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     info, device = setup_distributed(config.device)
     say = print if info.is_main else (lambda *a, **k: None)
     notes = configure_precision(config.precision, device)
@@ -494,6 +505,9 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
         "resumed_from_step": resumed_from,
         "interrupted": interrupted,
         "wall_s": time.perf_counter() - started,
+        # What a job's accounting reports as TotalCPU and MaxRSS, for this run's process (notebook 06's Exercise 6.3)
+        "cpu_time_s": _cpu_seconds() - cpu_started,
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if resource else None,
     }
     if text:  # losses are nats per token; the accuracies are next-token accuracies
         metrics.update({
