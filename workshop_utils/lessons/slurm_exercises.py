@@ -171,6 +171,27 @@ def _judge_finished(job_id: str, output: Path, checkpoints: Path, asked: dict) -
     return ""
 
 
+def _refuse(exercise: str, problem: str):
+    """A "problem. Fix: hint" line of the readers above, raised as the check's one-line answer."""
+    said, _, fix = problem.partition(". Fix: ")
+    raise NotYet(f"✗ {exercise}: {said}.", fix)
+
+
+def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, subject: str, prefix: str,
+                       jobs_dir) -> Path | None:
+    """First the text: a mistake is the check's one line. Then the cluster: without one, the check passes on
+    the text and says so (None); with one, a new folder for the check's jobs (a check run twice keeps both)."""
+    if problem:
+        _refuse(exercise, problem)
+    site = find_slurm()
+    if not site.available:
+        passed(exercise, f"{reads_right}; {site.line}, so {subject} not run here")
+        return None
+    folder = Path(jobs_dir or ".").resolve() / f"{prefix}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    return folder
+
+
 @exercise_check
 def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: str = EXERCISE) -> bool:
     """Read the script (or ``JOB_SCRIPT`` filled from a dict of answers), then run it on the cluster when one
@@ -180,14 +201,9 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
                        "each is what goes after its flag in the script.")
     if isinstance(script, dict):
         script = fill_job_script(script)
-    problem = script_problem(script)
-    if problem:
-        raise NotYet(f"✗ {exercise}: {problem.split('. Fix: ')[0]}.", problem.split(". Fix: ")[-1])
-    site = find_slurm()
-    if not site.available:
-        return passed(exercise, f"the script reads right; {site.line}, so it was not run here")
-    folder = Path(jobs_dir or ".").resolve() / f"ex61-{uuid.uuid4().hex[:8]}"
-    folder.mkdir(parents=True)
+    folder = _text_then_cluster(exercise, script_problem(script), "the script reads right", "it was", "ex61", jobs_dir)
+    if folder is None:
+        return True
     (folder / "job.sbatch").write_text(script)
     checkpoints = folder / "checkpoints"
     try:
@@ -207,7 +223,7 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
     output = next(folder.glob(f"*-{job_id}.out"), folder / f"slurm-{job_id}.out")
     problem = _judge_finished(job_id, output, checkpoints, asked)
     if problem:
-        raise NotYet(f"✗ {exercise}: {problem.split('. Fix: ')[0]}.", problem.split(". Fix: ")[-1])
+        _refuse(exercise, problem)
     limit = seconds_of(_option(script, "time"))
     return passed(exercise, f"job {job_id} ({folder / 'job.sbatch'}) ran on {nodes} node(s) with {asked['ranks']} "
                             "ranks, wrote its checkpoints"
@@ -273,14 +289,10 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
     if sweep_lines is ... or array is ...:
         raise Unsolved(f"… {exercise}: not yet solved: write sweep_lines and array.",
                        "one line of flags per learning rate; --array names the task ids.")
-    problem = sweep_problem(sweep_lines, array, values)
-    if problem:
-        raise NotYet(f"✗ {exercise}: {problem.split('. Fix: ')[0]}.", problem.split(". Fix: ")[-1])
-    site = find_slurm()
-    if not site.available:
-        return passed(exercise, f"{len(sweep_lines)} tasks read their lines; {site.line}, so they were not run here")
-    folder = Path(jobs_dir or ".").resolve() / f"ex62-{uuid.uuid4().hex[:8]}"
-    folder.mkdir(parents=True)
+    folder = _text_then_cluster(exercise, sweep_problem(sweep_lines, array, values),
+                                f"{len(sweep_lines)} tasks read their lines", "they were", "ex62", jobs_dir)
+    if folder is None:
+        return True
     (folder / "sweep.txt").write_text("\n".join(sweep_lines) + "\n")
     shared = config_flags(config, skip=(*SCRIPT_FIELDS, "lr"))
     env = job_env(folder)  # WORKSHOP_RUNS: the tasks' results go to <folder>/wu-sweep-<array id>/
