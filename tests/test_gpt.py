@@ -261,3 +261,14 @@ def test_the_attention_switch_reaches_the_model_and_is_for_the_gpt_only(corpus, 
     assert not any(block.attn.fused for block in result.model.blocks)
     with pytest.raises(wu.WorkshopError, match="attention='math' is for model 'gpt'"):
         wu.train(wu.TrainConfig(model="simplecnn", attention="math", max_steps=1))
+
+
+def test_the_first_windows_are_the_loaders_first_windows_as_one_batch(corpus):
+    from workshop_utils.spine.text import TokenWindows
+
+    inputs, targets = wu.first_windows(corpus.train_tokens, 32, 3)
+    windows = TokenWindows(corpus.train_tokens, 32, 3)
+    for i in range(3):
+        assert torch.equal(inputs[i], windows[i][0]) and torch.equal(targets[i], windows[i][1])
+    with pytest.raises(wu.WorkshopError, match="fewer than 3 windows"):
+        wu.first_windows(corpus.train_tokens[:64], 32, 3)

@@ -166,7 +166,8 @@ _MODULES = {
         "ColumnParallelLinear", "RowParallelLinear", "check_tensor_parallel",
     ),
     "spine.text": (
-        "STDLIB_MODULES", "TokenData", "TokenDeviceLoader", "TokenTorchLoader", "bits_per_byte", "load_text",
+        "STDLIB_MODULES", "TokenData", "TokenDeviceLoader", "TokenTorchLoader", "bits_per_byte", "first_windows",
+        "load_text",
         "make_token_loader", "read_token_shards", "stdlib_corpus", "unigram_entropy", "write_token_shard",
     ),
     "spine.timing": (

@@ -64,12 +64,11 @@ def measure_gpt_recompute(size: str = "tiny", batch: int = 8, sequence: int = 12
     import torch.nn.functional as F
 
     from ..spine.gpt import build_gpt
-    from ..spine.text import load_text
+    from ..spine.text import first_windows, load_text
 
     device = torch.device(device or "cpu")
     data = load_text(data_root, quiet=True)
-    window = torch.from_numpy(data.train_tokens[:batch * sequence + 1].astype("int64"))
-    inputs, targets = window[:-1].view(batch, sequence).to(device), window[1:].view(batch, sequence).to(device)
+    inputs, targets = first_windows(data.train_tokens, sequence, batch, device)
 
     def build(recompute: bool):
         model = build_gpt(size)

@@ -87,18 +87,13 @@ def _weight_gap(model: nn.Module, reference: nn.Module, start: nn.Module) -> flo
 
 
 def _batches(size, steps: int, batch: int, sequence: int, device, data_root=None):
-    """The first ``steps`` x ``batch`` windows of the corpus, the same on every rank."""
-    from ..spine.text import load_text, window_count
+    """The first ``steps`` x ``batch`` windows of the corpus in batches, the same on every rank."""
+    from ..spine.text import first_windows, load_text
 
     data = load_text(data_root, quiet=True)
     data.check_vocabulary(size.vocab)
-    if window_count(data.train_tokens, sequence, steps * batch) < steps * batch:
-        raise WorkshopError(f"The corpus has fewer than {steps * batch} windows of {sequence} tokens.",
-                            "use fewer steps, a smaller batch or shorter sequences.")
-    tokens = torch.from_numpy(data.train_tokens[:steps * batch * sequence + 1].astype("int64")).to(device)
-    starts = torch.arange(steps * batch, device=device) * sequence
-    windows = tokens[starts[:, None] + torch.arange(sequence + 1, device=device)]
-    return [(w[:, :-1], w[:, 1:]) for w in windows.split(batch)], data
+    inputs, targets = first_windows(data.train_tokens, sequence, steps * batch, device)
+    return list(zip(inputs.split(batch), targets.split(batch))), data
 
 
 def _train(model, batches, lr: float, share) -> tuple[list[float], dict]:

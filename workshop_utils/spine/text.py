@@ -199,6 +199,16 @@ def window_count(tokens: np.ndarray, sequence_length: int, limit: int | None = N
     return count if limit is None else min(count, limit)
 
 
+def first_windows(tokens: np.ndarray, sequence_length: int, count: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` windows as one batch: inputs and targets of shape (count, sequence_length), the
+    same on every rank that reads the same tokens (TokenWindows' windows 0 to count-1)."""
+    if window_count(tokens, sequence_length, count) < count:
+        raise WorkshopError(f"The tokens hold fewer than {count} windows of {sequence_length}.",
+                            "use fewer or shorter sequences.")
+    window = torch.from_numpy(np.asarray(tokens[:count * sequence_length + 1]).astype(np.int64)).to(device)
+    return window[:-1].view(count, sequence_length), window[1:].view(count, sequence_length)
+
+
 class TokenWindows(Dataset):
     """Window ``i``: inputs ``tokens[i*T : i*T+T]``, targets one token later."""
 
