@@ -5,7 +5,10 @@ all-reduce of every micro-batch but the last, which sends the sum of them all. T
 buckets each rank all-reduced (``all_reduces``), so the saving is a number, not a claim.
 """
 
+import json
 import math
+import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -80,4 +83,57 @@ def test_smaller_buckets_mean_more_all_reduces():
     common.pop("progress")
     counts = {cap: wu.launch_training(2, bucket_cap_mb=cap, **common).record["metrics"]["all_reduces"]
               for cap in (0.25, 25.0)}
-    assert counts[0.25] > counts[25.0] >= 2  # 3.4 MB of fp32 gradients: a 1 MiB first bucket, then the rest
+    assert counts[0.25] > counts[25.0] >= 2  # 3.4 MB of fp32 gradients: at least one bucket a step
+
+
+@pytest.mark.slow
+def test_the_overlap_measurement_all_reduces_every_gradient_in_ddps_own_buckets(tmp_path):
+    trace = tmp_path / "traces" / "overlap.json"
+    record = wu.launch_demo("ddp-overlap", nproc=2, device="cpu", echo=False, timeout_s=300, batch=4, sequence=32,
+                            bucket_caps=[25, 0.25], repeats=3, warmup=1, trace=str(trace))
+    assert (record["world_size"], record["backend"], record["model"]) == (2, "gloo", "GPT tiny")
+    table = wu.overlap_table(record)
+    gradient_mib = 4 * wu.count_parameters(wu.build_model("gpt", size="tiny")) / 2**20
+    assert table.gradient_mib.tolist() == pytest.approx([gradient_mib] * 2)  # each gradient once, in fp32
+    large, small = table.itertuples()
+    assert small.buckets > large.buckets >= 1
+    assert (table[["compute_ms", "communication_ms", "overlapped_ms"]] > 0).all().all()
+    assert ((table.exposed_p25_ms <= table.exposed_ms) & (table.exposed_ms <= table.exposed_p75_ms)).all()
+    assert small.hidden_ms == pytest.approx(small.communication_ms - small.exposed_ms)
+    if large.buckets == 1:  # every gradient in one bucket, full when the backward pass ends: nothing was hidden
+        assert math.isnan(large.hidden_ms) and math.isnan(large.hidden_share)
+    for row in table.itertuples():
+        assert wu.overlap_sentence(row).startswith(f"{row.bucket_cap_mb:g} MiB buckets ({row.buckets} of them)")
+    # Rank 0's trace of one overlapped backward pass with the small buckets: each bucket's all-reduce is in it.
+    events = [event.get("name") for event in json.loads(trace.read_text())["traceEvents"]]
+    assert record["traced_bucket_cap_mb"] == 0.25 and events.count("gloo:all_reduce") == small.buckets
+
+
+def _overlap_row(exposed, p25, p75, communication=10.0, buckets=2):
+    return SimpleNamespace(bucket_cap_mb=25.0, buckets=buckets, compute_ms=40.0, communication_ms=communication,
+                           overlapped_ms=40.0 + exposed, exposed_ms=exposed, exposed_p25_ms=p25, exposed_p75_ms=p75)
+
+
+@pytest.mark.parametrize("row, says", [
+    (_overlap_row(4.0, 3.0, 5.0, buckets=1), "one bucket is full only when the backward pass ends, so nothing can "
+                                             "overlap; both together took +4.0 ms over the backward pass alone"),
+    (_overlap_row(0.5, -1.0, 2.0), "the +0.5 ms between the backward pass alone and both together is within this "
+                                   "machine's noise (middle half -1.0 to +2.0 ms), no exposed time measurable here"),
+    (_overlap_row(4.0, 3.0, 5.0), "4.0 ms exposed (middle half +3.0 to +5.0 ms), so 60% of the communication was hidden"),
+    (_overlap_row(15.0, 12.0, 18.0), "more than the all-reduces alone take: running beside the backward pass, they "
+                                     "slowed it down"),
+    (_overlap_row(-3.0, -4.0, -2.0), "together faster than the backward pass alone"),
+])
+def test_each_overlap_verdict_claims_no_more_than_its_spread(row, says):
+    assert says in wu.overlap_sentence(row)
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(bucket_caps=[0]), "each must be positive"),
+    (dict(repeats=0), "each must be positive"),
+    (dict(size="huge"), "huge"),
+    (dict(sequence=10_000), "longer than the tiny GPT's context"),
+])
+def test_overlap_options_that_cannot_be_are_one_line_before_any_rank_waits(options, says):
+    with pytest.raises(wu.WorkshopError, match=re.escape(says)):
+        wu.measure_overlap(**options)

@@ -26,6 +26,15 @@ def test_every_expectation_says_in_range_or_where_to_look(name, capsys):
     assert len(lines) == 2 * len(expected.ranges)
 
 
+def test_a_range_no_run_has_measured_says_it_is_an_estimate(capsys):
+    wu.what_you_should_see("gpt ladder speed-up", 5.0, "gpu")
+    wu.what_you_should_see("gpt ladder speed-up", 1.2, "cpu")
+    gpu, cpu = capsys.readouterr().out.splitlines()
+    assert "on the gpu profile, an estimate: no run of the kit has measured it yet" in gpu
+    assert "estimate" not in cpu
+    assert all(profile in expected.ranges for expected in wu.EXPECTED.values() for profile in expected.estimated)
+
+
 def test_an_unmeasured_value_is_said_not_judged(capsys):
     assert wu.what_you_should_see("bf16 speed-up", None, "cpu") is False
     assert wu.what_you_should_see("bf16 speed-up", float("nan"), "cpu") is False

@@ -249,5 +249,7 @@ def test_every_session_ends_its_demos_with_what_you_should_see(main_run, noteboo
                    for c in executed.cells if c.cell_type == "code" for o in c.outputs)
     lines = [line for line in text.splitlines() if "What you should see" in line or "accuracy in range" in line]
     assert lines, f"{notebook.name}: no 'what you should see' line"
-    # accuracies are deterministic on a CPU: the cpu profile's must land in their range (speeds may not, on a busy runner)
-    assert not [line for line in lines if line.startswith("⚠") and "test accuracy" in line], lines
+    # accuracies, the GPT's loss and its shards' bytes are deterministic on a CPU: the cpu profile's must land in
+    # their range (speeds may not, on a busy runner)
+    deterministic = ("test accuracy", "unigram entropy", "FSDP2 rank holds")
+    assert not [line for line in lines if line.startswith("⚠") and any(d in line for d in deterministic)], lines

@@ -133,6 +133,16 @@ def _pipeline_record(stages: int = 2, counts=(1, 2, 4)):
             "timelines": timelines, "gradient_max_abs_difference": 0.0}
 
 
+def _overlap_record():
+    """What measure_overlap returns for three bucket sizes."""
+    rows = [{"bucket_cap_mb": cap, "buckets": buckets, "gradient_mib": 3.2, "compute_ms": 60.0,
+             "communication_ms": communication, "overlapped_ms": 60.0 + exposed, "exposed_ms": exposed,
+             "exposed_p25_ms": exposed - 1, "exposed_p75_ms": exposed + 1, "communication_p25_ms": communication - 1,
+             "repeats": 12}
+            for cap, buckets, communication, exposed in ((25.0, 1, 7.0, 7.0), (1.0, 4, 10.0, 6.0), (0.25, 13, 24.0, 20.0))]
+    return {"kind": "ddp_overlap", "model": "GPT tiny", "world_size": 2, "rows": rows}
+
+
 CHARTS = {
     "training curves": lambda: wu.plot_training_curves(_training_record()),
     "step times": lambda: wu.plot_step_times([10.0, 11.0, 10.5, 30.0, 10.2] * 4, "Step times"),
@@ -158,6 +168,7 @@ CHARTS = {
     "held memory": lambda: wu.plot_held_memory(_fsdp_record()),
     "held memory, four strategies": lambda: wu.plot_held_memory(_gpt_parallel_record()),
     "pipeline": lambda: wu.plot_pipeline(_pipeline_record(), show=(1, 4)),
+    "exposed communication": lambda: wu.plot_overlap(_overlap_record()),
 }
 
 

@@ -104,6 +104,9 @@ _MODULES = {
     "lessons.precision_sweep": (
         "plot_precision_batch_sweep", "precision_batch_sweep", "speedup_by_batch",
     ),
+    "parallel.overlap": (
+        "measure_overlap", "overlap_sentence", "overlap_table", "plot_overlap",
+    ),
     "parallel_demos": (
         "PARTS", "demo_world", "launch_demo",
     ),

@@ -1,4 +1,4 @@
-"""``python -m workshop_utils.parallel_demos PART``: notebook 05's multi-process experiments, one entry point.
+"""``python -m workshop_utils.parallel_demos PART``: notebooks 02 and 05's multi-process experiments, one entry point.
 
 Each part runs on every rank of a torchrun job (NCCL on GPUs, gloo on CPUs) and rank 0
 writes the result as JSON, which ``launch_demo`` reads back into the notebook::
@@ -24,6 +24,7 @@ from .parallel.comm_model import message_sizes
 from .parallel.dist_checkpoint import checkpoint_stall, sharded_round_trip
 from .parallel.failures import RankFailed, record_failures
 from .parallel.gpt_parallel import compare_gpt_parallel
+from .parallel.overlap import measure_overlap
 from .system.errors import WorkshopError, choose, exit_on_workshop_error
 from .parallel.pipeline import measure_bubble
 from .parallel.sharding import compare_ddp_fsdp
@@ -55,6 +56,7 @@ PARTS = {
     "fsdp": compare_ddp_fsdp,
     "tensor-parallel": check_tensor_parallel,
     "gpt-parallel": compare_gpt_parallel,
+    "ddp-overlap": measure_overlap,
     "pipeline": measure_bubble,
     "checkpoint": _checkpoint,
 }
