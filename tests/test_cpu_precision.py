@@ -67,6 +67,14 @@ def test_notebook_03_on_an_avx2_cpu_cuts_the_emulated_modes_and_says_what_a_gpu_
     assert "Cut short or skipped on this CPU: bf16, fp16;" in out and "GPU" in out.splitlines()[-1]
 
 
+def test_a_speed_probe_evaluates_on_few_samples(fake_cpu, capsys):
+    """Its accuracy is never compared, and its emulated evaluation of 512 images took longer than its steps."""
+    fake_cpu("avx2")
+    base = wu.TrainConfig(batch_size=16, max_steps=60, test_size=512, warmup_steps=2, device="cpu")
+    sizes = {c.precision: c.test_size for c in wu.precision_plan(base, {"simplecnn": ("fp32", "fp16", "bf16")})}
+    assert sizes == {"fp32": 512, "fp16": 64, "bf16": 64}
+
+
 def test_notebook_03_on_a_cpu_with_native_bf16_runs_bf16_in_full(fake_cpu, capsys):
     fake_cpu("avx512-bf16")
     plan, out = _notebook_03_plan(capsys)

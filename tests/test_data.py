@@ -25,7 +25,7 @@ def test_synthetic_is_deterministic_and_cifar_shaped():
 @pytest.mark.slow
 def test_synthetic_is_learnable_well_above_chance():
     data = wu.make_synthetic_cifar(1024, 512, seed=0)
-    result = wu.train(wu.TrainConfig(epochs=3, batch_size=64, progress=False, warmup_steps=1), data)
+    result = wu.train(wu.TrainConfig(epochs=3, batch_size=64, loader="device", progress=False, warmup_steps=1), data)
     assert 0.5 < result.metrics["final_test_acc"] < 0.9  # chance is 0.1; a fifth of the labels are random
 
 
@@ -173,3 +173,27 @@ def test_device_loader_crops_stay_inside_padding(tiny_data):
     raw = loader.images[:64]
     out = loader._augment(raw, epoch=0, batch=0)
     assert out.shape == raw.shape and out.dtype == torch.uint8
+
+
+def test_the_written_out_layout_is_torchvisions():
+    from torchvision.datasets import CIFAR10
+
+    from workshop_utils.spine import data as data_module
+
+    assert data_module.FOLDER == CIFAR10.base_folder
+    assert data_module.TRAIN_FILES == tuple(name for name, _ in CIFAR10.train_list)
+    assert data_module.TEST_FILES == tuple(name for name, _ in CIFAR10.test_list)
+    assert data_module.META_FILE == CIFAR10.meta["filename"]
+    assert set(data_module.cifar10_md5()) == {*data_module.TRAIN_FILES, *data_module.TEST_FILES, data_module.META_FILE}
+
+
+def test_a_rank_that_trains_without_torchvision_never_imports_it():
+    """torchvision takes about 2 s to import: each rank of each launch pays it only when it needs it (the PIL
+    loader, ResNet-18, the download command), not for looking for data or training the GPT."""
+    probe = ("import sys, workshop_utils as wu\n"
+             "wu.train(wu.TrainConfig(model='simplecnn', loader='device', max_steps=1, train_size=64, test_size=16, "
+             "batch_size=16, progress=False))\n"
+             "print('torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False", out
+

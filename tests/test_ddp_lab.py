@@ -313,6 +313,7 @@ def _processes_running(folder: Path) -> list[int]:
 def test_a_hang_is_stopped_at_the_time_limit_and_no_rank_outlives_it(tmp_path):
     script = mutated(tmp_path, "    dist.destroy_process_group()\n",
                      "    if rank == 1:\n        time.sleep(600)\n    dist.destroy_process_group()\n")
-    with pytest.raises(NotYet, match="did not finish within 30 s"):
-        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False, timeout_s=30)
+    # 15 s: the limit alone decides (a rank still training or already hung is stopped alike), and its wait is the test's cost.
+    with pytest.raises(NotYet, match="did not finish within 15 s"):
+        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False, timeout_s=15)
     assert _processes_running(tmp_path) == [], f"still running: {_processes_running(tmp_path)} (pid {os.getpid()})"

@@ -173,3 +173,12 @@ def test_gpu_utilisation_is_read_as_training_ends_not_after_evaluation(tiny_data
     events.Reload()
     assert [e.value for e in events.Scalars(scalar_log.ScalarLog.UTILISATION)] == [97]
     assert "last_training" in scalar_log.ScalarLog.UTILISATION  # the name says what window it covers
+
+
+def test_the_configs_sizes_hold_for_images_passed_in(one_thread):
+    """TrainConfig(train_size=N) trains on the first N images whether train() loads them or is handed a set."""
+    data = wu.make_synthetic_cifar(256, 64, seed=0)
+    config = wu.TrainConfig(batch_size=32, epochs=1, train_size=128, test_size=32, warmup_steps=0, progress=False)
+    assert wu.train(config, data).metrics["steps"] == 128 // 32
+    assert wu.train(config.replace(train_size=None), data).metrics["steps"] == 256 // 32
+    assert len(data.train_labels) == 256 and len(data.test_labels) == 64  # the caller's set is left whole

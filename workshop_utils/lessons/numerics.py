@@ -407,7 +407,10 @@ def precision_configs(base, modes=PRECISIONS, cpu_emulated_steps: int = 2) -> li
             print(f"{config.name}: {reason.replace('it is skipped here', 'it is skipped' if not steps else f'it runs only {steps} steps here')}.")
             if not steps:
                 continue
-            config = config.replace(max_steps=steps, warmup_steps=min(base.warmup_steps, steps - 1))
+            # A probe's accuracy is never compared: 64 test samples keep its emulated evaluation (seconds for 512
+            # images) from costing more than its steps.
+            config = config.replace(max_steps=steps, warmup_steps=min(base.warmup_steps, steps - 1),
+                                    test_size=min(base.test_size or PROBE_TEST_SIZE, PROBE_TEST_SIZE))
         configs.append(config)
     return configs
 
@@ -415,6 +418,7 @@ def precision_configs(base, modes=PRECISIONS, cpu_emulated_steps: int = 2) -> li
 # Steps a mode the CPU only emulates runs, per model: enough SimpleCNN and tiny-GPT steps (seconds each) to see
 # it work; no ResNet-18 step, which takes minutes emulated.
 EMULATED_STEPS = {"simplecnn": 2, "resnet18": 0, "gpt": 2}
+PROBE_TEST_SIZE = 64
 GPU_REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu" / "results"
 
 

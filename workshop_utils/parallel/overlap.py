@@ -65,7 +65,7 @@ def _all_reduce_held(state: _Buckets) -> None:
 
 
 def measure_overlap(size: str = "tiny", batch: int = 8, sequence: int = 64, bucket_caps=(25.0, 1.0, 0.25),
-                    repeats: int = 12, warmup: int = 2, seed: int = 0, trace: str | None = None, device=None,
+                    repeats: int = 10, warmup: int = 2, seed: int = 0, trace: str | None = None, device=None,
                     data_root=None) -> dict:
     """Compute, communication and both overlapped, per bucket size, for the GPT under DDP on every rank.
 
@@ -85,7 +85,7 @@ def measure_overlap(size: str = "tiny", batch: int = 8, sequence: int = 64, buck
     if min(batch, sequence, repeats) < 1 or warmup < 0 or not caps or min(caps) <= 0:
         raise WorkshopError(f"batch={batch}, sequence={sequence}, repeats={repeats}, warmup={warmup}, "
                             f"bucket_caps={list(bucket_caps)}: each must be positive.",
-                            "use e.g. batch=8, sequence=64, repeats=12, warmup=2, bucket_caps=[25, 1, 0.25].")
+                            "use e.g. batch=8, sequence=64, repeats=10, warmup=2, bucket_caps=[25, 1, 0.25].")
     if sequence > GPT_SIZES[size].context:
         raise WorkshopError(f"sequence={sequence} is longer than the {size} GPT's context.",
                             f"use at most {GPT_SIZES[size].context} tokens.")

@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
-from torchvision.datasets import CIFAR10
 
 from ..system.errors import WorkshopError, choose
 from ..system.results import repo_root
@@ -46,12 +45,21 @@ from ..system.safe_pickle import RefusedPickle, describe_pickle_failure, latin1_
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 MEAN = (0.4914, 0.4822, 0.4465)  # per-channel statistics of the CIFAR-10 training set
 STD = (0.2470, 0.2435, 0.2616)
-FOLDER = CIFAR10.base_folder  # "cifar-10-batches-py"
-# File name -> MD5, straight from torchvision so there is one source of truth.
-CIFAR10_MD5 = dict(CIFAR10.train_list + CIFAR10.test_list + [[CIFAR10.meta["filename"], CIFAR10.meta["md5"]]])
-TRAIN_FILES = tuple(name for name, _ in CIFAR10.train_list)
-TEST_FILES = tuple(name for name, _ in CIFAR10.test_list)
+# The data set's own layout (its authors' "python version"), as torchvision unpacks it. Written out rather than read
+# from torchvision's CIFAR10 class: importing torchvision takes about 2 s, paid by every process that merely looks
+# for data (each rank of every launch); tests/test_data.py holds these names to torchvision's.
+FOLDER = "cifar-10-batches-py"
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILES = ("test_batch",)
+META_FILE = "batches.meta"
 LOADERS = ("torch", "device")
+
+
+def cifar10_md5() -> dict[str, str]:
+    """File name -> MD5, straight from torchvision so there is one source of truth (imported when a file is checked)."""
+    from torchvision.datasets import CIFAR10
+
+    return dict(CIFAR10.train_list + CIFAR10.test_list + [[CIFAR10.meta["filename"], CIFAR10.meta["md5"]]])
 
 
 @dataclass
@@ -81,6 +89,11 @@ class CifarData:
             digest.update(np.ascontiguousarray(array[-8:]).tobytes())
         return digest.hexdigest()[:16]
 
+    def first(self, train_size: int | None, test_size: int | None) -> "CifarData":
+        """The first ``train_size`` training and ``test_size`` test images (None: all), as views, not copies."""
+        return CifarData(self.train_images[:train_size], self.train_labels[:train_size],
+                         self.test_images[:test_size], self.test_labels[:test_size], self.source, self.location)
+
     def describe(self) -> str:
         return (
             f"{self.source} from {self.location}: {len(self.train_labels):,} training and "
@@ -106,7 +119,7 @@ def candidate_roots(root: str | os.PathLike | None = None) -> list[Path]:
 def cifar_folder(root: Path) -> Path | None:
     """``root`` itself or ``root/cifar-10-batches-py``, whichever holds CIFAR files."""
     for folder in (root / FOLDER, root):
-        if folder.is_dir() and any((folder / name).exists() for name in CIFAR10_MD5):
+        if folder.is_dir() and any((folder / name).exists() for name in TRAIN_FILES + TEST_FILES + (META_FILE,)):
             return folder
     return None
 
@@ -128,7 +141,7 @@ def _fix_for(folder: Path) -> str:
 
 def verify_cifar10(folder: Path, checksums: dict[str, str] | None = None) -> None:
     """Raise a WorkshopError naming the first missing or corrupt file."""
-    checksums = CIFAR10_MD5 if checksums is None else checksums
+    checksums = cifar10_md5() if checksums is None else checksums
     for name in TRAIN_FILES + TEST_FILES:
         if not (folder / name).is_file():
             raise WorkshopError(f"CIFAR-10 file {name!r} is missing from {folder}.", _fix_for(folder))
@@ -327,8 +340,7 @@ def load_data(
         data = make_synthetic_cifar(train_size or 50_000, test_size or 10_000, seed)
         if not quiet:
             print(SYNTHETIC_BANNER.format(where=", ".join(map(str, roots))[:66]), file=sys.stderr, flush=True)
-    data.train_images, data.train_labels = data.train_images[:train_size], data.train_labels[:train_size]
-    data.test_images, data.test_labels = data.test_images[:test_size], data.test_labels[:test_size]
+    data = data.first(train_size, test_size)
     if not quiet:
         print(f"Data: {data.describe()}")
     return data
@@ -376,6 +388,10 @@ class CifarDataset(Dataset):
     """torchvision/PIL pipeline: pad 4, random 32x32 crop, random horizontal flip, to tensor, normalise."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, augment: bool, seed: int = 0):
+        # Loaded here, in the process that builds the loader: DataLoader workers forked from it start with torchvision
+        # in memory instead of each importing it (about 2 s) at the start of every epoch.
+        import torchvision.transforms.functional  # noqa: F401
+
         self.images, self.labels, self.augment, self.seed = images, labels, augment, seed
 
     def __len__(self) -> int:

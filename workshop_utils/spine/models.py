@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchvision.models import resnet18 as torchvision_resnet18
 
 from ..system.errors import WorkshopError, choose
 from .gpt import build_gpt
@@ -50,7 +49,9 @@ class SimpleCNN(nn.Module):
 
 
 def resnet18_cifar(num_classes: int = 10) -> nn.Module:
-    model = torchvision_resnet18(weights=None, num_classes=num_classes)
+    from torchvision.models import resnet18  # here, not at the top: torchvision takes ~2 s to import
+
+    model = resnet18(weights=None, num_classes=num_classes)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model

@@ -281,6 +281,8 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
         data = load_data(config.data_root, config.train_size, config.test_size, config.synthetic,
                          quiet=not info.is_main)
     _check_data_kind(config, data)
+    if not text and (config.train_size or config.test_size):
+        data = data.first(config.train_size, config.test_size)  # the config's sizes hold for images passed in too
     if info.distributed:
         check_same_data(data)
     memory_at_start = memory_in_use_mib(device)
