@@ -135,3 +135,23 @@ def test_two_agents_on_one_machine_form_one_job():
     assert {line.split("]")[0] for line in launched.lines if "rank " in line and " of 2" in line} == \
         {"[agent 0", "[agent 1"}
     assert launched.record["metrics"]["world_size"] == 2
+
+
+def test_the_ranks_of_one_start_share_a_store_prefix_whatever_their_agents_counted(monkeypatch):
+    """After a failure, the agent of another node may restart its ranks without counting a restart: the
+    ranks of one start must still agree on their prefix in torchrun's store, or they wait for each other."""
+    import torch.distributed as dist
+
+    from workshop_utils.spine.distributed import _this_start
+
+    store = dist.HashStore()
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    prefixes = []
+    for counts in ((0, 0), (1, 0), (2, 1)):  # each agent's TORCHELASTIC_RESTART_COUNT, start by start
+        for count in counts:
+            monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(count))
+            prefixes.append(_this_start(store, world_size=2))
+    assert prefixes == ["start-0/", "start-0/", "start-1/", "start-1/", "start-2/", "start-2/"]
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")  # one agent numbers the restarts of all its ranks
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    assert _this_start(store, world_size=2) == "attempt-3/"

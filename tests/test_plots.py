@@ -137,8 +137,7 @@ def _overlap_record():
     """What measure_overlap returns for three bucket sizes."""
     rows = [{"bucket_cap_mb": cap, "buckets": buckets, "gradient_mib": 3.2, "compute_ms": 60.0,
              "communication_ms": communication, "overlapped_ms": 60.0 + exposed, "exposed_ms": exposed,
-             "exposed_p25_ms": exposed - 1, "exposed_p75_ms": exposed + 1, "communication_p25_ms": communication - 1,
-             "repeats": 12}
+             "exposed_p25_ms": exposed - 1, "exposed_p75_ms": exposed + 1, "repeats": 12}
             for cap, buckets, communication, exposed in ((25.0, 1, 7.0, 7.0), (1.0, 4, 10.0, 6.0), (0.25, 13, 24.0, 20.0))]
     return {"kind": "ddp_overlap", "model": "GPT tiny", "world_size": 2, "rows": rows}
 

@@ -146,7 +146,6 @@ def measure_overlap(size: str = "tiny", batch: int = 8, sequence: int = 64, buck
                      "exposed_ms": float(np.median(exposed)),
                      "exposed_p25_ms": float(np.percentile(exposed, 25)),
                      "exposed_p75_ms": float(np.percentile(exposed, 75)),
-                     "communication_p25_ms": float(np.percentile(communication, 25)),
                      "repeats": repeats})
     return {"kind": "ddp_overlap", "model": f"GPT {size}", "size": size, "batch": batch, "sequence": sequence,
             "world_size": world, "data_source": data.source, "corpus": data.fingerprint(), "rows": rows,

@@ -140,6 +140,21 @@ def rank_device(local_rank: int, device: str | None = None, env=None, world_size
     return wanted
 
 
+def _this_start(store, world_size: int) -> str:
+    """A store prefix for this start of the job: the same on every rank, new at every restart.
+
+    torchrun keeps its store across restarts, so a restarted rank without its own prefix reads the address
+    of a predecessor that no longer listens. The agent of one node numbers its restarts for all its ranks
+    (TORCHELASTIC_RESTART_COUNT), but agents on several nodes need not agree: one whose ranks were still
+    running when another node's rank failed restarts them as a "membership change", which it does not
+    count. There every rank counts itself in the store instead: the whole world joins once per start, so
+    the n-th join belongs to start (n - 1) // world_size.
+    """
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT") is not None and os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return f"start-{(store.add('workshop/ranks-joined', 1) - 1) // world_size}/"
+    return f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT') or os.environ.get('SLURM_RESTART_COUNT') or '0'}/"
+
+
 def setup_distributed(device: str | None = None, timeout_s: int = 300) -> tuple[DistInfo, torch.device]:
     """Join the process group (if there is one) and pick this rank's device (see ``rank_device``)."""
     info = read_dist_env()
@@ -156,12 +171,9 @@ def setup_distributed(device: str | None = None, timeout_s: int = 300) -> tuple[
         try:
             timeout = timedelta(seconds=timeout_s)
             store, _, _ = next(dist.rendezvous("env://", info.rank, info.world_size, timeout=timeout))
-            # torchrun keeps its store across restarts: a per-attempt prefix stops a restarted rank from
-            # reading the address of a predecessor that no longer listens.
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
             # device_id binds NCCL's communicator to this rank's GPU at once; without it every barrier()
             # warns that it guesses the device from the current context.
-            dist.init_process_group(backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
+            dist.init_process_group(backend, store=dist.PrefixStore(_this_start(store, info.world_size), store),
                                     rank=info.rank, world_size=info.world_size, timeout=timeout,
                                     device_id=device if device.type == "cuda" else None)
         except dist.DistNetworkError as err:
