@@ -7,6 +7,7 @@
 # Compute nodes without internet (README, "Offline install"):
 #   make wheelhouse PY_VERSION=3.12   on a login node: every wheel the kit needs, into wheelhouse/
 #   make install-offline              on the node: .venv from wheelhouse/ alone; then make run / make test
+#   make gpu-check                    on a GPU node: every GPU-only path once, in at most 5 minutes
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -63,7 +64,7 @@ clean-venv:
 #   node's, its platform tag (e.g. manylinux_2_28_aarch64); empty means this machine's.
 # WITH_TORCH=no: the node's image already holds torch and torchvision; they are not downloaded, and
 #   install-offline with SYSTEM_SITE_PACKAGES=yes reuses the image's.
-# EXTRAS: test (what make test needs, the default) or notebooks (make run only).
+# EXTRAS: test (what make test needs, the default), notebooks (make run only) or none (the package alone: make gpu-check).
 WHEELHOUSE ?= wheelhouse
 PY_VERSION ?=
 PLATFORM ?=
@@ -108,10 +109,21 @@ wheelhouse:
 install-offline:
 	@test -d $(WHEELHOUSE) || { echo "error: no wheel folder $(WHEELHOUSE)/. Fix: run make wheelhouse on a login node first (README, Offline install)." >&2; exit 2; }
 	$(PYTHON) -m venv $(if $(filter yes,$(SYSTEM_SITE_PACKAGES)),--system-site-packages) $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --find-links $(WHEELHOUSE) -e '.[$(EXTRAS)]'
-	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null
-	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "HPC DL workshop" >/dev/null
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --find-links $(WHEELHOUSE) -e '.$(if $(filter-out none,$(EXTRAS)),[$(EXTRAS)])'
+	@# EXTRAS=none (the GPU check's wheels) brings no Jupyter: no kernel to register then.
+	if $(PY) -c 'import ipykernel' 2>/dev/null; then \
+		$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null && \
+		$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "HPC DL workshop" >/dev/null; fi
 	touch $(STAMP)
+
+# ---------------------------------------------------------------- the GPU check
+# Every GPU-only code path once, small, within 5 minutes on one GPU (python -m workshop_utils.gpu_check --help).
+# On a GPU node without internet, from wheels made beforehand on a machine with it:
+#   make wheelhouse WITH_TORCH=no EXTRAS=none PY_VERSION=3.12     (the node's Python; about 60 MB)
+#   make install-offline SYSTEM_SITE_PACKAGES=yes EXTRAS=none && make gpu-check
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) -m workshop_utils.gpu_check $(GPU_CHECK_FLAGS)
 
 # ---------------------------------------------------------------- attendees' notebooks
 # The copies attendees get: each exercise's solution replaced by its placeholder, outputs cleared,

@@ -187,17 +187,33 @@ def predictions_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction=reduction)
 
 
+# Logits one evaluation forward pass may hold, in elements (512 MiB in fp32). A token model's logits are
+# sequences x positions x vocabulary: GPT-2 small's 512-sequence batch would be 105 GiB in fp32 alone.
+EVAL_LOGITS_BUDGET = 2**27
+
+
+def evaluation_chunks(model: torch.nn.Module, inputs: torch.Tensor) -> int:
+    """Samples per evaluation forward pass: the whole batch for images, a logits budget's worth for tokens."""
+    size = getattr(unwrap(model), "size", None)
+    if size is None or inputs.dim() < 2:
+        return max(1, len(inputs))
+    return max(1, EVAL_LOGITS_BUDGET // (inputs[0].numel() * size.vocab))
+
+
 @torch.no_grad()
 def evaluate(model, loader, device, precision: str) -> tuple[float, float]:
     """Mean loss and accuracy per prediction (image, or next token) over ``loader``, summed across ranks."""
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, count
-    for inputs, targets in loader.epoch(0):
-        with autocast(precision, device):
-            logits = model(inputs)
-        totals[0] += predictions_loss(logits.float(), targets, reduction="sum")
-        totals[1] += (logits.argmax(-1) == targets).sum()
-        totals[2] += targets.numel()
+    for batch_inputs, batch_targets in loader.epoch(0):
+        rows = evaluation_chunks(model, batch_inputs)
+        for inputs, targets in zip(batch_inputs.split(rows), batch_targets.split(rows)):
+            with autocast(precision, device):
+                logits = model(inputs)
+            totals[0] += predictions_loss(logits.float(), targets, reduction="sum")
+            totals[1] += (logits.argmax(-1) == targets).sum()
+            totals[2] += targets.numel()
+            del logits  # the next chunk's logits take its place, not a second copy beside it
     loss_sum, correct, count = all_reduce_sum(totals).tolist()
     return loss_sum / max(count, 1), correct / max(count, 1)
 
@@ -373,6 +389,7 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
     stop_poll = _StopPoll(device, info.distributed) if handling_signals() else None
     pending_log = None
     hook_peak = 0.0  # the peak memory seen before each on_step call, in MiB
+    train_peak = eval_peak = 0.0  # training steps' peak and evaluation's, read apart: the record reports training's
     step_losses, history = [], []
     interrupted = False
     bar = tqdm(total=total_steps, initial=step, desc=config.name, unit="step", file=sys.stderr,
@@ -458,7 +475,11 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
                "train_acc": correct / max(seen, 1), "lr": scheduler.get_last_lr()[0]}
         _print_log(pending_log, total_steps)
         pending_log = None
+        train_peak = max(train_peak, peak_memory_mib(device)[0])
+        reset_peak_memory(device)
         row["test_loss"], row["test_acc"] = evaluate(eval_model, test_loader, device, config.precision)
+        eval_peak = max(eval_peak, peak_memory_mib(device)[0])
+        reset_peak_memory(device)
         if text:
             row["test_bits_per_byte"] = bits_per_byte(row["test_loss"], data.bytes_per_token)
         history.append(row)
@@ -476,7 +497,7 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
     samples_per_step = config.batch_size * accumulation * info.world_size
     timing = timer.summary(samples_per_step)
     peak, memory_kind = peak_memory_mib(device)
-    peak = max(peak, hook_peak)
+    peak = max(peak, hook_peak, train_peak)
     memory = max(0.0, peak - memory_before)
     throughput = timing["samples_per_s"]
     per_device_tflops = (achieved_tflops(flops_per_sample, throughput / info.world_size)
@@ -492,7 +513,8 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
         "accumulation_steps": accumulation,
         "all_reduces": all_reduces[0] if info.distributed else None,
         "peak_memory_mib": memory,
-        "memory_kind": f"{memory_kind}, above what was in use before the model was built",
+        "memory_kind": f"{memory_kind}, above what was in use before the model was built, training steps only",
+        "eval_peak_memory_mib": max(0.0, eval_peak - memory_before) if history else None,
         "data_on_device_mib": max(0.0, memory_before - memory_at_start) if config.loader == "device" else 0.0,
         "parameters": count_parameters(model),
         "flops_per_sample": flops_per_sample,

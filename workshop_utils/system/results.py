@@ -74,15 +74,16 @@ def repo_root() -> Path | None:
 
 
 def git_commit() -> str | None:
-    root = repo_root()
+    """The checkout's commit; in a copy without git history (a node's scratch copy), $WORKSHOP_GIT_COMMIT."""
+    root, given = repo_root(), os.environ.get("WORKSHOP_GIT_COMMIT") or None
     if root is None:
-        return None
+        return given
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
+        return out.stdout.strip() or given
     except (OSError, subprocess.SubprocessError):
-        return None
+        return given
 
 
 def jsonable(value):
