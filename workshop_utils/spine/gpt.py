@@ -134,7 +134,20 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits; with ``targets``, the mean cross-entropy and the count of right next tokens instead.
+
+        Computed here, the loss and the accuracy count are compiled with the model when it is compiled: the
+        logits' fp32 log-softmax fuses into the reductions that read them, and no argmax outside keeps a
+        (batch, sequence, vocab) tensor alive through the backward pass (GPT-2 small: 1.6 GiB in bf16 at 16 x 1,024).
+        """
+        logits = self.logits(tokens)
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+        return loss, (logits.detach().argmax(-1) == targets).sum()
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[1]
         if length > self.size.context:
             raise WorkshopError(f"A sequence of {length} tokens is longer than the model's context of "

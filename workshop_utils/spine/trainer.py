@@ -200,6 +200,18 @@ def evaluation_chunks(model: torch.nn.Module, inputs: torch.Tensor) -> int:
     return max(1, EVAL_LOGITS_BUDGET // (inputs[0].numel() * size.vocab))
 
 
+def forward_loss(model, inputs: torch.Tensor, targets: torch.Tensor, text: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch's mean loss and count of right predictions.
+
+    The GPT computes both inside its forward pass, so a compiled GPT compiles its loss too (``GPT.forward``);
+    the CNNs' loss is the cross-entropy of their logits, here.
+    """
+    if text:
+        return model(inputs, targets)
+    logits = model(inputs)
+    return predictions_loss(logits, targets), (logits.detach().argmax(-1) == targets).sum()
+
+
 @torch.no_grad()
 def evaluate(model, loader, device, precision: str) -> tuple[float, float]:
     """Mean loss and accuracy per prediction (image, or next token) over ``loader``, summed across ranks."""
@@ -422,15 +434,15 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
                 skip_sync = info.distributed and micro < accumulation - 1 and not config.sync_micro_batches
                 with eval_model.no_sync() if skip_sync else contextlib.nullcontext():
                     with phase("forward"), autocast(config.precision, device):
-                        logits = train_model(inputs)
-                        micro_loss = predictions_loss(logits, targets)
+                        micro_loss, correct = forward_loss(train_model, inputs, targets, text)
                     with phase("backward"):
                         if micro == 0:
                             optimizer.zero_grad(set_to_none=True)
                         scaler.scale(micro_loss / accumulation if accumulation > 1 else micro_loss).backward()
-                micro_loss = micro_loss.detach()
+                # A clone: a replayed CUDA graph writes its next outputs where these are.
+                micro_loss = micro_loss.detach().clone()
                 sums[0] += micro_loss.float() * targets.numel()
-                sums[1] += (logits.detach().argmax(-1) == targets).sum()
+                sums[1] += correct
                 sums[2] += targets.numel()
                 loss = micro_loss if loss is None else loss + micro_loss
             if batch is None:
