@@ -94,6 +94,17 @@ print("setuptools>=64")
 endef
 export REQUIREMENTS_PY
 
+# The site-packages of $(PYTHON) when it runs inside a virtual environment, written as a .pth file into the new one.
+define PARENT_SITE_PY
+import pathlib, site, subprocess, sys
+if sys.prefix != sys.base_prefix:
+    target = subprocess.run([sys.argv[1] + "/bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    pathlib.Path(target, "_image_site_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    print("The image's Python is a virtual environment: its packages are visible from " + sys.argv[1])
+endef
+export PARENT_SITE_PY
+
 wheelhouse:
 	@mkdir -p $(WHEELHOUSE)
 	$(PYTHON) -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir $(WHEELHOUSE) .
@@ -109,6 +120,9 @@ wheelhouse:
 install-offline:
 	@test -d $(WHEELHOUSE) || { echo "error: no wheel folder $(WHEELHOUSE)/. Fix: run make wheelhouse on a login node first (README, Offline install)." >&2; exit 2; }
 	$(PYTHON) -m venv $(if $(filter yes,$(SYSTEM_SITE_PACKAGES)),--system-site-packages) $(VENV)
+	@# An image whose python3 is itself a virtual environment (PyTorch in /opt/<x>/.venv) keeps its packages
+	@# there, which --system-site-packages does not reach: a .pth file in the new environment names them.
+	$(if $(filter yes,$(SYSTEM_SITE_PACKAGES)),$(PYTHON) -c "$$PARENT_SITE_PY" $(VENV))
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --find-links $(WHEELHOUSE) -e '.$(if $(filter-out none,$(EXTRAS)),[$(EXTRAS)])'
 	@# EXTRAS=none (the GPU check's wheels) brings no Jupyter: no kernel to register then.
 	if $(PY) -c 'import ipykernel' 2>/dev/null; then \

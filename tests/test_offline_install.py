@@ -166,3 +166,23 @@ def test_install_offline_without_a_wheel_folder_says_what_to_run(tmp_path):
                            f"VENV={tmp_path / 'venv'}"], cwd=checkout, capture_output=True, text=True)
     assert proc.returncode != 0 and "error: no wheel folder missing/. Fix: run make wheelhouse" in proc.stderr
     assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.slow
+def test_install_offline_on_an_image_whose_python_is_itself_a_virtual_environment(tmp_path):
+    """A GPU node's image had PyTorch in /opt/torch/.venv, its python3 that environment's: a venv made with
+    --system-site-packages from it saw the base Python's packages only, and pip found no torch (seen on the node)."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests run outside a virtual environment here")
+    checkout = _checkout_copy(tmp_path / "checkout")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel_of_installed("setuptools", wheels)
+    node = tmp_path / "node-venv"
+    proc = _run(["make", "install-offline", f"PYTHON={sys.executable}", f"VENV={node}", f"WHEELHOUSE={wheels}",
+                 "SYSTEM_SITE_PACKAGES=yes", "EXTRAS=none"], checkout, NO_INDEX)
+    assert "its packages are visible" in proc.stdout
+    probe = "import json, torch, workshop_utils; print(json.dumps([workshop_utils.__file__, torch.__file__]))"
+    kit, torch_file = json.loads(subprocess.run([node / "bin" / "python", "-c", probe], capture_output=True,
+                                                text=True, check=True, cwd=tmp_path).stdout)
+    assert Path(kit).is_relative_to(checkout) and Path(torch_file).is_relative_to(sys.prefix)

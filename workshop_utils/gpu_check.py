@@ -459,6 +459,17 @@ def check_notebook_05(ctx: Context) -> str:
             f"{ctx.gpt_size} memory x{gpt['memory_ratio']:.2f}, time x{gpt['time_ratio']:.2f}")
 
 
+def check_gpu_topology(ctx: Context) -> str:
+    ctx.need_gpu("a GPU's NUMA node")
+    from .lessons.slurm_jobs import gpu_numa, numa_binding_problem
+
+    where = gpu_numa()
+    if where in ("-", "") or ":" not in where:
+        raise Failed(f"no GPU listed with its NUMA node: {where!r}")
+    binding = numa_binding_problem(1)
+    return f"GPU:NUMA node {where}; torchrun --numa-binding=node " + (f"not usable: {binding}" if binding else "usable")
+
+
 def _two_gpu_demo(part: str, **options) -> Callable[[Context], str]:
     def run(ctx: Context) -> str:
         from .parallel_demos import launch_demo
@@ -478,10 +489,23 @@ def check_ddp_nccl(ctx: Context) -> str:
     return f"DDP on 2 GPUs: {metrics['samples_per_s']:,.0f} samples/s, {metrics['all_reduces']} all-reduces"
 
 
+def check_ddp_lab(ctx: Context) -> str:
+    from .lessons.ddp_lab import check_ddp_lab as judge, lab_device
+
+    if lab_device(2) != "cuda":
+        raise Failed("the DDP lab would run on CPU processes although two GPUs are visible")
+    script = (repo_root() or Path.cwd()) / "notebooks" / "labs" / "ddp_lab" / "train_ddp.py"
+    if not script.exists():
+        raise Skip("notebooks/labs/ddp_lab/train_ddp.py is not in this checkout")
+    with contextlib.redirect_stdout(sys.stderr):
+        judge(script, ctx.folder / "ddp_lab", nproc=2, echo=False)
+    return "the DDP lab's solution judged on 2 GPUs over NCCL"
+
+
 _TRAIN = ("spine.trainer:_train", "spine.trainer:_to_host_async", "spine.trainer:evaluate",
           "spine.precision:configure_precision", "spine.precision:autocast", "spine.precision:grad_scaler",
           "spine.checkpoint:rng_state", "system.hardware:check_precision", "system.hardware:device_name",
-          "system.hardware:pick_device", "spine.distributed:setup_distributed", "spine.distributed:pick_rank_device",
+          "system.hardware:pick_device", "spine.distributed:setup_distributed", "spine.distributed:rank_device",
           "spine.distributed:all_reduce_sum", "spine.timing:StepTimer", "spine.timing:_mark",
           "spine.timing:_synchronize")
 
@@ -534,16 +558,36 @@ PATHS: tuple[GpuPath, ...] = (
     GpuPath("notebook-05", "notebook 05's one-GPU part: activation checkpointing, MLP stack and GPT-2 small",
             ("lessons.recompute:_step_peak_mib", "lessons.recompute:measure_gpt_recompute"), check_notebook_05,
             least_s=15),
+    GpuPath("gpu-topology", "notebook 06: each GPU's NUMA node, and whether torchrun can bind ranks to it",
+            ("lessons.slurm_jobs:gpu_numa", "lessons.slurm_jobs:numa_binding_problem"), check_gpu_topology, least_s=1),
     GpuPath("ddp-nccl", "DDP over NCCL through the training command", ("parallel.launch:launch_training",
-            "parallel.launch:check_process_count", "parallel.launch:node_layout"), check_ddp_nccl, gpus=2),
+            "parallel.launch:check_process_count", "parallel.launch:node_layout", "parallel.launch:resume_verdict",
+            "parallel.launch:launch_nodes", "parallel.launch:world_sizes_for_this_machine",
+            "spine.distributed:barrier", "spine.distributed:collective_device", "spine.distributed:teardown_distributed",
+            "parallel_demos:demo_world", "parallel_demos:hide_gpus"), check_ddp_nccl, gpus=2),
     GpuPath("fsdp2", "FSDP2 and ZeRO against DDP (notebook 05)", ("parallel.sharding:compare_ddp_fsdp",),
             _two_gpu_demo("fsdp", steps=4, batch_size=32, train_size=256), gpus=2),
     GpuPath("tensor-parallel", "the GPT's tensor-parallel plan and FSDP2 per block (notebook 05)",
             ("parallel.gpt_parallel:compare_gpt_parallel",),
             _two_gpu_demo("gpt-parallel", size="tiny", steps=2, batch=4, sequence=64), gpus=2),
     GpuPath("ddp-overlap", "how much of DDP's all-reduce the backward pass hides (notebook 02)",
-            ("parallel.overlap:measure_overlap",), _two_gpu_demo("ddp-overlap", repeats=3), gpus=2),
+            ("parallel.overlap:measure_overlap", "parallel.overlap:_trace_one_backward"),
+            _two_gpu_demo("ddp-overlap", repeats=3), gpus=2),
+    GpuPath("collectives", "notebook 05's collectives timed over NCCL",
+            ("parallel.collectives:measure_all_reduce",), _two_gpu_demo("collectives-time", max_mib=16, repeats=3),
+            gpus=2),
+    GpuPath("distributed-checkpoint", "notebook 05's sharded and asynchronous checkpoints on GPUs",
+            ("parallel.dist_checkpoint:checkpoint_stall",), _two_gpu_demo("checkpoint", round_trip_steps=2,
+                                                                           stall_steps=4, every=2), gpus=2),
+    GpuPath("ddp-lab", "notebook 02's DDP lab on GPUs, one per rank", ("lessons.ddp_lab:lab_device",
+            "lessons.ddp_lab:_crash", "lessons.ddp_lab:_gradients", "lessons.ddp_lab:_probe"), check_ddp_lab, gpus=2),
 )
+
+# CUDA branches that no path above runs, and why (tests/test_gpu_check.py holds every branch to one or the other).
+ELSEWHERE = {
+    "system.profiles:profile_choice": "which profile 'auto' means: read by every notebook and benchmark on a GPU "
+                                      "node (the gpt-throughput path asks for 'gpu' explicitly)",
+}
 
 
 # ---------------------------------------------------------------- running them

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ..spine.timing import RegionTimer
+from ..spine.precision import autocast
+from ..system.hardware import PRECISIONS
 from ..system.errors import WorkshopError, choose
 
 PHASES = ("compute", "communication", "overlapped")
@@ -66,7 +68,7 @@ def _all_reduce_held(state: _Buckets) -> None:
 
 def measure_overlap(size: str = "tiny", batch: int = 8, sequence: int = 64, bucket_caps=(25.0, 1.0, 0.25),
                     repeats: int = 10, warmup: int = 2, seed: int = 0, trace: str | None = None, device=None,
-                    data_root=None) -> dict:
+                    data_root=None, precision: str | None = None) -> dict:
     """Compute, communication and both overlapped, per bucket size, for the GPT under DDP on every rank.
 
     Each rank trains on its own ``batch`` windows of the corpus. ``trace``: a file for rank 0's profiler
@@ -90,6 +92,10 @@ def measure_overlap(size: str = "tiny", batch: int = 8, sequence: int = 64, buck
         raise WorkshopError(f"sequence={sequence} is longer than the {size} GPT's context.",
                             f"use at most {GPT_SIZES[size].context} tokens.")
     device = torch.device(device) if device is not None else collective_device()
+    # On GPUs the precision the course trains in: an fp32 backward pass would be several times the one that
+    # the all-reduce must hide behind, and the measurement would find the communication hidden for that reason.
+    precision = precision or ("bf16" if device.type == "cuda" else "fp32")
+    choose(precision, PRECISIONS, "precision")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = load_text(data_root, quiet=True)
     data.check_vocabulary(GPT_SIZES[size].vocab)
@@ -111,7 +117,8 @@ def measure_overlap(size: str = "tiny", batch: int = 8, sequence: int = 64, buck
 
     def backward(model, timer) -> None:
         model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(inputs).flatten(0, 1).float(), targets.flatten())
+        with autocast(precision, device):
+            loss = F.cross_entropy(model(inputs).flatten(0, 1).float(), targets.flatten())
         dist.barrier()  # every rank starts its backward pass together, as in a step
         with timer:
             loss.backward()
@@ -148,6 +155,7 @@ def measure_overlap(size: str = "tiny", batch: int = 8, sequence: int = 64, buck
                      "exposed_p75_ms": float(np.percentile(exposed, 75)),
                      "repeats": repeats})
     return {"kind": "ddp_overlap", "model": f"GPT {size}", "size": size, "batch": batch, "sequence": sequence,
+            "precision": precision,
             "world_size": world, "data_source": data.source, "corpus": data.fingerprint(), "rows": rows,
             "trace": trace, "traced_bucket_cap_mb": min(caps) if trace else None}
 

@@ -29,6 +29,7 @@ import hashlib
 import itertools
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -454,9 +455,25 @@ class TorchLoader:
     def epoch(self, epoch: int, start_batch: int = 0):
         self.sampler.set_epoch(epoch, start_batch * self.batch_size)
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        for images, labels in self.loader:
+        for images, labels in host_batches(self, self.loader):
             yield (images.to(self.device, non_blocking=True, memory_format=memory_format),
                    labels.to(self.device, non_blocking=True))
+
+
+def host_batches(owner, loader):
+    """``loader``'s batches, with the host time spent waiting for each in ``owner.last_wait_s``.
+
+    Only the wait for the batch in host memory is the loader's: the copy to the GPU that follows waits,
+    from unpinned memory, for the GPU work queued before it, and that is the model's time, not the data's.
+    """
+    batches = iter(loader)
+    while True:
+        began = time.perf_counter()
+        batch = next(batches, None)
+        owner.last_wait_s = time.perf_counter() - began
+        if batch is None:
+            return
+        yield batch
 
 
 class DeviceLoader:

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..system.errors import WorkshopError, choose
-from .data import LOADERS, ResumableSampler, build_dataloader
+from .data import LOADERS, ResumableSampler, build_dataloader, host_batches
 
 # Modules (a file, or a package's every .py) present from Python 3.9 to 3.14 and in the usual distribution
 # packages: several megabytes of varied, real code. Sorted; never edit the list without knowing that every
@@ -242,7 +242,7 @@ class TokenTorchLoader:
 
     def epoch(self, epoch: int, start_batch: int = 0):
         self.sampler.set_epoch(epoch, start_batch * self.batch_size)
-        for inputs, targets in self.loader:
+        for inputs, targets in host_batches(self, self.loader):
             yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
 
 

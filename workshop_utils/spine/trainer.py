@@ -428,7 +428,10 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
                 if batch is None:
                     break
                 inputs, targets = batch
-                timer.add_data_wait(step, time.perf_counter() - waited)
+                # A DataLoader says how long it waited for the batch in host memory (``host_batches``); the copy
+                # to the GPU after it is not data time. A device-resident loader's whole call is.
+                wait = getattr(train_loader, "last_wait_s", None)
+                timer.add_data_wait(step, wait if wait is not None else time.perf_counter() - waited)
                 seed_dropout(config.seed, info.rank, step * accumulation + micro)
                 # DDP all-reduces in backward(); under no_sync() the gradients only add up on each rank.
                 skip_sync = info.distributed and micro < accumulation - 1 and not config.sync_micro_batches

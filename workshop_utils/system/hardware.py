@@ -28,7 +28,8 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 # model name only, so "L4" does not match an L40 nor "A10" an A10G, whose peaks differ.
 PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
     "GH200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
-    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},  # PCIe, 600 W: not the SXM part's peaks
+    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},  # SXM
     "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},
     "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
     "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},  # SXM5
@@ -37,7 +38,10 @@ PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
     "A40": {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7},
     "A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
     "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
-    "V100": {"fp32": 15.7, "tf32": None, "fp16": 125.0, "bf16": None},
+    "V100S": {"fp32": 16.4, "tf32": None, "fp16": 130.0, "bf16": None},  # PCIe
+    "V100 PCIe": {"fp32": 14.0, "tf32": None, "fp16": 112.0, "bf16": None},
+    "V100-PCIE": {"fp32": 14.0, "tf32": None, "fp16": 112.0, "bf16": None},  # how the driver names it
+    "V100": {"fp32": 15.7, "tf32": None, "fp16": 125.0, "bf16": None},  # SXM2
     "T4": {"fp32": 8.1, "tf32": None, "fp16": 65.0, "bf16": None},
 }
 
