@@ -253,3 +253,23 @@ def test_every_session_ends_its_demos_with_what_you_should_see(main_run, noteboo
     # their range (speeds may not, on a busy runner)
     deterministic = ("test accuracy", "unigram entropy", "FSDP2 rank holds")
     assert not [line for line in lines if line.startswith("⚠") and any(d in line for d in deterministic)], lines
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_every_chart_is_shown_inline_as_jupyterlab_shows_it(main_run, notebook):
+    """The main job's kernels draw with the inline backend, as JupyterLab's do: every cell that saves a chart
+    shows it. Before, only a notebook's first chart appeared (the look's context switched interactive mode off)."""
+    executed = nbformat.read(main_run.dir / "notebooks" / notebook.name, as_version=4)
+    charts, missing = 0, []
+    for index, cell in enumerate(executed.cells):
+        if cell.cell_type != "code" or "save_figure(" not in cell.source:
+            continue
+        if any(output.get("output_type") == "error" for output in cell.outputs):
+            continue
+        charts += 1
+        images = sum("image/png" in output.get("data", {}) for output in cell.outputs)
+        if images < cell.source.count("save_figure("):
+            missing.append(f"cell {index}: {cell.source.splitlines()[0][:60]}")
+    assert charts, "each notebook draws at least one chart"
+    assert not missing, f"charts drawn but not shown inline: {missing}"

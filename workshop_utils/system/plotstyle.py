@@ -7,6 +7,8 @@ It sits in the lowest layer because plotting functions of every layer above use 
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 
 # Okabe-Ito: eight colours that stay distinct for the common kinds of colour blindness and in greyscale print.
@@ -48,12 +50,23 @@ STYLE = {
 }
 
 
+@contextlib.contextmanager
 def style():
-    """A context in which figures take the kit's look: ``with style(): fig, ax = plt.subplots()``."""
+    """A context in which figures take the kit's look: ``with style(): fig, ax = plt.subplots()``.
+
+    Only the look is undone at the end. The first figure of a Jupyter kernel picks pyplot's backend inside
+    the block, and the inline backend switches interactive mode on as it loads; restoring that switch with the
+    look would keep every later figure of the notebook from being shown.
+    """
     import matplotlib as mpl
     from cycler import cycler
 
-    return mpl.rc_context({**STYLE, "axes.prop_cycle": cycler(color=list(PALETTE))})
+    with mpl.rc_context({**STYLE, "axes.prop_cycle": cycler(color=list(PALETTE))}):
+        try:
+            yield
+        finally:
+            interactive = mpl.rcParams["interactive"]
+    mpl.interactive(interactive)
 
 
 def precision_color(name: str) -> str | None:
