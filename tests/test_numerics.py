@@ -1,5 +1,7 @@
 """The numerics helpers of notebook 03 tell the truth about floating-point formats and name the failing layer."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -181,3 +183,29 @@ def test_underflow_table_counts_each_outcome_at_each_scale():
     tiny = wu.underflow_table({"g": torch.tensor([2.0**-135, 2.0**-133, 2.0**-127, 1.0], dtype=torch.float64)},
                               scales=(1.0,), dtype=torch.bfloat16).iloc[0]
     assert (tiny["flushed to zero %"], tiny["subnormal (imprecise) %"]) == (25, 50)  # 2^-133 is the last one
+
+
+def test_an_overflow_in_a_weights_own_gradient_is_found():
+    """A weight's gradient sums over the batch and can overflow where no layer output's gradient does:
+    notebook 03 printed 'None' under a sentence saying the scale overflows (its parameters' gradients did)."""
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Linear(64, 10))
+    images = torch.full((512, 64), 100.0)
+    labels = torch.arange(512) % 10
+    found = wu.find_first_nonfinite(model, images, labels, "fp32", loss_scale=1e38)
+    assert found is not None and found.phase == "backward" and found.layer == "0.weight"
+    assert found.kind == "parameter gradient"
+    assert wu.find_first_nonfinite(model, images, labels, "fp32", loss_scale=1.0) is None
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_gradient_chart_marks_as_zero_only_what_rounds_to_zero():
+    """fp16 rounds to nearest: values above half the smallest subnormal round up to it, not down to 0."""
+    grads = {"parameters": torch.tensor([2.0**-26, 2.0**-24.5, 1e-3])}
+    figure = wu.plot_gradient_magnitudes(grads)
+    band = [p for p in figure.axes[0].patches if p.get_label().startswith("becomes 0")][0]
+    right_edge = band.get_x() + band.get_width() if hasattr(band, "get_width") else max(x for x, _ in band.get_xy())
+    assert right_edge == pytest.approx(math.log10(2.0**-25))
+    assert torch.tensor(2.0**-24.5).half().item() == 2.0**-24  # what the band's edge stands for
+    assert torch.tensor(2.0**-25.5).half().item() == 0.0

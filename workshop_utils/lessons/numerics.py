@@ -134,8 +134,9 @@ def plot_gradient_magnitudes(gradients: dict[str, torch.Tensor], dtype: torch.dt
         fig, ax = plt.subplots(figsize=(8, 4))
         for kind, logs in values.items():
             ax.hist(logs, bins=bins, alpha=0.55, label=f"{kind} ({len(logs):,} values)", density=True)
-        ax.axvspan(low, math.log10(smallest_subnormal(dtype)), color="tab:red", alpha=0.12,
-                   label=f"becomes 0 in {name}")
+        # Rounding to nearest: only values below half the smallest subnormal become 0; up to it they round to it.
+        ax.axvspan(low, math.log10(smallest_subnormal(dtype) / 2), color="tab:red", alpha=0.12,
+                   label=f"becomes 0 in {name} (below half its smallest subnormal)")
         for value, label, style_ in ((smallest_subnormal(dtype), "smallest subnormal", ":"),
                                      (torch.finfo(dtype).smallest_normal, "smallest normal", "--"),
                                      (torch.finfo(dtype).max, "largest", "-")):
@@ -331,6 +332,13 @@ def find_first_nonfinite(model: nn.Module, images: torch.Tensor, labels: torch.T
             loss = _loss(model(images), labels)
         check(loss, "loss", "cross_entropy", nn.CrossEntropyLoss())
         (loss * loss_scale).backward()
+        # The hooks see the gradients of the layers' outputs; a weight's own gradient, a sum over the whole batch,
+        # can overflow where none of those did. Read last to first: the order backward computes them.
+        for name, parameter in reversed(list(model.named_parameters())):
+            if parameter.grad is not None:
+                found = _non_finite(parameter.grad, "backward", name, "parameter gradient")
+                if found:
+                    return found
         return None
     except _Found as stop:
         return stop.found
