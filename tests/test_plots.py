@@ -303,3 +303,17 @@ def test_the_monitor_chart_copes_with_a_gpu_that_reports_no_utilisation():
         assert "utilisation not reported; peak memory 641 MiB" in _titles(fig)
     finally:
         plt.close(fig)
+
+
+def test_finished_progress_bars_leave_nothing_behind_in_a_notebook(monkeypatch):
+    """A notebook of forty runs kept forty finished bars in every saved copy; a terminal keeps its last line."""
+    import sys
+    import types
+
+    from workshop_utils.system.progress import progress_bar
+
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert progress_bar(total=1, disable=True).leave is True
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    assert progress_bar(total=1, disable=True).leave is False
+    assert progress_bar(total=1, disable=True, leave=True).leave is True

@@ -15,12 +15,10 @@ mode (the one training loop, only ``batch_size`` and ``precision`` changed), so 
 
 from __future__ import annotations
 
-import sys
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from ..spine.data import CifarData
 from ..spine.precision import emulated_on_cpu
@@ -30,6 +28,7 @@ from ..system.hardware import pick_device
 from ..system.plotstyle import PALETTE, precision_color, style
 from .monitor import StepMemory, is_out_of_memory, release_failed_run
 from .numerics import precision_configs
+from ..system.progress import progress_bar
 
 METRICS = ("steps", "samples_per_s", "step_ms_median", "tflops_per_device", "peak_memory_mib")
 REFERENCES = ("fp32", "tf32")  # speed-ups are against these, at the same batch size, where they were run
@@ -61,8 +60,7 @@ def precision_batch_sweep(base: TrainConfig, data: CifarData | None, modes=("fp3
     configs = {c.precision: c for c in precision_configs(sized, modes, cpu_emulated_steps)}  # says what it sizes down
     sizes = sorted(set(batch_sizes))
     rows, out_of_memory = [], set()
-    bar = tqdm(total=len(sizes) * len(configs), desc="precision x batch", unit="run", disable=not progress,
-               file=sys.stderr)
+    bar = progress_bar(total=len(sizes) * len(configs), desc="precision x batch", unit="run", disable=not progress)
     for size in sizes:
         for mode in modes:
             row = {"batch_size": size, "precision": mode}

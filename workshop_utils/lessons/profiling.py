@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from ..spine.data import CifarData
@@ -44,6 +43,7 @@ from .monitor import StepMemory
 from ..spine.timing import PHASES
 from ..spine.trainer import RunResult, TrainConfig, train
 from .sweeps import Rung, rung_configs, same_as_below
+from ..system.progress import progress_bar
 
 
 @dataclass
@@ -277,7 +277,7 @@ def profile_rungs(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir
     configs = rung_configs(base, rungs)
     trained = [(rung, config) for rung, config, same in zip(rungs, configs, same_as_below(configs))
                if config is not None and not same]
-    for rung, config in tqdm(trained, desc="profiled rungs", unit="rung", disable=not progress, file=sys.stderr):
+    for rung, config in progress_bar(trained, desc="profiled rungs", unit="rung", disable=not progress, file=sys.stderr):
         # CUDA graph trees run a step eagerly, record the graph on the next and replay from the third on
         graphs = config.compile and config.compile_mode != "default"
         run = profile_training(config.replace(progress=False), data, run_dir, name=f"{config.name}-profile",

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from ..spine.data import CifarData
 from ..system.benchmark import median_run
@@ -31,6 +30,7 @@ from ..spine.precision import emulated_on_cpu
 from ..system.hardware import cpu_cores, peak_tflops, pick_device
 from .monitor import StepMemory, is_out_of_memory, release_failed_run
 from ..spine.trainer import TrainConfig, train
+from ..system.progress import progress_bar
 
 METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
 # every rung reports speed, step-time spread, memory and MFU (the device name picks the stated peak)
@@ -311,7 +311,7 @@ def climb_ladder(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir=
     unchanged = same_as_below(configs)
     runs = [[] for _ in rungs]
     trained = [(index, config) for index, config in enumerate(configs) if config is not None and not unchanged[index]]
-    bar = tqdm(total=repeats * len(trained), desc="ladder runs", unit="run", disable=not progress, file=sys.stderr)
+    bar = progress_bar(total=repeats * len(trained), desc="ladder runs", unit="run", disable=not progress, file=sys.stderr)
     for repeat in range(repeats):
         for index, config in trained:
             name = config.name if repeats == 1 else f"{config.name}-r{repeat + 1}"

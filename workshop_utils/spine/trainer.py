@@ -26,7 +26,6 @@ import dataclasses
 import math
 from collections.abc import Callable
 import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -44,7 +43,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from .checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, validate_config
@@ -60,6 +58,7 @@ from .scalar_log import ScalarLog
 from .text import TokenData, bits_per_byte, load_text, make_token_loader
 from ..system.results import save_record
 from .timing import StepTimer, memory_in_use_mib, peak_memory_mib, phase_ranges, reset_peak_memory
+from ..system.progress import progress_bar
 
 
 def seed_dropout(seed: int, rank: int, step: int) -> None:
@@ -404,9 +403,9 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
     train_peak = eval_peak = 0.0  # training steps' peak and evaluation's, read apart: the record reports training's
     step_losses, history = [], []
     interrupted = False
-    bar = tqdm(total=total_steps, initial=step, desc=config.name, unit="step", file=sys.stderr,
-               disable=not (config.progress and info.is_main), dynamic_ncols=True,
-               mininterval=2.0)  # headless logs get a line every 2 s, not every step
+    bar = progress_bar(total=total_steps, initial=step, desc=config.name, unit="step",
+                       disable=not (config.progress and info.is_main),
+                       mininterval=2.0)  # headless logs get a line every 2 s, not every step
     warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
     epoch = step // steps_per_epoch
     while step < total_steps and not interrupted:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +35,7 @@ from .errors import OneLineParser, WorkshopError, positive_int
 from .hardware import device_name, environment, pick_device
 from .profiles import PROFILE_NAMES, pick_settings, profile_choice
 from .results import git_commit, new_run_dir, resolve_run_dir, write_json
+from .progress import progress_bar
 
 BENCHMARK_FOLDER = "benchmarks"
 LAYOUT_KEYS = ("benchmark", "profile", "environment", "settings", "rows", "summary", "git_commit", "created")
@@ -91,9 +91,7 @@ class BenchmarkRun:
 
     def progress(self, total: int, desc: str, unit: str = "run"):
         """A progress bar on stderr for the benchmark's long loop (use ``.write`` to print beside it)."""
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+        return progress_bar(total=total, desc=desc, unit=unit)
 
 
 def start_benchmark(parser: argparse.ArgumentParser, argv=None) -> BenchmarkRun:
