@@ -31,6 +31,7 @@ one page per session, and ``--deck`` builds it only when named (``--deck handout
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import importlib
 import inspect
@@ -419,6 +420,27 @@ def find_results(run_dir: str | None, reference: Path) -> Results:
 # --------------------------------------------------------------------------------------------- rendering
 
 
+def whole_code(code: str, lang: str) -> bool:
+    """Whether ``code`` is a whole excerpt: Python that parses, shell that ``bash -n`` accepts and that ends no line
+    in a continuation; other languages are taken as they are."""
+    if lang == "python":
+        try:
+            ast.parse(code)
+        except SyntaxError:
+            return False
+        return True
+    if lang == "bash":
+        if code.rstrip().endswith("\\"):
+            return False
+        return subprocess.run(["bash", "-n"], input=code, text=True, capture_output=True).returncode == 0
+    return True
+
+
+def _dedent(lines: list[str]) -> str:
+    indent = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
+    return "\n".join(line[indent:] for line in lines)
+
+
 def _html(text) -> str:
     return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
@@ -480,22 +502,31 @@ class Renderer:
         return f"```{lang}\n{code.rstrip()}\n```\n<p class=\"source\">{_html(caption)}</p>"
 
     @staticmethod
-    def excerpt(text: str, start: str | None, until: str | None, max_lines: int) -> str:
+    def excerpt(text: str, start: str | None, until: str | None, max_lines: int, lang: str = "") -> str:
+        """The lines from the first containing ``start`` to the first containing ``until``, dedented; for Python and
+        shell, an excerpt that ``until`` would end inside a statement runs on to the statement's end, and one longer
+        than ``max_lines`` is cut at the last whole statement that fits."""
         lines = text.splitlines()
         if start:
             hits = [i for i, line in enumerate(lines) if start in line]
             if not hits:
                 raise LookupError(f"no line containing {start!r}")
             lines = lines[hits[0]:]
+        end = len(lines)
         if until:
             hits = [i for i, line in enumerate(lines) if until in line]
             if not hits:
                 raise LookupError(f"no line containing {until!r}")
-            lines = lines[:hits[0] + 1]
-        indent = min((len(l) - len(l.lstrip()) for l in lines if l.strip()), default=0)
-        lines = [l[indent:] for l in lines]
+            end = hits[0] + 1
+            while end < min(len(lines), hits[0] + 16) and not whole_code(_dedent(lines[:end]), lang):
+                end += 1
+            if not whole_code(_dedent(lines[:end]), lang):
+                end = hits[0] + 1
+        lines = _dedent(lines[:end]).splitlines()
         if len(lines) > max_lines:
-            lines = lines[:max_lines] + ["# ... (continues in the source)"]
+            # Cut at the last whole statement that fits, never inside a call or after a line continuation.
+            keep = next((k for k in range(max_lines, 0, -1) if whole_code("\n".join(lines[:k]), lang)), max_lines)
+            lines = lines[:keep] + ["# ... (continues in the source)"]
         return "\n".join(lines)
 
     # code --------------------------------------------------------------------------------------------
@@ -513,7 +544,7 @@ class Renderer:
         if drop_docstring == "yes":
             source = re.sub(r'(\n\s+)("""|\'\'\')(?:.|\n)*?\2[ \t]*\n', r"\n", source, count=1)
         try:
-            code = self.excerpt(source, start, until, int(max_lines))
+            code = self.excerpt(source, start, until, int(max_lines), "python")
         except LookupError as err:
             return self.notice(f"code {target}: {err}", "the package changed: fix the directive in the deck")
         path = Path(inspect.getsourcefile(obj)).resolve().relative_to(REPO)
@@ -525,13 +556,13 @@ class Renderer:
         full = REPO / path
         if not full.is_file():
             return self.notice(f"file {path} not found", "it belongs to the repository: check the checkout")
+        lang = lang or {"sbatch": "bash", "sh": "bash", "py": "python"}.get(full.suffix[1:], "")
         try:
-            code = self.excerpt(full.read_text(), start, until, int(max_lines))
+            code = self.excerpt(full.read_text(), start, until, int(max_lines), lang)
         except LookupError as err:
             return self.notice(f"file {path}: {err}", "the file changed: fix the directive in the deck")
         self.sources.append(path)
-        return self.fence(code, lang or {"sbatch": "bash", "sh": "bash", "py": "python"}.get(full.suffix[1:], ""),
-                          path)
+        return self.fence(code, lang, path)
 
     def d_cell(self, notebook: str, contains: str, start=None, until=None, max_lines="14", optional="no") -> str:
         """The first code cell of notebook ``NN_*.ipynb`` whose source contains ``contains``."""
@@ -545,7 +576,7 @@ class Renderer:
             source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
             if cell["cell_type"] == "code" and contains in source:
                 try:
-                    code = self.excerpt(source, start, until, int(max_lines))
+                    code = self.excerpt(source, start, until, int(max_lines), "python")
                 except LookupError:
                     break
                 name = f"notebooks/{matches[0].name}"

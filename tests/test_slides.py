@@ -897,3 +897,36 @@ def test_every_session_has_time_for_the_exercises_of_its_notebooks():
             needed += sum(build.EXERCISE_MINUTES[e] for e in exercises)
         assert session.exercise >= needed, f"{session.title}: {session.exercise} min for {needed} min of exercises"
     assert found == set(build.EXERCISE_MINUTES)  # no estimate for an exercise that no session runs
+
+
+def _code_blocks(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"```(python|bash)\n(.*?)\n```", text, re.S)
+
+
+def test_every_code_block_on_every_slide_is_whole(tmp_path, monkeypatch):
+    """A code slide is a runnable excerpt: Python that parses, shell that bash -n accepts, never a fragment cut
+    inside a call (deck 02 stopped inside init_process_group( ) or after a line continuation (deck 04's job script)."""
+    monkeypatch.setenv("WORKSHOP_RUNS", str(tmp_path / "runs"))
+    results = build.find_results(None, REFERENCE)
+    fragments = []
+    for deck in [*DECKS, "handout"]:
+        path = SLIDES / "decks" / f"{deck}.md" if deck != "handout" else SLIDES / "handout.md"
+        text, _ = render(results, deck, path.read_text())
+        for lang, code in _code_blocks(text):
+            if not build.whole_code(code, lang):
+                fragments.append(f"{deck}: {lang} block starting {code.splitlines()[0][:60]!r}")
+    assert not fragments, fragments
+
+
+@pytest.mark.parametrize("lang, code, whole", [
+    ("python", "dist.init_process_group(\n    backend='nccl',", False), ("python", "x = 1\ny = f(x)", True),
+    ("bash", "srun torchrun \\\n  --nnodes 2 \\", False), ("bash", "#SBATCH --nodes=2\nsrun hostname", True),
+    ("bash", "if true; then\n  echo", False)])
+def test_the_wholeness_check_tells_fragments_from_excerpts(lang, code, whole):
+    assert build.whole_code(code, lang) is whole
+
+
+def test_a_long_excerpt_is_cut_at_a_statement_boundary():
+    source = "a = 1\nb = call(\n    2,\n    3,\n)\nc = 4\nd = 5\n"
+    cut = build.Renderer.excerpt(source, None, None, 3, "python")
+    assert cut.splitlines() == ["a = 1", "# ... (continues in the source)"]
