@@ -80,7 +80,7 @@ def main(argv=None):
     chosen = [c for c in cases(run.profile, run.device.type)
               if not run.args.only or c[0].startswith(tuple(run.args.only))]
     if not chosen:
-        raise WorkshopError(f"No run's name starts with {' or '.join(run.args.only)}.",
+        raise WorkshopError(f"No run's name starts with {' or '.join(map(repr, run.args.only))}.",
                             "use --only 01, 02, 03 or 04 (the notebook numbers), or leave it out.")
     data_sets = {}
     rows = []

@@ -13,14 +13,12 @@ from .parallel.collectives import measure_all_reduce
 from .parallel.comm_model import fit_link, message_sizes
 from .parallel.failures import record_failures
 from .spine.distributed import setup_distributed, teardown_distributed
-from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
 from .system.results import write_json
 
 
-@exit_on_workshop_error
-@record_failures  # each rank's fatal exception, time-stamped, for launch_torchrun to name the first
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
         prog="python -m workshop_utils.comm_model",
         description="Measure all-reduce time over message sizes on every process of a torchrun job "
                     "(NCCL on GPUs, gloo on CPUs) and fit the latency and bandwidth of the ring model.")
@@ -30,7 +28,13 @@ def main(argv=None) -> None:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                         help="auto: NCCL on GPUs when there are any, else gloo on CPUs (default: %(default)s)")
     parser.add_argument("--out", default=None, help="JSON file for the measurements (written by rank 0)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@exit_on_workshop_error
+@record_failures  # each rank's fatal exception, time-stamped, for launch_torchrun to name the first
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     if args.min_kib <= 0 or args.max_mib * 1024 < args.min_kib or args.repeats <= 0:
         raise WorkshopError("Sizes and repeats must be positive and --max-mib at least --min-kib.",
                             "try --min-kib 4 --max-mib 64 --repeats 10.")

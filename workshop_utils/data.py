@@ -11,23 +11,35 @@ from pathlib import Path
 from torchvision.datasets import CIFAR10
 
 from .spine.data import cifar_folder, verify_cifar10
-from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
 
+
+def folder_name(text: str) -> str:
+    """A --root value a folder can have, or the parser's one-line error (an empty name, a control character)."""
+    if not text or any(not c.isprintable() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a folder name (empty, or with a control character)")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="python -m workshop_utils.data",
+        description="Fetch or check CIFAR-10. Run `download` on a login node (compute nodes often have no "
+        "internet), then point WORKSHOP_DATA at the same folder in your jobs.",
+        fix="see `python -m workshop_utils.data --help`: download --root DIR, or verify --root DIR.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{download,verify}")
+    for name, text in (("download", "download CIFAR-10 (about 170 MB) and verify its checksums"),
+                       ("verify", "check that a folder holds complete, uncorrupted CIFAR-10")):
+        cmd = sub.add_parser(name, help=text, fix=parser.fix)
+        cmd.add_argument("--root", required=True, type=folder_name,
+                         help="folder that holds (or will hold) cifar-10-batches-py")
+    return parser
 
 
 @exit_on_workshop_error
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m workshop_utils.data",
-        description="Fetch or check CIFAR-10. Run `download` on a login node (compute nodes often have no "
-        "internet), then point WORKSHOP_DATA at the same folder in your jobs.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("download", "download CIFAR-10 (about 170 MB) and verify its checksums"),
-                       ("verify", "check that a folder holds complete, uncorrupted CIFAR-10")):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("--root", required=True, help="folder that holds (or will hold) cifar-10-batches-py")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     root = Path(args.root)
     if args.command == "download":
         root.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from .parallel.dist_checkpoint import checkpoint_stall, sharded_round_trip
 from .parallel.failures import RankFailed, record_failures
 from .parallel.gpt_parallel import compare_gpt_parallel
 from .parallel.overlap import measure_overlap
-from .system.errors import WorkshopError, choose, exit_on_workshop_error
+from .system.errors import OneLineParser, WorkshopError, choose, exit_on_workshop_error
 from .parallel.pipeline import measure_bubble
 from .parallel.sharding import compare_ddp_fsdp
 from .parallel.tensor_parallel import check_tensor_parallel
@@ -89,6 +89,17 @@ def hide_gpus() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m workshop_utils.parallel_demos", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=PARTS, help="which experiment to run on every rank")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto: NCCL on GPUs when there are any, else gloo on CPUs (default: %(default)s)")
+    parser.add_argument("--options", default="{}", help="JSON object of keyword arguments for the part")
+    parser.add_argument("--out", help="JSON file for the result (written by rank 0)")
+    return parser
+
+
 @exit_on_workshop_error
 @record_failures  # each rank's fatal exception, time-stamped, for launch_torchrun to name the first
 def main(argv=None) -> None:
@@ -96,14 +107,7 @@ def main(argv=None) -> None:
     from .system.hardware import environment
     from .system.results import write_json
 
-    parser = argparse.ArgumentParser(prog="python -m workshop_utils.parallel_demos", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=PARTS, help="which experiment to run on every rank")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                        help="auto: NCCL on GPUs when there are any, else gloo on CPUs (default: %(default)s)")
-    parser.add_argument("--options", default="{}", help="JSON object of keyword arguments for the part")
-    parser.add_argument("--out", help="JSON file for the result (written by rank 0)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         options = json.loads(args.options)
     except json.JSONDecodeError as err:

@@ -18,7 +18,7 @@ from .parallel.failures import root_cause
 from .system.errors import OneLineParser, positive_int
 
 
-def main(argv=None) -> None:
+def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m workshop_utils.postmortem",
                            description="Name the rank of a failed torchrun job that failed first, with its own "
                                        "error, and show its last lines.")
@@ -26,7 +26,11 @@ def main(argv=None) -> None:
     parser.add_argument("--output", metavar="FILE", help="what torchrun printed (its report of the failed ranks)")
     parser.add_argument("--world-size", type=positive_int, metavar="N",
                         help="processes in the job: a rank missing from the report had finished")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     output = Path(args.output) if args.output else None
     lines = output.read_text(errors="replace").splitlines() if output is not None and output.is_file() else []
     cause = root_cause(lines, args.world_size, args.log_dir)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from .system.benchmark import benchmark_frame, read_benchmarks
-from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
 from .system.hardware import environment
 from .system.results import read_records, save_record
 
@@ -203,12 +203,16 @@ def write_report(run_dir) -> Path:
     return path
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m workshop_utils.report",
+                           description="Write report.md for a run folder from its recorded results.")
+    parser.add_argument("run_dir", help="a folder under runs/ written by the main job or a notebook")
+    return parser
+
+
 @exit_on_workshop_error
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workshop_utils.report",
-                                     description="Write report.md for a run folder from its recorded results.")
-    parser.add_argument("run_dir", help="a folder under runs/ written by the main job or a notebook")
-    print(f"Report written to {write_report(parser.parse_args(argv).run_dir)}")
+    print(f"Report written to {write_report(build_parser().parse_args(argv).run_dir)}")
 
 
 if __name__ == "__main__":

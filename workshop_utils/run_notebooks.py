@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from .system.results import repo_root, write_json
-from .system.errors import WorkshopError, exit_on_workshop_error
+from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
 from .system.hardware import wait_passively
 from .system.profiles import PROFILE_NAMES, TIME_BUDGET_S, profile_choice
 from .report import write_report
@@ -236,6 +236,9 @@ def run_notebooks(run_dir=None, profile: str = "auto", only: list[str] | None = 
     run_dir = resolve_run_dir(run_dir, "preflight" if check else None).resolve()
     (run_dir / "notebooks").mkdir(exist_ok=True)
     wait_passively()  # the kernels and the ranks they start share the cores with each other and the machine
+    # The kernels draw as JupyterLab's do, with the inline backend, so the executed copies carry their charts;
+    # a backend named in the environment (the test suite's Agg) would leave every copy without a figure.
+    os.environ.pop("MPLBACKEND", None)
     print(f"Run folder: {run_dir}", flush=True)
     print(f"Profile {name} ({reason}); {len(selected)} notebook(s); time budget {TIME_BUDGET_S[name]} s each"
           + (f", stopped after {limit:g} s" if limit else ""), flush=True)
@@ -276,10 +279,9 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
-@exit_on_workshop_error
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workshop_utils.run_notebooks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m workshop_utils.run_notebooks", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="auto", choices=PROFILE_NAMES,
                         help="size of every notebook: auto is $WORKSHOP_PROFILE if set, else gpu when a GPU is "
                              "visible, else cpu")
@@ -291,7 +293,12 @@ def main(argv=None) -> None:
                         help="stop a notebook after this many seconds and report it failed "
                              "(default: none; with --check the budget)")
     parser.add_argument("--notebooks", metavar="DIR", help="folder of notebooks to run (default: notebooks/)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@exit_on_workshop_error
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     # A batch system's stop (time limit, scancel) still leaves the report of what finished.
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:

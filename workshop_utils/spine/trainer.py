@@ -308,6 +308,8 @@ def _train(config: TrainConfig, data: CifarData | TokenData | None, on_step: Cal
         data = load_data(config.data_root, config.train_size, config.test_size, config.synthetic,
                          quiet=not info.is_main)
     _check_data_kind(config, data)
+    if text:
+        data.check_windows(config.tokens_per_sequence)  # a split without one whole window: one line, before any step
     if not text and (config.train_size or config.test_size):
         data = data.first(config.train_size, config.test_size)  # the config's sizes hold for images passed in too
     if info.distributed:
