@@ -1,0 +1,639 @@
+"""Notebook 06's exercise checks (6.1, 6.2, 6.3) cannot be fooled, and never answer with a traceback.
+
+Every check judges against the exercise's own specification and reads an answer with the real tools' rules
+(sbatch's --time, --signal and #SBATCH lines, bash's words and variables, torchrun's own parser, the training
+command's flags). The tables below hold right answers in every accepted form (each must pass) and wrong
+answers (each must be refused in one line naming its mistake); property-based tests then feed each check
+arbitrary values and fail on anything but a pass, a False or the kit's one-line refusal.
+
+No test here needs a Slurm cluster: WORKSHOP_SLURM=off (tests/conftest.py) makes the checks judge the text and
+say so, and the on-cluster judgement is fed a finished job's files directly. Nothing is submitted or trained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import signal
+from fractions import Fraction
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import workshop_utils as wu
+from workshop_utils.lessons import slurm_exercises as se
+from workshop_utils.lessons.exercises import BEGIN_SOLUTION, END_SOLUTION, EXERCISE_TAG
+from workshop_utils.lessons.slurm_jobs import SlurmSite
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK = REPO / "notebooks" / "06_slurm_deployment.ipynb"
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+FIRST = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+SOLVED = dict(nodes=1, ntasks_per_node=1, cpus_per_task=2, time="00:05:00", signal="B:USR1@60", nproc_per_node=2,
+              rdzv_endpoint=f'"{FIRST}:$((29500 + SLURM_JOB_ID % 1000))"')
+PASSED_61 = ("✓ Exercise 6.1: correct (the script reads right; Slurm not used here (WORKSHOP_SLURM=off), so it was not "
+             "run here).")
+RATES = (0.01, 0.03, 0.1)
+LINES = [f"--lr {lr}" for lr in RATES]
+# The job notebook 06 measures for Exercise 6.3 (results/reference/slurm/steps.json): one CPU, no GPU.
+REPLAY = {"job": "2", "elapsed_s": 15, "time_limit_s": 600, "cpus": 1, "gpus": 0, "cpu_time_s": 4.6499999999999995,
+          "max_rss_mib": 832.34375, "source": "scontrol and the job's own training record"}
+RIGHT_63 = dict(cpu_efficiency=0.31, time_share=0.025, gpu_hours=0.0, next_time_limit_s=60, next_memory_mib=1100)
+SOLVED_63 = """import math
+cpu_efficiency = usage["cpu_time_s"] / (usage["elapsed_s"] * usage["cpus"])
+time_share = usage["elapsed_s"] / usage["time_limit_s"]
+gpu_hours = usage["elapsed_s"] * usage["gpus"] / 3600
+next_time_limit_s = 60 * math.ceil(1.5 * usage["elapsed_s"] / 60)
+next_memory_mib = 100 * math.ceil(1.25 * usage["max_rss_mib"] / 100)
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_slurm(monkeypatch):
+    """The checks judge the text; a submission would be a bug."""
+    monkeypatch.setenv("WORKSHOP_SLURM", "off")
+    monkeypatch.setattr(se, "submit", lambda *a, **k: pytest.fail("a check submitted a job in a text-only test"))
+
+
+def refused(call, *words) -> str:
+    """The check's one-line refusal, naming ``words``."""
+    with pytest.raises(wu.WorkshopError) as caught:
+        call()
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1 and message.startswith("✗ Exercise 6.") and caught.value.fix, message
+    assert "the check itself failed" not in message, message
+    for word in words:
+        assert word in message, f"{word!r} not in: {message}"
+    return message
+
+
+def script(**change) -> str:
+    return se.fill_job_script({**SOLVED, **change})
+
+
+# ---------------------------------------------------------------------- Slurm's own rules
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("5", 300), ("5:00", 300), ("00:05:00", 300), ("0-00:05", 300), ("0-00:05:00", 300), ("0-1", 3600),
+    ("1-0", 86400), ("1-02:03:04", 93840), ("0:30", 60), ("2:30", 180), ("00:90:00", 5400), ("0:0:59", 60),
+    ("0", se.NO_LIMIT), ("00:00:00", se.NO_LIMIT), ("-1", se.NO_LIMIT), ("UNLIMITED", se.NO_LIMIT),
+    ("infinite", se.NO_LIMIT),
+    ("", None), ("5 minutes", None), ("1:2:3:4", None), ("1-2-3", None), ("1:2-3", None), ("1-", None), (":5", None),
+    ("5.5", None), ("-5", None), (None, None), (5, None),
+])
+def test_time_limits_are_read_as_slurm_reads_them(text, seconds):
+    """Slurm's time_str2mins: six formats, 0/-1/INFINITE/UNLIMITED for none, whole minutes rounded up."""
+    assert se.time_limit_s(text) == seconds
+
+
+USR1, TERM = int(signal.SIGUSR1), int(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("text, number, lead, batch", [
+    ("B:USR1@60", USR1, 60, True), ("USR1@60", USR1, 60, False), ("B:SIGUSR1@90", USR1, 90, True),
+    ("b:usr1@45", USR1, 45, True), ("B:10@60", 10, 60, True), ("B:USR1", USR1, 60, True), ("10", 10, 60, False),
+    ("RB:USR1@60", USR1, 60, True), ("BR:USR1@60", USR1, 60, True), ("R:USR1@60", USR1, 60, False),
+    ("TERM@30", TERM, 30, False), ("B:USR1@", USR1, 0, True), ("BUSR1@60", USR1, 60, True),
+])
+def test_signal_options_are_read_as_slurm_reads_them(text, number, lead, batch):
+    """Slurm's get_signal_opts and sig_name2num: [{R|B}:]name-or-number[@seconds], 60 s by default."""
+    assert se.slurm_signal(text) == se.WarningSignal(number, lead, batch)
+
+
+def test_signal_10_is_sigusr1_where_the_kit_runs():
+    assert USR1 == 10  # Linux on x86-64 and Arm: what "B:10@60" means on the cluster
+
+
+@pytest.mark.parametrize("text", ["", "B:", "B:NOPE@60", "B:USR1@x", "B:USR1@70000", "B:USR1@-1", "B:0@60",
+                                  "B:USR1@60s", "@60", None, 10])
+def test_signal_options_slurm_refuses_are_refused(text):
+    assert se.slurm_signal(text) is None
+
+
+def test_sbatch_reads_directives_above_the_first_command_only():
+    text = ("#!/bin/bash\n#SBATCH --nodes=1 -t 5 # a comment\n\n# note\n#SBATCH --job-name='a b'\n"
+            "echo hi\n#SBATCH -N 2\n")
+    assert se.sbatch_directives(text) == ["--nodes=1", "-t", "5", "--job-name=a b"]
+
+
+# ---------------------------------------------------------------------- Exercise 6.1: right answers pass
+
+RIGHT_61 = [
+    # each gap in the forms an attendee may give it
+    *[dict(nodes=v) for v in (1, "1", 1.0, np.int64(1), torch.tensor(1), np.array(1), "1-1")],
+    *[dict(ntasks_per_node=v) for v in (1, "1", np.int32(1), 1.0)],
+    *[dict(cpus_per_task=v) for v in (2, "2", 2.0, torch.tensor(2), np.float64(2.0))],
+    *[dict(nproc_per_node=v) for v in (2, "2", 2.0, np.int64(2), torch.tensor(2))],
+    # every --time format sbatch reads (Slurm keeps whole minutes: 2:30 is a limit of 3 minutes)
+    *[dict(time=v) for v in ("00:05:00", "5", 5, 5.0, np.int64(10), "5:00", "0-00:05", "0-00:05:00", "0-1", "1:00:00",
+                             "3", "2:30", "0-0:10", "30", "23:59:59")],
+    # the signal: a name with or without SIG, any case, or its number; B: in either order with R; 60 s by default
+    *[dict(signal=v) for v in ("B:USR1@60", "B:SIGUSR1@60", "b:usr1@60", "B:10@60", "B:USR1", "B:USR1@30",
+                               "RB:USR1@60", "BR:USR1@60", "B:USR1@120")],
+    # the rendezvous: the first node of the job's node list, however written; the port fixed, derived or default
+    *[dict(rdzv_endpoint=v) for v in (
+        f'"{FIRST}:29500"', f"{FIRST}:29500", f'"{FIRST}"', f'"{FIRST}:$((29500 + SLURM_JOB_ID % 1000))"',
+        '$(scontrol show hostnames $SLURM_JOB_NODELIST | head -1):29500',
+        '"$(scontrol show hostname "${SLURM_NODELIST}" | head -n1):29500"',
+        '"$(scontrol show hostnames | head --lines=1):29500"', '"`scontrol show hostnames | head -n 1`:29500"',
+        '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p):29500"',
+        '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):$((20000 + SLURM_JOBID % 40000))"')],
+]
+
+
+@pytest.mark.parametrize("change", RIGHT_61, ids=lambda c: f"{next(iter(c))}={c[next(iter(c))]!r}")
+def test_exercise_61_passes_every_form_of_a_right_answer(change, capsys):
+    assert wu.check_job_script({**SOLVED, **change}) is True
+    assert capsys.readouterr().out.strip() == PASSED_61
+
+
+TEMPLATE_LAUNCH = 'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun'
+RIGHT_SCRIPTS = {
+    "python -m torch.distributed.run": lambda s: s.replace(
+        TEMPLATE_LAUNCH, 'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python -m torch.distributed.run'),
+    "python3 -m torch.distributed.run, no srun": lambda s: s.replace(
+        TEMPLATE_LAUNCH, "python3 -m torch.distributed.run"),
+    "torchrun without srun": lambda s: s.replace(TEMPLATE_LAUNCH, "torchrun"),
+    "a venv's torchrun": lambda s: s.replace(TEMPLATE_LAUNCH, 'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" '
+                                                              '"$HOME/venv/bin/torchrun"'),
+    "srun -c 2 with a value as the next word": lambda s: s.replace(TEMPLATE_LAUNCH, "srun -c 2 --label torchrun"),
+    "the host in a variable": lambda s: s.replace(
+        "# srun starts", f"HEAD={FIRST}\n# srun starts").replace(SOLVED["rdzv_endpoint"], '"$HEAD:29500"'),
+    "MASTER_ADDR exported from it": lambda s: s.replace(
+        "# srun starts", f'export MASTER_ADDR="{FIRST}"\nPORT=29500\n# srun starts').replace(
+        SOLVED["rdzv_endpoint"], "${MASTER_ADDR}:$PORT"),
+    "underscore flags": lambda s: s.replace("--nproc-per-node", "--nproc_per_node").replace("--rdzv-endpoint",
+                                                                                             "--rdzv_endpoint"),
+    "short sbatch options": lambda s: s.replace("#SBATCH --nodes=1", "#SBATCH -N 1").replace(
+        "#SBATCH --cpus-per-task=2", "#SBATCH -c2").replace("#SBATCH --time=00:05:00", "#SBATCH -t 5"),
+    "--nnodes=1": lambda s: s.replace('--nnodes="$SLURM_JOB_NUM_NODES"', "--nnodes=1:1"),
+    "--nproc-per-node from Slurm": lambda s: s.replace("--nproc-per-node=2", '--nproc-per-node="$SLURM_CPUS_PER_TASK"'),
+    "options in a variable": lambda s: s.replace("--nproc-per-node=2 --rdzv-backend=c10d", "$TORCHRUN_ARGS").replace(
+        "# srun starts", 'TORCHRUN_ARGS="--nproc-per-node=2 --rdzv-backend=c10d"\n# srun starts'),
+}
+
+
+@pytest.mark.parametrize("edit", RIGHT_SCRIPTS.values(), ids=RIGHT_SCRIPTS.keys())
+def test_exercise_61_passes_a_whole_script_that_launches_right_however_written(edit, capsys):
+    text = edit(script())
+    assert text != script()
+    assert wu.check_job_script(text) is True, se.script_problem(text)
+    assert capsys.readouterr().out.strip() == PASSED_61
+
+
+# ---------------------------------------------------------------------- Exercise 6.1: wrong answers are named
+
+WRONG_61 = [
+    # the rendezvous host: each would leave the agents of a two-node job apart
+    (dict(rdzv_endpoint="localhost:29500"), ["localhost", "loopback"]),
+    (dict(rdzv_endpoint="127.0.0.1:29500"), ["127.0.0.1", "loopback"]),
+    (dict(rdzv_endpoint="$MASTER_ADDR:29500"), ["$MASTER_ADDR", "nothing in the script or Slurm sets it"]),
+    (dict(rdzv_endpoint="$SLURM_JOB_NODELIST:29500"), ["$SLURM_JOB_NODELIST", "whole node list"]),
+    (dict(rdzv_endpoint="node01:29500"), ["node01", "fixed name"]),
+    (dict(rdzv_endpoint="$(hostname):29500"), ["the machine the batch shell runs on"]),
+    (dict(rdzv_endpoint="$HOSTNAME:29500"), ["the machine the batch shell runs on"]),
+    (dict(rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n 1):29500"'), ["last node"]),
+    (dict(rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST"):29500"'), ["lists every node"]),
+    (dict(rdzv_endpoint='"$(scontrol show hostnames node01 | head -n 1):29500"'), ["not the job's node list"]),
+    (dict(rdzv_endpoint=f'"{FIRST}:80"'), ["only root may listen below 1024"]),
+    (dict(rdzv_endpoint=f'"{FIRST}:70000"'), ["ports end at 65535"]),
+    (dict(rdzv_endpoint=f'"{FIRST}:$((SLURM_JOB_ID))"'), ["for job"]),
+    (dict(rdzv_endpoint=f'"{FIRST}:$PORT"'), ["not a number the check can read"]),
+    (dict(rdzv_endpoint='""'), ["no rendezvous endpoint"]),
+    (dict(rdzv_endpoint=":29500"), ["no rendezvous endpoint"]),
+    # the warning signal
+    (dict(signal="USR1@60"), ["has no B:", "trap never fires"]),
+    (dict(signal="R:USR1@60"), ["has no B:"]),
+    (dict(signal="10@60"), ["has no B:"]),
+    (dict(signal="B:USR2@60"), ["sends SIGUSR2", "listen for SIGUSR1"]),
+    (dict(signal="TERM@60"), ["listen for SIGUSR1"]),
+    (dict(signal="B:USR1@5"), ["5 s of warning"]),
+    (dict(signal="B:USR1@"), ["0 s of warning"]),
+    (dict(signal="B:NOPE@60"), ["not a signal option sbatch reads"]),
+    (dict(signal="B:USR1@70000"), ["not a signal option sbatch reads"]),
+    (dict(signal=""), ["no --signal"]),
+    # the time limit
+    (dict(time="00:01:00"), ["--time of 60 s", "needs about 120 s"]),
+    (dict(time="2"), ["--time of 120 s"]),
+    (dict(time=2), ["--time of 120 s"]),
+    (dict(time="0"), ["asks for no time limit"]),
+    (dict(time=0), ["asks for no time limit"]),
+    (dict(time="UNLIMITED"), ["asks for no time limit"]),
+    (dict(time="2-00:00:00"), ["48 h"]),
+    (dict(time="5 minutes"), ["`time` (5 minutes) is 2 words to sbatch"]),
+    (dict(time="'5 minutes'"), ["not a duration Slurm reads"]),
+    (dict(time="1:2:3:4"), ["not a duration Slurm reads"]),
+    (dict(time="0:05"), ["--time of 60 s"]),  # minutes:seconds: five seconds, which Slurm keeps as a minute
+    # nodes, tasks, processes, cores: against the exercise, not against the script
+    (dict(nodes=2), ["--nodes=2", "asks for one node"]),
+    (dict(nodes="1-2"), ["--nodes=1-2", "asks for one node"]),
+    (dict(nodes=0), ["not a node count sbatch reads"]),
+    (dict(ntasks_per_node=2, nproc_per_node=1), ["2 torchrun agents"]),
+    (dict(ntasks_per_node=2), ["srun starts 2 torchruns on each node and each starts 2 processes, 4 per node"]),
+    (dict(nproc_per_node=1), ["--nproc-per-node=1", "not the 2 the exercise asks for"]),
+    (dict(nproc_per_node=4, cpus_per_task=4), ["--nproc-per-node=4", "not the 2"]),
+    (dict(nproc_per_node="auto"), ["one process per core"]),
+    (dict(nproc_per_node="$N"), ["not a number of processes the check can read"]),
+    (dict(cpus_per_task=1), ["--cpus-per-task=1 for 2 training processes", "take turns"]),
+    (dict(cpus_per_task=4), ["--cpus-per-task=4", "sit idle"]),
+    # answers of the wrong type
+    (dict(nodes=None), ["`nodes` is None"]),
+    (dict(nodes=[1]), ["`nodes` is a list"]),
+    (dict(time={"minutes": 5}), ["`time` is a dict"]),
+    (dict(nodes=1.5), ["`nodes` = 1.5 is not a whole number"]),
+    (dict(nodes=float("nan")), ["`nodes` is nan"]),
+    (dict(signal=True), ["`signal` is True, a truth value"]),
+    (dict(nproc_per_node=torch.tensor([2, 2])), ["`nproc_per_node` is a Tensor of shape (2,)"]),
+    (dict(signal="B:USR1@60\n#SBATCH --nodes=2"), ["`signal`", "holds a line break"]),
+]
+
+
+@pytest.mark.parametrize("change, words", WRONG_61, ids=lambda c: repr(c)[:60] if isinstance(c, dict) else "")
+def test_exercise_61_names_each_wrong_answer_in_one_line(change, words):
+    refused(lambda: wu.check_job_script({**SOLVED, **change}), *words)
+
+
+WRONG_SCRIPTS = {
+    "no launch": (lambda s: s.replace(TEMPLATE_LAUNCH, "srun echo"), ["no torchrun line"]),
+    "the launch echoed": (lambda s: s.replace(TEMPLATE_LAUNCH, "echo torchrun"), ["no torchrun line"]),
+    "the launch in a comment": (lambda s: s.replace(TEMPLATE_LAUNCH, "# " + TEMPLATE_LAUNCH), ["no torchrun line"]),
+    "two launches": (lambda s: s + s[s.index(TEMPLATE_LAUNCH):s.index("# bash runs")], ["starts torchrun 2 times"]),
+    "--standalone": (lambda s: s.replace("--rdzv-backend=c10d", "--standalone"), ["--standalone"]),
+    "the static backend": (lambda s: s.replace("--rdzv-backend=c10d ", ""), ["--rdzv-backend=static", "--node-rank"]),
+    "--nnodes=2": (lambda s: s.replace('--nnodes="$SLURM_JOB_NUM_NODES"', "--nnodes=2"), ["--nnodes=2"]),
+    "srun -n 2": (lambda s: s.replace(TEMPLATE_LAUNCH, "srun -n 2 torchrun"), ["srun --ntasks=2"]),
+    "srun -c 4": (lambda s: s.replace(TEMPLATE_LAUNCH, "srun -c 4 torchrun"), ["srun --cpus-per-task=4"]),
+    "no \"$@\"": (lambda s: s.replace('"$@"', ""), ['does not pass "$@" on']),
+    "another module": (lambda s: s.replace("workshop_utils.train", "mytrain"), ["not the training"]),
+    "no trap": (lambda s: s.replace("trap forward USR1", ""), ["traps SIGUSR1"]),
+    "the launch in the foreground": (lambda s: s.replace('"$@" &', '"$@"'), ["in the foreground"]),
+    "no wait": (lambda s: s.replace("while ! wait $!; do kill -0 $! 2>/dev/null || break; done", ""),
+                ["nothing waits"]),
+    "a #SBATCH line after a command": (
+        lambda s: s.replace("#SBATCH --time=00:05:00\n", "") + "#SBATCH --time=00:05:00\n",
+        ["only above the script's first command"]),
+    "the host from a variable set after the launch": (
+        lambda s: s.replace(SOLVED["rdzv_endpoint"], '"$HEAD:29500"') + f"HEAD={FIRST}\n",
+        ["$HEAD", "nothing in the script or Slurm sets it"]),
+    "the gaps left in": (lambda s: se.JOB_SCRIPT, ["still has its gaps"]),
+    "a NUL": (lambda s: s + "\x00", ["NUL"]),
+    "no #! line": (lambda s: s.replace("#!/bin/bash\n", ""), ["first line is not #!"]),
+}
+
+
+@pytest.mark.parametrize("edit, words", WRONG_SCRIPTS.values(), ids=WRONG_SCRIPTS.keys())
+def test_exercise_61_names_each_mistake_of_a_whole_script(edit, words):
+    refused(lambda: wu.check_job_script(edit(script())), *words)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (None, ["the answer is None"]), (5, ["the answer is an int"]), ([SOLVED], ["the answer is a list"]),
+    (b"#!/bin/bash", ["the answer is a bytes"]), ("", ["first line is not #!"]), ("#!/bin/bash\n", ["no torchrun line"]),
+    ({**SOLVED, "partition": "gpu"}, ["answers has partition", "no gap"]),
+])
+def test_exercise_61_refuses_answers_of_another_kind_in_one_line(answer, words):
+    refused(lambda: wu.check_job_script(answer), *words)
+
+
+def test_exercise_61_left_open_names_the_gaps_and_a_misspelt_one(capsys):
+    assert wu.check_job_script({**SOLVED, "nproc_per_node": ..., "nproc": 2}) is False
+    assert capsys.readouterr().out.strip() == (
+        "… Exercise 6.1: not yet solved: fill nproc_per_node (answers also has nproc, which is no gap). Fix: each is "
+        "what goes after its flag in the script above.")
+
+
+# ---------------------------------------------------------------------- Exercise 6.1 on a cluster
+
+
+def finished_job(folder: Path, job_id: str, log: str, world: int | None, checkpoint: bool = True):
+    (folder / f"ex61-train-{job_id}.out").write_text(log)
+    if checkpoint:
+        (folder / "checkpoints").mkdir(exist_ok=True)
+        (folder / "checkpoints" / "step_00000004.pt").write_bytes(b"")
+    if world is not None:
+        (folder / "result.json").write_text(json.dumps({"metrics": {"world_size": world}}))
+
+
+@pytest.fixture
+def cluster(monkeypatch, tmp_path):
+    """A Slurm that answers: the check's job is 'run' by writing what a finished job leaves."""
+    ran = {}
+
+    def submit(path, args=(), options=(), cwd=None, env=None):
+        ran.update(args=list(args), folder=Path(cwd))
+        ran["finish"](Path(cwd))
+        return "42"
+
+    monkeypatch.setattr(se, "find_slurm", lambda: SlurmSite(True, "a test Slurm answers here"))
+    monkeypatch.setattr(se, "submit", submit)
+    monkeypatch.setattr(se, "wait_for", lambda ids, timeout_s=0: None)
+    monkeypatch.setattr(se, "job_records", lambda job: [{"JobState": "COMPLETED", "NumNodes": "1", "NumCPUs": "2",
+                                                         "ExitCode": "0:0", "TimeLimit": "00:05:00"}])
+    return ran
+
+
+# Two ranks' greetings as a local Slurm once wrote them: the second landed on the first one's line.
+INTERLEAVED = ("rank 1 of 2 (local rank 1, node 0) on vm, pid 23616rank 0 of 2 (local rank 0, node 0) on vm, "
+               "pid 23615\nstep 4/12 ...\nDone: 12 steps on 2 process(es)\n")
+
+
+@pytest.mark.parametrize("log, world", [(INTERLEAVED, 2), (INTERLEAVED, None), ("no greeting at all\n", 2)])
+def test_on_a_cluster_every_rank_counts_however_their_lines_interleave(cluster, tmp_path, capsys, log, world):
+    cluster["finish"] = lambda folder: finished_job(folder, "42", log, world)
+    assert wu.check_job_script(SOLVED, jobs_dir=tmp_path)
+    assert "ran on 1 node(s) with 2 ranks, wrote its checkpoints, inside its 300 s limit" in capsys.readouterr().out
+    assert cluster["args"][-2:] == ["--out", str(cluster["folder"] / "result.json")]
+
+
+def test_on_a_cluster_the_ranks_expected_come_from_the_exercise_not_the_script(cluster, tmp_path):
+    cluster["finish"] = lambda folder: finished_job(folder, "42", "rank 0 of 1 (local rank 0, node 0) on vm\n", 1)
+    refused(lambda: wu.check_job_script(SOLVED, jobs_dir=tmp_path), "ranks none of the 2",
+            "trained with 1 process(es)")
+
+
+def test_on_a_cluster_a_job_without_checkpoint_is_refused(cluster, tmp_path):
+    cluster["finish"] = lambda folder: finished_job(folder, "42", INTERLEAVED, 2, checkpoint=False)
+    refused(lambda: wu.check_job_script(SOLVED, jobs_dir=tmp_path), "wrote no checkpoint")
+
+
+# ---------------------------------------------------------------------- Exercise 6.2
+
+RIGHT_62 = [
+    (LINES, "0-2"), (LINES, "0-2%1"), (LINES, "0-2%3"), (LINES, "0,1,2"), (LINES, "0-1,2"), (LINES, "0-2:1"),
+    (LINES, "--array=0-2"), (tuple(LINES), "0-2"), ([np.str_(line) for line in LINES], "0-2"),
+    (["--lr=0.01", "--lr 3e-2", "--lr 0.1"], "0-2"), (["--lr 0.01 --seed 1", "--lr 0.03  ", "\t--lr 0.1"], "0-2"),
+    (["--seed 1 --lr 0.01", "--lr 0.03 --precision fp32", "--no-compile --lr 0.1"], "0-2"),
+]
+
+
+@pytest.mark.parametrize("lines, array", RIGHT_62)
+def test_exercise_62_passes_every_form_of_a_right_answer(lines, array, capsys):
+    assert wu.check_array_sweep(lines, array, RATES, wu.TrainConfig()) is True
+    assert capsys.readouterr().out.strip().startswith("✓ Exercise 6.2: correct (3 tasks read their lines; ")
+
+
+def test_exercise_62_takes_learning_rates_of_any_numeric_type(capsys):
+    rates = [np.float64(0.01), np.float32(0.03), torch.tensor(0.1, dtype=torch.float64)]
+    assert wu.check_array_sweep([f"--lr {float(r)}" for r in rates], "0-2", rates, wu.TrainConfig())
+
+
+WRONG_62 = [
+    (LINES, "0-2%0", ["%0", "1 or more"]),
+    (LINES, "0-2%", ["%K takes a whole number"]),
+    (LINES, "0-2%x", ["%K takes a whole number"]),
+    (["--lr {lr}"] * 3, "0-2", ["braces", "f-string"]),
+    (["--lr {learning_rates[0]}", "--lr 0.03", "--lr 0.1"], "0-2", ["f-string"]),
+    (None, "0-2", ["sweep_lines is None"]),
+    ("--lr 0.01", "0-2", ["sweep_lines is text"]),
+    ({"0": "--lr 0.01"}, "0-2", ["sweep_lines is a dict"]),
+    ([0.01, 0.03, 0.1], "0-2", ["line 1 is a float"]),
+    (LINES, None, ["`array` is None"]),
+    (LINES, 2, ["`array` is an int"]),
+    (LINES, [0, 1, 2], ["`array` is a list"]),
+    (LINES, "0..2", ["is not a task list Slurm reads"]),
+    (LINES, "2-0", ["FIRST <= LAST"]),
+    (LINES, "0-2:0", ["a step of 1 or more"]),
+    (LINES, "0-99999999999", ["ids up to 4000000"]),
+    (LINES, "0-3000000", ["starts 3000001 tasks for 3 lines"]),
+    (LINES, " 0-2", ["is not a task list Slurm reads"]),
+    (LINES, "1-3", ["task(s) [3] would find no line in the sweep file"]),
+    (LINES, "0-1", ["line(s) [3] would never train"]),
+    (LINES[:2], "0-1", ["2 line(s) for 3 learning rates"]),
+    (["--lr 0.01"] * 3, "0-2", ["some tasks train the same run twice"]),
+    (["--lr 0.01", "--seed 1", "--lr 0.1"], "0-2", ["line(s) [2] set no --lr"]),
+    (list(reversed(LINES)), "0-2", ["not [0.01, 0.03, 0.1]"]),
+    (["--lr 0.01", "--lr 0.03", "--lr 0.10000001"], "0-2", ["not [0.01, 0.03, 0.1]"]),
+    (["--learning-rate 0.01", "--lr 0.03", "--lr 0.1"], "0-2", ["unrecognized arguments: --learning-rate"]),
+    (["--lr abc", "--lr 0.03", "--lr 0.1"], "0-2", ["'abc' is not a number"]),
+    (["--lr '0.01'", "--lr 0.03", "--lr 0.1"], "0-2", ["is not a number"]),
+    (["--lr 0.01 --model nope", "--lr 0.03", "--lr 0.1"], "0-2", ["invalid choice"]),
+    (["--lr 0.01\n--lr 0.03", "--lr 0.03", "--lr 0.1"], "0-2", ["holds a line break"]),
+]
+
+
+@pytest.mark.parametrize("lines, array, words", WRONG_62, ids=lambda v: repr(v)[:40])
+def test_exercise_62_names_each_wrong_answer_in_one_line(lines, array, words):
+    refused(lambda: wu.check_array_sweep(lines, array, RATES, wu.TrainConfig()), *words)
+
+
+def test_exercise_62_array_tasks_reads_what_slurm_reads():
+    assert se.array_tasks("0-6:2%2") == [0, 2, 4, 6] and se.array_tasks("--array=0,3,1-2") == [0, 1, 2, 3]
+    assert se.array_tasks("0-2%0") is None and se.array_tasks(["0-2"]) is None and se.array_tasks("0-") is None
+
+
+# ---------------------------------------------------------------------- Exercise 6.3
+
+
+def numeric_forms(value):
+    """The types a right answer may come in."""
+    forms = [value, float(value), np.float64(value), np.float32(value), torch.tensor(float(value)),
+             torch.tensor(float(value), dtype=torch.float64), np.array(float(value))]
+    if float(value) == int(value):
+        forms += [int(value), np.int64(value), torch.tensor(int(value)), Fraction(int(value))]
+    return forms
+
+
+@pytest.mark.parametrize("name, value", [(name, form) for name, right in RIGHT_63.items()
+                                         for form in numeric_forms(right)], ids=repr)
+def test_exercise_63_takes_a_right_answer_of_any_numeric_type(name, value, capsys):
+    assert wu.check_job_usage(**{**RIGHT_63, name: value}, usage=REPLAY)
+    assert capsys.readouterr().out.strip() == ("✓ Exercise 6.3: correct (31% of 1 core(s) busy, 2% of the time limit "
+                                               "used; next time ask --time=1 --mem=1100M).")
+
+
+MULTI = {"job": "7", "elapsed_s": 90, "time_limit_s": 600, "cpus": 4, "gpus": 2, "cpu_time_s": 180.0,
+         "max_rss_mib": 1000.0, "source": "sacct"}
+RIGHT_MULTI = dict(cpu_efficiency=0.5, time_share=0.15, gpu_hours=0.05, next_time_limit_s=180, next_memory_mib=1300)
+WRONG_63 = [
+    (dict(cpu_efficiency="0.5"), ["`cpu_efficiency` is text", "the quotes"]),
+    (dict(next_memory_mib="1300"), ["`next_memory_mib` is text"]),
+    (dict(next_time_limit_s="180"), ["`next_time_limit_s` is text"]),
+    (dict(gpu_hours=None), ["`gpu_hours` is None"]),
+    (dict(gpu_hours=[0.05]), ["`gpu_hours` is a list"]),
+    (dict(gpu_hours={"h": 0.05}), ["`gpu_hours` is a dict"]),
+    (dict(time_share=float("nan")), ["`time_share` is nan"]),
+    (dict(time_share=float("inf")), ["`time_share` is inf"]),
+    (dict(time_share=True), ["truth value"]),
+    (dict(time_share=np.bool_(True)), ["truth value"]),
+    (dict(cpu_efficiency=torch.tensor([0.5])), ["of shape (1,)"]),
+    (dict(cpu_efficiency=np.array([0.5, 0.5])), ["of shape (2,)"]),
+    (dict(cpu_efficiency=0.5 + 0j), ["complex"]),
+    (dict(cpu_efficiency=10 ** 400), ["beyond what a float holds"]),
+    (dict(cpu_efficiency=2.0), ["the cores kept busy on average"]),
+    (dict(cpu_efficiency=50.0), ["a percentage"]),
+    (dict(cpu_efficiency=1.5), ["between 0 and 1"]),
+    (dict(cpu_efficiency=-0.5), ["between 0 and 1"]),
+    (dict(time_share=600 / 90), ["upside down"]),
+    (dict(time_share=15.0), ["a percentage"]),
+    (dict(gpu_hours=180.0), ["GPU-seconds"]),
+    (dict(gpu_hours=0.025), ["the job's hours, not its GPU-hours"]),
+    (dict(gpu_hours=3.0), ["GPU-minutes"]),
+    (dict(gpu_hours=-0.05), ["never negative"]),
+    (dict(next_time_limit_s=135), ["not rounded up to whole minutes"]),
+    (dict(next_time_limit_s=900), ["grows the old limit"]),
+    (dict(next_time_limit_s=3), ["minutes: the answer is in seconds"]),
+    (dict(next_time_limit_s=190), ["whole minutes"]),
+    (dict(next_memory_mib=1250), ["not rounded up to whole 100 MiB"]),
+    (dict(next_memory_mib=1000), ["no room to spare"]),
+    (dict(next_memory_mib=1350), ["whole 100 MiB"]),
+]
+
+
+@pytest.mark.parametrize("wrong, words", WRONG_63, ids=lambda v: repr(v)[:40])
+def test_exercise_63_names_each_wrong_answer_in_one_line(wrong, words):
+    refused(lambda: wu.check_job_usage(**{**RIGHT_MULTI, **wrong}, usage=MULTI), *words)
+
+
+# What forgetting a term gives on the one-CPU, no-GPU job the notebook measures: the same numbers as the right
+# formula. The check runs the exercise cell again on a job with several CPUs and GPUs, where they differ.
+CELL_MISTAKES = [
+    ('usage["cpu_time_s"] / (usage["elapsed_s"] * usage["cpus"])', 'usage["cpu_time_s"] / usage["elapsed_s"]',
+     ["your cell, run on another job", "the cores kept busy on average"]),
+    ('usage["elapsed_s"] * usage["gpus"] / 3600', 'usage["elapsed_s"] * usage["gpus"]', ["GPU-seconds"]),
+    ('usage["elapsed_s"] * usage["gpus"] / 3600', "0", ["`gpu_hours` = 0 is not right"]),
+    ('usage["elapsed_s"] * usage["gpus"] / 3600', "0.0 * usage['gpus']", ["`gpu_hours` = 0 is not right"]),
+    ('usage["cpu_time_s"] / (usage["elapsed_s"] * usage["cpus"])', "0.31", ["`cpu_efficiency` = 0.31 is not right"]),
+]
+
+
+@pytest.mark.parametrize("right, wrong, words", CELL_MISTAKES)
+def test_exercise_63_catches_on_another_job_what_the_replayed_one_cannot_show(right, wrong, words):
+    cell = SOLVED_63.replace(right, wrong)
+    answers = {}
+    exec(cell, {"usage": REPLAY}, answers)
+    assert answers["cpu_efficiency"] == pytest.approx(0.31) and answers["gpu_hours"] == 0  # the replay can't tell
+    refused(lambda: wu.check_job_usage(**{n: answers[n] for n in se.ANSWERS}, usage=REPLAY, cell=cell), *words)
+
+
+def test_exercise_63_in_a_notebook_finds_the_exercise_cell_and_runs_it_again(capsys):
+    """In IPython the cells run so far are in ``_ih``: the check finds the one that assigns the five answers."""
+    check = "import workshop_utils as wu\nok = wu.check_job_usage(cpu_efficiency, time_share, gpu_hours, " \
+            "next_time_limit_s, next_memory_mib, usage)"
+    for cell, passes in ((SOLVED_63, True), (SOLVED_63.replace("/ 3600", ""), False)):
+        notebook = {"usage": dict(REPLAY), "_ih": ["", "usage = lesson.usage(first)", cell, check]}
+        exec(cell, notebook)
+        if passes:
+            exec(check, notebook)
+            assert notebook["ok"] and capsys.readouterr().out.startswith("✓ Exercise 6.3: correct (31% of 1 core")
+        else:
+            with pytest.raises(wu.WorkshopError, match="your cell, run on another job.*GPU-seconds"):
+                exec(check, notebook)
+
+
+@pytest.mark.parametrize("cell", [
+    SOLVED_63 + "usage = {}\n",  # sets usage itself: it cannot be run on another job
+    SOLVED_63.replace("import math", "import math\nraise SystemExit"),  # fails when run again
+    "cpu_efficiency = time_share = gpu_hours = next_time_limit_s = next_memory_mib = 1",  # not these answers' cell
+    "this is not python(",
+])
+def test_exercise_63_judges_the_numbers_alone_when_the_cell_cannot_speak_for_them(cell, capsys):
+    answers = {}
+    exec(SOLVED_63, {"usage": REPLAY}, answers)
+    assert wu.check_job_usage(**{n: answers[n] for n in se.ANSWERS}, usage=REPLAY, cell=cell)
+
+
+@pytest.mark.parametrize("usage", [None, [], {"elapsed_s": 10}, {**REPLAY, "cpus": 0}, {**REPLAY, "elapsed_s": "15"}])
+def test_exercise_63_with_a_usage_the_lesson_never_returns_says_so_in_one_line(usage):
+    with pytest.raises(wu.WorkshopError) as caught:
+        wu.check_job_usage(**RIGHT_63, usage=usage)
+    assert len(str(caught.value).splitlines()) == 1 and "lesson.usage(job)" in str(caught.value)
+
+
+# ---------------------------------------------------------------------- the solved notebook passes
+
+
+def solutions() -> dict[str, str]:
+    """Each exercise cell's solved code, from the committed notebook."""
+    cells = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if EXERCISE_TAG in c.metadata.get("tags", [])]
+    return {f"6.{k}": c.source.replace(BEGIN_SOLUTION, "").replace(END_SOLUTION, "") for k, c in
+            enumerate(cells, start=1)}
+
+
+def recorded_lines() -> list[str]:
+    recorded = json.loads((REPO / "tests" / "nbval" / "06_slurm_deployment.json").read_text())["cells"]
+    return [output["text"].strip() for outputs in recorded.values() for output in outputs]
+
+
+def test_the_notebooks_own_answers_pass_with_the_lines_nbval_recorded(capsys):
+    found, replay = solutions(), json.loads((REPO / "results" / "reference" / "slurm" / "steps.json").read_text())
+    scope = {}
+    for key in ("6.1", "6.2"):
+        exec(found[key], scope)
+    usage, answers = replay["steps"][-1]["value"], {}
+    exec(found["6.3"], {"usage": usage}, answers)
+    assert wu.check_job_script(scope["answers"])
+    assert wu.check_array_sweep(scope["sweep_lines"], scope["array"], scope["learning_rates"], wu.TrainConfig())
+    assert wu.check_job_usage(**{n: answers[n] for n in se.ANSWERS}, usage=usage, cell=found["6.3"])
+    assert capsys.readouterr().out.strip().splitlines() == recorded_lines()
+
+
+# ---------------------------------------------------------------------- no traceback, whatever the answer
+
+leaves = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text()
+          | st.binary(max_size=8) | st.just(...) | st.complex_numbers(allow_nan=True)
+          | st.text(alphabet="0123456789-:@BRSIGUSR$(){}\"'`|;&\n%,. #=\\", max_size=30))
+anything = st.recursive(leaves, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                        | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=10)
+
+
+def one_line_or_a_verdict(call) -> None:
+    """A check's answer to anything: True, False (not yet solved), or the kit's one-line refusal."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            result = call()
+    except wu.WorkshopError as err:
+        message = str(err)
+        assert len(message.splitlines()) == 1 and "\u2028" not in message, message
+        assert "the check itself failed" not in message, message
+        return
+    assert result in (True, False) and len(out.getvalue().strip().splitlines()) == 1, out.getvalue()
+
+
+@FUZZ
+@given(gap=st.sampled_from(se.GAPS), value=anything)
+def test_exercise_61_answers_anything_given_for_a_gap_in_one_line(gap, value):
+    one_line_or_a_verdict(lambda: wu.check_job_script({**SOLVED, gap: value}))
+
+
+@FUZZ
+@given(answer=anything)
+def test_exercise_61_answers_any_answer_in_one_line(answer):
+    one_line_or_a_verdict(lambda: wu.check_job_script(answer))
+
+
+@FUZZ
+@given(at=st.integers(0, 2000), cut=st.integers(0, 40),
+       insert=st.text(max_size=20) | st.sampled_from(["$(", "`", "\"", "'", "${", "$((", "<<EOF\n", "\\\n", "#SBATCH ",
+                                                       "--nproc-per-node=", "srun ", "torchrun ", "&", "|", "\n"]))
+def test_exercise_61_answers_any_edit_of_the_script_in_one_line(at, cut, insert):
+    text = script()
+    at = at % (len(text) + 1)
+    one_line_or_a_verdict(lambda: wu.check_job_script(text[:at] + insert + text[at + cut:]))
+
+
+@FUZZ
+@given(lines=anything | st.lists(st.text(max_size=30), max_size=5), array=anything)
+def test_exercise_62_answers_anything_in_one_line(lines, array):
+    one_line_or_a_verdict(lambda: wu.check_array_sweep(lines, array, RATES, wu.TrainConfig()))
+
+
+@FUZZ
+@given(name=st.sampled_from(se.ANSWERS), value=anything, usage=st.sampled_from([REPLAY, MULTI]))
+def test_exercise_63_answers_anything_in_one_line(name, value, usage):
+    one_line_or_a_verdict(lambda: wu.check_job_usage(**{**RIGHT_MULTI, name: value}, usage=usage))
+
+
+@FUZZ
+@given(cell=st.text(max_size=60) | st.sampled_from([SOLVED_63, SOLVED_63 + "usage = 1", "1/0", "exit()",
+                                                    "cpu_efficiency = 'x'"]))
+def test_exercise_63_answers_any_exercise_cell_in_one_line(cell):
+    one_line_or_a_verdict(lambda: wu.check_job_usage(**RIGHT_63, usage=REPLAY, cell=cell))
