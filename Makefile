@@ -4,7 +4,7 @@
 #   make test-fast  the edit-test loop, under 90 s: unit tests only, no notebook, torchrun, Slurm or slides
 #   make test-loaded  the notebook tier with every core busy with other work beside it (a busy CI runner)
 #   make slides     builds the instructor's decks (HTML and PDF) from the newest run folder
-# Compute nodes without internet (README, "Offline install"):
+# Compute nodes without internet (docs/offline-install.md):
 #   make wheelhouse PY_VERSION=3.12   on a login node: every wheel the kit needs, into wheelhouse/
 #   make install-offline              on the node: .venv from wheelhouse/ alone; then make run / make test
 #   make gpu-check                    on a GPU node: every GPU-only path once, in at most 5 minutes
@@ -12,7 +12,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# The kernel the notebooks name (their kernelspec), also what the README registers on a portal.
+# The kernel the notebooks name (their kernelspec), also what docs/portal.md registers on a portal.
 KERNEL := hpc-dl-workshop
 
 .PHONY: run test test-fast test-loaded slides install clean-venv wheelhouse install-offline
@@ -118,7 +118,7 @@ wheelhouse:
 # Never reaches for the network: pip sees only $(WHEELHOUSE). The checkout is installed editable, as
 # make install does, so the main job, the notebooks' kernels and the tests all run the same code.
 install-offline:
-	@test -d $(WHEELHOUSE) || { echo "error: no wheel folder $(WHEELHOUSE)/. Fix: run make wheelhouse on a login node first (README, Offline install)." >&2; exit 2; }
+	@test -d $(WHEELHOUSE) || { echo "error: no wheel folder $(WHEELHOUSE)/. Fix: run make wheelhouse on a login node first (docs/offline-install.md)." >&2; exit 2; }
 	$(PYTHON) -m venv $(if $(filter yes,$(SYSTEM_SITE_PACKAGES)),--system-site-packages) $(VENV)
 	@# An image whose python3 is itself a virtual environment (PyTorch in /opt/<x>/.venv) keeps its packages
 	@# there, which --system-site-packages does not reach: a .pth file in the new environment names them.

@@ -1,7 +1,7 @@
 """``python -m workshop_utils.reference RUN_DIR``: keep a main-job run as the reference results.
 
 The slides fall back on ``results/reference/`` for every section no newer run folder holds, and the
-README's measurements page is read from it. Copied by hand, the reference fell 65 commits behind the
+its RUN.md is the measurements page. Copied by hand, the reference fell 65 commits behind the
 notebooks; this command re-records it from one complete run of the main job (``make run``):
 
     python -m workshop_utils.reference runs/<stamp>
