@@ -14,7 +14,7 @@ import torch
 import workshop_utils as wu
 from workshop_utils import gpu_check
 from workshop_utils.gpu_check import PATHS, Context, Failed, GpuPath, Skip, run_paths, summary_line
-from workshop_utils.spine import trainer
+from workshop_utils.spine import losses, trainer
 from workshop_utils.system.errors import WorkshopError
 from workshop_utils.system.hardware import peak_tflops
 
@@ -172,18 +172,18 @@ def test_a_token_model_evaluates_within_the_logits_budget():
     """Audit item 2: GPT-2 small's 512-sequence evaluation batch took about 174 GiB in one forward pass."""
     big = wu.build_gpt("tiny")
     big.size = wu.GPT_SIZES["gpt2-small"]  # only the vocabulary is read
-    rows = trainer.evaluation_chunks(big, torch.zeros(512, 1024, dtype=torch.long))
-    assert rows * 1024 * 50304 <= trainer.EVAL_LOGITS_BUDGET and rows >= 1
-    assert trainer.evaluation_chunks(wu.build_model("simplecnn"), torch.zeros(512, 3, 32, 32)) == 512
+    rows = losses.evaluation_chunks(big, torch.zeros(512, 1024, dtype=torch.long))
+    assert rows * 1024 * 50304 <= losses.EVAL_LOGITS_BUDGET and rows >= 1
+    assert losses.evaluation_chunks(wu.build_model("simplecnn"), torch.zeros(512, 3, 32, 32)) == 512
 
 
 def test_chunked_evaluation_gives_the_unchunked_result(monkeypatch, corpus, one_thread):
     model = wu.build_gpt("tiny").eval()
     loader = wu.make_token_loader("device", corpus.val_tokens, 64, 16, torch.device("cpu"), train=False,
                                   limit=16)
-    whole = trainer.evaluate(model, loader, torch.device("cpu"), "fp32")
-    monkeypatch.setattr(trainer, "EVAL_LOGITS_BUDGET", 64 * 256 * 3)  # three sequences a forward pass
-    chunked = trainer.evaluate(model, loader, torch.device("cpu"), "fp32")
+    whole = losses.evaluate(model, loader, torch.device("cpu"), "fp32")
+    monkeypatch.setattr(losses, "EVAL_LOGITS_BUDGET", 64 * 256 * 3)  # three sequences a forward pass
+    chunked = losses.evaluate(model, loader, torch.device("cpu"), "fp32")
     assert chunked[0] == pytest.approx(whole[0], rel=1e-6) and chunked[1] == whole[1]
 
 
@@ -194,7 +194,7 @@ def test_the_gpt_computes_its_loss_inside_its_forward_pass(monkeypatch, corpus, 
     targets = torch.randint(0, 256, (2, 32))
     loss, correct = model(tokens, targets)
     logits = model(tokens)
-    assert loss.item() == pytest.approx(trainer.predictions_loss(logits, targets).item(), rel=1e-6)
+    assert loss.item() == pytest.approx(losses.predictions_loss(logits, targets).item(), rel=1e-6)
     assert correct.item() == (logits.argmax(-1) == targets).sum().item()
     calls = []
     original = wu.GPT.forward

@@ -502,7 +502,7 @@ def check_ddp_lab(ctx: Context) -> str:
     return "the DDP lab's solution judged on 2 GPUs over NCCL"
 
 
-_TRAIN = ("spine.trainer:_train", "spine.trainer:_to_host_async", "spine.trainer:evaluate",
+_TRAIN = ("spine.trainer:TrainingRun", "spine.trainer:_to_host_async", "spine.losses:evaluate",
           "spine.precision:configure_precision", "spine.precision:autocast", "spine.precision:grad_scaler",
           "spine.checkpoint:rng_state", "system.hardware:check_precision", "system.hardware:device_name",
           "system.hardware:pick_device", "spine.distributed:setup_distributed", "spine.distributed:rank_device",
@@ -531,7 +531,7 @@ PATHS: tuple[GpuPath, ...] = (
             ("spine.data:DeviceLoader", "spine.data:build_dataloader", "spine.text:TokenDeviceLoader",
              "spine.text:make_token_loader"), check_loaders, least_s=10),
     GpuPath("gpt-evaluation", "the GPT's evaluation in chunks, its peak apart from training's",
-            ("spine.trainer:evaluation_chunks",), check_evaluation_memory, least_s=10),
+            ("spine.losses:evaluation_chunks",), check_evaluation_memory, least_s=10),
     GpuPath("checkpoint-resume", "a checkpoint written on the GPU and resumed: the same weights as uninterrupted",
             ("spine.checkpoint:rng_state", "spine.checkpoint:set_rng_state", "spine.trainer:deterministic_kernels"),
             check_checkpoint_resume, least_s=10),
@@ -543,7 +543,7 @@ PATHS: tuple[GpuPath, ...] = (
     GpuPath("profiler-cuda-nvtx", "torch.profiler with CUDA activity; the step phases as NVTX ranges",
             ("lessons.profiling:profile_training", "lessons.profiling:top_ops", "lessons.profiling:step_breakdown",
              "lessons.profiling:nsys_missing", "spine.timing:phase_ranges"), check_profiler, least_s=10),
-    GpuPath("torch-compile", "torch.compile of the GPT", ("spine.trainer:_train",), check_compile, least_s=30),
+    GpuPath("torch-compile", "torch.compile of the GPT", ("spine.trainer:TrainingRun",), check_compile, least_s=30),
     GpuPath("cuda-graphs", "the ladder's CUDA-graphs rung (compile mode reduce-overhead), replays counted",
             ("lessons.sweeps:ladder_rungs", "lessons.profiling:profile_rungs"), check_cuda_graphs, least_s=30),
     GpuPath("gpt-throughput", "benchmarks/gpt_throughput.py: GPT-2 small, sequence 1024, bf16, compiled: "
