@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import torch.distributed as dist
 import pytest
 
 import workshop_utils as wu
@@ -92,6 +93,19 @@ def test_the_checker_asks_for_the_command_while_it_is_the_placeholder(tmp_path, 
     assert "`lab_command` is still the placeholder" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command, message", [
+    (None, "`lab_command` is None"),
+    (42, "cannot be read as a command line"),
+    ("", "the command is empty"),
+])
+def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, command, message):
+    """None is no launch line: only leaving `command` out lets the checker write the torchrun line itself."""
+    script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
+    with pytest.raises(NotYet, match=message):
+        wu.check_ddp_lab(script, tmp_path, command=command)
+    assert not list(tmp_path.glob("check*")), "nothing was launched"
+
+
 @pytest.mark.parametrize("command, launcher", [
     ("torchrun --nproc-per-node=2 {s}", "torchrun"),
     ("!torchrun --nproc_per_node 2 {s} --epochs 2", "torchrun"),
@@ -152,7 +166,12 @@ def test_the_64_gpu_efficiency_passes_when_right_and_names_each_mistake(step_s, 
         "percentage": 100 * right,
         "2\\(p-1\\) steps": by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps, steps=63),
         "microseconds": by_hand(step_s, grad_bytes, 64, ib.latency_us * 1e6, ib.bandwidth_gbps),
+        # Both leave an efficiency near 0, equal to many digits; the communication times they imply are not.
+        "latency went in as seconds": by_hand(step_s, grad_bytes, 64, ib.latency_us * 1e6, ib.bandwidth_gbps),
+        "bandwidth went in as bytes per second": by_hand(step_s, grad_bytes, 64, ib.latency_us,
+                                                         ib.bandwidth_gbps / 1e9),
         "is not right": right * 0.5,
+        "between 0 and 1": 1.5,
     }
     for name, value in mistakes.items():
         with pytest.raises(NotYet, match=name):
@@ -187,13 +206,33 @@ def untouched_gradients(model):
     return model
 
 
-def failing_on_rank_1(model):
+def divided_by_two(model):
     import torch.distributed as dist
 
-    if dist.get_rank() == 1:
-        raise ValueError("no gradient on rank 1")
     for p in model.parameters():
         dist.all_reduce(p.grad)
+        p.grad /= 2  # the lab's world size, typed in
+
+
+def with_a_typo(model):
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world_size  # noqa: F821 - the mistake under test
+
+
+def only_rank_0_reduces(model):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+
+
+# A lambda that averages with ReduceOp.AVG, which gloo runs too: a right answer in another form.
+averaged_in_a_lambda = lambda model: [dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)  # noqa: E731
+                                      for p in model.parameters()]
 
 
 def placeholder_gradients(model):
@@ -205,24 +244,37 @@ def test_the_placeholder_function_is_named_before_any_launch(tmp_path, capsys):
     assert "not yet solved: `average_gradients` still has only `...` in its body" in capsys.readouterr().out
     assert wu.check_average_gradients(..., tmp_path) is False
     assert "still the placeholder" in capsys.readouterr().out
+    assert wu.check_average_gradients(lambda model: ..., tmp_path) is False
+    assert "only `...`" in capsys.readouterr().out
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("function", [print, 42], ids=["builtin", "number"])
+def test_what_has_no_source_is_named_before_any_launch(tmp_path, function):
+    with pytest.raises(NotYet, match="not a function|cannot be read"):
+        wu.check_average_gradients(function, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # three ranks under torchrun each: about 10 s on a busy 2-core machine
 @pytest.mark.parametrize("function, message", [
     (average_gradients, None),
-    (summed_gradients, "sum over the 2 ranks"),
-    (untouched_gradients, "no dist.all_reduce call"),
-    (failing_on_rank_1, r"failed on the ranks: rank 1 failed first: ValueError: no gradient on rank 1 \(then rank 0 "),
-])
-def test_gradients_averaged_by_hand_are_compared_with_ddp(tmp_path, capsys, function, message):
+    (averaged_in_a_lambda, None),
+    (divided_by_two, "the sum divided by 2, but 3 ranks ran"),
+    (summed_gradients, "sum over the 3 ranks"),
+    (with_a_typo, r"your function raised NameError: name 'world_size' is not defined on rank \d on line \d+ "
+                  r"\(`p.grad /= world_size"),
+    (only_rank_0_reduces, r"different collective calls \(rank 0: 1 all_reduce; ranks 1, 2: none\)"),
+], ids=["solution", "lambda-avg", "divided-by-2", "sum", "name-error", "rank-0-only"])
+def test_gradients_averaged_by_hand_are_compared_with_ddp_on_three_ranks(tmp_path, capsys, function, message):
     if message is None:
         result = wu.check_average_gradients(function, tmp_path)
         assert result["max_difference"] <= 1e-6 and result["calls"] == 4
-        assert "✓ Exercise 2.1: correct" in capsys.readouterr().out
+        assert "✓ Exercise 2.1: correct (equal to DDP's on all 3 ranks" in capsys.readouterr().out
     else:
-        with pytest.raises(NotYet, match=message):
+        with pytest.raises(NotYet, match=message) as caught:
             wu.check_average_gradients(function, tmp_path)
+        assert "\n" not in str(caught.value) and "ReduceOp.AVG" not in str(caught.value)
 
 
 # ---------------------------------------------------------------- the scripts under torchrun
@@ -258,6 +310,10 @@ MISTAKES = {
                         "rank 1 logged too"),
     "a made-up throughput": ("{seen * world_size / elapsed:.0f} samples/s", "{1e9:.0f} samples/s",
                              "far from what the ranks drew"),
+    "one rank's throughput": ("{seen * world_size / elapsed:.0f} samples/s", "{seen / elapsed:.0f} samples/s",
+                              "is one rank's: the 2 ranks together drew"),
+    "a throughput 4x too high": ("{seen * world_size / elapsed:.0f} samples/s",
+                                 "{4 * seen * world_size / elapsed:.0f} samples/s", "far from what the ranks drew"),
     "no destroy_process_group": ("    dist.destroy_process_group()\n", "", "process group still open"),
     "a crash on rank 1": ("    dataset = synthetic_cifar(args.samples)\n",
                           "    dataset = synthetic_cifar(args.samples)\n"

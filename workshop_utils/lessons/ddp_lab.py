@@ -14,12 +14,13 @@ whether the process group was still open, and each rank's output. A script that 
 right lines but trains differently is judged by what it did. Each common mistake gets its own
 line: launched with ``python`` (no WORLD_SIZE), every rank on the same samples, no
 ``set_epoch`` (the same order every epoch), no DDP wrap (parameters differ between ranks),
-every rank saving, every rank logging, no throughput line, the process group left open, a
-hang, a crash (its last lines shown).
+every rank saving, every rank logging, no throughput line, one rank's throughput (or any other
+far from what the ranks drew), the process group left open, a hang, a crash (its last lines shown).
 
 The other exercises: ``check_average_gradients`` (gradients averaged by hand with
-``torch.distributed``, compared with DDP's under torchrun) and ``check_ddp_efficiency`` (the
-weak-scaling efficiency at 64 GPUs from the ring all-reduce model).
+``torch.distributed``, compared with DDP's under torchrun on three ranks, so that a world size
+typed in as 2 fails) and ``check_ddp_efficiency`` (the weak-scaling efficiency at 64 GPUs from
+the ring all-reduce model).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ import shlex
 import sys
 import textwrap
 import time
+import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .exercises import (NotYet, Unsolved, answered_number, attendee_source, exercise_check, passed, require,
-                        require_answered)
+from .exercise_checks import checked, number, short, verdict
+from .exercises import NotYet, Unsolved, attendee_source, passed, require, require_answered
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
 from ..parallel.failures import MISMATCHED_COLLECTIVE_FIX, record_failure, record_failures, root_cause
 from ..parallel.launch import cpu_threads_per_process, free_port, stream, torchrun_command
@@ -205,7 +208,10 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
             self._lab_probe_entry = {"dataset": id(self._dataset), "indices": []}
             record["epochs"].append(self._lab_probe_entry)
         self._lab_probe_entry["indices"].extend(index if isinstance(index, list) else [index])
-        record["first_draw"] = record["first_draw"] or time.time()
+        now = time.time()
+        record["first_draw"] = record["first_draw"] or now
+        entry = self._lab_probe_entry  # when this loader's batches were drawn: the throughput's clock
+        entry["first"], entry["last"], entry["draws"] = entry.get("first") or now, now, entry.get("draws", 0) + 1
         return index
 
     def ddp_init(self, module, *a, _original=DistributedDataParallel.__init__, **k):
@@ -422,6 +428,58 @@ def _state_dict(obj):
     return None
 
 
+# The reported throughput must be within this factor of what the probe saw: one rank's rate (1/nproc of the
+# job's, at most 1/2) and any rate counted twice (at least 2x) lie outside it, the right one within a few percent.
+THROUGHPUT_TOLERANCE = 1.4
+
+
+def _training_entries(record: dict) -> list[dict]:
+    """The probe's entries (one per epoch) of the loader that drew the most samples, in order."""
+    by_dataset: dict[int, list[dict]] = {}
+    for entry in record["epochs"]:
+        by_dataset.setdefault(entry["dataset"], []).append(entry)
+    return max(by_dataset.values(), key=lambda entries: sum(len(e["indices"]) for e in entries), default=[])
+
+
+def _measured_throughput(records: list[dict]) -> tuple[float, float]:
+    """(at least, at most): samples per second of the whole job over its training loop, as the probe saw it.
+
+    At most: the training loader's samples from its first draw to about one step after its last (each
+    draw starts a step; a loader with workers draws a few batches ahead, which makes this an upper bound).
+    At least: the same samples from the first draw to the end of the script, which adds what runs after
+    the loop (the checkpoint, the process group's end).
+    """
+    entries = [_training_entries(r) for r in records]
+    drawn = sum(len(e["indices"]) for mine in entries for e in mine)
+    first = min(r["first_draw"] for r in records if r["first_draw"])
+    at_least = drawn / max(1e-9, max(r["end"] for r in records) - first)
+    timed = [mine for mine in entries if mine and all("last" in e for e in mine)]
+    draws = min((sum(e["draws"] for e in mine) for mine in timed), default=0)
+    if len(timed) < len(entries) or draws < 2:
+        return at_least, at_least
+    start = min(mine[0]["first"] for mine in timed)
+    span = (max(mine[-1]["last"] for mine in timed) - start) * draws / (draws - 1)
+    return at_least, max(at_least, drawn / max(1e-9, span))
+
+
+def _judge_throughput(reported: float, measured: tuple[float, float], nproc: int, exercise: str) -> None:
+    """The throughput line (step 7) is the whole job's rate: every rank's samples over the loop's time."""
+    low, high = measured
+
+    def near(rate: float) -> bool:
+        return low / THROUGHPUT_TOLERANCE <= rate <= high * THROUGHPUT_TOLERANCE
+
+    if near(reported):
+        return
+    require(not near(reported * nproc), exercise,
+            f"the reported throughput, {reported:.0f} samples/s, is one rank's: the {nproc} ranks together drew "
+            f"about {high:.0f} samples/s.",
+            "count every rank's samples: seen * world_size / elapsed (step 7).")
+    raise NotYet(f"✗ {exercise}: the reported throughput, {reported:.0f} samples/s, is far from what the ranks drew: "
+                 f"{reported / high:.2g}x their about {high:.0f} samples/s.",
+                 "count every rank's samples once, over the training loop's time: seen * world_size / elapsed.")
+
+
 def _judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exercise: str) -> dict:
     """Every verification of a finished run, in the order an attendee meets the mistakes."""
     import torch
@@ -512,14 +570,9 @@ def _judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exe
     reported = reported_throughput(outputs[0].splitlines())
     require(reported is not None, exercise, "rank 0 printed no throughput.",
             "print e.g. f\"throughput: {seen * world_size / elapsed:.0f} samples/s\" on rank 0 (step 7).")
-    starts = [r["first_draw"] for r in records if r["first_draw"]]
-    drawn = sum(len(i) for e in epochs for i in e)
-    measured = drawn / max(1e-9, max(r["end"] for r in records) - min(starts))
-    require(measured / 5 <= reported <= 5 * measured, exercise,
-            f"the reported throughput, {reported:.0f} samples/s, is far from what the ranks drew: "
-            f"about {measured:.0f} samples/s.",
-            "count every rank's samples over the training loop's time: seen * world_size / elapsed.")
-    facts["reported"], facts["measured"] = reported, measured
+    measured = _measured_throughput(records)
+    _judge_throughput(reported, measured, nproc, exercise)
+    facts["reported"], facts["measured"] = reported, measured[1]
 
     # The end: the process group closed.
     open_ranks = [str(r["rank"]) for r in records if not r["torn_down"]]
@@ -528,15 +581,27 @@ def _judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exe
     return facts
 
 
-@exercise_check
-def check_ddp_lab(script, workdir, nproc: int = 2, command=None, timeout_s: float = 240, echo: bool = True,
+class _LaunchHere:
+    """``check_ddp_lab``'s default command: the checker writes the torchrun line itself (tests, the GPU check)."""
+
+    def __repr__(self) -> str:
+        return "LAUNCH_HERE"
+
+
+LAUNCH_HERE = _LaunchHere()
+
+
+@checked
+def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_s: float = 240, echo: bool = True,
                   args=(), exercise: str = LAB_EXERCISE) -> LabRun:
     """Run the attendee's DDP script on ``nproc`` processes under the probe; pass, or ``NotYet`` naming the mistake.
 
-    ``command`` is the launch line the attendee wrote ("torchrun --nproc-per-node=2 my_train_ddp.py");
-    None launches torchrun here. The checker appends ``--out-dir`` (a fresh folder under
-    ``workdir``) to the script's arguments, and ``args`` before it. NCCL ranks when this machine
-    has ``nproc`` GPUs, else gloo ranks that see no GPU.
+    ``command`` is the launch line the attendee wrote ("torchrun --nproc-per-node=2 my_train_ddp.py"), a
+    string or a list of words; left out (``LAUNCH_HERE``), the checker launches torchrun itself. The
+    checker appends ``--out-dir`` (a fresh folder under ``workdir``) to the script's arguments, and
+    ``args`` before it. NCCL ranks when this machine has ``nproc`` GPUs, else gloo ranks that see no GPU.
+    The throughput the script reports must be the whole job's, within ``THROUGHPUT_TOLERANCE`` of what
+    the probe saw the ranks draw.
     """
     script = Path(script)
     require(script.exists(), exercise, f"{script} does not exist.", "run the cell that writes your copy first.")
@@ -546,20 +611,24 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=None, timeout_s: floa
                        f"{', '.join(map(str, gaps))}.", "replace each `...` under '# YOUR CODE HERE' with your code.")
     require_answered(command, exercise, "`lab_command` is still the placeholder `...`.",
                      f"write the launch line: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
-    if command is not None:
+    require(command is not None, exercise, "`lab_command` is None.",
+            f"write the launch line as a string: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+    launch_here = command is LAUNCH_HERE
+    if not launch_here:
         lab_command(command, script, nproc, Path("probe"), [], exercise)  # a wrong line fails before any folder
     folder = fresh_folder(workdir, "check")
     probe, out_dir = folder, folder / "out"
     extra = [*map(str, args), "--out-dir", str(out_dir)]
     device = lab_device(nproc)
-    if command is None:
+    if launch_here:
         argv = torchrun_command(PROBE_MODULE, ["--probe", str(probe), str(script.resolve()), *extra], nproc,
                                 port=free_port(), log_dir=probe / TORCHRUN_LOGS)
     else:
         argv, _ = lab_command(command, script, nproc, probe, extra, exercise)
     if echo:
-        given = command if isinstance(command, str) or command is None else shlex.join(map(str, command))
-        print(f"$ {given or f'torchrun --nproc-per-node={nproc} {script}'} {shlex.join(extra)}"
+        given = (f"torchrun --nproc-per-node={nproc} {script}" if launch_here
+                 else command if isinstance(command, str) else shlex.join(map(str, command)))
+        print(f"$ {given} {shlex.join(extra)}"
               "   (under the checker's probe)", flush=True)
     started = time.perf_counter()
     try:
@@ -591,18 +660,105 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=None, timeout_s: floa
 
 # ---------------------------------------------------------------- gradients averaged by hand
 
+# What a rank's side of check_average_gradients watches: every collective the attendee's function starts.
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier")
+GRADIENTS_WAIT_S = 60  # how long a rank that finished waits for the others to finish the function too
+
 
 def _placeholder_body(source: str) -> bool:
-    """True when a function's body is only ``...`` (after a docstring and comments)."""
-    function = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    """True when a function's body (or a lambda's) is only ``...`` (after a docstring and comments)."""
+    tree = ast.parse(source)
+    function = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
+                    None)
+    if function is None:
+        return False
+    if isinstance(function, ast.Lambda):
+        return isinstance(function.body, ast.Constant) and function.body.value is Ellipsis
     body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
                                              and isinstance(s.value.value, str))]
     return all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and s.value.value is Ellipsis
                for s in body)
 
 
+def _function_source(function, exercise: str) -> tuple[str, str]:
+    """(the source the ranks run, the name it defines): a ``def`` as written, a lambda as ``name = lambda ...``.
+
+    Padded with blank lines so that its line numbers are those of the attendee's cell.
+    """
+    hint = "define it with def average_gradients(model): ... in a notebook cell, and run that cell."
+    try:
+        lines, first = inspect.getsourcelines(function)
+    except (OSError, TypeError):
+        raise NotYet(f"✗ {exercise}: the source of `average_gradients` cannot be read: the check sends it to the "
+                     "ranks.", hint) from None
+    source = textwrap.dedent("".join(lines))
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        raise NotYet(f"✗ {exercise}: the source of `average_gradients` cannot be read on its own.", hint) from None
+    padding = "\n" * max(0, first - 1)
+    if function.__name__ != "<lambda>":
+        return padding + source, function.__name__
+    lambdas = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
+    require(len(lambdas) == 1, exercise, "`average_gradients` is a lambda on a line with other lambdas.", hint)
+    segment = ast.get_source_segment(source, lambdas[0])
+    name = "average_gradients_lambda"
+    return padding + "\n" * (lambdas[0].lineno - 1) + f"{name} = {segment}\n", name
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Write ``data`` where another process may read it at any moment: whole, or not at all."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
+def _started_calls(folder: Path, rank: int) -> list[str]:
+    path = folder / f"rank{rank}.calls"
+    return path.read_text().split() if path.exists() else []
+
+
+def _stopped(path: Path) -> bool:
+    """A rank's record says it left without a comparison (an error in the function, or the ranks' calls differ)."""
+    if not path.exists():
+        return False
+    record = json.loads(path.read_text())
+    return bool(record.get("error") or record.get("stopped"))
+
+
+def _wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str]) -> str | None:
+    """After this rank's function returned: None once every rank's did with the same calls, else why not.
+
+    Before DDP's reference runs its own all-reduces, every rank must be done with the attendee's: a
+    collective only some ranks started would otherwise pair with DDP's, and abort the run or corrupt it.
+    A rank still inside a collective that this rank will never call ("mismatch") is told apart from a
+    rank that has not got there yet by the calls it started.
+    """
+    deadline = time.time() + GRADIENTS_WAIT_S
+    while True:
+        done = {r: json.loads((folder / f"rank{r}.done").read_text()) for r in range(world_size)
+                if (folder / f"rank{r}.done").exists()}
+        if len(done) == world_size:
+            return None if all(d["calls"] == mine for d in done.values()) else "mismatch"
+        if any(_stopped(folder / f"rank{r}.json") for r in range(world_size) if r != rank):
+            return "peer failed"
+        waiting = [r for r in range(world_size) if r not in done]
+        if any(len(_started_calls(folder, r)) > len(mine) for r in waiting):
+            return "mismatch"
+        if time.time() > deadline:
+            return "timeout"
+        time.sleep(0.02)
+
+
 def _gradients(source_file: str, name: str, folder: str) -> None:
-    """One rank's side of ``check_average_gradients``: the attendee's average against DDP's, same model and batch."""
+    """One rank's side of ``check_average_gradients``: the attendee's average against DDP's, same model and batch.
+
+    Writes ``rank<r>.json``: the comparison, or the attendee's error (with its line), or why the ranks
+    could not be compared (their collective calls differ, a rank never finished). Each collective the
+    function starts is logged to ``rank<r>.calls`` first, so that a hang or an abort still shows who
+    called what.
+    """
     import copy
 
     import torch
@@ -612,82 +768,159 @@ def _gradients(source_file: str, name: str, folder: str) -> None:
 
     from ..spine.distributed import setup_distributed, teardown_distributed
 
+    folder = Path(folder)
     info, device = setup_distributed()
-    try:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-        reference = DistributedDataParallel(copy.deepcopy(model), device_ids=[device.index] if device.type == "cuda"
-                                            else None)
-        generator = torch.Generator().manual_seed(100 + info.rank)  # every rank its own batch
-        x = torch.randn(16, 64, generator=generator).to(device)
-        y = torch.randint(0, 10, (16,), generator=generator).to(device)
+    rank, world_size = info.rank, info.world_size
+    result = {"rank": rank, "world_size": world_size}
 
-        nn.functional.cross_entropy(model(x), y).backward()
-        own = [p.grad.clone() for p in model.parameters()]
+    def stop(**why) -> None:  # leave at once: a peer may be stuck in a collective, so no teardown
+        _write_json(folder / f"rank{rank}.json", {**result, **why, "time": time.time()})
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
+    reference = DistributedDataParallel(copy.deepcopy(model), device_ids=[device.index] if device.type == "cuda"
+                                        else None)
+    generator = torch.Generator().manual_seed(100 + rank)  # every rank its own batch
+    x = torch.randn(16, 64, generator=generator).to(device)
+    y = torch.randint(0, 10, (16,), generator=generator).to(device)
+    nn.functional.cross_entropy(model(x), y).backward()
+    own = [p.grad.clone() for p in model.parameters()]
+
+    started: list[str] = []
+    originals = {op: getattr(dist, op) for op in COLLECTIVES if hasattr(dist, op)}
+
+    def watched(op, original):
+        def call(*args, **kwargs):
+            started.append(op)
+            with open(folder / f"rank{rank}.calls", "a") as log:
+                log.write(op + "\n")
+            return original(*args, **kwargs)
+        return call
+
+    for op, original in originals.items():
+        setattr(dist, op, watched(op, original))
+    try:
         namespace = {"torch": torch, "dist": dist, "nn": nn, "__name__": "attendee"}
         exec(compile(Path(source_file).read_text(), source_file, "exec"), namespace)  # noqa: S102 - their cell
-        calls = [0]
-        all_reduce = dist.all_reduce
-
-        def counted(*a, **k):
-            calls[0] += 1
-            return all_reduce(*a, **k)
-
-        dist.all_reduce = counted
-        try:
-            namespace[name](model)
-        finally:
-            dist.all_reduce = all_reduce
-        mine = [p.grad for p in model.parameters()]
-
-        nn.functional.cross_entropy(reference(x), y).backward()
-        ddp = [p.grad for p in reference.parameters()]
-        try:  # how many all-reduces DDP itself made: its buckets (a private report of PyTorch's; may vanish)
-            buckets = len(str(reference._get_ddp_logging_data()["bucket_sizes"]).split(","))
-        except Exception:  # noqa: BLE001
-            buckets = None
-
-        def gap(a, b):
-            if any(t is None for t in a):
-                return math.inf
-            return max(float((s - t).abs().max()) for s, t in zip(a, b))
-
-        scale = max(float(t.abs().max()) for t in ddp)
-        result = {"rank": info.rank, "world_size": info.world_size, "calls": calls[0], "ddp_buckets": buckets,
-                  "scale": scale, "to_ddp": gap(mine, ddp), "to_own": gap(mine, own),
-                  "to_sum": gap(mine, [t * info.world_size for t in ddp]),
-                  "grad_bytes": sum(4 * t.numel() for t in ddp)}
+        namespace[name](model)
+    except Exception as err:  # noqa: BLE001 - the attendee's code: their line and the error, for the checker
+        theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]
+        stop(error=f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__,
+             error_type=type(err).__name__, line=theirs[-1].lineno if theirs else None,
+             code=(theirs[-1].line or "").strip() if theirs else None, calls=started)
     finally:
-        teardown_distributed()
-    (Path(folder) / f"rank{info.rank}.json").write_text(json.dumps(result))
+        for op, original in originals.items():
+            setattr(dist, op, original)
+    mine = [p.grad for p in model.parameters()]
+    _write_json(folder / f"rank{rank}.done", {"calls": started})
+    why = _wait_for_ranks(folder, rank, world_size, started)
+    if why:
+        stop(stopped=why, calls=started)
+
+    nn.functional.cross_entropy(reference(x), y).backward()
+    ddp = [p.grad for p in reference.parameters()]
+    try:  # how many all-reduces DDP itself made: its buckets (a private report of PyTorch's; may vanish)
+        buckets = len(str(reference._get_ddp_logging_data()["bucket_sizes"]).split(","))
+    except Exception:  # noqa: BLE001
+        buckets = None
+
+    def gap(a, b):
+        if any(t is None or t.shape != s.shape for t, s in zip(a, b)):
+            return math.inf
+        return max(float((s.float() - t.float()).abs().max()) for s, t in zip(a, b))
+
+    ratio = residual = None
+    if all(t is not None and t.shape == s.shape for t, s in zip(mine, ddp)):
+        flat_mine = torch.cat([t.detach().float().flatten() for t in mine])
+        flat_ddp = torch.cat([t.detach().float().flatten() for t in ddp])
+        ratio = float(flat_mine @ flat_ddp / (flat_ddp @ flat_ddp))  # mine = ratio x DDP's, when proportional
+        residual = float((flat_mine - ratio * flat_ddp).norm() / flat_ddp.norm())
+    scale = max(float(t.abs().max()) for t in ddp)
+    result.update({"calls": started, "ddp_buckets": buckets, "scale": scale, "to_ddp": gap(mine, ddp),
+                   "to_own": gap(mine, own), "to_sum": gap(mine, [t * world_size for t in ddp]),
+                   "ratio": ratio, "residual": residual, "grad_bytes": sum(4 * t.numel() for t in ddp)})
+    teardown_distributed()
+    _write_json(folder / f"rank{rank}.json", result)
 
 
-@exercise_check
-def check_average_gradients(average_gradients, workdir, nproc: int = 2, timeout_s: float = 180,
+def _collective_summary(calls: dict[int, list[str]]) -> str:
+    """Who started which collectives: "rank 0: 4 all_reduce; ranks 1, 2: none"."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(calls):
+        counted = Counter(calls[rank])
+        text = ", ".join(f"{n} {op}" for op, n in counted.items()) or "none"
+        groups.setdefault(text, []).append(rank)
+    return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {text}" for text, r in groups.items())
+
+
+def _gradients_failure(folder: Path, nproc: int, codes, lines, exercise: str) -> NotYet:
+    """The one line for a run of the attendee's function that did not end in a comparison on every rank."""
+    from ..parallel.failures import LOST_PEER
+
+    records = {r: json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
+               if (folder / f"rank{r}.json").exists()}
+    errors = sorted((r for r in records.values() if r.get("error")), key=lambda r: r["time"])
+    first = next((r for r in errors if not LOST_PEER.search(r["error"])), None)
+    calls = {r: _started_calls(folder, r) for r in range(nproc)}
+    stopped = {r.get("stopped") for r in records.values()}
+    if first is None and ("mismatch" in stopped or len({tuple(c) for c in calls.values()}) > 1):
+        return NotYet(f"✗ {exercise}: the ranks made different collective calls ({_collective_summary(calls)}): a "
+                      "collective completes only when every rank makes it, so a rank waited for the others forever.",
+                      "make the same calls on every rank, in the same order: no dist.all_reduce inside "
+                      "`if dist.get_rank() == 0:`.")
+    first = first or (errors[0] if errors else None)
+    if first is not None:
+        where = f" on line {first['line']} (`{short(first['code'], 80)}`)" if first.get("line") else ""
+        hint = ("on the ranks your function sees torch and dist, not the notebook's other variables: get what it "
+                "needs inside it (dist.get_world_size())." if first["error_type"] == "NameError"
+                else "that line of your function raised it; fix it and run the exercise cell again.")
+        lost = [str(r) for r in sorted(records) if r != first["rank"] and LOST_PEER.search(records[r].get("error", ""))]
+        failed = [str(r) for r in sorted(records) if r != first["rank"] and records[r].get("error")
+                  and str(r) not in lost]
+        then = "".join(f"; rank{'s' * (len(ranks) > 1)} {', '.join(ranks)} {what}"
+                       for ranks, what in ((failed, "failed too"), (lost, "lost their connection to it")) if ranks)
+        return NotYet(f"✗ {exercise}: your function raised {first['error']} on rank {first['rank']}{where}{then}.",
+                      hint)
+    if "timeout" in stopped:
+        late = [str(r) for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
+        return NotYet(f"✗ {exercise}: rank(s) {', '.join(late)} did not finish your function within "
+                      f"{GRADIENTS_WAIT_S} s.",
+                      "the function should take milliseconds: look for a loop that never ends.")
+    cause = root_cause(lines, nproc, folder / TORCHRUN_LOGS)
+    print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
+    return NotYet(f"✗ {exercise}: the ranks failed outside your function: "
+                  f"{cause.line if cause else (lines or ['(no output)'])[-1].strip()}",
+                  "the lines above show the error.")
+
+
+@checked
+def check_average_gradients(average_gradients, workdir, nproc: int = 3, timeout_s: float = 180,
                             exercise: str = GRADIENTS_EXERCISE) -> dict:
     """Run ``average_gradients(model)`` on ``nproc`` ranks under torchrun; its gradients must be DDP's.
 
     Every rank computes the gradients of one small model on its own batch, calls the attendee's
     function on them, then lets DDP do the same from the same start. Passes when both agree on
-    every rank; otherwise names what the result looks like (a sum, this rank's own gradients).
+    every rank; otherwise names what the result looks like (a sum, this rank's own gradients, a
+    division by a number that is not the world size). Three ranks by default, so that a world size
+    typed in as 2 is wrong. An error in the function is its line and the error; collectives that only
+    some ranks make are named as such, from the calls each rank started.
     """
     require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
                      "define the function in the exercise cell and run it.")
     require(callable(average_gradients), exercise, "`average_gradients` is not a function.",
             "define it with def average_gradients(model): ...")
-    try:
-        source = textwrap.dedent(inspect.getsource(average_gradients))
-    except (OSError, TypeError):
-        raise WorkshopError("The source of `average_gradients` cannot be read.",
-                            "define it with def in a notebook cell or a .py file, and run that cell.") from None
+    source, name = _function_source(average_gradients, exercise)
     if _placeholder_body(source):
         raise Unsolved(f"… {exercise}: not yet solved: `average_gradients` still has only `...` in its body.",
                        "for every parameter: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
     folder = fresh_folder(workdir, "gradients")
     source_file = folder / "average_gradients.py"
-    source_file.write_text("import torch\nimport torch.distributed as dist\n\n\n" + source)
+    source_file.write_text(source)
     device = lab_device(nproc)
-    argv = torchrun_command(PROBE_MODULE, ["--gradients", str(source_file), average_gradients.__name__, str(folder)],
+    argv = torchrun_command(PROBE_MODULE, ["--gradients", str(source_file), name, str(folder)],
                             nproc, port=free_port(), log_dir=folder / TORCHRUN_LOGS)
     try:
         codes, lines = stream({"": argv}, clean_env(cpu_threads_per_process(nproc), device == "cpu"), timeout_s,
@@ -696,37 +929,46 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 2, timeout_
         if "longer than" not in str(err):
             raise
         raise NotYet(f"✗ {exercise}: the ranks did not finish within {timeout_s:.0f} s: one waits in a collective "
-                     "the other never joins.", "call the same all-reduces, in the same order, on every rank.") from None
-    if any(codes):
-        cause = root_cause(lines, nproc, folder / TORCHRUN_LOGS)
-        print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
-        raise NotYet(f"✗ {exercise}: your function failed on the ranks: "
-                     f"{cause.line if cause else (lines or ['(no output)'])[-1].strip()}",
-                     "the lines above show the error; gloo (CPU ranks) sums, it has no ReduceOp.AVG.")
-    results = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+                     "the others never join.", "call the same all-reduces, in the same order, on every rank.") from None
+    results = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
+               if (folder / f"rank{r}.json").exists()]
+    if any(codes) or len(results) < nproc or any(r.get("error") or r.get("stopped") for r in results):
+        raise _gradients_failure(folder, nproc, codes, lines, exercise)
     worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own", "to_sum")}
     tolerance = 1e-5 * max(1.0, max(r["scale"] for r in results))
     calls = results[0]["calls"]
     if worst["to_ddp"] > tolerance:
-        require(calls > 0, exercise, "your function made no dist.all_reduce call: every rank kept its own gradients.",
+        require(bool(calls), exercise, "your function made no collective call: every rank kept its own gradients.",
                 "all-reduce each parameter's .grad: dist.all_reduce(p.grad).")
         require(worst["to_sum"] > tolerance, exercise,
                 f"your gradients are the sum over the {nproc} ranks, {nproc} times DDP's.",
                 "divide by dist.get_world_size() after the all-reduce: DDP averages.")
         require(worst["to_own"] > tolerance, exercise, "the gradients are still each rank's own.",
                 "write the all-reduced result back into p.grad (dist.all_reduce works in place).")
+        ratios = [r["ratio"] for r in results if r["ratio"] is not None and r["residual"] is not None
+                  and r["residual"] < 1e-4]
+        if len(ratios) == nproc and max(ratios) - min(ratios) < 1e-4 * max(1.0, abs(ratios[0])) and ratios[0] > 0:
+            divisor = nproc / ratios[0]
+            require(not (abs(divisor - round(divisor)) < 1e-3 and round(divisor) != nproc), exercise,
+                    f"your gradients are the sum divided by {round(divisor)}, but {nproc} ranks ran: a world size "
+                    "typed in is right only on that many ranks.",
+                    "divide by dist.get_world_size(), which is right on any number of ranks.")
         require(False, exercise, f"your gradients differ from DDP's by up to {worst['to_ddp']:.2g}.",
                 "every parameter's gradient: summed over the ranks, divided by the world size.")
     buckets = results[0]["ddp_buckets"]
-    passed(exercise, f"equal to DDP's on all {nproc} ranks; your function made {calls} all-reduce call(s)" +
+    kinds = Counter(calls)
+    made = f"{len(calls)} all-reduce call(s)" if set(kinds) == {"all_reduce"} else \
+        f"{len(calls)} collective call(s) ({', '.join(f'{n} {op}' for op, n in kinds.items())})"
+    passed(exercise, f"equal to DDP's on all {nproc} ranks; your function made {made}" +
            (f", DDP made {buckets}: it packs the gradients into buckets" if buckets else ""))
-    return {"calls": calls, "ddp_buckets": buckets, "max_difference": worst["to_ddp"]}
+    return {"calls": kinds.get("all_reduce", 0), "collectives": len(calls), "ddp_buckets": buckets,
+            "max_difference": worst["to_ddp"]}
 
 
 # ---------------------------------------------------------------- the cost model at 64 GPUs
 
 
-@exercise_check
+@checked
 def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_size: int = 64,
                          gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
     """The weak-scaling efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model.
@@ -734,9 +976,14 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     The ring crosses the nodes' InfiniBand beyond one node (NVLink within it); the gradients
     travel in DDP's buckets, one all-reduce each. The mistakes it names: the link inside a
     node, one message in place of the buckets, the overlapped bound, a percentage, a ring of
-    p-1 steps, and microseconds or GB/s left unconverted.
+    p-1 steps, and microseconds or GB/s left unconverted. Answers are compared through the
+    communication time they imply, step x (1/efficiency - 1): near an efficiency of 1 and near 0
+    alike, the mistakes' efficiencies can agree to many digits, their communication times do not.
     """
-    value = answered_number(efficiency, exercise, "efficiency_64")
+    value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
+    if not (step_s > 0 and grad_bytes > 0 and world_size >= 2 and gpus_per_node >= 1):
+        raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be positive "
+                            "(world_size 2 or more).", "pass the inputs of the exercise's cell.")
     within, between = LINKS["nvlink4"], LINKS["ib_ndr"]
     row = predict_scaling(step_s, grad_bytes, [world_size], within, between, gpus_per_node).iloc[0]
     right = float(row.efficiency_no_overlap)
@@ -768,18 +1015,17 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
         (efficiency_with(sum(ring(b, lat, link.bandwidth_gbps, 2 * (p - 1)) for b in buckets)),
          "the bandwidth went in as bytes per second.", "bandwidth_gbps is in GB/s: multiply by 1e9."),
     ]
-    # Compared through 1 - efficiency, the share of the step lost to communication: near 100% the
-    # efficiencies of several mistakes agree to many digits, their losses do not.
-    def same(a: float, b: float) -> bool:
-        return math.isclose(1 - a, 1 - b, rel_tol=1e-3, abs_tol=1e-12)
 
-    if not same(value, right):
-        for wrong, problem, hint in mistakes:
-            if not same(wrong, right) and same(value, wrong):
-                raise NotYet(f"✗ {exercise}: `efficiency_64` = {value:.4g}: {problem}", hint)
-        raise NotYet(f"✗ {exercise}: `efficiency_64` = {value:.4g} is not right.",
-                     "efficiency = step / (step + the buckets' ring all-reduce times); "
-                     "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.")
+    def same(a: float, b: float) -> bool:  # the communication time per step each efficiency implies
+        if a <= 0 or b <= 0:
+            return a == b
+        return math.isclose(1 / a - 1, 1 / b - 1, rel_tol=1e-3, abs_tol=1e-12)
+
+    verdict(value, right, exercise, "efficiency_64", mistakes,
+            "efficiency = step / (step + the buckets' ring all-reduce times); "
+            "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.", same=same,
+            limits=[(0 < value <= 1, "an efficiency is a fraction between 0 and 1.",
+                     "efficiency = step / (step + communication).")])
     passed(exercise, f"{right:.1%} at {world_size} GPUs without overlap, over {link.name.split(',')[0]}")
     return right
 

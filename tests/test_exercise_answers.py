@@ -1,0 +1,583 @@
+"""The exercise checks cannot be fooled: right answers pass in every sensible form, wrong ones fail, named.
+
+Three parts:
+
+* ``RIGHT``: every check of notebooks 01-05 (those that launch no process) on its right answer, in every
+  form an attendee's code may produce it: int, float, NumPy scalar, 0-d tensor or array, a one-element
+  tensor; for the exercises that take a function, the function written in the ways that are right.
+* ``WRONG``: wrong answers and non-answers, each with the words its one-line message must contain: the
+  mistakes an audit found accepted, the right answers it found refused, the crashes, the refusals that named
+  the wrong mistake, and the mistakes that data could not tell apart; text, lists, None, NaN, booleans.
+* ``test_no_value_makes_a_check_raise_anything_but_its_one_line``: hypothesis feeds every check of
+  ``exercise_checks`` (and Exercise 2.3's) arbitrary values; any exception other than the kit's one-line
+  ``NotYet``/``WorkshopError`` fails, ``KitDefect`` (an exception inside a check) included.
+
+The torchrun-based checks (Exercises 2.1 and 2.2) launch processes: their right and wrong answers are in
+tests/test_ddp_lab.py, marked slow, and only their answers that are judged before any launch are here.
+"""
+
+from __future__ import annotations
+
+import decimal
+import fractions
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import workshop_utils as wu
+from workshop_utils.lessons import exercise_checks
+from workshop_utils.lessons.exercise_checks import KitDefect
+from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.spine.timing import Timings
+from workshop_utils.system.errors import WorkshopError
+
+CPU = torch.device("cpu")
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+
+
+# ---------------------------------------------------------------------- the exercises' inputs
+
+FLOPS, SAMPLES_PER_S = 246_190_080, 531.4
+ACHIEVED = FLOPS * SAMPLES_PER_S / 1e12
+N = 1024
+TIMINGS = Timings(np.array([0.052, 0.049, 0.050, 0.051, 0.060, 0.050, 0.048, 0.050, 0.049, 0.055]))
+MEDIAN = float(np.median(TIMINGS.seconds))
+MATMUL = 2 * N**3 / MEDIAN / 1e12
+TINY, GPT_N, GPT_T, COUNTED = wu.GPT_SIZES["tiny"], 842_496, 128, 5_701_632.0
+FLOPS_PER_TOKEN = 6 * GPT_N + 12 * 4 * 128 * 128
+STEP_S, GRAD_BYTES = 0.05, 4 * 11.2e6
+SMALL = wu.GPT_SIZES["gpt2-small"]
+FREE = 0.8 * 40 * 2**30 - 16 * 124_475_904  # notebook 02's node: 4 GPUs of 40 GiB
+PARAMETERS, BUDGET = 7e9, 35  # notebook 05's Exercise 5.1
+NDR = wu.LINKS["ib_ndr"]
+
+
+def ring_efficiency(latency_s: float, bytes_per_s: float, steps: int = 126, p: int = 64) -> float:
+    comm = sum(steps * latency_s + steps / p * b / bytes_per_s for b in wu.ddp_buckets(GRAD_BYTES))
+    return STEP_S / (STEP_S + comm)
+
+
+EFFICIENCY = ring_efficiency(NDR.latency_us * 1e-6, NDR.bandwidth_gbps * 1e9)
+ONE_PASS = 63 * NDR.latency_us * 1e-6 + 63 / 64 * 2 * PARAMETERS / (NDR.bandwidth_gbps * 1e9)
+
+
+def gradients() -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    values = 10 ** (-12 * torch.rand(3000, generator=generator))
+    values[torch.rand(3000, generator=generator) < 1 / 3] = 0
+    return values
+
+
+GRADS = gradients()
+NONZERO = GRADS[GRADS != 0]
+LOST = (NONZERO.half() == 0).double().mean().item()
+SAFE = 2.0 ** math.floor(math.log2(65504 / GRADS.max().item()))
+
+
+def loader_table(start_is_fastest: bool = False) -> pd.DataFrame:
+    """A GPU node's loader sweep; or the cpu profile's shape, where the start (0 workers) is the fastest row."""
+    if start_is_fastest:
+        return pd.DataFrame({"num_workers": [0, 2, 4], "pin_memory": [False] * 3,
+                             "samples_per_s": [900.0, 850.0, 700.0], "data_wait_fraction": [0.05, 0.02, 0.01]})
+    return pd.DataFrame({"num_workers": [0, 0, 2, 2, 4, 4], "pin_memory": [False, True] * 3,
+                         "samples_per_s": [2100.0, 2150.0, 5200.0, 5600.0, 5500.0, 5450.0],
+                         "data_wait_fraction": [0.62, 0.61, 0.18, 0.12, 0.15, 0.16]})
+
+
+def loader_choice(sweep, start):
+    """Exercise 4.1's solution."""
+    fastest = sweep.loc[sweep.samples_per_s.idxmax()]
+    return int(fastest.num_workers), fastest.samples_per_s / start.samples_per_s, 1 / (1 - start.data_wait_fraction)
+
+
+def loader_variant(speedup=None, bound=None, workers=None):
+    """The solution with one of its answers computed another way (from ``sweep``, ``start`` and the fastest row)."""
+    def choice(sweep, start):
+        fastest = sweep.loc[sweep.samples_per_s.idxmax()]
+        right = loader_choice(sweep, start)
+        return (workers(sweep, start, fastest) if workers else right[0],
+                speedup(sweep, start, fastest) if speedup else right[1],
+                bound(sweep, start, fastest) if bound else right[2])
+    return choice
+
+
+BATCHES = pd.DataFrame({"batch_size": [32, 64, 128, 256, 512], "status": ["ok"] * 4 + ["out of memory"],
+                        "peak_memory_mib": [168.0, 208.0, 364.0, 497.0, 726.0]})
+SLOPE, INTERCEPT = np.polyfit(BATCHES.batch_size[:4].astype(float), BATCHES.peak_memory_mib[:4].astype(float), 1)
+LARGEST = int((600 - INTERCEPT) // SLOPE)
+BREAKDOWN = pd.DataFrame({"rung": ["baseline", "bf16", "compiled"], "step_ms": [40.0, 12.0, 7.5],
+                          "data_ms": [24.0, 0.5, 0.2], "forward_ms": [4.0, 3.0, 1.5], "backward_ms": [8.0, 5.0, 3.0],
+                          "optimizer_ms": [2.0, 1.5, 0.3], "idle_ms": [2.0, 2.0, 2.5]})
+STEP_SPEEDUP = 1 / ((1 - 3.0 / 7.5) + 3.0 / 7.5 / 2)
+
+
+def amp_step(model, images, labels, optimizer, scaler):
+    """Exercise 3.3's solution."""
+    optimizer.zero_grad(set_to_none=True)
+    with wu.autocast("fp16", CPU):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def amp_with(loss_fn=None, returns=lambda loss: loss, before=None, after=None, context=None):
+    """The solution with its loss, its return value or its surroundings changed."""
+    def step(model, images, labels, optimizer, scaler):
+        if before:
+            before(model)
+        optimizer.zero_grad(set_to_none=True)
+        with (context() if context else wu.autocast("fp16", CPU)):
+            logits = model(images)
+            loss = loss_fn(logits, labels) if loss_fn else F.cross_entropy(logits, labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        if after:
+            after(scaler)
+        return returns(loss)
+    return step
+
+
+# ---------------------------------------------------------------------- the checks, one call each
+
+# Each check with its right answers as keyword defaults: CALLS[name](**{slot: another value}) judges that value.
+CALLS = {
+    "1.1": lambda achieved_tflops=ACHIEVED: wu.check_achieved_tflops(achieved_tflops, FLOPS, SAMPLES_PER_S),
+    "1.2": lambda matmul_tflops=MATMUL, seconds=MEDIAN, timings=TIMINGS, device_name="x86_64": wu.check_matmul_tflops(
+        matmul_tflops, N, seconds, device_name, timings=timings),
+    "1.3": lambda mfu=ACHIEVED / 19.5, achieved_tflops=ACHIEVED, matmul_tflops=MATMUL: wu.check_mfu(
+        mfu, achieved_tflops, A100, "fp32", matmul_tflops, flops_per_sample=FLOPS, samples_per_s=SAMPLES_PER_S,
+        n=N, timings=TIMINGS),
+    "1.3 cpu": lambda mfu=ACHIEVED / MATMUL, achieved_tflops=ACHIEVED, matmul_tflops=MATMUL, timings=TIMINGS:
+        wu.check_mfu(mfu, achieved_tflops, "x86_64", "fp32", matmul_tflops, flops_per_sample=FLOPS,
+                     samples_per_s=SAMPLES_PER_S, n=N, timings=timings),
+    "1.4": lambda flops_per_token=FLOPS_PER_TOKEN: wu.check_flops_per_token(flops_per_token, GPT_N, TINY, GPT_T,
+                                                                           COUNTED),
+    "2.3": lambda efficiency=EFFICIENCY: wu.check_ddp_efficiency(efficiency, STEP_S, GRAD_BYTES),
+    "2.4": lambda micro_batch=32, accumulation=4: wu.check_micro_batch_plan(micro_batch, accumulation, SMALL, 1024,
+                                                                            2**19, 4, FREE),
+    "3.1": lambda lost_fraction=LOST: wu.check_lost_fraction(lost_fraction, GRADS),
+    "3.2": lambda safe_scale=SAFE: wu.check_safe_loss_scale(safe_scale, {"activations": GRADS}),
+    "3.3": lambda amp_step=amp_step: wu.check_amp_step(amp_step, CPU),
+    "4.1": lambda loader_choice=loader_choice, sweep=None: wu.check_loader_choice(
+        loader_choice, loader_table() if sweep is None else sweep, 2 if sweep is None else 0),
+    "4.2": lambda mib_per_sample=SLOPE, largest_batch=LARGEST: wu.check_batch_memory(mib_per_sample, largest_batch,
+                                                                                    BATCHES, 600),
+    "4.3": lambda biggest_phase="backward_ms", step_speedup=STEP_SPEEDUP: wu.check_next_fix(biggest_phase,
+                                                                                          step_speedup, BREAKDOWN),
+    "5.1 zero3": lambda gpus=3: wu.check_fewest_gpus(gpus, PARAMETERS, BUDGET, stage=3),
+    "5.1 zero1": lambda gpus=9: wu.check_fewest_gpus(gpus, PARAMETERS, BUDGET, stage=1),
+    "5.1 none": lambda gpus=math.inf: wu.check_fewest_gpus(gpus, 70e9, 50, stage=1),
+    "5.2": lambda ddp_s=2 * ONE_PASS, fsdp_s=3 * ONE_PASS: wu.check_fsdp_traffic(ddp_s, fsdp_s, 2 * PARAMETERS, 64,
+                                                                                NDR),
+    "5.3": lambda microbatches=63: wu.check_microbatches(microbatches, 8, 0.1),
+}
+
+# The numeric answers: (check, slot, right value, whole).
+NUMBERS = [
+    ("1.1", "achieved_tflops", ACHIEVED, False), ("1.2", "seconds", MEDIAN, False),
+    ("1.2", "matmul_tflops", MATMUL, False), ("1.3", "mfu", ACHIEVED / 19.5, False),
+    ("1.3 cpu", "mfu", ACHIEVED / MATMUL, False), ("1.4", "flops_per_token", FLOPS_PER_TOKEN, True),
+    ("2.3", "efficiency", EFFICIENCY, False), ("2.4", "micro_batch", 32, True), ("2.4", "accumulation", 4, True),
+    ("3.1", "lost_fraction", LOST, False), ("3.2", "safe_scale", SAFE, True),
+    ("4.2", "mib_per_sample", SLOPE, False), ("4.2", "largest_batch", LARGEST, True),
+    ("4.3", "step_speedup", STEP_SPEEDUP, False), ("5.1 zero3", "gpus", 3, True), ("5.1 zero1", "gpus", 9, True),
+    ("5.2", "ddp_s", 2 * ONE_PASS, False), ("5.2", "fsdp_s", 3 * ONE_PASS, False),
+    ("5.3", "microbatches", 63, True),
+]
+
+
+def forms(value: float, whole: bool) -> dict:
+    """A right answer as an attendee's code may hand it over."""
+    out = {"float": float(value), "numpy-float64": np.float64(value), "numpy-float32": np.float32(value),
+           "tensor-0d": torch.tensor(float(value), dtype=torch.float64), "tensor-float32": torch.tensor(float(value)),
+           "tensor-one-element": torch.tensor([float(value)], dtype=torch.float64), "array-0d": np.array(value),
+           "fraction": fractions.Fraction(value)}
+    if whole:
+        out.update({"int": int(value), "numpy-int64": np.int64(value), "tensor-int64": torch.tensor(int(value))})
+    return out
+
+
+RIGHT = [pytest.param(name, {slot: form}, id=f"{name}-{slot}-{kind}")
+         for name, slot, value, whole in NUMBERS for kind, form in forms(value, whole).items()]
+RIGHT += [
+    pytest.param("1.2", {"device_name": H100, "timings": Timings(np.full(10, 2 * N**3 / 50e12)),
+                         "seconds": 2 * N**3 / 50e12, "matmul_tflops": 50.0}, id="1.2-50-tflops-fp32-on-an-h100"),
+    pytest.param("1.2", {"timings": list(TIMINGS.seconds)}, id="1.2-timings-as-a-list"),
+    pytest.param("1.2", {"timings": torch.tensor(TIMINGS.seconds)}, id="1.2-timings-as-a-tensor"),
+    pytest.param("5.1 none", {"gpus": float("inf")}, id="5.1-inf-float"),
+    pytest.param("5.1 none", {"gpus": np.inf}, id="5.1-inf-numpy"),
+    pytest.param("4.3", {"biggest_phase": "backward"}, id="4.3-phase-without-suffix"),
+    pytest.param("4.3", {"biggest_phase": np.str_("backward_ms")}, id="4.3-phase-numpy-str"),
+    # Exercise 3.3: any loss that is the batch's cross-entropy, whichever ops autocast runs it in on this device.
+    pytest.param("3.3", {"amp_step": amp_with(lambda logits, y: F.nll_loss(F.log_softmax(logits, -1), y))},
+                 id="3.3-nll-of-log-softmax"),
+    pytest.param("3.3", {"amp_step": amp_with(lambda logits, y: F.cross_entropy(logits.float(), y))},
+                 id="3.3-cross-entropy-in-fp32"),
+    pytest.param("3.3", {"amp_step": amp_with(context=lambda: torch.autocast("cpu", dtype=torch.float16))},
+                 id="3.3-torch-autocast"),
+    pytest.param("3.3", {"amp_step": amp_with(returns=lambda loss: loss.item())}, id="3.3-returns-a-float"),
+    pytest.param("3.3", {"amp_step": amp_with(returns=lambda loss: loss.detach())}, id="3.3-returns-detached"),
+    # Exercise 4.1: the function's answers in other types; and a start that is also the fastest row.
+    pytest.param("4.1", {"loader_choice": lambda sweep, start: list(loader_choice(sweep, start))}, id="4.1-a-list"),
+    pytest.param("4.1", {"loader_choice": lambda sweep, start: tuple(np.float64(a)
+                                                                     for a in loader_choice(sweep, start))},
+                 id="4.1-numpy"),
+    pytest.param("4.1", {"loader_choice": lambda sweep, start: tuple(torch.tensor(float(a))
+                                                                     for a in loader_choice(sweep, start))},
+                 id="4.1-tensors"),
+    pytest.param("4.1", {"sweep": loader_table(start_is_fastest=True)}, id="4.1-start-is-the-fastest-row"),
+]
+
+
+def outcome(name: str, answers: dict, capsys) -> tuple[str, str]:
+    """("passed" | "unsolved" | "refused", the one line said): any other exception, or more than one line, fails."""
+    capsys.readouterr()
+    try:
+        result = CALLS[name](**answers)
+    except KitDefect as err:
+        pytest.fail(f"a check failed on its own: {err} (cause: {err.__cause__!r})")
+    except NotYet as err:
+        message = str(err)
+        assert "\n" not in message and message.startswith("✗ Exercise ") and " Fix: " in message, message
+        return "refused", message
+    out = capsys.readouterr().out.strip()
+    assert "\n" not in out, out
+    if result is False:
+        assert out.startswith("… Exercise ") and "not yet solved" in out, out
+        return "unsolved", out
+    assert out.startswith("✓ Exercise ") and ": correct" in out, out
+    return "passed", out
+
+
+@pytest.mark.parametrize("name, answers", RIGHT)
+def test_a_right_answer_passes_in_every_form(name, answers, capsys):
+    verdict, said = outcome(name, answers, capsys)
+    assert verdict == "passed", said
+
+
+WRONG = [
+    # Every numeric check: text, a list, None, NaN, infinity, a bool, a tensor of many values.
+    *[pytest.param(name, {slot: bad}, words, id=f"{name}-{slot}-{kind}")
+      for name, slot, value, whole in NUMBERS if not name.startswith("5.1")
+      for kind, bad, words in [
+          ("text", str(int(value)) if whole else str(value), ["got the text"]),
+          ("list", [value], ["got a list"]),
+          ("none", None, ["is None"]),
+          ("nan", math.nan, ["is nan"]),
+          ("inf", math.inf, ["is inf"]),
+          ("bool", True, ["got True"]),
+          ("tensor-of-two", torch.tensor([value, value]), ["tensor of shape (2,)"]),
+          ("complex", complex(value, 1), ["got a complex"]),
+      ]],
+    pytest.param("5.1 zero1", {"gpus": "9"}, ["got the text"], id="5.1-text"),
+    pytest.param("5.1 zero1", {"gpus": None}, ["is None"], id="5.1-none"),
+    pytest.param("5.1 zero1", {"gpus": math.inf}, ["= inf, but 9 GPUs hold it"], id="5.1-inf-when-9-hold-it"),
+    pytest.param("5.1 none", {"gpus": 30}, ["math.inf"], id="5.1-a-count-where-none-holds-it"),
+    # Exercise 1.2: the median in milliseconds, or the total of the repeats, with the rate computed from it.
+    pytest.param("1.2", {"seconds": 1e3 * MEDIAN, "matmul_tflops": MATMUL / 1e3}, ["milliseconds"], id="1.2-ms"),
+    pytest.param("1.2", {"seconds": TIMINGS.total, "matmul_tflops": 2 * N**3 / TIMINGS.total / 1e12},
+                 ["total of the 10 repeats"], id="1.2-total"),
+    pytest.param("1.2", {"seconds": TIMINGS.mean}, ["the mean"], id="1.2-mean"),
+    pytest.param("1.2", {"matmul_tflops": MATMUL / 1e3}, ["milliseconds"], id="1.2-rate-from-ms"),
+    pytest.param("1.2", {"matmul_tflops": MATMUL / 2}, ["two FLOPs"], id="1.2-one-flop-per-multiply-add"),
+    pytest.param("1.2", {"timings": ...}, ["not yet solved", "`timings`"], id="1.2-timings-placeholder"),
+    pytest.param("1.2", {"timings": "0.05"}, ["what wu.time_repeats returns"], id="1.2-timings-text"),
+    # An "fp32" rate of 900 TFLOP/s on an H100: beyond its fp32 data-sheet peak (TF32 is off in that cell).
+    pytest.param("1.2", {"device_name": H100, "timings": Timings(np.full(10, 2 * N**3 / 900e12)),
+                         "seconds": 2 * N**3 / 900e12, "matmul_tflops": 900.0},
+                 ["more than", "can do in fp32 (67 TFLOP/s"], id="1.2-900-tflops-fp32-on-an-h100"),
+    # Exercise 1.3: no MFU above 1 of a data-sheet peak, none below 0; each peak named right.
+    pytest.param("1.3", {"mfu": 250.0}, ["above 1"], id="1.3-mfu-250"),
+    pytest.param("1.3", {"mfu": -ACHIEVED / 19.5}, ["above 0"], id="1.3-negative"),
+    pytest.param("1.3", {"mfu": 100 * ACHIEVED / 19.5}, ["percentage"], id="1.3-percentage"),
+    pytest.param("1.3", {"mfu": ACHIEVED / 312.0}, ["the fp16 and bf16 peak"], id="1.3-the-bf16-peak"),
+    pytest.param("1.3", {"mfu": ACHIEVED / 156.0}, ["the tf32 peak"], id="1.3-the-tf32-peak"),
+    pytest.param("1.3", {"mfu": ACHIEVED / MATMUL}, ["measured matmul rate, but the table knows"],
+                 id="1.3-measured-rate-where-the-table-knows"),
+    pytest.param("1.3", {"mfu": 19.5 / ACHIEVED}, ["upside down"], id="1.3-upside-down"),
+    # An earlier answer wrong (a GFLOP/s 1.1 made MFU 250 pass): said first, MFU judged against the exercise.
+    pytest.param("1.3", {"mfu": 1e3 * ACHIEVED / 19.5, "achieved_tflops": 1e3 * ACHIEVED},
+                 ["from Exercise 1.1 is not right yet"], id="1.3-with-1.1-in-gflops"),
+    pytest.param("1.3 cpu", {"mfu": ACHIEVED / (MATMUL / 1e3), "matmul_tflops": MATMUL / 1e3},
+                 ["from Exercise 1.2 is not right yet"], id="1.3-with-1.2-from-ms"),
+    pytest.param("1.3", {"mfu": 0.1, "achieved_tflops": ...}, ["not yet solved", "Exercise 1.1"],
+                 id="1.3-while-1.1-is-unanswered"),
+    pytest.param("1.3 cpu", {"mfu": 0.1, "matmul_tflops": ...}, ["not yet solved", "Exercise 1.2"],
+                 id="1.3-while-1.2-is-unanswered"),
+    # Exercise 1.4: N as the exercise defines it, not nanoGPT's; the formula, not the counter.
+    pytest.param("1.4", {"flops_per_token": FLOPS_PER_TOKEN - 6 * 128 * 128}, ["position table"],
+                 id="1.4-without-the-position-table"),
+    pytest.param("1.4", {"flops_per_token": COUNTED}, ["counter's measurement"], id="1.4-the-counter"),
+    pytest.param("1.4", {"flops_per_token": 6 * GPT_N + 6 * 4 * 128 * 128}, ["causal mask"], id="1.4-causal-half"),
+    pytest.param("1.4", {"flops_per_token": 6 * GPT_N}, ["no parameter counts"], id="1.4-weights-only"),
+    # Exercise 2.3: bandwidth in bytes/s and latency in seconds both leave ~0; each is named as itself.
+    pytest.param("2.3", {"efficiency": ring_efficiency(NDR.latency_us * 1e-6, NDR.bandwidth_gbps)},
+                 ["bandwidth went in as bytes per second"], id="2.3-bandwidth-unconverted"),
+    pytest.param("2.3", {"efficiency": ring_efficiency(NDR.latency_us, NDR.bandwidth_gbps * 1e9)},
+                 ["latency went in as seconds"], id="2.3-latency-unconverted"),
+    pytest.param("2.3", {"efficiency": 100 * EFFICIENCY}, ["percentage"], id="2.3-percentage"),
+    pytest.param("2.3", {"efficiency": 1.5}, ["between 0 and 1"], id="2.3-above-1"),
+    # Exercise 2.4: the plan that leaves out the loss's logits runs out of memory.
+    pytest.param("2.4", {"micro_batch": 64, "accumulation": 2}, ["the loss's logits", "GiB are free"],
+                 id="2.4-without-the-logits"),
+    pytest.param("2.4", {"micro_batch": 16, "accumulation": 8}, ["so do 32"], id="2.4-too-small"),
+    # Exercise 3.1 and 3.2.
+    pytest.param("3.1", {"lost_fraction": 100 * LOST}, ["percentage"], id="3.1-percentage"),
+    pytest.param("3.1", {"lost_fraction": 1 - LOST}, ["survives"], id="3.1-the-share-kept"),
+    pytest.param("3.1", {"lost_fraction": 1.7}, ["between 0 and 1"], id="3.1-above-1"),
+    pytest.param("3.2", {"safe_scale": 2 * SAFE}, ["one power too far"], id="3.2-one-too-far"),
+    pytest.param("3.2", {"safe_scale": 3.0}, ["power of two"], id="3.2-not-a-power-of-two"),
+    # Exercise 3.3: the crashes, now one line each, naming the mistake (or the attendee's line).
+    pytest.param("3.3", {"amp_step": amp_with(before=lambda model: model.half())}, ["model.half()"],
+                 id="3.3-model-half"),
+    pytest.param("3.3", {"amp_step": amp_with(after=lambda scaler: scaler.update())},
+                 ["scaler.update() ran 2 times"], id="3.3-update-twice"),
+    pytest.param("3.3", {"amp_step": amp_with(loss_fn=lambda logits, y: undefined_name)},  # noqa: F821
+                 ["raised NameError", "line "], id="3.3-a-name-error-in-their-code"),
+    pytest.param("3.3", {"amp_step": lambda model, images: None}, ["calling `amp_step` raised TypeError"],
+                 id="3.3-wrong-arguments"),
+    pytest.param("3.3", {"amp_step": amp_with(returns=lambda loss: "loss")}, ["got the text"], id="3.3-returns-text"),
+    pytest.param("3.3", {"amp_step": amp_with(context=lambda: wu.autocast("bf16", CPU))}, ["bfloat16"],
+                 id="3.3-bf16"),
+    pytest.param("3.3", {"amp_step": 42}, ["should be a function"], id="3.3-a-number"),
+    # Exercise 4.1: where the start is the fastest row, the measured sweep cannot tell these mistakes from the
+    # answer; the check's own sweep does.
+    pytest.param("4.1", {"sweep": loader_table(start_is_fastest=True),
+                         "loader_choice": loader_variant(speedup=lambda s, start, f: start.samples_per_s
+                                                         / f.samples_per_s)},
+                 ["on a second sweep", "upside down"], id="4.1-upside-down-when-the-start-is-fastest"),
+    pytest.param("4.1", {"sweep": loader_table(start_is_fastest=True),
+                         "loader_choice": loader_variant(bound=lambda s, start, f: 1 / (1 - f.data_wait_fraction))},
+                 ["on a second sweep", "fastest row's wait"], id="4.1-fastest-rows-f-when-the-start-is-fastest"),
+    pytest.param("4.1", {"loader_choice": loader_variant(workers=lambda s, start, f: int(s.num_workers.max()))},
+                 ["the most workers"], id="4.1-most-workers"),
+    pytest.param("4.1", {"loader_choice": lambda sweep, start: loader_choice(loader_table(), loader_table().iloc[2])},
+                 ["reads the notebook's variables"], id="4.1-ignores-its-arguments"),
+    pytest.param("4.1", {"loader_choice": lambda sweep, start: (..., ..., ...)}, ["not yet solved"],
+                 id="4.1-placeholder"),
+    pytest.param("4.1", {"loader_choice": lambda sweep, start: sweep.nothing}, ["raised AttributeError"],
+                 id="4.1-an-error-in-their-code"),
+    pytest.param("4.1", {"loader_choice": lambda sweep, start: 3}, ["three values"], id="4.1-one-value"),
+    # Exercise 4.2, 4.3.
+    pytest.param("4.2", {"largest_batch": LARGEST + 1}, ["rounded up"], id="4.2-rounded-up"),
+    pytest.param("4.2", {"mib_per_sample": INTERCEPT}, ["intercept"], id="4.2-the-intercept"),
+    pytest.param("4.3", {"biggest_phase": 3}, ["column name (text)"], id="4.3-a-number"),
+    pytest.param("4.3", {"biggest_phase": "data_ms"}, ["baseline's largest part"], id="4.3-baseline"),
+    pytest.param("4.3", {"step_speedup": 2.0}, ["all of it"], id="4.3-two"),
+    # Exercise 5.1 at the exercise's numbers: every mistake its own count.
+    pytest.param("5.1 zero1", {"gpus": 3}, ["ZeRO-3's count"], id="5.1-zero3-count-for-zero1"),
+    pytest.param("5.1 zero1", {"gpus": 8}, ["rounded down"], id="5.1-zero1-rounded-down"),
+    pytest.param("5.1 zero1", {"gpus": 12}, ["GB (10^9 bytes)"], id="5.1-zero1-gb-for-gib"),
+    pytest.param("5.1 zero3", {"gpus": 2}, ["rounded down"], id="5.1-zero3-rounded-down"),
+    pytest.param("5.1 zero3", {"gpus": 4}, ["GB (10^9 bytes)"], id="5.1-zero3-gb-for-gib"),
+    pytest.param("5.1 zero3", {"gpus": 9}, ["ZeRO-1's count"], id="5.1-zero1-count-for-zero3"),
+    pytest.param("5.1 zero3", {"gpus": 3.5}, ["whole number"], id="5.1-a-fraction"),
+    # Exercise 5.2, 5.3.
+    pytest.param("5.2", {"ddp_s": ONE_PASS}, ["all-gather's time"], id="5.2-half"),
+    pytest.param("5.2", {"ddp_s": 2e3 * ONE_PASS}, ["milliseconds"], id="5.2-ms"),
+    pytest.param("5.2", {"fsdp_s": 2 * ONE_PASS}, ["three per step"], id="5.2-two-collectives"),
+    pytest.param("5.3", {"microbatches": 62}, ["above 0.1"], id="5.3-too-few"),
+    pytest.param("5.3", {"microbatches": 0}, ["at least one"], id="5.3-zero"),
+    pytest.param("5.3", {"microbatches": 1e300}, ["far too large"], id="5.3-huge"),
+]
+
+
+@pytest.mark.parametrize("name, answers, words", WRONG)
+def test_a_wrong_answer_is_refused_in_one_line_naming_its_mistake(name, answers, words, capsys):
+    verdict, said = outcome(name, answers, capsys)
+    assert verdict in ("refused", "unsolved"), said
+    for word in words:
+        assert word in said, said
+
+
+def test_two_mistakes_that_give_the_same_count_are_both_named():
+    """At the old numbers (50 GiB) ZeRO-1 rounded down is ZeRO-3's count: naming one of them would be a guess."""
+    with pytest.raises(NotYet) as caught:
+        wu.check_fewest_gpus(3, PARAMETERS, 50, stage=1)
+    assert "2 mistakes give here" in str(caught.value)
+    assert "rounded down" in str(caught.value) and "ZeRO-3's count" in str(caught.value)
+
+
+def test_the_constructed_loader_sweep_tells_every_mistake_apart():
+    table, start = exercise_checks.constructed_loader_sweep()
+    fastest = table.loc[table.samples_per_s.idxmax()]
+    speedups = {fastest.samples_per_s / start.samples_per_s, start.samples_per_s / fastest.samples_per_s}
+    bounds = {1 / (1 - start.data_wait_fraction), 1 / (1 - fastest.data_wait_fraction), 1 / start.data_wait_fraction,
+              1 + start.data_wait_fraction, 1 / ((1 - start.data_wait_fraction) + start.data_wait_fraction / 2)}
+    assert len(speedups) == 2 and len(bounds) == 5
+    assert int(fastest.num_workers) != int(table.num_workers.max()) and start.name != fastest.name
+
+
+def test_the_exercise_numbers_of_5_1_give_every_mistake_its_own_count():
+    counts = {(stage, kind): exercise_checks.fewest_gpus(PARAMETERS, BUDGET, stage, **kwargs)
+              for stage in (1, 3) for kind, kwargs in (("right", {}), ("floor", {"rounding": math.floor}),
+                                                       ("gb", {"gib": 1e9}))}
+    assert counts[(3, "right")] == 3 and counts[(1, "right")] == 9
+    for stage in (1, 3):
+        values = [counts[(stage, kind)] for kind in ("right", "floor", "gb")] + [counts[(4 - stage, "right")]]
+        assert len(set(values)) == 4, (stage, values)
+
+
+def test_a_call_with_arguments_the_check_does_not_take_is_one_line():
+    with pytest.raises(WorkshopError, match="called with arguments it does not take") as caught:
+        wu.check_loader_choice(2, 1.5, 1.2, loader_table(), 0)  # the old five-argument form
+    assert not isinstance(caught.value, KitDefect) and "\n" not in str(caught.value)
+
+
+def test_an_exception_inside_a_check_is_a_one_line_kit_defect(monkeypatch):
+    monkeypatch.setattr(exercise_checks, "flops_per_token_closed_form", lambda *args: 1 / 0)
+    with pytest.raises(KitDefect) as caught:
+        wu.check_flops_per_token(FLOPS_PER_TOKEN, GPT_N, TINY, GPT_T, COUNTED)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("✗ Exercise 1.4: the check itself failed (ZeroDivisionError")
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+
+
+def test_ddp_lab_and_gradients_refuse_none_and_lambdas_they_cannot_read_before_any_launch(tmp_path, capsys):
+    """Exercise 2.2's `lab_command = None`; Exercise 2.1's lambda (a StopIteration once) judged without torchrun."""
+    script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py")
+    with pytest.raises(NotYet, match="`lab_command` is None"):
+        wu.check_ddp_lab(script, tmp_path, command=None)
+    two = [lambda model: model, lambda model: None]  # two lambdas on one line: which one is meant?
+    with pytest.raises(NotYet, match="a lambda on a line with other lambdas"):
+        wu.check_average_gradients(two[0], tmp_path)
+    assert wu.check_average_gradients(lambda model: ..., tmp_path) is False
+    assert "only `...`" in capsys.readouterr().out
+    assert not list(tmp_path.glob("check*")) and not list(tmp_path.glob("gradients*"))
+
+
+# ---------------------------------------------------------------------- arbitrary values
+
+
+def _tensor(shape, dtype, value):
+    return torch.full(shape, value, dtype=torch.float64).to(dtype) if shape else torch.tensor(value).to(dtype)
+
+
+class Weird:
+    """An object that converts badly."""
+
+    def __float__(self):
+        raise RuntimeError("no float here")
+
+    def __repr__(self):
+        return "Weird()"
+
+
+class Unprintable(Weird):
+    """An object whose repr fails too (hypothesis itself shows its examples, so it is tried apart)."""
+
+    def __repr__(self):
+        raise RuntimeError("no repr either")
+
+
+@pytest.mark.parametrize("name, slot", [("1.1", "achieved_tflops"), ("3.3", "amp_step"), ("4.1", "loader_choice"),
+                                        ("4.3", "biggest_phase"), ("5.1 zero1", "gpus")])
+def test_an_object_that_cannot_even_be_shown_is_named_by_its_type(name, slot, capsys):
+    verdict, said = outcome(name, {slot: Unprintable()}, capsys)
+    assert verdict == "refused" and "Unprintable" in said, said
+
+
+SCALARS = st.one_of(
+    st.none(), st.just(...), st.booleans(), st.integers(), st.integers(-2**70, 2**70), st.just(10**400),
+    st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e4, 1e4), st.text(max_size=6), st.binary(max_size=3),
+    st.complex_numbers(allow_nan=True, allow_infinity=True), st.fractions(),
+    st.decimals(allow_nan=True, allow_infinity=True), st.floats(allow_nan=True).map(np.float64),
+    st.floats(width=32, allow_nan=True).map(np.float32), st.integers(-2**63, 2**63 - 1).map(np.int64),
+    st.sampled_from([np.bool_(True), object(), print, math, {"a": 1}, (), [], np.array([]), torch.tensor([]),
+                     Weird(), decimal.Decimal("sNaN"), "backward_ms", "step_ms", "backward", float("-0.0")]),
+)
+TENSORS = st.builds(_tensor, st.sampled_from([(), (1,), (2,), (1, 1), (0,)]),
+                    st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                                     torch.uint8, torch.bool, torch.complex64]),
+                    st.floats(-1e6, 1e6) | st.sampled_from([math.nan, math.inf, -math.inf, 0.0]))
+def _array(shape, value, dtype):
+    with np.errstate(all="ignore"):
+        return np.full(shape, value).astype(dtype, casting="unsafe")
+
+
+ARRAYS = st.builds(_array,
+                   st.sampled_from([(), (1,), (3,)]), st.floats(allow_nan=True),
+                   st.sampled_from(["float64", "float32", "int64", "bool", "complex128", "object", "U3"]))
+ANYTHING = st.one_of(SCALARS, TENSORS, ARRAYS, st.lists(SCALARS, max_size=3), st.tuples(SCALARS, SCALARS),
+                     st.dictionaries(st.text(max_size=3), SCALARS, max_size=2))
+ERRORS = st.sampled_from([ValueError, RuntimeError, ZeroDivisionError, AssertionError, KeyError, TypeError,
+                          AttributeError, IndexError, NotImplementedError, StopIteration, WorkshopError])
+
+
+def _raiser(error):
+    def function(*args, **kwargs):
+        raise error("from the attendee's code")
+    return function
+
+
+def _returning(value):
+    return lambda *args, **kwargs: value
+
+
+FUNCTIONS = st.one_of(ANYTHING, ANYTHING.map(_returning), ERRORS.map(_raiser),
+                      st.tuples(ANYTHING, ANYTHING, ANYTHING).map(_returning))
+AMP_STEPS = st.one_of(FUNCTIONS, ANYTHING.map(lambda value: amp_with(returns=lambda loss: value)),
+                      st.sampled_from([amp_with(after=lambda scaler: scaler.update()),
+                                       amp_with(before=lambda model: model.half()),
+                                       amp_with(after=lambda scaler: scaler.step(torch.optim.SGD([torch.zeros(1)]))),
+                                       amp_with(context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))]))
+
+# Every check with its answer slots: the strategy each slot draws from.
+FUZZED = {
+    "1.1": {"achieved_tflops": ANYTHING},
+    "1.2": {"matmul_tflops": ANYTHING, "seconds": ANYTHING, "timings": ANYTHING | st.just(TIMINGS)},
+    "1.3": {"mfu": ANYTHING, "achieved_tflops": ANYTHING | st.just(ACHIEVED), "matmul_tflops": ANYTHING},
+    "1.3 cpu": {"mfu": ANYTHING, "achieved_tflops": ANYTHING | st.just(ACHIEVED), "matmul_tflops": ANYTHING,
+                "timings": ANYTHING | st.just(TIMINGS)},
+    "1.4": {"flops_per_token": ANYTHING},
+    "2.3": {"efficiency": ANYTHING | st.floats(-2, 2)},
+    "2.4": {"micro_batch": ANYTHING | st.integers(-3, 200), "accumulation": ANYTHING | st.integers(-3, 9)},
+    "3.1": {"lost_fraction": ANYTHING},
+    "3.2": {"safe_scale": ANYTHING | st.integers(-5, 30).map(lambda k: 2.0**k)},
+    "3.3": {"amp_step": AMP_STEPS},
+    "4.1": {"loader_choice": FUNCTIONS},
+    "4.2": {"mib_per_sample": ANYTHING, "largest_batch": ANYTHING | st.integers(-10, 1000)},
+    "4.3": {"biggest_phase": ANYTHING | st.sampled_from(list(BREAKDOWN.columns)), "step_speedup": ANYTHING},
+    "5.1 zero3": {"gpus": ANYTHING | st.integers(-2, 20)},
+    "5.1 zero1": {"gpus": ANYTHING | st.integers(-2, 20)},
+    "5.1 none": {"gpus": ANYTHING},
+    "5.2": {"ddp_s": ANYTHING, "fsdp_s": ANYTHING | st.just(3 * ONE_PASS)},
+    "5.3": {"microbatches": ANYTHING | st.integers(-5, 10**6)},
+}
+
+
+def test_every_check_of_the_exercises_is_fuzzed():
+    exported = {n for n in dir(exercise_checks) if n.startswith("check_")} | {"check_ddp_efficiency"}
+    called = {"check_achieved_tflops", "check_matmul_tflops", "check_mfu", "check_flops_per_token",
+              "check_ddp_efficiency", "check_micro_batch_plan", "check_lost_fraction", "check_safe_loss_scale",
+              "check_amp_step", "check_loader_choice", "check_batch_memory", "check_next_fix", "check_fewest_gpus",
+              "check_fsdp_traffic", "check_microbatches"}
+    assert exported == called and set(FUZZED) == set(CALLS)
+
+
+@pytest.mark.parametrize("name", FUZZED)
+def test_no_value_makes_a_check_raise_anything_but_its_one_line(name):
+    slots = FUZZED[name]
+    examples = 60 if name == "3.3" else 120
+
+    @settings(max_examples=examples, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(st.fixed_dictionaries({slot: strategy for slot, strategy in slots.items()}))
+    def judged(answers):
+        try:
+            CALLS[name](**answers)
+        except KitDefect as err:
+            raise AssertionError(f"{name} {answers!r}: a check failed on its own: {err}") from err.__cause__
+        except WorkshopError as err:  # NotYet, or a one-line problem with the inputs
+            assert "\n" not in str(err), str(err)
+
+    judged()
