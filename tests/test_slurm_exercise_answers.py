@@ -135,7 +135,7 @@ RIGHT_61 = [
     *[dict(nproc_per_node=v) for v in (2, "2", 2.0, np.int64(2), torch.tensor(2))],
     # every --time format sbatch reads (Slurm keeps whole minutes: 2:30 is a limit of 3 minutes)
     *[dict(time=v) for v in ("00:05:00", "5", 5, 5.0, np.int64(10), "5:00", "0-00:05", "0-00:05:00", "0-1", "1:00:00",
-                             "3", "2:30", "0-0:10", "30", "23:59:59")],
+                             "3", "2:30", "0-0:10", "30", "00:59:59", "60")],
     # the signal: a name with or without SIG, any case, or its number; B: in either order with R; 60 s by default
     *[dict(signal=v) for v in ("B:USR1@60", "B:SIGUSR1@60", "b:usr1@60", "B:10@60", "B:USR1", "B:USR1@30",
                                "RB:USR1@60", "BR:USR1@60", "B:USR1@120")],
@@ -446,8 +446,11 @@ def numeric_forms(value):
                                          for form in numeric_forms(right)], ids=repr)
 def test_exercise_63_takes_a_right_answer_of_any_numeric_type(name, value, capsys):
     assert wu.check_job_usage(**{**RIGHT_63, name: value}, usage=REPLAY)
-    assert capsys.readouterr().out.strip() == ("✓ Exercise 6.3: correct (31% of 1 core(s) busy, 2% of the time limit "
-                                               "used; next time ask --time=1 --mem=1100M).")
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("✓ Exercise 6.3: correct (31% of 1 core(s) busy, 2% of the time limit used; next time ask "
+                           "--time=1 --mem=1100M")
+    # Called without its cell, on a job of 1 CPU and no GPU: the line says what it could not tell apart.
+    assert "judged on this job alone" in line
 
 
 MULTI = {"job": "7", "elapsed_s": 90, "time_limit_s": 600, "cpus": 4, "gpus": 2, "cpu_time_s": 180.0,
@@ -637,3 +640,49 @@ def test_exercise_63_answers_anything_in_one_line(name, value, usage):
                                                     "cpu_efficiency = 'x'"]))
 def test_exercise_63_answers_any_exercise_cell_in_one_line(cell):
     one_line_or_a_verdict(lambda: wu.check_job_usage(**RIGHT_63, usage=REPLAY, cell=cell))
+
+
+# ---------------------------------------------------------------- found by an attempt to fool the checks
+
+
+from workshop_utils.lessons import slurm_exercises as _se  # noqa: E402
+
+_FIRST = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+_BASE = dict(nodes=1, ntasks_per_node=1, cpus_per_task=2, time="00:05:00", signal="B:USR1@60", nproc_per_node=2,
+             rdzv_endpoint=f'"{_FIRST}:$((29500 + SLURM_JOB_ID % 1000))"')
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"rdzv_endpoint": f'"{_FIRST}:$((29500 + SLURM_JOB_ID % 40000))"'}, "ports end at 65535"),
+    ({"rdzv_endpoint": f'"{_FIRST}:$((20000 + SLURM_JOB_ID % 50000))"'}, "ports end at 65535"),
+    ({"time": "1440"}, "--time"), ({"time": "180"}, "--time"), ({"time": "1-0"}, "--time")])
+def test_fooled_before_now_refused(changes, words):
+    problem = _se.script_problem(_se.fill_job_script({**_BASE, **changes}))
+    assert problem is not None and words in problem
+
+
+def test_a_script_with_dos_line_breaks_is_named_as_such():
+    script = _se.fill_job_script(_BASE)
+    for broken in (script.replace("\n", "\r\n"), script.replace("#SBATCH --time=00:05:00\n", "#SBATCH --time=00:05:00\r\n")):
+        assert "DOS line breaks" in _se.script_problem(broken)
+
+
+def test_the_batch_hosts_node_name_is_the_first_node():
+    assert _se.script_problem(_se.fill_job_script({**_BASE, "rdzv_endpoint": '"$SLURMD_NODENAME:29500"'})) is None
+
+
+def test_a_cell_that_reads_earlier_variables_is_not_judged_on_another_job(capsys):
+    usage = {"job": "1", "elapsed_s": 95, "time_limit_s": 600, "cpus": 1, "gpus": 0, "cpu_time_s": 80.0,
+             "max_rss_mib": 410.0}
+    e, c, g, cpu, rss, limit = (usage[k] for k in ("elapsed_s", "cpus", "gpus", "cpu_time_s", "max_rss_mib",
+                                                   "time_limit_s"))
+    right_time, right_memory = _se.next_request(usage)
+    cell = (f"cpu_efficiency = cpu / (e * c)\ntime_share = e / limit\ngpu_hours = g * e / 3600\n"
+            f"next_time_limit_s = {right_time}\nnext_memory_mib = {right_memory}\n")
+    namespace = dict(e=e, c=c, g=g, cpu=cpu, rss=rss, limit=limit)
+    scope = dict(namespace)
+    exec(cell, scope)
+    assert _se._run_cell(cell, namespace, _se.OTHER_JOB) is not None
+    ok = _se.check_job_usage(scope["cpu_efficiency"], scope["time_share"], scope["gpu_hours"],
+                             scope["next_time_limit_s"], scope["next_memory_mib"], usage, cell=None)
+    assert ok

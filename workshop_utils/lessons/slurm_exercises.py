@@ -89,7 +89,7 @@ class JobSpec:
     warning: str = "USR1"  # what the script's trap and the training loop listen for
     min_lead_s: int = 30  # the least warning in which a checkpoint reliably gets written
     needed_s: int = 120  # start-up and a few CPU steps take well under this; the warning's lead comes on top
-    max_time_s: int = 86_400  # a day: far more than a two-minute job asks for, and a long wait in the queue
+    max_time_s: int = 3_600  # an hour: far more than a two-minute job needs; a longer request waits longer in the queue
 
     @property
     def ranks(self) -> int:
@@ -918,9 +918,12 @@ def _arithmetic_ports(expression: str, shell: _Shell) -> list[tuple[int, int]]:
     if re.search(r"[^\w\s$+\-*/%(){}]", expression):
         raise ValueError("an operator the check does not read")
     python = re.sub(r"\$\{([A-Za-z_]\w*)\}|\$?([A-Za-z_]\w*)", name_of, expression)
+    # JOB % m is largest at m - 1 and smallest at m: those job ids too, whatever the modulus.
+    moduli = {int(m) for m in re.findall(r"%\s*([0-9]{1,9})\b", expression) if int(m) > 0}
+    jobs = sorted({*_SAMPLE_JOB_IDS, *(m - 1 for m in moduli if m > 1), *moduli, *(2 * m - 1 for m in moduli)})
     try:
         tree = ast.parse(python.strip(), mode="eval")
-        return [(job, _evaluate(tree, {**names, "JOB": job})) for job in _SAMPLE_JOB_IDS]
+        return [(job, _evaluate(tree, {**names, "JOB": job})) for job in jobs]
     except (SyntaxError, RecursionError, MemoryError, ZeroDivisionError, KeyError) as err:
         raise ValueError(type(err).__name__) from None
 
@@ -976,7 +979,9 @@ def _host_problem(parts: list, shell: _Shell) -> str | None:
         if kind == "unset":
             return (f"the rendezvous host ${what}: nothing in the script or Slurm sets it, so the host would be "
                     f"empty. Fix: {RDZV_FIX}, or set {what} from it on a line before the launch.")
-        if (kind == "var" and what in ("HOSTNAME", "SLURMD_NODENAME")) or (
+        if kind == "var" and what == "SLURMD_NODENAME":
+            return None  # the node the batch script runs on, which Slurm makes the job's first node, by its node name
+        if (kind == "var" and what == "HOSTNAME") or (
                 kind == "subst" and re.fullmatch(r"\s*hostname( -[sf]| --short| --fqdn)?\s*", what)):
             return (f"the rendezvous host {shown} is the machine the batch shell runs on, not a name from the job's "
                     f"node list, which is what the exercise asks for. Fix: {RDZV_FIX}.")
@@ -1207,6 +1212,9 @@ def _job_problem(job: JobRequest, spec: JobSpec) -> str | None:
 def script_problem(script: str, spec: JobSpec = JOB_SPEC) -> str | None:
     """The first mistake the script's text shows against the exercise (``spec``), as "problem. Fix: ...";
     None when the text is right."""
+    if isinstance(script, str) and "\r" in script:
+        return ("the script has DOS line breaks (\\r\\n): sbatch refuses such a script before it queues anything. "
+                "Fix: save it with Unix line breaks (dos2unix, or your editor's line-ending setting).")
     try:
         return _job_problem(read_job_script(script, spec), spec)
     except _Problem as problem:
@@ -1805,12 +1813,16 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
         if cell is None and not _RERUNNING:
             cell, namespace = _exercise_cell()
         again = _run_cell(cell, namespace or {}, usage) if isinstance(cell, str) and not _RERUNNING else None
-        # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job.
+        judged_elsewhere = False
+        # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
+        # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.
         if again is not None and all(math.isclose(again[n], answers[n], rel_tol=1e-9, abs_tol=1e-12) for n in ANSWERS):
             other = _run_cell(cell, namespace or {}, OTHER_JOB)
-            if other is not None:
+            if other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
+                                             for n in ANSWERS):
                 _judge_usage(other, _usage_numbers(OTHER_JOB), f"{exercise} (your cell, run on another job: "
                                                                f"{OTHER_JOB['cpus']} CPUs, {OTHER_JOB['gpus']} GPUs)")
+                judged_elsewhere = True
     except WorkshopError:
         raise
     except Exception as err:
@@ -1818,6 +1830,10 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
     elapsed, cpus = read["elapsed_s"], read["cpus"]
     right_time, right_memory = next_request(read)
     busy = read["cpu_time_s"] / elapsed
+    caveat = ""
+    if not judged_elsewhere and (cpus == 1 or read["gpus"] == 0):
+        caveat = ("; judged on this job alone, whose 1 CPU or 0 GPUs cannot show a missing / cpus or x gpus: "
+                  "compute each answer from `usage` in one cell, so the check can run it on another job")
     return passed(exercise, f"{100 * busy / cpus:.0f}% of {cpus:g} core(s) busy, "
                             f"{100 * elapsed / read['time_limit_s']:.0f}% of the time limit used; next time ask "
-                            f"--time={right_time // 60} --mem={right_memory}M")
+                            f"--time={right_time // 60} --mem={right_memory}M{caveat}")
