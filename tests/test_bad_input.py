@@ -756,3 +756,69 @@ def test_every_entry_has_a_parser_the_sweep_can_read():
     for entry in ENTRIES:
         module = importlib.import_module(f"workshop_utils.{entry}")
         assert callable(getattr(module, "build_parser", None)) and callable(getattr(module, "main", None)), entry
+
+
+# ---------------------------------------------------------------- found by an attempt to break the check
+
+
+def test_a_server_record_pointing_elsewhere_gets_no_token(capsys):
+    seen = []
+
+    def elsewhere(handler):
+        seen.append(handler.headers.get("Authorization"))
+        return json_answer({"kernelspecs": {}})
+
+    with serving(elsewhere) as other:
+        record = {**HUB_USER, "servers": {"": {**HUB_USER["servers"][""], "url": f"{other}/user/{USER}/"}}}
+        for url in (f"{other}/user/{USER}/", "//" + other.split("://", 1)[1] + f"/user/{USER}/"):
+            record["servers"][""]["url"] = url
+            with serving(fake_hub(**{"/hub/api/users/USER": json_answer(record)})) as hub:
+                line = run_check(capsys, "--hub", hub, "--user", USER, "--token", TOKEN)
+            assert "not at the hub's" in line and TOKEN not in line
+    assert seen == []
+
+
+def test_the_kernels_websocket_follows_no_redirect(monkeypatch):
+    import websocket
+
+    calls = []
+    monkeypatch.setattr(websocket, "create_connection",
+                        lambda *a, **k: calls.append(k) or (_ for _ in ()).throw(websocket.WebSocketException("x")))
+    with serving(fake_hub()) as hub, pytest.raises(portal_check.WorkshopError):
+        portal_check.run_cells(f"{hub}/user/{USER}", TOKEN, "hpc-dl-workshop", ["1"])
+    assert calls and calls[0].get("redirect_limit") == 0
+
+
+@pytest.mark.parametrize("timeout", ["1e10", "9223372037", "86401"])
+def test_a_timeout_past_a_day_is_one_line(timeout, capsys):
+    run_check(capsys, "--hub", "http://127.0.0.1:1", "--user", USER, "--token", TOKEN, "--timeout", timeout)
+
+
+@pytest.mark.parametrize("where", ["message", "version"])
+def test_a_server_that_echoes_the_token_never_gets_it_printed(where, capsys, monkeypatch):
+    import websocket
+
+    monkeypatch.setattr(websocket, "create_connection", FakeKernelSocket)
+    if where == "message":
+        answers = {"/hub/api/users/USER": json_answer({"status": 403, "message": f"bad token {TOKEN}"}, 403)}
+    else:
+        answers = {"/hub/api": json_answer({"version": TOKEN})}
+    with serving(fake_hub(**answers)) as hub:
+        with contextlib.suppress(SystemExit):
+            portal_check.main(["--hub", hub, "--user", USER, "--token", TOKEN])
+    out = capsys.readouterr()
+    assert TOKEN not in out.out + out.err and "<token>" in out.out + out.err
+
+
+def test_an_error_reply_without_an_error_message_fails_the_cell(monkeypatch):
+    class ErrorReply(FakeKernelSocket):
+        def send(self, text):
+            parent = {"msg_id": json.loads(text)["header"]["msg_id"]}
+            self.replies += [{"parent_header": parent, "msg_type": "execute_reply", "content": {"status": "error"}},
+                             {"parent_header": parent, "msg_type": "status", "content": {"execution_state": "idle"}}]
+
+    import websocket
+
+    monkeypatch.setattr(websocket, "create_connection", ErrorReply)
+    with serving(fake_hub()) as hub, pytest.raises(portal_check.WorkshopError, match="failed in kernel"):
+        portal_check.run_cells(f"{hub}/user/{USER}", TOKEN, "hpc-dl-workshop", ["1"])

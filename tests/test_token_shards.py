@@ -148,7 +148,7 @@ def test_ids_beyond_the_vocabulary_in_both_files_point_at_the_model_size(tmp_pat
     with pytest.raises(wu.WorkshopError) as err:
         wu.read_token_shards(tmp_path).check_vocabulary(256)
     one_line(err, f"{tmp_path}/train.bin reach 39,990", "gpt_size='gpt2-small' (50,304 entries)")
-    good_shards(tmp_path, train=np.full(100, 65535), val=np.full(100, 60000))
+    good_shards(tmp_path, train=np.resize([65535, 1], 100), val=np.resize([60000, 1], 100))
     with pytest.raises(wu.WorkshopError) as err:
         wu.read_token_shards(tmp_path).check_vocabulary(50304)
     one_line(err, "reach 65,535", "no GPT size here has 65,536 entries or more", "damaged")
@@ -329,3 +329,31 @@ assert grown_mib < 512, grown_mib
     assert done.returncode == 0, done.stdout + done.stderr
     seconds = float(done.stdout.split()[2])
     assert seconds < 60, done.stdout  # the disk's speed, not Python's: a loaded 2-core runner still takes seconds
+
+
+# ---------------------------------------------------------------- found by an attempt to break the reader
+
+
+def test_a_shard_of_one_repeated_id_is_refused(tmp_path):
+    import numpy as np
+
+    np.zeros(5000, np.uint16).tofile(tmp_path / "train.bin")
+    np.random.RandomState(0).randint(0, 256, 2000).astype(np.uint16).tofile(tmp_path / "val.bin")
+    with pytest.raises(wu.WorkshopError, match="every one the id 0"):
+        wu.read_token_shards(tmp_path)
+
+
+@pytest.mark.parametrize("how", ["link", "copy"])
+def test_a_validation_split_equal_to_the_training_split_is_refused(tmp_path, how):
+    import os
+    import shutil
+
+    import numpy as np
+
+    np.random.RandomState(0).randint(0, 256, 5000).astype(np.uint16).tofile(tmp_path / "train.bin")
+    if how == "link":
+        os.symlink(tmp_path / "train.bin", tmp_path / "val.bin")
+    else:
+        shutil.copy(tmp_path / "train.bin", tmp_path / "val.bin")
+    with pytest.raises(wu.WorkshopError, match="the same tokens as"):
+        wu.read_token_shards(tmp_path)

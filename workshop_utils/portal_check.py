@@ -162,10 +162,14 @@ def check_port(port) -> int:
     return port
 
 
+MAX_TIMEOUT_S = 86_400.0  # a day: more is a mistake, and past about 9e9 s the socket layer cannot hold it
+
+
 def check_timeout(timeout_s) -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
-            math.isfinite(timeout_s) and timeout_s > 0):
-        raise WorkshopError(f"Timeout {timeout_s!r} is not a number of seconds above 0.", "use e.g. --timeout 30.")
+            math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise WorkshopError(f"Timeout {timeout_s!r} is not a number of seconds above 0 and at most "
+                            f"{MAX_TIMEOUT_S:,.0f}.", "use e.g. --timeout 30.")
     return float(timeout_s)
 
 
@@ -438,6 +442,11 @@ def server_url(hub: str, user: str, token: str, timeout_s: float = TIMEOUT_S) ->
     if _origin(server) is None or not server.startswith(("http://", "https://")) or not _clean(server) == server:
         raise WorkshopError(f"The hub's record of user {user} gives its running server an address no request can go "
                             f"to ({_clean(path, 80)!r}).", "check the hub's configuration (base_url, public_url).")
+    if _origin(server) != _origin(hub):
+        raise WorkshopError(f"The hub's record of user {user} puts its server at {_where(server)}, not at the hub's "
+                            f"{_where(hub)}: the token is sent to the hub's address only, so that server is not "
+                            "checked.", "attendees reach their server through the hub's proxy: check the hub's "
+                                        "configuration (public_url), or give --hub the address attendees use.")
     return server
 
 
@@ -489,7 +498,9 @@ def run_cells(server: str, token: str, kernel: str, cells: list[str], timeout_s:
     outputs = []
     try:
         try:
-            ws = websocket.create_connection(socket_url, header=[f"Authorization: token {token}"], timeout=timeout_s)
+            # No redirect followed: the token goes to the hub's address only.
+            ws = websocket.create_connection(socket_url, header=[f"Authorization: token {token}"], timeout=timeout_s,
+                                             redirect_limit=0)
         except (OSError, websocket.WebSocketException, ValueError) as err:
             raise WorkshopError(f"Kernel {kernel} started but its websocket did not open "
                                 f"({_scrub(_clean(str(err) or type(err).__name__), token)}).",
@@ -552,6 +563,10 @@ def _execute(ws, code: str, number: int, kernel: str, timeout_s: float) -> str:
             raise WorkshopError(f"Cell {number} failed in kernel {kernel}: {_clean(content.get('ename', '?'), 60)}: "
                                 f"{_clean(content.get('evalue', ''), 300)}.",
                                 "install the kit into the kernel's environment (pip install -e . there).")
+        elif kind == "execute_reply" and content.get("status") in ("error", "aborted"):
+            raise WorkshopError(f"Cell {number} {'failed' if content.get('status') == 'error' else 'was aborted'} in "
+                                f"kernel {kernel} ({_clean(content.get('ename', ''), 60) or 'no error named'}).",
+                                "run it in JupyterLab to see the error; install the kit into the kernel's environment.")
         elif kind == "status" and content.get("execution_state") == "idle":
             return "".join(printed)
     raise WorkshopError(f"Cell {number} did not finish within {timeout_s:g} s in kernel {kernel}.",
@@ -663,8 +678,13 @@ def build_parser() -> OneLineParser:
 @exit_on_workshop_error
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
-    check_portal(args.hub, args.user, args.token, tuple(args.cell or ("import workshop_utils",)),
-                 args.tensorboard_port, say=lambda line: print(line, flush=True), timeout_s=args.timeout)
+    # A server's own words can hold the token (an error page that echoes the request): never printed.
+    try:
+        check_portal(args.hub, args.user, args.token, tuple(args.cell or ("import workshop_utils",)),
+                     args.tensorboard_port, say=lambda line: print(_scrub(line, args.token), flush=True),
+                     timeout_s=args.timeout)
+    except WorkshopError as err:
+        raise WorkshopError(_scrub(err.problem, args.token), err.fix and _scrub(err.fix, args.token)) from None
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ sees exactly the batches it would have seen.
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import math
 import numbers
@@ -253,6 +254,10 @@ def read_token_shards(root: str | os.PathLike) -> TokenData:
         raise WorkshopError(f"No token shard {root / SHARDS[0]}: the folder {root} does not exist.", fix)
     paths = [root / name for name in SHARDS]
     scans = {split: check_token_file(path, fix) for split, path in zip(SPLITS, paths)}
+    if os.path.samefile(paths[0], paths[1]) or (scans[SPLITS[0]].tokens == scans[SPLITS[1]].tokens
+                                                and filecmp.cmp(paths[0], paths[1], shallow=False)):
+        raise WorkshopError(f"{paths[1]} holds the same tokens as {paths[0]}: the test loss would be measured on the "
+                            "training data.", "write the validation split from text the model does not train on.")
     try:
         train, val = (np.memmap(path, dtype=np.uint16, mode="r", shape=(scans[split].tokens,))
                       for split, path in zip(SPLITS, paths))
@@ -301,12 +306,13 @@ def check_token_file(path: str | os.PathLike, fix: str | None = None) -> TokenSc
         raise WorkshopError(f"{path} holds {size} bytes: not a run of uint16 token ids long enough for one window "
                             "(2 tokens at least).", again)
     tokens = size // 2
-    best, at = -1, 0
+    best, at, lowest = -1, 0, None
     try:
         for start in range(0, tokens, _SCAN_TOKENS):
             count = min(_SCAN_TOKENS, tokens - start)
             chunk = np.memmap(path, dtype=np.uint16, mode="r", offset=2 * start, shape=(count,))
-            top = int(chunk.max())
+            top, low = int(chunk.max()), int(chunk.min())
+            lowest = low if lowest is None else min(lowest, low)
             if top > best:
                 best, at = top, start + int(np.argmax(chunk))  # argmax: the first index holding the maximum
             del chunk  # unmapped: the check never holds more than one chunk
@@ -314,6 +320,10 @@ def check_token_file(path: str | os.PathLike, fix: str | None = None) -> TokenSc
         raise WorkshopError(f"Token shard {path} cannot be read to its end ({_os_reason(err)}).",
                             "check the file system it is on, and that nothing writes the file now; or " + again) \
             from None
+    if lowest == best:
+        raise WorkshopError(f"{path} holds {tokens:,} tokens, every one the id {best}: no text (a file set aside and "
+                            "never written, or filled with one value), and a model trained on it learns nothing.",
+                            again)
     return TokenScan(str(path), tokens, best, at)
 
 
