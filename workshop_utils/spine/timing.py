@@ -266,12 +266,15 @@ def init_cuda() -> None:
     torch.cuda.init()
 
 
-def reset_peak_memory(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device, release: bool = True) -> None:
+    """Start a new peak from what is in use now. On a CPU, ``release`` first hands freed memory back to the system
+    (a garbage collection: a run's start wants it; the loop's split between training and evaluation does not)."""
     if device.type == "cuda":
         init_cuda()
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        release_free_host_memory()
+        if release:
+            release_free_host_memory()
         reset_host_peak_rss()
 
 

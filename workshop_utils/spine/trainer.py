@@ -505,10 +505,10 @@ class TrainingRun:
         _print_log(self.pending_log, self.total_steps)
         self.pending_log = None
         self.train_peak = max(self.train_peak, peak_memory_mib(device)[0])
-        reset_peak_memory(device)
+        reset_peak_memory(device, release=False)
         row["test_loss"], row["test_acc"] = evaluate(self.eval_model, self.test_loader, device, config.precision)
         self.eval_peak = max(self.eval_peak, peak_memory_mib(device)[0])
-        reset_peak_memory(device)
+        reset_peak_memory(device, release=False)
         if self.text:
             row["test_bits_per_byte"] = bits_per_byte(row["test_loss"], self.data.bytes_per_token)
         self.history.append(row)
