@@ -135,7 +135,7 @@ RIGHT_61 = [
     *[dict(nproc_per_node=v) for v in (2, "2", 2.0, np.int64(2), torch.tensor(2))],
     # every --time format sbatch reads (Slurm keeps whole minutes: 2:30 is a limit of 3 minutes)
     *[dict(time=v) for v in ("00:05:00", "5", 5, 5.0, np.int64(10), "5:00", "0-00:05", "0-00:05:00", "0-1", "1:00:00",
-                             "3", "2:30", "0-0:10", "30", "00:59:59", "60")],
+                             "4", "4:00", "0-0:10", "30", "00:59:59", "60")],
     # the signal: a name with or without SIG, any case, or its number; B: in either order with R; 60 s by default
     *[dict(signal=v) for v in ("B:USR1@60", "B:SIGUSR1@60", "b:usr1@60", "B:10@60", "B:USR1", "B:USR1@30",
                                "RB:USR1@60", "BR:USR1@60", "B:USR1@120")],
@@ -370,8 +370,7 @@ def test_on_a_cluster_a_job_without_checkpoint_is_refused(cluster, tmp_path):
 RIGHT_62 = [
     (LINES, "0-2"), (LINES, "0-2%1"), (LINES, "0-2%3"), (LINES, "0,1,2"), (LINES, "0-1,2"), (LINES, "0-2:1"),
     (LINES, "--array=0-2"), (tuple(LINES), "0-2"), ([np.str_(line) for line in LINES], "0-2"),
-    (["--lr=0.01", "--lr 3e-2", "--lr 0.1"], "0-2"), (["--lr 0.01 --seed 1", "--lr 0.03  ", "\t--lr 0.1"], "0-2"),
-    (["--seed 1 --lr 0.01", "--lr 0.03 --precision fp32", "--no-compile --lr 0.1"], "0-2"),
+    (["--lr=0.01", "--lr 3e-2", "--lr 0.1"], "0-2"), (["--lr 0.01", "--lr 0.03  ", "\t--lr 0.1"], "0-2"),
 ]
 
 
@@ -686,3 +685,29 @@ def test_a_cell_that_reads_earlier_variables_is_not_judged_on_another_job(capsys
     ok = _se.check_job_usage(scope["cpu_efficiency"], scope["time_share"], scope["gpu_hours"],
                              scope["next_time_limit_s"], scope["next_memory_mib"], usage, cell=None)
     assert ok
+
+
+def test_a_sweep_line_that_changes_more_than_the_rate_is_named(capsys):
+    import workshop_utils as wu
+
+    config = wu.TrainConfig(max_steps=6)
+    for lines in (["--lr 0.01 --device cuda", "--lr 0.03", "--lr 0.1"], ["--lr 0.01 --max-steps 1000", "--lr 0.03",
+                                                                          "--lr 0.1"]):
+        assert _se.sweep_problem(lines, "0-2", (0.01, 0.03, 0.1)) is not None
+        assert "also sets" in _se.sweep_problem(lines, "0-2", (0.01, 0.03, 0.1))
+
+
+def test_a_limit_that_the_early_signal_could_cut_short_is_named():
+    problem = _se.script_problem(_se.fill_job_script({**_BASE, "time": "3"}))
+    assert problem is not None and "earlier still" in problem
+
+
+@pytest.mark.parametrize("time", ["3", "2:30", "0:03:00"])
+def test_a_limit_inside_the_warning_and_its_early_minute_is_refused(time):
+    assert "earlier still" in _se.script_problem(_se.fill_job_script({**_BASE, "time": time}))
+
+
+@pytest.mark.parametrize("lines", [["--seed 1 --lr 0.01", "--lr 0.03", "--lr 0.1"],
+                                   ["--lr 0.01", "--lr 0.03 --precision fp32", "--no-compile --lr 0.1"]])
+def test_a_sweep_line_with_another_flag_beside_its_rate_is_named(lines):
+    assert "also sets" in _se.sweep_problem(lines, "0-2", (0.01, 0.03, 0.1))

@@ -152,6 +152,7 @@ def _whole(text) -> int | None:
 
 
 NO_LIMIT = math.inf
+SIGNAL_EARLY_S = 60  # sbatch: "the signal may be sent up to 60 seconds earlier than specified"
 
 
 def time_limit_s(text) -> float | None:
@@ -1144,9 +1145,11 @@ def _time_problem(job: JobRequest, spec: JobSpec) -> str | None:
     if lead < spec.min_lead_s:
         return (f"--signal gives {lead} s of warning: too little to write a checkpoint on a busy file system. Fix: "
                 f"give it a minute or more (B:{spec.warning}@60).")
-    if limit < spec.needed_s + lead:
-        return (f"--time of {limit} s: the job needs about {spec.needed_s} s, and the warning comes {lead} s before "
-                f"the end, so it would run out of time. Fix: at least {spec.needed_s + lead} s, e.g. 00:05:00.")
+    # sbatch may send the signal up to 60 s before the time asked for (its manual): that minute counts too.
+    if limit < spec.needed_s + lead + SIGNAL_EARLY_S:
+        return (f"--time of {limit:g} s: the job needs about {spec.needed_s} s, and the warning comes {lead} s before "
+                f"the end, up to {SIGNAL_EARLY_S} s earlier still (sbatch's resolution), so it could run out of time. "
+                f"Fix: at least {spec.needed_s + lead + SIGNAL_EARLY_S} s, e.g. 00:05:00.")
     if limit > spec.max_time_s:
         return (f"--time={_show(text)} asks for {limit / 3600:g} h for about {spec.needed_s // 60} minutes of work: "
                 "a long request waits longer for its slot and holds what it does not use. Fix: the work and the "
@@ -1520,6 +1523,12 @@ def _sweep_line(number: int, line: str) -> float | None:
         raise _Problem(f"line {number} ({shown}): python -m workshop_utils.train would stop with "
                        f"\"{_show(str(err))}\". Fix: flags as the command takes them, e.g. \"--lr 0.01\".") from None
     given = vars(flags)
+    others = sorted(name for name, value in given.items() if value is not None and name != "lr")
+    if others and given.get("lr") is not None:  # a line with no --lr is named with the others that have none
+        flags_shown = ", ".join("--" + name.replace("_", "-") for name in others)
+        raise _Problem(f"line {number} ({shown}) also sets {flags_shown}: a task's flags come after the sweep's shared "
+                       "ones and override them, so that task would not be the same run at another learning rate. "
+                       "Fix: only --lr on each line, e.g. \"--lr 0.01\".")
     lr = given.get("lr")
     return None if lr is None else float(lr)
 
