@@ -48,7 +48,7 @@ def test_a_complete_run_replaces_the_reference_and_keeps_the_other_references(tm
 
 @pytest.mark.parametrize("status, commits, words", [
     ("FAILED", ("abc1234",), "did not finish: 02_y.ipynb"),
-    ("ok", ("abc1234", "def5678"), "come from 2 commits")])
+    ("ok", ("abc1234", "def5678"), "come from 2 commits")])  # not in this history: no way to tell
 def test_a_run_that_cannot_be_the_reference_is_one_line(tmp_path, status, commits, words):
     run = _run_folder(tmp_path, status, commits)
     with pytest.raises(reference.WorkshopError, match=words):

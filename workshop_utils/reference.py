@@ -57,6 +57,32 @@ def _commit_time(commit: str | None) -> str | None:
     return out.stdout.strip() or None
 
 
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo_root() or Path.cwd()), *args], capture_output=True, text=True)
+
+
+def _one_commit(run: Path, commits: set[str]) -> str:
+    """The commit a run's results stand for: its only one, or, when commits landed while it ran, the newest,
+    provided no notebook changed between them; else a WorkshopError."""
+    if len(commits) == 1:
+        return next(iter(commits))
+    listed = ", ".join(sorted(commits))
+    refuse = WorkshopError(f"{run}'s results come from {len(commits)} commits ({listed}), with the notebooks changed "
+                           "between them (or no git history to tell).",
+                           "keep a run of one main job, at one commit, as the reference.")
+    dated = []
+    for commit in commits:
+        when = _git("show", "-s", "--format=%ct", commit)
+        if when.returncode != 0 or not when.stdout.strip().isdigit():
+            raise refuse
+        dated.append((int(when.stdout.strip()), commit))
+    dated.sort()
+    oldest, newest = dated[0][1], dated[-1][1]
+    if _git("diff", "--quiet", oldest, newest, "--", "notebooks/").returncode != 0:
+        raise refuse
+    return newest
+
+
 def run_page(facts: dict) -> str:
     """RUN.md: what the reference run was, from ``reference.json``'s facts."""
     env = facts["environment"]
@@ -95,10 +121,7 @@ def keep_as_reference(run_dir, reference=None) -> Path:
             shutil.copy2(run / name, old)
     environment = next((r["environment"] for r in records if isinstance(r.get("environment"), dict)), {})
     commits = {r.get("git_commit") for r in records if r.get("git_commit")}
-    if len(commits) > 1:
-        raise WorkshopError(f"{run}'s results come from {len(commits)} commits ({', '.join(sorted(commits))}).",
-                            "keep a run of one main job, at one commit, as the reference.")
-    commit = commits.pop() if commits else git_commit()  # the commit the run ran at, not the one checked out now
+    commit = _one_commit(run, commits) if commits else git_commit()  # what the run ran at, not what is checked out
     facts = {"run": run.name, "commit": commit, "commit_time": _commit_time(commit),
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "profile": log[0].get("profile"), "environment": environment,
