@@ -223,7 +223,7 @@ def test_a_hook_that_resets_the_memory_peak_does_not_hide_the_runs_peak(tiny_dat
     """A per-step memory probe resets the allocator's peak after every step; the record keeps the run's peak."""
     peaks = {"now": 0.0}
     monkeypatch.setattr(trainer, "memory_in_use_mib", lambda device: 0.0)
-    monkeypatch.setattr(trainer, "reset_peak_memory", lambda device: peaks.update(now=0.0))
+    monkeypatch.setattr(trainer, "reset_peak_memory", lambda device, release=True: peaks.update(now=0.0))
     monkeypatch.setattr(trainer, "peak_memory_mib", lambda device: (peaks["now"], "test peak"))
 
     def probe(step):  # reads its own per-step peak, then resets it, as StepMemory does

@@ -507,7 +507,7 @@ def test_build_fills_in_code_numbers_and_figures_within_budget(built):
     assert all("{{" not in text for text in rendered.values())
     assert "2,474,506" in rendered["00_overview"]  # a number taken from the record, formatted
     assert "def ring_all_reduce_s" in rendered["02_ddp"]  # code pulled from the package
-    assert "DistributedDataParallel(model" in rendered["02_ddp"]
+    assert "DistributedDataParallel(self.model" in rendered["02_ddp"]
     assert "data:image/png;base64," in rendered["03_optimization"]
     assert "<!--" in rendered["01_fundamentals"]  # speaker notes
     assert "10:00–10:15" in rendered["00_overview"]  # the agenda
