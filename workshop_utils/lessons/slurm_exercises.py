@@ -1455,52 +1455,13 @@ def array_tasks(spec) -> list[int] | None:
     return sorted({task for r in ranges for task in r})
 
 
-def _value_parser(setting, types: tuple):
-    """How ``python -m workshop_utils.train`` reads a flag's value (its ``value_parser``): words, choices, numbers."""
-
-    def parse(text: str):
-        if text in setting.words:
-            return setting.words[text]
-        if setting.choices is not None or (bool in types and bool(setting.words)):
-            if text in (setting.choices or ()):
-                return text
-            allowed = ", ".join(repr(word) for word in (*setting.words, *(setting.choices or ())))
-            raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {allowed})")
-        if int in types:
-            try:
-                return int(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if float in types:
-            try:
-                return float(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        return text
-
-    return parse
-
-
 @functools.cache
 def _train_flags() -> _Parser:
-    """The flags of ``python -m workshop_utils.train``, generated from TrainConfig's fields as the command
-    generates them (``train.add_config_flags``; the command itself sits above this layer)."""
-    from ..spine.config import TrainConfig, field_types, setting_of
+    """The flags of ``python -m workshop_utils.train``, from the same generator the command uses."""
+    from ..spine.config_flags import add_config_flags
 
     parser = _Parser(prog="python -m workshop_utils.train", add_help=False)
-    types_of = field_types()
-    for f in dataclasses.fields(TrainConfig):
-        setting, types = setting_of(f), types_of[f.name]
-        flags = ("--" + f.name.replace("_", "-"), *setting.aliases)
-        if types == (bool,):
-            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
-        elif bool in types:
-            parser.add_argument(*flags, dest=f.name, nargs="?", const=True, type=_value_parser(setting, types),
-                                default=argparse.SUPPRESS)
-            parser.add_argument("--no-" + flags[0][2:], dest=f.name, action="store_const", const=False,
-                                default=argparse.SUPPRESS)
-        else:
-            parser.add_argument(*flags, dest=f.name, type=_value_parser(setting, types), default=argparse.SUPPRESS)
+    add_config_flags(parser)
     parser.add_argument("--global-batch-size", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--out", default=argparse.SUPPRESS)
     return parser
