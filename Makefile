@@ -41,8 +41,11 @@ $(PORTAL_DEPS): portal/package-lock.json
 run: $(STAMP)
 	$(PY) -m workshop_utils.run_notebooks
 
+# Its time, outcomes and slowest tests go to runs/test-suite-<stamp>.json for the measurements page
+# (python -m workshop_utils.reference --tests FILE).
 test: $(STAMP) $(SLIDES_DEPS) $(PORTAL_DEPS)
-	$(PY) -m pytest
+	@mkdir -p runs
+	$(PY) -m pytest --suite-record runs/test-suite-$$(date -u +%Y%m%d-%H%M%S).json
 
 # The tests marked neither slow nor notebook (pyproject.toml lists the markers).
 test-fast: $(STAMP)

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,12 @@ CHECKED = "nbval-check-output"
 EXECUTED = "WORKSHOP_NBVAL_EXECUTED"
 OUTCOME = "nbval_outcome"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--suite-record", metavar="PATH", default=None,
+                     help="write the session's time, outcome counts, slowest tests and environment to PATH (JSON); "
+                          "`make test` does, and `python -m workshop_utils.reference --tests PATH` keeps it")
 
 
 def pytest_configure(config):
@@ -101,7 +108,33 @@ def _keep_outputs(item, report) -> None:
 _executed: dict = {}
 
 
-def pytest_sessionfinish(session):
+_started = time.monotonic()
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def _write_suite_record(session, exitstatus) -> None:
+    """What `make test` took, so the measurements page (results/reference/RUN.md) can say it without a typed figure."""
+    path = session.config.getoption("suite_record")
+    if not path:
+        return
+    from workshop_utils.system.hardware import environment
+    from workshop_utils.system.results import git_commit, write_json
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    counts = {key: len(reporter.stats.get(key, [])) for key in ("passed", "failed", "skipped", "error")}
+    slowest = sorted(_durations.items(), key=lambda item: -item[1])[:15]
+    write_json({"kind": "test_suite", "seconds": round(time.monotonic() - _started, 1), "exit_status": int(exitstatus),
+                "counts": counts, "marker_expression": session.config.option.markexpr or None,
+                "git_commit": git_commit(), "environment": environment("cpu"),
+                "slowest": [{"test": name, "seconds": round(seconds, 1)} for name, seconds in slowest]}, path)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _write_suite_record(session, exitstatus)
     folder = os.environ.get(EXECUTED)
     if folder and _executed:
         import nbformat

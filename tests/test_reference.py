@@ -75,3 +75,51 @@ def test_the_reference_is_newer_than_every_notebook_that_writes_it():
     changed = _git("log", "--format=%h %s", f"{commit}..HEAD", "--", "notebooks/").stdout.strip()
     assert not changed, ("notebooks changed after the reference was recorded: rerun `make run` and "
                          f"`python -m workshop_utils.reference runs/<stamp>`:\n{changed}")
+
+
+def _suite(tmp_path: Path, **changes) -> Path:
+    record = {"kind": "test_suite", "seconds": 2217.4, "exit_status": 0, "marker_expression": None,
+              "counts": {"passed": 2030, "failed": 0, "skipped": 4, "error": 0}, "git_commit": "abc1234",
+              "environment": {"cpu_model": "Some CPU", "cpu_cores": 2, "date": "2026-11-26T20:00:00+00:00"},
+              "slowest": [{"test": "tests/test_notebooks.py::test_main_job", "seconds": 640.2}], **changes}
+    path = tmp_path / "test-suite.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_the_test_suites_time_joins_the_page_and_survives_a_new_run(tmp_path):
+    target = tmp_path / "reference"
+    reference.keep_as_reference(_run_folder(tmp_path), target)
+    reference.main(["--tests", str(_suite(tmp_path)), "--into", str(target)])
+    page = (target / "RUN.md").read_text()
+    assert "37.0 minutes (2,217 s) at commit abc1234 on Some CPU (2 cores)" in page
+    assert "2,030 passed, 4 skipped" in page and "| `tests/test_notebooks.py::test_main_job` | 640.2 |" in page
+    reference.keep_as_reference(_run_folder(tmp_path / "again"), target)  # a newer notebook run keeps the suite's time
+    assert "37.0 minutes" in (target / "RUN.md").read_text()
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"exit_status": 1, "counts": {"passed": 3, "failed": 1}}, "failed"),
+    ({"marker_expression": "not slow and not notebook"}, "timed only the tests marked"),
+    ({"kind": "train"}, "not a test-suite record")])
+def test_a_suite_record_that_is_not_a_whole_passing_run_is_refused_in_one_line(tmp_path, capsys, changes, words):
+    target = tmp_path / "reference"
+    reference.keep_as_reference(_run_folder(tmp_path), target)
+    with pytest.raises(SystemExit) as stop:
+        reference.main(["--tests", str(_suite(tmp_path, **changes)), "--into", str(target)])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and words in err
+    assert "test suite" not in (target / "RUN.md").read_text()
+
+
+@pytest.mark.slow
+def test_make_test_writes_the_record_the_page_reads(tmp_path):
+    """The conftest's --suite-record, run on a tiny suite in a subprocess: the record is one reference accepts."""
+    (tmp_path / "test_tiny.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    record = tmp_path / "suite.json"
+    proc = subprocess.run([__import__("sys").executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                           "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"), "--suite-record", str(record),
+                           str(tmp_path / "test_tiny.py")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    suite = reference.read_suite_record(record)
+    assert suite["counts"]["passed"] == 1 and suite["slowest"][0]["test"].endswith("test_one")

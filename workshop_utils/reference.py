@@ -11,6 +11,11 @@ report and notebook log (other references kept beside them, ``gpu/`` and ``slurm
 ``reference.json`` (the commit, the machine, each notebook's seconds) and ``RUN.md``, the page of those
 facts, generated, never typed. ``tests/test_reference.py`` fails when a notebook changed after the commit
 the reference was recorded at.
+
+``make test`` records its own time (``runs/test-suite-<stamp>.json``: seconds, outcomes, slowest tests,
+machine); ``--tests`` keeps such a record beside the notebooks' on the same page, with or without a run:
+
+    python -m workshop_utils.reference --tests runs/test-suite-<stamp>.json
 """
 
 from __future__ import annotations
@@ -95,7 +100,55 @@ def run_page(facts: dict) -> str:
     for entry in facts["notebooks"]:
         lines.append(f"| {entry['notebook']} | {entry['seconds']:.1f} | {entry['budget_s']} |")
     lines += [f"| **all** | **{sum(e['seconds'] for e in facts['notebooks']):.1f}** | |", ""]
+    suite = facts.get("test_suite")
+    if suite:
+        lines += _suite_lines(suite)
     return "\n".join(lines)
+
+
+def _suite_lines(suite: dict) -> list[str]:
+    env, counts = suite.get("environment") or {}, suite.get("counts") or {}
+    outcome = ", ".join(f"{n:,} {key}" for key, n in counts.items() if n)
+    lines = ["## The test suite (`make test`)", "",
+             f"{suite['seconds'] / 60:.1f} minutes ({suite['seconds']:,.0f} s) at commit "
+             f"{suite.get('git_commit') or 'unknown'} on {env.get('cpu_model') or 'an unknown CPU'} "
+             f"({env.get('cpu_cores')} cores), {suite.get('created', '')[:10]}: {outcome or 'no test ran'}. "
+             "The slowest tests:", "", "| test | seconds |", "| --- | ---: |"]
+    lines += [f"| `{row['test']}` | {row['seconds']:.1f} |" for row in suite.get("slowest", [])]
+    return lines + [""]
+
+
+def read_suite_record(path) -> dict:
+    """A ``make test`` record (conftest.py's ``--suite-record``), refused in one line unless it is a whole run."""
+    path = Path(path)
+    try:
+        suite = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise WorkshopError(f"{path} is not a readable test-suite record ({type(err).__name__}).",
+                            "pass the runs/test-suite-<stamp>.json that `make test` wrote.") from None
+    if not isinstance(suite, dict) or suite.get("kind") != "test_suite" or not isinstance(suite.get("seconds"), (int, float)):
+        raise WorkshopError(f"{path} is not a test-suite record.", "pass the runs/test-suite-<stamp>.json `make test` wrote.")
+    if suite.get("marker_expression"):
+        raise WorkshopError(f"{path} timed only the tests marked `{suite['marker_expression']}`.",
+                            "keep the record of a whole `make test`.")
+    if suite.get("exit_status") != 0 or (suite.get("counts") or {}).get("failed"):
+        raise WorkshopError(f"{path} is the record of a test run that failed.", "keep the record of a passing `make test`.")
+    suite.setdefault("created", (suite.get("environment") or {}).get("date") or "")
+    return suite
+
+
+def keep_suite_record(path, reference=None) -> Path:
+    """Put a ``make test`` record on the measurements page; the notebooks' facts stay as they are."""
+    target = Path(reference) if reference is not None else default_reference()
+    try:
+        facts = json.loads((target / "reference.json").read_text())
+    except (OSError, ValueError):
+        raise WorkshopError(f"{target} holds no reference.json to add the test suite's time to.",
+                            "record a main-job run first: python -m workshop_utils.reference runs/<stamp>.") from None
+    facts["test_suite"] = read_suite_record(path)
+    write_json(facts, target / "reference.json")
+    (target / "RUN.md").write_text(run_page(facts))
+    return target
 
 
 def keep_as_reference(run_dir, reference=None) -> Path:
@@ -122,10 +175,17 @@ def keep_as_reference(run_dir, reference=None) -> Path:
     environment = next((r["environment"] for r in records if isinstance(r.get("environment"), dict)), {})
     commits = {r.get("git_commit") for r in records if r.get("git_commit")}
     commit = _one_commit(run, commits) if commits else git_commit()  # what the run ran at, not what is checked out
+    previous = target / "reference.json"
+    try:  # the test suite's time was measured apart from the run: it stays until a newer one is kept
+        suite = json.loads(previous.read_text()).get("test_suite") if previous.exists() else None
+    except (OSError, ValueError, AttributeError):
+        suite = None
     facts = {"run": run.name, "commit": commit, "commit_time": _commit_time(commit),
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "profile": log[0].get("profile"), "environment": environment,
              "notebooks": [{k: e.get(k) for k in ("notebook", "seconds", "budget_s")} for e in log]}
+    if suite:
+        facts["test_suite"] = suite
     write_json(facts, target / "reference.json")
     (target / "RUN.md").write_text(run_page(facts))
     return target
@@ -135,16 +195,26 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m workshop_utils.reference", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            fix="see `python -m workshop_utils.reference --help`.")
-    parser.add_argument("run_dir", help="a complete main-job run folder (runs/<stamp>)")
+    parser.add_argument("run_dir", nargs="?", help="a complete main-job run folder (runs/<stamp>)")
+    parser.add_argument("--tests", metavar="JSON", help="a passing `make test`'s record (runs/test-suite-<stamp>.json)")
     parser.add_argument("--into", metavar="DIR", help="the reference folder (default: results/reference/)")
     return parser
 
 
 @exit_on_workshop_error
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
-    target = keep_as_reference(args.run_dir, args.into)
-    print(f"Reference results replaced from {args.run_dir}: {target} (see {target / 'RUN.md'})")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.run_dir is None and args.tests is None:
+        parser.error("give a main-job run folder, a test-suite record (--tests), or both.")
+    if args.tests is not None:
+        read_suite_record(args.tests)  # refused before a run replaces anything
+    if args.run_dir is not None:
+        target = keep_as_reference(args.run_dir, args.into)
+        print(f"Reference results replaced from {args.run_dir}: {target} (see {target / 'RUN.md'})")
+    if args.tests is not None:
+        target = keep_suite_record(args.tests, args.into)
+        print(f"The test suite's time kept from {args.tests}: {target / 'RUN.md'}")
 
 
 if __name__ == "__main__":
