@@ -21,99 +21,52 @@ The other exercises: ``check_average_gradients`` (gradients averaged by hand wit
 ``torch.distributed``, compared with DDP's under torchrun on three ranks, so that a world size
 typed in as 2 fails) and ``check_ddp_efficiency`` (the weak-scaling efficiency at 64 GPUs from
 the ring all-reduce model).
+
+This module is what starts the ranks and what they run (``python -m``, ``main``): ``run_single``, the
+two checks that launch torchrun, and each rank's side of them (``_probe``, ``_gradients``). The code
+that branches on CUDA stays here because the GPU check's list of paths names it here. Below it:
+``ddp_lab_files`` (the scripts, the ranks' environment), ``ddp_lab_judging`` (the launch line and a
+finished run's records), ``ddp_lab_gradients`` (Exercise 2.1's files between the ranks and its failure
+lines) and ``ddp_efficiency`` (Exercise 2.3).
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 import math
 import os
 import re
 import shlex
 import sys
-import textwrap
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .exercise_checks import checked, number, short, verdict
-from .exercises import NotYet, Unsolved, attendee_source, passed, require, require_answered
-from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
 from ..parallel.failures import MISMATCHED_COLLECTIVE_FIX, record_failure, record_failures, root_cause
 from ..parallel.launch import cpu_threads_per_process, free_port, stream, torchrun_command
 from ..system.errors import WorkshopError
-from ..system.results import fresh_folder, repo_root
+from ..system.results import fresh_folder
+from .ddp_efficiency import check_ddp_efficiency
+from .ddp_lab_files import (DIST_VARIABLES, EFFICIENCY_EXERCISE, GRADIENTS_EXERCISE, LAB_EXERCISE, LOSS_LINE,
+                            PROBE_MODULE, SOLUTION_FILE, STARTER_NAME, THROUGHPUT, TORCHRUN_LOGS, attendee_script,
+                            clean_env, lab_folder, read_output, reported_throughput, solution_text, solve_ddp_lab,
+                            start_ddp_lab)
+from .ddp_lab_gradients import (COLLECTIVES, GRADIENTS_WAIT_S, function_source, gradients_failure,
+                                placeholder_body, wait_for_ranks, write_json)
+from .ddp_lab_judging import THROUGHPUT_TOLERANCE, LabRun, judge_run, lab_command, placeholders_left
+from .exercise_judging import checked, short
+from .exercises import NotYet, Unsolved, passed, require, require_answered
 
-LAB_EXERCISE = "Exercise 2.2"
-GRADIENTS_EXERCISE = "Exercise 2.1"
-EFFICIENCY_EXERCISE = "Exercise 2.3"
-PROBE_MODULE = "workshop_utils.lessons.ddp_lab"
-TORCHRUN_LOGS = "torchrun"  # the check folder's subfolder where torchrun has the ranks write their error files
-SOLUTION_FILE = "train_ddp.py"
-STARTER_NAME = "my_train_ddp.py"
-# Variables a kernel started inside a job would otherwise hand on to the ranks it launches.
-DIST_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                  "GROUP_RANK", "TORCHELASTIC_RUN_ID")
-THROUGHPUT = re.compile(r"(\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*(?:samples|images|imgs?|examples)\s*"
-                        r"(?:/\s*s(?:ec(?:ond)?)?\b|per\s+s(?:ec(?:ond)?)?\b)", re.IGNORECASE)
-LOSS_LINE = re.compile(r"\bloss\b", re.IGNORECASE)
-
-
-# ---------------------------------------------------------------- the lab's files
-
-
-def lab_folder(folder=None) -> Path:
-    """The folder holding the lab's scripts: ``folder``, else the checkout's, else ./labs/ddp_lab."""
-    candidates = [Path(folder)] if folder is not None else [
-        *([repo_root() / "notebooks" / "labs" / "ddp_lab"] if repo_root() else []),
-        Path.cwd() / "labs" / "ddp_lab", Path.cwd() / "notebooks" / "labs" / "ddp_lab"]
-    for path in candidates:
-        if (path / SOLUTION_FILE).exists():
-            return path
-    raise WorkshopError(f"Cannot find the DDP lab's {SOLUTION_FILE} (looked in {', '.join(map(str, candidates))}).",
-                        "run from a checkout of the workshop, or pass the folder that holds notebooks/labs/ddp_lab.")
-
-
-def solution_text(source: str) -> str:
-    """A marked source with the answers kept and the marker and placeholder lines dropped."""
-    attendee_source(source, "the solution")  # a malformed block fails here, with its line
-    markers = ("### BEGIN SOLUTION", "### END SOLUTION", "### PLACEHOLDER")
-    return "\n".join(line for line in source.splitlines() if not line.strip().startswith(markers)) + "\n"
-
-
-def attendee_script(src, dst) -> Path:
-    """Write the attendee's copy of a marked .py file: the notebooks' marker rule, applied to a script."""
-    src, dst = Path(src), Path(dst)
-    if src.resolve() == dst.resolve():
-        raise WorkshopError(f"Would overwrite {src} with its attendee copy.", "write the copy to another path.")
-    text = attendee_source(src.read_text(), src.name)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(text + "\n")
-    return dst
-
-
-def start_ddp_lab(run_dir, lab=None) -> Path:
-    """The attendee's DDP script in ``run_dir/ddp_lab/``: written once, kept as edited when run again."""
-    path = Path(run_dir) / "ddp_lab" / STARTER_NAME
-    if path.exists():
-        print(f"Your script (kept as you left it): {path}")
-        return path
-    attendee_script(lab_folder(lab) / SOLUTION_FILE, path)
-    gaps = sum(line.strip() == "# YOUR CODE HERE" for line in path.read_text().splitlines())
-    print(f"Your script: {path}\n{gaps} places in it say '# YOUR CODE HERE'.")
-    return path
-
-
-def solve_ddp_lab(path, lab=None) -> Path:
-    """Put the finished DDP script at ``path`` (what the committed notebook runs in place of an attendee's)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(solution_text((lab_folder(lab) / SOLUTION_FILE).read_text()))
-    return path
+# What was defined here before the lab's helpers moved below it; importers keep this one path.
+__all__ = [
+    "COLLECTIVES", "DIST_VARIABLES", "EFFICIENCY_EXERCISE", "GRADIENTS_EXERCISE", "GRADIENTS_WAIT_S", "LAB_EXERCISE",
+    "LAUNCH_HERE", "LOSS_LINE", "PROBE_MODULE", "SOLUTION_FILE", "STARTER_NAME", "THROUGHPUT", "THROUGHPUT_TOLERANCE",
+    "TORCHRUN_LOGS", "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
+    "clean_env", "lab_command", "lab_device", "lab_folder", "main", "placeholders_left", "reported_throughput",
+    "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
+]
+# ---------------------------------------------------------------- the launches: one process, or the lab's ranks
 
 
 def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 300, echo: bool = True,
@@ -134,23 +87,6 @@ def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 3
         raise WorkshopError(f"{Path(script).name} exited with status {codes[0]}: {(lines or ['(no output)'])[-1]}",
                             "read its output above.")
     return reported_throughput(lines)
-
-
-def clean_env(threads: int | None = None, hide_gpus: bool = False) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for name in DIST_VARIABLES:
-        env.pop(name, None)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    if hide_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks on a GPU node must not reach for GPU 0
-    return env
-
-
-def reported_throughput(lines) -> float | None:
-    """The last samples/s figure in ``lines`` ("throughput: 1234 samples/s"), or None."""
-    found = [m.group(1) for line in lines for m in THROUGHPUT.finditer(line)]
-    return float(found[-1].replace(",", "")) if found else None
 
 
 def lab_device(nproc: int) -> str:
@@ -272,90 +208,6 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
 # ---------------------------------------------------------------- the lab's checker
 
 
-@dataclass
-class LabRun:
-    """What the checker saw of one run of the attendee's script."""
-
-    ranks: int
-    backend: str | None
-    samples_per_rank: int
-    throughput_reported: float | None
-    throughput_measured: float | None
-    checkpoint: Path | None
-    seconds: float
-    folder: Path
-    lines: list[str] = field(repr=False, default_factory=list)
-
-
-def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
-    """Lines that still hold the placeholder ``...``."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as err:
-        raise NotYet(f"✗ {exercise}: the script does not parse (line {err.lineno}: {err.msg}).",
-                     "fix that line; the notebook's file browser opens the file.") from None
-    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value is Ellipsis})
-
-
-def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str], exercise: str
-                ) -> tuple[list[str], str]:
-    """The attendee's launch line turned into the one the checker runs (probe inserted); and its launcher."""
-    example = f"f\"torchrun --nproc-per-node={nproc} {{lab_file}}\""
-    try:
-        tokens = (shlex.split(command.strip().lstrip("!").strip()) if isinstance(command, str)
-                  else [os.fspath(t) for t in command])
-    except (ValueError, TypeError) as err:
-        raise NotYet(f"✗ {exercise}: the command cannot be read as a command line ({err}).",
-                     f"write it as one string, e.g. {example}.") from None
-    require(bool(tokens), exercise, "the command is empty.",
-            f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
-    first = Path(tokens[0]).name
-    if first == "torchrun":
-        launcher, rest = "torchrun", tokens[1:]
-    elif first.startswith("python") or tokens[0] == sys.executable:
-        if tokens[1:3] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
-            launcher, rest = "torchrun", tokens[3:]
-        else:
-            launcher, rest = "python", tokens[1:]
-    else:
-        raise NotYet(f"✗ {exercise}: the command starts with {tokens[0]!r}.",
-                     f"start it with torchrun: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
-    scripts = [i for i, t in enumerate(rest) if t.endswith(".py")]
-    require(bool(scripts), exercise, "the command names no .py script.",
-            f"put your script's path after the launcher's options: torchrun --nproc-per-node={nproc} {script}.")
-    at = scripts[0]
-    named = Path(rest[at]).expanduser()
-    require(named.resolve() == script.resolve(), exercise, f"the command runs {rest[at]}, not your lab script.",
-            f"name the file you edited: {script}.")
-    flags, args = rest[:at], rest[at + 1:]
-    probe_args = ["-m", PROBE_MODULE, "--probe", str(probe), str(script), *args, *extra]
-    if launcher == "python":
-        return [sys.executable, *probe_args], launcher
-    given = _nproc_flag(flags)
-    require(given is not None, exercise, "torchrun starts one process unless told how many.",
-            f"add --nproc-per-node={nproc}.")
-    require(given == str(nproc), exercise, f"--nproc-per-node={given}: the lab runs on {nproc} processes.",
-            f"use --nproc-per-node={nproc}.")
-    rendezvous = ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--master-port", "--master_port")
-    if not any(f.split("=")[0] in rendezvous for f in flags):
-        flags = [*flags, "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
-    if not any(f.split("=")[0] in ("--log-dir", "--log_dir") for f in flags):
-        flags = [*flags, f"--log-dir={probe / TORCHRUN_LOGS}"]
-    return [sys.executable, "-m", "torch.distributed.run", *flags, *probe_args], launcher
-
-
-def _nproc_flag(flags: list[str]) -> str | None:
-    for i, flag in enumerate(flags):
-        name, _, value = flag.partition("=")
-        if name in ("--nproc-per-node", "--nproc_per_node"):
-            return value or (flags[i + 1] if i + 1 < len(flags) else "")
-    return None
-
-
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
 def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str) -> NotYet:
     """The one line a failed run gets: a known mistake by its symptom, else the rank that failed first.
 
@@ -367,7 +219,7 @@ def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str)
         path = folder / f"rank{rank}.json"
         if path.exists() and json.loads(path.read_text()).get("error"):
             errors[rank] = json.loads(path.read_text())["error"]
-    stderr = {rank: _read(folder / f"rank{rank}.stderr") for rank in range(nproc)}
+    stderr = {rank: read_output(folder / f"rank{rank}.stderr") for rank in range(nproc)}
     everything = "\n".join([*lines, *errors.values(), *stderr.values()])
     missing = re.search(r"KeyError: '(RANK|LOCAL_RANK|WORLD_SIZE)'|environment variable (\w+) expected", everything)
     if missing:
@@ -402,183 +254,6 @@ def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str)
                                  tail[-1].strip() if tail else "(no output)")
     return NotYet(f"✗ {exercise}: the run failed (exit status {code}); the script: {' '.join(last.split())}",
                   "the traceback above names the line; fix it and run this cell again.")
-
-
-def _training_epochs(record: dict) -> list[list[int]]:
-    """The epochs of the loader that drew the most samples (the training loader), in order."""
-    by_dataset: dict[int, list[list[int]]] = {}
-    for entry in record["epochs"]:
-        by_dataset.setdefault(entry["dataset"], []).append(entry["indices"])
-    if not by_dataset:
-        return []
-    return max(by_dataset.values(), key=lambda epochs: sum(map(len, epochs)))
-
-
-def _state_dict(obj):
-    """The model state dict inside a loaded checkpoint (a dict of tensors), or None."""
-    import torch
-
-    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return obj
-    if isinstance(obj, dict):
-        for value in obj.values():
-            found = _state_dict(value)
-            if found is not None:
-                return found
-    return None
-
-
-# The reported throughput must be within this factor of what the probe saw: one rank's rate (1/nproc of the
-# job's, at most 1/2) and any rate counted twice (at least 2x) lie outside it, the right one within a few percent.
-THROUGHPUT_TOLERANCE = 1.4
-
-
-def _training_entries(record: dict) -> list[dict]:
-    """The probe's entries (one per epoch) of the loader that drew the most samples, in order."""
-    by_dataset: dict[int, list[dict]] = {}
-    for entry in record["epochs"]:
-        by_dataset.setdefault(entry["dataset"], []).append(entry)
-    return max(by_dataset.values(), key=lambda entries: sum(len(e["indices"]) for e in entries), default=[])
-
-
-def _measured_throughput(records: list[dict]) -> tuple[float, float]:
-    """(at least, at most): samples per second of the whole job over its training loop, as the probe saw it.
-
-    At most: the training loader's samples from its first draw to about one step after its last (each
-    draw starts a step; a loader with workers draws a few batches ahead, which makes this an upper bound).
-    At least: the same samples from the first draw to the end of the script, which adds what runs after
-    the loop (the checkpoint, the process group's end).
-    """
-    entries = [_training_entries(r) for r in records]
-    drawn = sum(len(e["indices"]) for mine in entries for e in mine)
-    first = min(r["first_draw"] for r in records if r["first_draw"])
-    at_least = drawn / max(1e-9, max(r["end"] for r in records) - first)
-    timed = [mine for mine in entries if mine and all("last" in e for e in mine)]
-    draws = min((sum(e["draws"] for e in mine) for mine in timed), default=0)
-    if len(timed) < len(entries) or draws < 2:
-        return at_least, at_least
-    start = min(mine[0]["first"] for mine in timed)
-    span = (max(mine[-1]["last"] for mine in timed) - start) * draws / (draws - 1)
-    return at_least, max(at_least, drawn / max(1e-9, span))
-
-
-def _judge_throughput(reported: float, measured: tuple[float, float], nproc: int, exercise: str) -> None:
-    """The throughput line (step 7) is the whole job's rate: every rank's samples over the loop's time."""
-    low, high = measured
-
-    def near(rate: float) -> bool:
-        return low / THROUGHPUT_TOLERANCE <= rate <= high * THROUGHPUT_TOLERANCE
-
-    if near(reported):
-        return
-    require(not near(reported * nproc), exercise,
-            f"the reported throughput, {reported:.0f} samples/s, is one rank's: the {nproc} ranks together drew "
-            f"about {high:.0f} samples/s.",
-            "count every rank's samples: seen * world_size / elapsed (step 7).")
-    raise NotYet(f"✗ {exercise}: the reported throughput, {reported:.0f} samples/s, is far from what the ranks drew: "
-                 f"{reported / high:.2g}x their about {high:.0f} samples/s.",
-                 "count every rank's samples once, over the training loop's time: seen * world_size / elapsed.")
-
-
-def _judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exercise: str) -> dict:
-    """Every verification of a finished run, in the order an attendee meets the mistakes."""
-    import torch
-
-    facts: dict = {}
-    world = records[0]["env"].get("WORLD_SIZE")
-    require(world is not None, exercise, "the script ran without WORLD_SIZE: it was started with `python`, so one "
-            "process trained alone.", f"launch it with `torchrun --nproc-per-node={nproc} <script>`.")
-    require(len(records) == nproc and world == str(nproc), exercise,
-            f"{len(records)} process(es) ran (WORLD_SIZE={world}), the lab needs {nproc}.",
-            f"launch with torchrun --nproc-per-node={nproc}.")
-
-    # The data: a shard per rank, reshuffled every epoch.
-    epochs = [_training_epochs(r) for r in records]
-    for rank, mine in enumerate(epochs):
-        require(bool(mine) and len(mine[0]) > 0, exercise, f"rank {rank} drew no samples from a DataLoader.",
-                "train from a DataLoader over the dataset (step 3).")
-    require(min(len(e) for e in epochs) >= 2, exercise, "the run trained one epoch: a reshuffle cannot be seen.",
-            "run at least 2 epochs (the script's default is 3).")
-    first = [set(e[0]) for e in epochs]
-    for rank in range(1, nproc):
-        shared = len(first[0] & first[rank]) / max(1, min(len(first[0]), len(first[rank])))
-        require(shared < 0.9, exercise, f"ranks 0 and {rank} trained on the same samples in epoch 0 "
-                f"({shared:.0%} shared): every rank read the whole data set.",
-                "give the DataLoader a DistributedSampler(dataset) in place of shuffle=True (step 3).")
-        require(shared <= 0.1, exercise, f"the shards of ranks 0 and {rank} overlap by {shared:.0%} in epoch 0.",
-                "every rank needs the same seed and epoch in its DistributedSampler, so that the shards "
-                "split one permutation.")
-    require(epochs[0][0] != epochs[0][1], exercise, "rank 0 read its shard in the same order in epochs 0 and 1: "
-            "the sampler never reshuffled.",
-            "call sampler.set_epoch(epoch) at the start of every epoch (step 5), with shuffle=True in the sampler.")
-    facts["samples_per_rank"] = len(epochs[0][0])
-
-    # The model: wrapped in DDP, so that every rank ends with the same parameters.
-    require(all(params) and len({len(p) for p in params}) == 1, exercise,
-            "no parameters to compare: no torch.optim optimizer (and no DDP model) was found.",
-            "train with a torch.optim optimizer over the model's parameters.")
-    gap = max(float((a - b).abs().max()) for rank in range(1, nproc) for a, b in zip(params[0], params[rank]))
-    if any(not r["ddp"] for r in records):
-        after = (f"the ranks' parameters differ by up to {gap:.2g} after training: their gradients were never "
-                 "averaged" if gap else "nothing averaged the ranks' gradients")
-        raise NotYet(f"✗ {exercise}: the model was not wrapped in DistributedDataParallel; {after}.",
-                     "wrap it: ddp_model = DDP(model, device_ids=[local_rank] on a GPU, else None) (step 4).")
-    scale = max(1.0, max(float(p.abs().max()) for p in params[0]))
-    require(gap <= 1e-6 * scale, exercise, f"the ranks' parameters differ by up to {gap:.2g} after training, "
-            "although DDP wrapped the model.",
-            "run the forward pass through the DDP model (ddp_model(images)), not the plain one.")
-    facts["backend"] = records[0]["backend"]
-
-    # The checkpoint: one file, by rank 0, holding the trained weights.
-    savers = [r["rank"] for r in records if r["saves"]]
-    require(not [r for r in savers if r != 0], exercise,
-            f"every rank saved a checkpoint (ranks {', '.join(map(str, savers))} called torch.save).",
-            "save on rank 0 alone: if rank == 0: torch.save(...) (step 8).")
-    require(savers == [0], exercise, "no checkpoint was written.",
-            "save the model on rank 0 into args.out_dir (step 8).")
-    files = sorted(p for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
-    if not files:
-        elsewhere = next(r["saves"][0] for r in records if r["rank"] == 0)
-        raise NotYet(f"✗ {exercise}: torch.save wrote {elsewhere}, not into the --out-dir folder.",
-                     "save into Path(args.out_dir).")
-    require(len(files) == 1, exercise, f"{len(files)} files were written ({', '.join(p.name for p in files)}), "
-            "not one checkpoint.", "save one file, once.")
-    try:
-        loaded = torch.load(files[0], map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
-        raise NotYet(f"✗ {exercise}: the checkpoint cannot be read as weights ({type(err).__name__}).",
-                     "save model.state_dict(), not the model object.") from None
-    state = _state_dict(loaded)
-    require(state is not None, exercise, "the checkpoint holds no state dict.",
-            "save model.state_dict() (step 8).")
-    require(not any(k.startswith("module.") for k in state), exercise,
-            "the checkpoint's keys start with 'module.': it holds the DDP wrapper's state dict.",
-            "save the plain model's: model.state_dict() or ddp_model.module.state_dict().")
-    saved = [t.float() for t in state.values()]
-    missing = [p for p in params[0] if not any(s.shape == p.shape and torch.equal(s, p) for s in saved)]
-    require(not missing, exercise, "the checkpoint does not hold the trained parameters.",
-            "save after the training loop, the model you trained.")
-    facts["checkpoint"] = files[0]
-
-    # The output: rank 0 alone logs, and reports a throughput that is near what ran.
-    outputs = [_read(out_dir.parent / f"rank{r}.stdout") for r in range(nproc)]
-    for rank in range(1, nproc):
-        chatty = [line for line in outputs[rank].splitlines() if THROUGHPUT.search(line) or LOSS_LINE.search(line)]
-        if chatty:
-            raise NotYet(f"✗ {exercise}: rank {rank} logged too ({chatty[0].strip()!r}).",
-                         "print on rank 0 alone: if rank == 0: print(...) (steps 6 and 7).")
-    reported = reported_throughput(outputs[0].splitlines())
-    require(reported is not None, exercise, "rank 0 printed no throughput.",
-            "print e.g. f\"throughput: {seen * world_size / elapsed:.0f} samples/s\" on rank 0 (step 7).")
-    measured = _measured_throughput(records)
-    _judge_throughput(reported, measured, nproc, exercise)
-    facts["reported"], facts["measured"] = reported, measured[1]
-
-    # The end: the process group closed.
-    open_ranks = [str(r["rank"]) for r in records if not r["torn_down"]]
-    require(not open_ranks, exercise, f"the script ended with the process group still open (rank(s) "
-            f"{', '.join(open_ranks)}).", "end with dist.destroy_process_group() (step 9).")
-    return facts
 
 
 class _LaunchHere:
@@ -649,7 +324,7 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
     require(bool(records), exercise, "the script ran, but no rank reached its end.",
             "read the output above.")
     params = [torch.load(probe / f"rank{r['rank']}-params.pt", weights_only=True) for r in records]
-    facts = _judge_run(records, params, out_dir, nproc, exercise)
+    facts = judge_run(records, params, out_dir, nproc, exercise)
     passed(exercise, f"{nproc} {facts['backend']} ranks, disjoint shards of {facts['samples_per_rank']} samples "
                      f"reshuffled every epoch; parameters equal on every rank; one checkpoint, by rank 0; "
                      f"{facts['reported']:.0f} samples/s reported, about {facts['measured']:.0f} seen by the checker; "
@@ -659,96 +334,6 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
 
 
 # ---------------------------------------------------------------- gradients averaged by hand
-
-# What a rank's side of check_average_gradients watches: every collective the attendee's function starts.
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier")
-GRADIENTS_WAIT_S = 60  # how long a rank that finished waits for the others to finish the function too
-
-
-def _placeholder_body(source: str) -> bool:
-    """True when a function's body (or a lambda's) is only ``...`` (after a docstring and comments)."""
-    tree = ast.parse(source)
-    function = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
-                    None)
-    if function is None:
-        return False
-    if isinstance(function, ast.Lambda):
-        return isinstance(function.body, ast.Constant) and function.body.value is Ellipsis
-    body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                             and isinstance(s.value.value, str))]
-    return all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and s.value.value is Ellipsis
-               for s in body)
-
-
-def _function_source(function, exercise: str) -> tuple[str, str]:
-    """(the source the ranks run, the name it defines): a ``def`` as written, a lambda as ``name = lambda ...``.
-
-    Padded with blank lines so that its line numbers are those of the attendee's cell.
-    """
-    hint = "define it with def average_gradients(model): ... in a notebook cell, and run that cell."
-    try:
-        lines, first = inspect.getsourcelines(function)
-    except (OSError, TypeError):
-        raise NotYet(f"✗ {exercise}: the source of `average_gradients` cannot be read: the check sends it to the "
-                     "ranks.", hint) from None
-    source = textwrap.dedent("".join(lines))
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        raise NotYet(f"✗ {exercise}: the source of `average_gradients` cannot be read on its own.", hint) from None
-    padding = "\n" * max(0, first - 1)
-    if function.__name__ != "<lambda>":
-        return padding + source, function.__name__
-    lambdas = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
-    require(len(lambdas) == 1, exercise, "`average_gradients` is a lambda on a line with other lambdas.", hint)
-    segment = ast.get_source_segment(source, lambdas[0])
-    name = "average_gradients_lambda"
-    return padding + "\n" * (lambdas[0].lineno - 1) + f"{name} = {segment}\n", name
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Write ``data`` where another process may read it at any moment: whole, or not at all."""
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(data))
-    partial.replace(path)
-
-
-def _started_calls(folder: Path, rank: int) -> list[str]:
-    path = folder / f"rank{rank}.calls"
-    return path.read_text().split() if path.exists() else []
-
-
-def _stopped(path: Path) -> bool:
-    """A rank's record says it left without a comparison (an error in the function, or the ranks' calls differ)."""
-    if not path.exists():
-        return False
-    record = json.loads(path.read_text())
-    return bool(record.get("error") or record.get("stopped"))
-
-
-def _wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str]) -> str | None:
-    """After this rank's function returned: None once every rank's did with the same calls, else why not.
-
-    Before DDP's reference runs its own all-reduces, every rank must be done with the attendee's: a
-    collective only some ranks started would otherwise pair with DDP's, and abort the run or corrupt it.
-    A rank still inside a collective that this rank will never call ("mismatch") is told apart from a
-    rank that has not got there yet by the calls it started.
-    """
-    deadline = time.time() + GRADIENTS_WAIT_S
-    while True:
-        done = {r: json.loads((folder / f"rank{r}.done").read_text()) for r in range(world_size)
-                if (folder / f"rank{r}.done").exists()}
-        if len(done) == world_size:
-            return None if all(d["calls"] == mine for d in done.values()) else "mismatch"
-        if any(_stopped(folder / f"rank{r}.json") for r in range(world_size) if r != rank):
-            return "peer failed"
-        waiting = [r for r in range(world_size) if r not in done]
-        if any(len(_started_calls(folder, r)) > len(mine) for r in waiting):
-            return "mismatch"
-        if time.time() > deadline:
-            return "timeout"
-        time.sleep(0.02)
 
 
 def _gradients(source_file: str, name: str, folder: str) -> None:
@@ -774,7 +359,7 @@ def _gradients(source_file: str, name: str, folder: str) -> None:
     result = {"rank": rank, "world_size": world_size}
 
     def stop(**why) -> None:  # leave at once: a peer may be stuck in a collective, so no teardown
-        _write_json(folder / f"rank{rank}.json", {**result, **why, "time": time.time()})
+        write_json(folder / f"rank{rank}.json", {**result, **why, "time": time.time()})
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(3)
@@ -815,8 +400,8 @@ def _gradients(source_file: str, name: str, folder: str) -> None:
         for op, original in originals.items():
             setattr(dist, op, original)
     mine = [p.grad for p in model.parameters()]
-    _write_json(folder / f"rank{rank}.done", {"calls": started})
-    why = _wait_for_ranks(folder, rank, world_size, started)
+    write_json(folder / f"rank{rank}.done", {"calls": started})
+    why = wait_for_ranks(folder, rank, world_size, started)
     if why:
         stop(stopped=why, calls=started)
 
@@ -843,57 +428,7 @@ def _gradients(source_file: str, name: str, folder: str) -> None:
                    "to_own": gap(mine, own), "to_sum": gap(mine, [t * world_size for t in ddp]),
                    "ratio": ratio, "residual": residual, "grad_bytes": sum(4 * t.numel() for t in ddp)})
     teardown_distributed()
-    _write_json(folder / f"rank{rank}.json", result)
-
-
-def _collective_summary(calls: dict[int, list[str]]) -> str:
-    """Who started which collectives: "rank 0: 4 all_reduce; ranks 1, 2: none"."""
-    groups: dict[str, list[int]] = {}
-    for rank in sorted(calls):
-        counted = Counter(calls[rank])
-        text = ", ".join(f"{n} {op}" for op, n in counted.items()) or "none"
-        groups.setdefault(text, []).append(rank)
-    return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {text}" for text, r in groups.items())
-
-
-def _gradients_failure(folder: Path, nproc: int, codes, lines, exercise: str) -> NotYet:
-    """The one line for a run of the attendee's function that did not end in a comparison on every rank."""
-    from ..parallel.failures import LOST_PEER
-
-    records = {r: json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
-               if (folder / f"rank{r}.json").exists()}
-    errors = sorted((r for r in records.values() if r.get("error")), key=lambda r: r["time"])
-    first = next((r for r in errors if not LOST_PEER.search(r["error"])), None)
-    calls = {r: _started_calls(folder, r) for r in range(nproc)}
-    stopped = {r.get("stopped") for r in records.values()}
-    if first is None and ("mismatch" in stopped or len({tuple(c) for c in calls.values()}) > 1):
-        return NotYet(f"✗ {exercise}: the ranks made different collective calls ({_collective_summary(calls)}): a "
-                      "collective completes only when every rank makes it, so a rank waited for the others forever.",
-                      "make the same calls on every rank, in the same order: no dist.all_reduce inside "
-                      "`if dist.get_rank() == 0:`.")
-    first = first or (errors[0] if errors else None)
-    if first is not None:
-        where = f" on line {first['line']} (`{short(first['code'], 80)}`)" if first.get("line") else ""
-        hint = ("on the ranks your function sees torch and dist, not the notebook's other variables: get what it "
-                "needs inside it (dist.get_world_size())." if first["error_type"] == "NameError"
-                else "that line of your function raised it; fix it and run the exercise cell again.")
-        lost = [str(r) for r in sorted(records) if r != first["rank"] and LOST_PEER.search(records[r].get("error", ""))]
-        failed = [str(r) for r in sorted(records) if r != first["rank"] and records[r].get("error")
-                  and str(r) not in lost]
-        then = "".join(f"; rank{'s' * (len(ranks) > 1)} {', '.join(ranks)} {what}"
-                       for ranks, what in ((failed, "failed too"), (lost, "lost their connection to it")) if ranks)
-        return NotYet(f"✗ {exercise}: your function raised {first['error']} on rank {first['rank']}{where}{then}.",
-                      hint)
-    if "timeout" in stopped:
-        late = [str(r) for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
-        return NotYet(f"✗ {exercise}: rank(s) {', '.join(late)} did not finish your function within "
-                      f"{GRADIENTS_WAIT_S} s.",
-                      "the function should take milliseconds: look for a loop that never ends.")
-    cause = root_cause(lines, nproc, folder / TORCHRUN_LOGS)
-    print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
-    return NotYet(f"✗ {exercise}: the ranks failed outside your function: "
-                  f"{cause.line if cause else (lines or ['(no output)'])[-1].strip()}",
-                  "the lines above show the error.")
+    write_json(folder / f"rank{rank}.json", result)
 
 
 @checked
@@ -912,8 +447,8 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 3, timeout_
                      "define the function in the exercise cell and run it.")
     require(callable(average_gradients), exercise, "`average_gradients` is not a function.",
             "define it with def average_gradients(model): ...")
-    source, name = _function_source(average_gradients, exercise)
-    if _placeholder_body(source):
+    source, name = function_source(average_gradients, exercise)
+    if placeholder_body(source):
         raise Unsolved(f"… {exercise}: not yet solved: `average_gradients` still has only `...` in its body.",
                        "for every parameter: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
     folder = fresh_folder(workdir, "gradients")
@@ -933,7 +468,7 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 3, timeout_
     results = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
                if (folder / f"rank{r}.json").exists()]
     if any(codes) or len(results) < nproc or any(r.get("error") or r.get("stopped") for r in results):
-        raise _gradients_failure(folder, nproc, codes, lines, exercise)
+        raise gradients_failure(folder, nproc, codes, lines, exercise)
     worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own", "to_sum")}
     tolerance = 1e-5 * max(1.0, max(r["scale"] for r in results))
     calls = results[0]["calls"]
@@ -963,71 +498,6 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 3, timeout_
            (f", DDP made {buckets}: it packs the gradients into buckets" if buckets else ""))
     return {"calls": kinds.get("all_reduce", 0), "collectives": len(calls), "ddp_buckets": buckets,
             "max_difference": worst["to_ddp"]}
-
-
-# ---------------------------------------------------------------- the cost model at 64 GPUs
-
-
-@checked
-def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_size: int = 64,
-                         gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
-    """The weak-scaling efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model.
-
-    The ring crosses the nodes' InfiniBand beyond one node (NVLink within it); the gradients
-    travel in DDP's buckets, one all-reduce each. The mistakes it names: the link inside a
-    node, one message in place of the buckets, the overlapped bound, a percentage, a ring of
-    p-1 steps, and microseconds or GB/s left unconverted. Answers are compared through the
-    communication time they imply, step x (1/efficiency - 1): near an efficiency of 1 and near 0
-    alike, the mistakes' efficiencies can agree to many digits, their communication times do not.
-    """
-    value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
-    if not (step_s > 0 and grad_bytes > 0 and world_size >= 2 and gpus_per_node >= 1):
-        raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be positive "
-                            "(world_size 2 or more).", "pass the inputs of the exercise's cell.")
-    within, between = LINKS["nvlink4"], LINKS["ib_ndr"]
-    row = predict_scaling(step_s, grad_bytes, [world_size], within, between, gpus_per_node).iloc[0]
-    right = float(row.efficiency_no_overlap)
-    link = between if world_size > gpus_per_node else within
-    buckets = ddp_buckets(grad_bytes)
-
-    def efficiency_with(comm_s: float) -> float:
-        return step_s / (step_s + comm_s)
-
-    def ring(n: float, lat_s: float, bytes_per_s: float, steps: float) -> float:
-        return steps * lat_s + steps / world_size * n / bytes_per_s
-
-    p, lat, bw = world_size, link.latency_us * 1e-6, link.bandwidth_gbps * 1e9
-    mistakes = [
-        (efficiency_with(sum(ring_all_reduce_s(b, p, within) for b in buckets)),
-         "that is NVLink's figure, the link inside a node.",
-         f"{p} GPUs fill {math.ceil(p / gpus_per_node)} nodes: the ring crosses InfiniBand (wu.LINKS['ib_ndr']), "
-         "its slowest link, which sets the pace."),
-        (efficiency_with(ring_all_reduce_s(grad_bytes, p, link)),
-         "the gradients went as one message.", "DDP sends one all-reduce per bucket (wu.ddp_buckets(grad_bytes)); "
-         "each pays the latency."),
-        (float(row.efficiency_overlap), "that is the bound with overlap.",
-         "this exercise asks for no overlap: every bucket's all-reduce after the backward pass."),
-        (100 * right, "that looks like a percentage.", "give the efficiency as a fraction (0.85, not 85)."),
-        (efficiency_with(sum(ring(b, lat, bw, p - 1) for b in buckets)), "a ring all-reduce takes 2(p-1) steps.",
-         "it is a reduce-scatter (p-1 steps) followed by an all-gather (p-1 steps)."),
-        (efficiency_with(sum(ring(b, link.latency_us, bw, 2 * (p - 1)) for b in buckets)),
-         "the latency went in as seconds.", "latency_us is in microseconds: multiply by 1e-6."),
-        (efficiency_with(sum(ring(b, lat, link.bandwidth_gbps, 2 * (p - 1)) for b in buckets)),
-         "the bandwidth went in as bytes per second.", "bandwidth_gbps is in GB/s: multiply by 1e9."),
-    ]
-
-    def same(a: float, b: float) -> bool:  # the communication time per step each efficiency implies
-        if a <= 0 or b <= 0:
-            return a == b
-        return math.isclose(1 / a - 1, 1 / b - 1, rel_tol=1e-3, abs_tol=1e-12)
-
-    verdict(value, right, exercise, "efficiency_64", mistakes,
-            "efficiency = step / (step + the buckets' ring all-reduce times); "
-            "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.", same=same,
-            limits=[(0 < value <= 1, "an efficiency is a fraction between 0 and 1.",
-                     "efficiency = step / (step + communication).")])
-    passed(exercise, f"{right:.1%} at {world_size} GPUs without overlap, over {link.name.split(',')[0]}")
-    return right
 
 
 # ---------------------------------------------------------------- the entry the ranks run

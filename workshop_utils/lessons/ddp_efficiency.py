@@ -1,0 +1,73 @@
+"""Exercise 2.3: the weak-scaling efficiency of DDP at 64 GPUs without overlap, from the ring all-reduce model."""
+
+from __future__ import annotations
+
+import math
+
+from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
+from ..system.errors import WorkshopError
+from .ddp_lab_files import EFFICIENCY_EXERCISE
+from .exercise_judging import checked, number, verdict
+from .exercises import passed
+
+
+@checked
+def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_size: int = 64,
+                         gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
+    """The weak-scaling efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model.
+
+    The ring crosses the nodes' InfiniBand beyond one node (NVLink within it); the gradients
+    travel in DDP's buckets, one all-reduce each. The mistakes it names: the link inside a
+    node, one message in place of the buckets, the overlapped bound, a percentage, a ring of
+    p-1 steps, and microseconds or GB/s left unconverted. Answers are compared through the
+    communication time they imply, step x (1/efficiency - 1): near an efficiency of 1 and near 0
+    alike, the mistakes' efficiencies can agree to many digits, their communication times do not.
+    """
+    value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
+    if not (step_s > 0 and grad_bytes > 0 and world_size >= 2 and gpus_per_node >= 1):
+        raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be positive "
+                            "(world_size 2 or more).", "pass the inputs of the exercise's cell.")
+    within, between = LINKS["nvlink4"], LINKS["ib_ndr"]
+    row = predict_scaling(step_s, grad_bytes, [world_size], within, between, gpus_per_node).iloc[0]
+    right = float(row.efficiency_no_overlap)
+    link = between if world_size > gpus_per_node else within
+    buckets = ddp_buckets(grad_bytes)
+
+    def efficiency_with(comm_s: float) -> float:
+        return step_s / (step_s + comm_s)
+
+    def ring(n: float, lat_s: float, bytes_per_s: float, steps: float) -> float:
+        return steps * lat_s + steps / world_size * n / bytes_per_s
+
+    p, lat, bw = world_size, link.latency_us * 1e-6, link.bandwidth_gbps * 1e9
+    mistakes = [
+        (efficiency_with(sum(ring_all_reduce_s(b, p, within) for b in buckets)),
+         "that is NVLink's figure, the link inside a node.",
+         f"{p} GPUs fill {math.ceil(p / gpus_per_node)} nodes: the ring crosses InfiniBand (wu.LINKS['ib_ndr']), "
+         "its slowest link, which sets the pace."),
+        (efficiency_with(ring_all_reduce_s(grad_bytes, p, link)),
+         "the gradients went as one message.", "DDP sends one all-reduce per bucket (wu.ddp_buckets(grad_bytes)); "
+         "each pays the latency."),
+        (float(row.efficiency_overlap), "that is the bound with overlap.",
+         "this exercise asks for no overlap: every bucket's all-reduce after the backward pass."),
+        (100 * right, "that looks like a percentage.", "give the efficiency as a fraction (0.85, not 85)."),
+        (efficiency_with(sum(ring(b, lat, bw, p - 1) for b in buckets)), "a ring all-reduce takes 2(p-1) steps.",
+         "it is a reduce-scatter (p-1 steps) followed by an all-gather (p-1 steps)."),
+        (efficiency_with(sum(ring(b, link.latency_us, bw, 2 * (p - 1)) for b in buckets)),
+         "the latency went in as seconds.", "latency_us is in microseconds: multiply by 1e-6."),
+        (efficiency_with(sum(ring(b, lat, link.bandwidth_gbps, 2 * (p - 1)) for b in buckets)),
+         "the bandwidth went in as bytes per second.", "bandwidth_gbps is in GB/s: multiply by 1e9."),
+    ]
+
+    def same(a: float, b: float) -> bool:  # the communication time per step each efficiency implies
+        if a <= 0 or b <= 0:
+            return a == b
+        return math.isclose(1 / a - 1, 1 / b - 1, rel_tol=1e-3, abs_tol=1e-12)
+
+    verdict(value, right, exercise, "efficiency_64", mistakes,
+            "efficiency = step / (step + the buckets' ring all-reduce times); "
+            "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.", same=same,
+            limits=[(0 < value <= 1, "an efficiency is a fraction between 0 and 1.",
+                     "efficiency = step / (step + communication).")])
+    passed(exercise, f"{right:.1%} at {world_size} GPUs without overlap, over {link.name.split(',')[0]}")
+    return right

@@ -1,0 +1,161 @@
+"""Exercise 2.1's machinery around the ranks: the attendee's function as source the ranks can run,
+the files through which the ranks wait for each other, and the one line for a run that ended in no
+comparison (an error in the function, collectives only some ranks made, a rank that never finished).
+
+What each rank runs, and the check that launches them, are in ``ddp_lab``.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+from ..parallel.failures import root_cause
+from .ddp_lab_files import TORCHRUN_LOGS
+from .exercise_judging import short
+from .exercises import NotYet, require
+
+# What a rank's side of check_average_gradients watches: every collective the attendee's function starts.
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier")
+GRADIENTS_WAIT_S = 60  # how long a rank that finished waits for the others to finish the function too
+
+
+def placeholder_body(source: str) -> bool:
+    """True when a function's body (or a lambda's) is only ``...`` (after a docstring and comments)."""
+    tree = ast.parse(source)
+    function = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
+                    None)
+    if function is None:
+        return False
+    if isinstance(function, ast.Lambda):
+        return isinstance(function.body, ast.Constant) and function.body.value is Ellipsis
+    body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                             and isinstance(s.value.value, str))]
+    return all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and s.value.value is Ellipsis
+               for s in body)
+
+
+def function_source(function, exercise: str) -> tuple[str, str]:
+    """(the source the ranks run, the name it defines): a ``def`` as written, a lambda as ``name = lambda ...``.
+
+    Padded with blank lines so that its line numbers are those of the attendee's cell.
+    """
+    hint = "define it with def average_gradients(model): ... in a notebook cell, and run that cell."
+    try:
+        lines, first = inspect.getsourcelines(function)
+    except (OSError, TypeError):
+        raise NotYet(f"✗ {exercise}: the source of `average_gradients` cannot be read: the check sends it to the "
+                     "ranks.", hint) from None
+    source = textwrap.dedent("".join(lines))
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        raise NotYet(f"✗ {exercise}: the source of `average_gradients` cannot be read on its own.", hint) from None
+    padding = "\n" * max(0, first - 1)
+    if function.__name__ != "<lambda>":
+        return padding + source, function.__name__
+    lambdas = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
+    require(len(lambdas) == 1, exercise, "`average_gradients` is a lambda on a line with other lambdas.", hint)
+    segment = ast.get_source_segment(source, lambdas[0])
+    name = "average_gradients_lambda"
+    return padding + "\n" * (lambdas[0].lineno - 1) + f"{name} = {segment}\n", name
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` where another process may read it at any moment: whole, or not at all."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
+def started_calls(folder: Path, rank: int) -> list[str]:
+    path = folder / f"rank{rank}.calls"
+    return path.read_text().split() if path.exists() else []
+
+
+def _stopped(path: Path) -> bool:
+    """A rank's record says it left without a comparison (an error in the function, or the ranks' calls differ)."""
+    if not path.exists():
+        return False
+    record = json.loads(path.read_text())
+    return bool(record.get("error") or record.get("stopped"))
+
+
+def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str]) -> str | None:
+    """After this rank's function returned: None once every rank's did with the same calls, else why not.
+
+    Before DDP's reference runs its own all-reduces, every rank must be done with the attendee's: a
+    collective only some ranks started would otherwise pair with DDP's, and abort the run or corrupt it.
+    A rank still inside a collective that this rank will never call ("mismatch") is told apart from a
+    rank that has not got there yet by the calls it started.
+    """
+    deadline = time.time() + GRADIENTS_WAIT_S
+    while True:
+        done = {r: json.loads((folder / f"rank{r}.done").read_text()) for r in range(world_size)
+                if (folder / f"rank{r}.done").exists()}
+        if len(done) == world_size:
+            return None if all(d["calls"] == mine for d in done.values()) else "mismatch"
+        if any(_stopped(folder / f"rank{r}.json") for r in range(world_size) if r != rank):
+            return "peer failed"
+        waiting = [r for r in range(world_size) if r not in done]
+        if any(len(started_calls(folder, r)) > len(mine) for r in waiting):
+            return "mismatch"
+        if time.time() > deadline:
+            return "timeout"
+        time.sleep(0.02)
+
+
+def _collective_summary(calls: dict[int, list[str]]) -> str:
+    """Who started which collectives: "rank 0: 4 all_reduce; ranks 1, 2: none"."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(calls):
+        counted = Counter(calls[rank])
+        text = ", ".join(f"{n} {op}" for op, n in counted.items()) or "none"
+        groups.setdefault(text, []).append(rank)
+    return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {text}" for text, r in groups.items())
+
+
+def gradients_failure(folder: Path, nproc: int, codes, lines, exercise: str) -> NotYet:
+    """The one line for a run of the attendee's function that did not end in a comparison on every rank."""
+    from ..parallel.failures import LOST_PEER
+
+    records = {r: json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
+               if (folder / f"rank{r}.json").exists()}
+    errors = sorted((r for r in records.values() if r.get("error")), key=lambda r: r["time"])
+    first = next((r for r in errors if not LOST_PEER.search(r["error"])), None)
+    calls = {r: started_calls(folder, r) for r in range(nproc)}
+    stopped = {r.get("stopped") for r in records.values()}
+    if first is None and ("mismatch" in stopped or len({tuple(c) for c in calls.values()}) > 1):
+        return NotYet(f"✗ {exercise}: the ranks made different collective calls ({_collective_summary(calls)}): a "
+                      "collective completes only when every rank makes it, so a rank waited for the others forever.",
+                      "make the same calls on every rank, in the same order: no dist.all_reduce inside "
+                      "`if dist.get_rank() == 0:`.")
+    first = first or (errors[0] if errors else None)
+    if first is not None:
+        where = f" on line {first['line']} (`{short(first['code'], 80)}`)" if first.get("line") else ""
+        hint = ("on the ranks your function sees torch and dist, not the notebook's other variables: get what it "
+                "needs inside it (dist.get_world_size())." if first["error_type"] == "NameError"
+                else "that line of your function raised it; fix it and run the exercise cell again.")
+        lost = [str(r) for r in sorted(records) if r != first["rank"] and LOST_PEER.search(records[r].get("error", ""))]
+        failed = [str(r) for r in sorted(records) if r != first["rank"] and records[r].get("error")
+                  and str(r) not in lost]
+        then = "".join(f"; rank{'s' * (len(ranks) > 1)} {', '.join(ranks)} {what}"
+                       for ranks, what in ((failed, "failed too"), (lost, "lost their connection to it")) if ranks)
+        return NotYet(f"✗ {exercise}: your function raised {first['error']} on rank {first['rank']}{where}{then}.",
+                      hint)
+    if "timeout" in stopped:
+        late = [str(r) for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
+        return NotYet(f"✗ {exercise}: rank(s) {', '.join(late)} did not finish your function within "
+                      f"{GRADIENTS_WAIT_S} s.",
+                      "the function should take milliseconds: look for a loop that never ends.")
+    cause = root_cause(lines, nproc, folder / TORCHRUN_LOGS)
+    print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
+    return NotYet(f"✗ {exercise}: the ranks failed outside your function: "
+                  f"{cause.line if cause else (lines or ['(no output)'])[-1].strip()}",
+                  "the lines above show the error.")

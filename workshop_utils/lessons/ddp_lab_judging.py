@@ -1,0 +1,277 @@
+"""Reading and judging one run of the DDP lab: the attendee's launch line, then what the probe recorded
+on every rank (the samples each drew, the parameters each ended with, the checkpoint, each rank's output).
+
+``judge_run`` meets the mistakes in the order an attendee makes them, so the first line it raises is
+the one to fix first; a run that crashed is judged in ``ddp_lab``, which knows the crash's ranks.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..parallel.launch import free_port
+from .ddp_lab_files import (LAB_EXERCISE, LOSS_LINE, PROBE_MODULE, THROUGHPUT, TORCHRUN_LOGS, read_output,
+                            reported_throughput)
+from .exercises import NotYet, require
+
+
+@dataclass
+class LabRun:
+    """What the checker saw of one run of the attendee's script."""
+
+    ranks: int
+    backend: str | None
+    samples_per_rank: int
+    throughput_reported: float | None
+    throughput_measured: float | None
+    checkpoint: Path | None
+    seconds: float
+    folder: Path
+    lines: list[str] = field(repr=False, default_factory=list)
+
+
+def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
+    """Lines that still hold the placeholder ``...``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise NotYet(f"✗ {exercise}: the script does not parse (line {err.lineno}: {err.msg}).",
+                     "fix that line; the notebook's file browser opens the file.") from None
+    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value is Ellipsis})
+
+
+def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str], exercise: str
+                ) -> tuple[list[str], str]:
+    """The attendee's launch line turned into the one the checker runs (probe inserted); and its launcher."""
+    example = f"f\"torchrun --nproc-per-node={nproc} {{lab_file}}\""
+    try:
+        tokens = (shlex.split(command.strip().lstrip("!").strip()) if isinstance(command, str)
+                  else [os.fspath(t) for t in command])
+    except (ValueError, TypeError) as err:
+        raise NotYet(f"✗ {exercise}: the command cannot be read as a command line ({err}).",
+                     f"write it as one string, e.g. {example}.") from None
+    require(bool(tokens), exercise, "the command is empty.",
+            f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+    first = Path(tokens[0]).name
+    if first == "torchrun":
+        launcher, rest = "torchrun", tokens[1:]
+    elif first.startswith("python") or tokens[0] == sys.executable:
+        if tokens[1:3] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
+            launcher, rest = "torchrun", tokens[3:]
+        else:
+            launcher, rest = "python", tokens[1:]
+    else:
+        raise NotYet(f"✗ {exercise}: the command starts with {tokens[0]!r}.",
+                     f"start it with torchrun: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+    scripts = [i for i, t in enumerate(rest) if t.endswith(".py")]
+    require(bool(scripts), exercise, "the command names no .py script.",
+            f"put your script's path after the launcher's options: torchrun --nproc-per-node={nproc} {script}.")
+    at = scripts[0]
+    named = Path(rest[at]).expanduser()
+    require(named.resolve() == script.resolve(), exercise, f"the command runs {rest[at]}, not your lab script.",
+            f"name the file you edited: {script}.")
+    flags, args = rest[:at], rest[at + 1:]
+    probe_args = ["-m", PROBE_MODULE, "--probe", str(probe), str(script), *args, *extra]
+    if launcher == "python":
+        return [sys.executable, *probe_args], launcher
+    given = _nproc_flag(flags)
+    require(given is not None, exercise, "torchrun starts one process unless told how many.",
+            f"add --nproc-per-node={nproc}.")
+    require(given == str(nproc), exercise, f"--nproc-per-node={given}: the lab runs on {nproc} processes.",
+            f"use --nproc-per-node={nproc}.")
+    rendezvous = ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--master-port", "--master_port")
+    if not any(f.split("=")[0] in rendezvous for f in flags):
+        flags = [*flags, "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    if not any(f.split("=")[0] in ("--log-dir", "--log_dir") for f in flags):
+        flags = [*flags, f"--log-dir={probe / TORCHRUN_LOGS}"]
+    return [sys.executable, "-m", "torch.distributed.run", *flags, *probe_args], launcher
+
+
+def _nproc_flag(flags: list[str]) -> str | None:
+    for i, flag in enumerate(flags):
+        name, _, value = flag.partition("=")
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            return value or (flags[i + 1] if i + 1 < len(flags) else "")
+    return None
+
+
+def _training_epochs(record: dict) -> list[list[int]]:
+    """The epochs of the loader that drew the most samples (the training loader), in order."""
+    by_dataset: dict[int, list[list[int]]] = {}
+    for entry in record["epochs"]:
+        by_dataset.setdefault(entry["dataset"], []).append(entry["indices"])
+    if not by_dataset:
+        return []
+    return max(by_dataset.values(), key=lambda epochs: sum(map(len, epochs)))
+
+
+def _state_dict(obj):
+    """The model state dict inside a loaded checkpoint (a dict of tensors), or None."""
+    import torch
+
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj
+    if isinstance(obj, dict):
+        for value in obj.values():
+            found = _state_dict(value)
+            if found is not None:
+                return found
+    return None
+
+
+# The reported throughput must be within this factor of what the probe saw: one rank's rate (1/nproc of the
+# job's, at most 1/2) and any rate counted twice (at least 2x) lie outside it, the right one within a few percent.
+THROUGHPUT_TOLERANCE = 1.4
+
+
+def _training_entries(record: dict) -> list[dict]:
+    """The probe's entries (one per epoch) of the loader that drew the most samples, in order."""
+    by_dataset: dict[int, list[dict]] = {}
+    for entry in record["epochs"]:
+        by_dataset.setdefault(entry["dataset"], []).append(entry)
+    return max(by_dataset.values(), key=lambda entries: sum(len(e["indices"]) for e in entries), default=[])
+
+
+def _measured_throughput(records: list[dict]) -> tuple[float, float]:
+    """(at least, at most): samples per second of the whole job over its training loop, as the probe saw it.
+
+    At most: the training loader's samples from its first draw to about one step after its last (each
+    draw starts a step; a loader with workers draws a few batches ahead, which makes this an upper bound).
+    At least: the same samples from the first draw to the end of the script, which adds what runs after
+    the loop (the checkpoint, the process group's end).
+    """
+    entries = [_training_entries(r) for r in records]
+    drawn = sum(len(e["indices"]) for mine in entries for e in mine)
+    first = min(r["first_draw"] for r in records if r["first_draw"])
+    at_least = drawn / max(1e-9, max(r["end"] for r in records) - first)
+    timed = [mine for mine in entries if mine and all("last" in e for e in mine)]
+    draws = min((sum(e["draws"] for e in mine) for mine in timed), default=0)
+    if len(timed) < len(entries) or draws < 2:
+        return at_least, at_least
+    start = min(mine[0]["first"] for mine in timed)
+    span = (max(mine[-1]["last"] for mine in timed) - start) * draws / (draws - 1)
+    return at_least, max(at_least, drawn / max(1e-9, span))
+
+
+def _judge_throughput(reported: float, measured: tuple[float, float], nproc: int, exercise: str) -> None:
+    """The throughput line (step 7) is the whole job's rate: every rank's samples over the loop's time."""
+    low, high = measured
+
+    def near(rate: float) -> bool:
+        return low / THROUGHPUT_TOLERANCE <= rate <= high * THROUGHPUT_TOLERANCE
+
+    if near(reported):
+        return
+    require(not near(reported * nproc), exercise,
+            f"the reported throughput, {reported:.0f} samples/s, is one rank's: the {nproc} ranks together drew "
+            f"about {high:.0f} samples/s.",
+            "count every rank's samples: seen * world_size / elapsed (step 7).")
+    raise NotYet(f"✗ {exercise}: the reported throughput, {reported:.0f} samples/s, is far from what the ranks drew: "
+                 f"{reported / high:.2g}x their about {high:.0f} samples/s.",
+                 "count every rank's samples once, over the training loop's time: seen * world_size / elapsed.")
+
+
+def judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exercise: str) -> dict:
+    """Every verification of a finished run, in the order an attendee meets the mistakes."""
+    import torch
+
+    facts: dict = {}
+    world = records[0]["env"].get("WORLD_SIZE")
+    require(world is not None, exercise, "the script ran without WORLD_SIZE: it was started with `python`, so one "
+            "process trained alone.", f"launch it with `torchrun --nproc-per-node={nproc} <script>`.")
+    require(len(records) == nproc and world == str(nproc), exercise,
+            f"{len(records)} process(es) ran (WORLD_SIZE={world}), the lab needs {nproc}.",
+            f"launch with torchrun --nproc-per-node={nproc}.")
+
+    # The data: a shard per rank, reshuffled every epoch.
+    epochs = [_training_epochs(r) for r in records]
+    for rank, mine in enumerate(epochs):
+        require(bool(mine) and len(mine[0]) > 0, exercise, f"rank {rank} drew no samples from a DataLoader.",
+                "train from a DataLoader over the dataset (step 3).")
+    require(min(len(e) for e in epochs) >= 2, exercise, "the run trained one epoch: a reshuffle cannot be seen.",
+            "run at least 2 epochs (the script's default is 3).")
+    first = [set(e[0]) for e in epochs]
+    for rank in range(1, nproc):
+        shared = len(first[0] & first[rank]) / max(1, min(len(first[0]), len(first[rank])))
+        require(shared < 0.9, exercise, f"ranks 0 and {rank} trained on the same samples in epoch 0 "
+                f"({shared:.0%} shared): every rank read the whole data set.",
+                "give the DataLoader a DistributedSampler(dataset) in place of shuffle=True (step 3).")
+        require(shared <= 0.1, exercise, f"the shards of ranks 0 and {rank} overlap by {shared:.0%} in epoch 0.",
+                "every rank needs the same seed and epoch in its DistributedSampler, so that the shards "
+                "split one permutation.")
+    require(epochs[0][0] != epochs[0][1], exercise, "rank 0 read its shard in the same order in epochs 0 and 1: "
+            "the sampler never reshuffled.",
+            "call sampler.set_epoch(epoch) at the start of every epoch (step 5), with shuffle=True in the sampler.")
+    facts["samples_per_rank"] = len(epochs[0][0])
+
+    # The model: wrapped in DDP, so that every rank ends with the same parameters.
+    require(all(params) and len({len(p) for p in params}) == 1, exercise,
+            "no parameters to compare: no torch.optim optimizer (and no DDP model) was found.",
+            "train with a torch.optim optimizer over the model's parameters.")
+    gap = max(float((a - b).abs().max()) for rank in range(1, nproc) for a, b in zip(params[0], params[rank]))
+    if any(not r["ddp"] for r in records):
+        after = (f"the ranks' parameters differ by up to {gap:.2g} after training: their gradients were never "
+                 "averaged" if gap else "nothing averaged the ranks' gradients")
+        raise NotYet(f"✗ {exercise}: the model was not wrapped in DistributedDataParallel; {after}.",
+                     "wrap it: ddp_model = DDP(model, device_ids=[local_rank] on a GPU, else None) (step 4).")
+    scale = max(1.0, max(float(p.abs().max()) for p in params[0]))
+    require(gap <= 1e-6 * scale, exercise, f"the ranks' parameters differ by up to {gap:.2g} after training, "
+            "although DDP wrapped the model.",
+            "run the forward pass through the DDP model (ddp_model(images)), not the plain one.")
+    facts["backend"] = records[0]["backend"]
+
+    # The checkpoint: one file, by rank 0, holding the trained weights.
+    savers = [r["rank"] for r in records if r["saves"]]
+    require(not [r for r in savers if r != 0], exercise,
+            f"every rank saved a checkpoint (ranks {', '.join(map(str, savers))} called torch.save).",
+            "save on rank 0 alone: if rank == 0: torch.save(...) (step 8).")
+    require(savers == [0], exercise, "no checkpoint was written.",
+            "save the model on rank 0 into args.out_dir (step 8).")
+    files = sorted(p for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
+    if not files:
+        elsewhere = next(r["saves"][0] for r in records if r["rank"] == 0)
+        raise NotYet(f"✗ {exercise}: torch.save wrote {elsewhere}, not into the --out-dir folder.",
+                     "save into Path(args.out_dir).")
+    require(len(files) == 1, exercise, f"{len(files)} files were written ({', '.join(p.name for p in files)}), "
+            "not one checkpoint.", "save one file, once.")
+    try:
+        loaded = torch.load(files[0], map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
+        raise NotYet(f"✗ {exercise}: the checkpoint cannot be read as weights ({type(err).__name__}).",
+                     "save model.state_dict(), not the model object.") from None
+    state = _state_dict(loaded)
+    require(state is not None, exercise, "the checkpoint holds no state dict.",
+            "save model.state_dict() (step 8).")
+    require(not any(k.startswith("module.") for k in state), exercise,
+            "the checkpoint's keys start with 'module.': it holds the DDP wrapper's state dict.",
+            "save the plain model's: model.state_dict() or ddp_model.module.state_dict().")
+    saved = [t.float() for t in state.values()]
+    missing = [p for p in params[0] if not any(s.shape == p.shape and torch.equal(s, p) for s in saved)]
+    require(not missing, exercise, "the checkpoint does not hold the trained parameters.",
+            "save after the training loop, the model you trained.")
+    facts["checkpoint"] = files[0]
+
+    # The output: rank 0 alone logs, and reports a throughput that is near what ran.
+    outputs = [read_output(out_dir.parent / f"rank{r}.stdout") for r in range(nproc)]
+    for rank in range(1, nproc):
+        chatty = [line for line in outputs[rank].splitlines() if THROUGHPUT.search(line) or LOSS_LINE.search(line)]
+        if chatty:
+            raise NotYet(f"✗ {exercise}: rank {rank} logged too ({chatty[0].strip()!r}).",
+                         "print on rank 0 alone: if rank == 0: print(...) (steps 6 and 7).")
+    reported = reported_throughput(outputs[0].splitlines())
+    require(reported is not None, exercise, "rank 0 printed no throughput.",
+            "print e.g. f\"throughput: {seen * world_size / elapsed:.0f} samples/s\" on rank 0 (step 7).")
+    measured = _measured_throughput(records)
+    _judge_throughput(reported, measured, nproc, exercise)
+    facts["reported"], facts["measured"] = reported, measured[1]
+
+    # The end: the process group closed.
+    open_ranks = [str(r["rank"]) for r in records if not r["torn_down"]]
+    require(not open_ranks, exercise, f"the script ended with the process group still open (rank(s) "
+            f"{', '.join(open_ranks)}).", "end with dist.destroy_process_group() (step 9).")
+    return facts

@@ -1,0 +1,192 @@
+"""What every exercise check shares: reading an answer strictly, and judging it in one line.
+
+A check never shows a traceback: a wrong or unreadable answer is one ``NotYet`` line naming the
+mistake (or the mistakes) it matches, an exception in the attendee's code is one line naming their
+line, and an exception inside a check is a ``KitDefect``, one line too, its cause chained for
+whoever debugs it. The checks of each notebook (``exercise_checks`` gathers them) build on these.
+"""
+
+from __future__ import annotations
+
+import decimal
+import functools
+import inspect
+import linecache
+import math
+import numbers
+import traceback
+
+import numpy as np
+import torch
+
+from ..system.errors import WorkshopError
+from .exercises import NotYet, exercise_check, require, require_answered
+
+LARGEST_COUNT = 2**53  # beyond it a float no longer holds every whole number
+
+
+class KitDefect(WorkshopError):
+    """A check failed on its own, not on the answer: a bug of the kit (its cause is chained)."""
+
+
+def checked(check):
+    """Decorate a check: ``Unsolved`` prints its one line (``exercise_check``); any exception that is no
+    ``WorkshopError`` becomes a one-line ``KitDefect``, so that no check ever shows a traceback."""
+    signature = inspect.signature(check)
+    default = signature.parameters["exercise"].default if "exercise" in signature.parameters else "the exercise"
+
+    @exercise_check
+    @functools.wraps(check)
+    def run(*args, **kwargs):
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise WorkshopError(f"{check.__name__} was called with arguments it does not take ({err}).",
+                                "run the check cell as the notebook gives it.") from None
+        try:
+            return check(*args, **kwargs)
+        except WorkshopError:
+            raise
+        except Exception as err:  # noqa: BLE001 - turned into one line; the cause stays chained
+            exercise = signature.bind(*args, **kwargs).arguments.get("exercise", default)
+            raise KitDefect(f"✗ {exercise}: the check itself failed ({type(err).__name__}: {short(err)}); that is "
+                            "a defect of the kit, not a verdict on your answer.",
+                            "tell the instructor; the error's __cause__ holds the check's traceback.") from err
+
+    return run
+
+
+def short(err_or_text, limit: int = 200) -> str:
+    """An error's message (or a text) on one line, at most ``limit`` characters."""
+    text = " ".join(str(err_or_text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def described(value) -> str:
+    try:
+        text = short(repr(value), 60)
+    except Exception:  # noqa: BLE001 - an object whose repr fails is still named by its type
+        text = "?"
+    return f"a {type(value).__name__} ({text})"
+
+
+def number(value, exercise: str, name: str, what: str = "one number") -> float:
+    """``value`` as a float: an int, a float, a NumPy scalar, or a one-element tensor or array.
+
+    ``...`` is "not yet solved" (``Unsolved``); anything else that is no finite number is ``NotYet``
+    saying what is expected: text ("64"), a list, None, a bool, NaN, an infinity.
+    """
+    require_answered(value, exercise, f"`{name}` is still the placeholder `...`.",
+                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    expected = f"`{name}` should be {what}"
+    if value is None:
+        raise NotYet(f"✗ {exercise}: `{name}` is None.",
+                     f"assign the number to `{name}` (a function that ends without `return` gives None).")
+    if isinstance(value, (str, bytes)):
+        raise NotYet(f"✗ {exercise}: {expected}, got the text {short(repr(value), 40)}.",
+                     f"assign the number itself, without quotes ({name} = 64, not '64').")
+    if isinstance(value, (bool, np.bool_)):
+        raise NotYet(f"✗ {exercise}: {expected}, got {value}.",
+                     "a comparison gives True or False: assign the number.")
+    try:
+        if torch.is_tensor(value) or isinstance(value, np.ndarray):
+            kind = "tensor" if torch.is_tensor(value) else "array"
+            size = value.numel() if kind == "tensor" else value.size
+            if size != 1:
+                raise NotYet(f"✗ {exercise}: {expected}, got a {kind} of shape {tuple(value.shape)}.",
+                             "reduce it to one number (a sum, a mean, one element), then .item().")
+            numeric = (value.dtype != torch.bool and not value.dtype.is_complex) if kind == "tensor" else \
+                value.dtype.kind in "iuf"
+            if not numeric:
+                raise NotYet(f"✗ {exercise}: {expected}, got a {kind} of {value.dtype}.",
+                             "assign a real number (an int or a float).")
+            item = value.detach().cpu().reshape(()).item() if kind == "tensor" else value.reshape(()).item()
+            converted = float(item)
+        elif isinstance(value, (numbers.Real, decimal.Decimal)):
+            converted = float(value)
+        else:
+            raise NotYet(f"✗ {exercise}: {expected}, got {described(value)}.",
+                         "assign one number (an int or a float); a tensor's .item() gives one.")
+    except NotYet:
+        raise
+    except OverflowError:
+        raise NotYet(f"✗ {exercise}: `{name}` is too large to be a number here.",
+                     "check the units and the powers of ten in your formula.") from None
+    except Exception as err:  # noqa: BLE001 - whatever the object does on conversion, the answer is no number
+        raise NotYet(f"✗ {exercise}: {expected}; reading it as one failed ({type(err).__name__}).",
+                     "assign one number (an int or a float).") from None
+    if math.isnan(converted):
+        raise NotYet(f"✗ {exercise}: `{name}` is nan (not a number).",
+                     "nan comes from 0/0, inf - inf, or an input that is nan already: check what your formula divides.")
+    if math.isinf(converted):
+        raise NotYet(f"✗ {exercise}: `{name}` is {converted}.",
+                     "an infinity comes from dividing by zero or from a result too large: check the formula's units.")
+    return converted
+
+
+def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
+    """``value`` as an int: a number (see ``number``) that is whole and not absurdly large."""
+    converted = number(value, exercise, name, what)
+    require(converted == math.floor(converted), exercise, f"`{name}` = {converted:g} is not a whole number.",
+            "a count is whole: round with math.ceil or math.floor, whichever the question asks for.")
+    require(abs(converted) <= LARGEST_COUNT, exercise, f"`{name}` = {converted:.3g} is far too large to be the count.",
+            "check the formula's units.")
+    return int(converted)
+
+
+def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint: str, rel: float = 1e-3,
+            abs_tol: float = 0.0, same=None, limits=()) -> None:
+    """Return when ``value`` is ``right``; else ``NotYet`` naming the mistake(s) it matches, or showing the value.
+
+    ``mistakes`` holds ``(what that mistake gives, problem, fix)``; one that gives the right value (or
+    nothing, None) is skipped. When two mistakes give ``value`` here, the message names both: naming
+    one would be a guess. ``limits`` holds ``(holds, problem, fix)``: physical bounds, said when no
+    mistake is recognised and one does not hold.
+    """
+    same = same or (lambda a, b: math.isclose(a, b, rel_tol=rel, abs_tol=abs_tol))
+    if same(value, right):
+        return
+    matched = []
+    for wrong, problem, fix in mistakes:
+        if wrong is None or (isinstance(wrong, float) and math.isnan(wrong)):
+            continue
+        if not same(wrong, right) and same(value, wrong) and problem not in [p for p, _ in matched]:
+            matched.append((problem, fix))
+    shown = f"`{name}` = {value:.4g}"
+    if len(matched) == 1:
+        raise NotYet(f"✗ {exercise}: {shown}: {matched[0][0]}", matched[0][1])
+    if matched:
+        raise NotYet(f"✗ {exercise}: {shown}, which {len(matched)} mistakes give here: "
+                     + " Or: ".join(p for p, _ in matched), " / ".join(f for _, f in matched))
+    for holds, problem, fix in limits:
+        require(holds, exercise, f"{shown}: {problem}", fix)
+    raise NotYet(f"✗ {exercise}: {shown} is not right.", hint)
+
+
+def attendee_error(err: BaseException, function, exercise: str, name: str, hint: str | None = None) -> NotYet:
+    """One line for an exception raised while the attendee's ``function`` ran: their line and the error."""
+    code = getattr(function, "__code__", None)
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if code is not None and f.filename == code.co_filename]
+    error = f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__
+    if own:
+        frame = own[-1]
+        line = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+        return NotYet(f"✗ {exercise}: `{name}` raised {error} "
+                      f"(line {frame.lineno} of its cell: `{short(line, 80)}`).",
+                      hint or "that line of your code raised it; fix it and run the exercise cell again.")
+    return NotYet(f"✗ {exercise}: calling `{name}` raised {error}.",
+                  hint or f"check how `{name}` is defined: its arguments and what it calls.")
+
+
+def answered_input(value, exercise: str, earlier: str, name: str) -> None:
+    """``Unsolved`` when an input that an earlier exercise computes is still its placeholder."""
+    require_answered(value, exercise, f"`{name}` from {earlier} is still the placeholder `...`.",
+                     f"solve {earlier} first; this exercise builds on it.")
+
+
+def as_device(device, exercise: str) -> torch.device:
+    try:
+        return torch.device(device)
+    except (TypeError, RuntimeError, ValueError):
+        raise WorkshopError(f"{exercise}: {device!r} is no device.", "pass the device the model trained on.") from None

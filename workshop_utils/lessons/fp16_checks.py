@@ -1,0 +1,260 @@
+"""Notebook 03's exercises: fp16's range (gradients lost to 0, the largest safe loss scale) and a
+training step with autocast and GradScaler, run against the textbook step on a small model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..spine.precision import autocast
+from ..system.errors import WorkshopError
+from .exercise_judging import as_device, attendee_error, checked, described, number, verdict
+from .exercises import NotYet, passed, require, require_answered
+
+
+def _gradient_values(gradients, exercise: str) -> torch.Tensor:
+    if not torch.is_tensor(gradients) or not gradients.numel():
+        raise WorkshopError(f"{exercise}: the gradients to judge against are no tensor with values.",
+                            "pass the tensor the exercise names.")
+    return gradients.detach().flatten().float().cpu()
+
+
+@checked
+def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1.0,
+                        exercise: str = "Exercise 3.1") -> bool:
+    """Share of the non-zero gradient values that become exactly 0 when (scaled and) cast to fp16."""
+    value = number(lost_fraction, exercise, "lost_fraction", "one number, a fraction between 0 and 1")
+    g = _gradient_values(gradients, exercise)
+    nonzero = g[g != 0]
+    if not nonzero.numel():
+        raise WorkshopError(f"{exercise}: every gradient is 0, so none can be lost.", "pass the measured gradients.")
+    flushed = (nonzero * scale).half() == 0
+    right = flushed.double().mean().item()
+    zero_after = (g * scale).half() == 0
+    mistakes = [
+        (100 * right, "that is a percentage.", "give a fraction between 0 and 1."),
+        (flushed.sum().item() / g.numel(), "you divided by all values, zeros included.",
+         "divide by the number of non-zero values: a zero cannot be lost."),
+        (zero_after.double().mean().item(), "you counted values that were zero already.",
+         "keep only the non-zero values first (g[g != 0])."),
+        ((nonzero * scale < torch.finfo(torch.float16).smallest_normal).double().mean().item(),
+         "that counts subnormals too, which fp16 keeps (imprecisely).", "count values whose fp16 cast == 0."),
+        (((nonzero * scale).bfloat16() == 0).double().mean().item(), "that is bfloat16's loss, not float16's.",
+         "cast with .half() (torch.float16)."),
+        (1 - right, "that is the share that survives, not the share lost.", "count the values whose cast == 0."),
+    ]
+    if scale != 1:
+        mistakes.append(((nonzero.half() == 0).double().mean().item(), "you forgot the loss scale.",
+                         "multiply by the scale before casting."))
+    verdict(value, right, exercise, "lost_fraction", mistakes,
+            "non-zero values whose fp16 cast is 0, divided by the number of non-zero values.", abs_tol=1e-9,
+            limits=[(0 <= value <= 1, "a fraction of the values lies between 0 and 1.",
+                     "divide the count of lost values by the count of non-zero values.")])
+    return passed(exercise, f"{100 * value:.4f}% of the non-zero gradients become 0 in fp16")
+
+
+@checked
+def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.float16,
+                          exercise: str = "Exercise 3.2") -> bool:
+    """The largest power of two S with S x (largest gradient) still finite in ``dtype``."""
+    value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
+    tensors = [t for t in (gradients.values() if isinstance(gradients, dict) else [gradients])
+               if torch.is_tensor(t) and t.numel()]
+    if not tensors:
+        raise WorkshopError(f"{exercise}: no gradient tensor to judge against.",
+                            "pass the gradients the exercise names.")
+    largest = max(float(t.detach().abs().max()) for t in tensors)
+    if not (math.isfinite(largest) and largest > 0):
+        raise WorkshopError(f"{exercise}: the largest gradient is {largest}.", "pass the measured gradients.")
+    limit = torch.finfo(dtype).max
+    right = 2.0 ** math.floor(math.log2(limit / largest))
+    require(value > 0 and math.log2(value).is_integer(), exercise,
+            f"`safe_scale` = {value:g} is not a power of two.",
+            "use 2.0 ** k: scaling by a power of two changes only the exponent, so it is exact.")
+    verdict(value, right, exercise, "safe_scale", [
+        (2.0 ** math.floor(math.log2(torch.finfo(torch.bfloat16).max / largest)),
+         "that uses bfloat16's largest value.", f"use float16's, {limit:,.0f}."),
+        (2.0 ** min(127, math.floor(math.log2(torch.finfo(torch.float32).max / largest))),
+         "that uses float32's largest value.", f"use float16's, {limit:,.0f}."),
+        (2 * right, f"one power too far: {2 * right:g} x {largest:.3g} overflows {limit:,.0f}.",
+         "round log2 down (math.floor), not up."),
+    ], "the largest k with 2**k * largest <= finfo(float16).max, i.e. 2 ** floor(log2(max / largest)).")
+    return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
+                            f"{value * largest:,.0f}, below {limit:,.0f}")
+
+
+class _WatchedScaler(torch.amp.GradScaler):
+    """A GradScaler that counts which of its methods were called."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = Counter()
+
+    def scale(self, outputs):
+        self.calls["scale"] += 1
+        return super().scale(outputs)
+
+    def unscale_(self, optimizer):
+        self.calls["unscale_"] += 1
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.calls["step"] += 1
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):
+        self.calls["update"] += 1
+        return super().update(new_scale)
+
+
+def _amp_model(device: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+
+
+def _amp_failure(err: Exception, amp_step, scaler: _WatchedScaler, exercise: str) -> NotYet:
+    """The one line for an exception raised while ``amp_step`` ran: GradScaler's protests by their cause."""
+    calls, text = scaler.calls, str(err)
+    if isinstance(err, AssertionError):  # GradScaler's own protests at a call out of order
+        if calls["scale"] == 0:
+            return NotYet(f"✗ {exercise}: the loss was not scaled.",
+                          "call scaler.scale(loss).backward() instead of loss.backward().")
+        if calls["step"] == 0:
+            return NotYet(f"✗ {exercise}: scaler.update() ran without scaler.step(optimizer) before it.",
+                          "call scaler.step(optimizer) instead of optimizer.step().")
+        if calls["update"] > calls["step"]:
+            return NotYet(f"✗ {exercise}: scaler.update() ran {calls['update']} times for {calls['step']} "
+                          "scaler.step(): GradScaler refuses an update with no step since the last one.",
+                          "call scaler.update() once per step, after scaler.step(optimizer).")
+    if isinstance(err, ValueError) and "unscale FP16 gradients" in text:
+        return NotYet(f"✗ {exercise}: the gradients are float16: the model's weights were cast to float16 "
+                      "(model.half()?), and GradScaler unscales only float32 gradients.",
+                      "keep the weights in float32: autocast runs the forward pass in float16 by itself.")
+    if isinstance(err, RuntimeError) and "unscale_() has already been called" in text:
+        return NotYet(f"✗ {exercise}: scaler.unscale_ or scaler.step ran twice for one update.",
+                      "once per step: scaler.step(optimizer), then scaler.update().")
+    if isinstance(err, RuntimeError) and "step() has already been called" in text:
+        return NotYet(f"✗ {exercise}: scaler.step(optimizer) ran twice before scaler.update().",
+                      "once per step: scaler.step(optimizer), then scaler.update().")
+    return attendee_error(err, amp_step, exercise, "amp_step")
+
+
+def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: bool = True,
+               exercise: str = "Exercise 3.3"):
+    """One step on a small seeded MLP with stale gradients in place: (model, scaler, loss, dtypes seen).
+
+    With ``amp_step=None`` the step is the textbook one (or the one that forgets ``zero_grad``).
+    """
+    model = _amp_model(device)
+    images = torch.randn(16, 32, device=device)
+    labels = torch.randint(0, 10, (16,), device=device)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e3)  # the previous step's gradients, which the step must clear
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = _WatchedScaler(device.type, init_scale=init_scale, growth_interval=1)
+    dtypes = []
+    hook = model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+    try:
+        if amp_step is not None:
+            try:
+                loss = amp_step(model, images, labels, optimizer, scaler)
+            except Exception as err:  # noqa: BLE001 - the attendee's code: one line naming their line
+                raise _amp_failure(err, amp_step, scaler, exercise) from None
+        else:
+            if zero_grad:
+                optimizer.zero_grad(set_to_none=True)
+            with autocast("fp16", device):
+                loss = F.cross_entropy(model(images), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    finally:
+        hook.remove()
+    return model, scaler, loss, dtypes
+
+
+def _same_parameters(a: nn.Module, b: nn.Module) -> bool:
+    return all(p.shape == q.shape and torch.allclose(p.float(), q.float(), rtol=1e-3, atol=1e-6)
+               for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, tolerance: float = 0.02) -> bool:
+    """The step moved every parameter as the reference step did, to ``tolerance`` of the reference's move.
+
+    Judged on the update, not the weights: fp16 rounding in a loss computed another way (a log-softmax
+    that autocast runs in fp16 on one device and fp32 on another) moves the update by far less than 1%,
+    every mistake by far more.
+    """
+    for p, q, s in zip(model.parameters(), reference.parameters(), start.parameters()):
+        if p.shape != q.shape:
+            return False
+        mine, theirs = p.detach().float() - s.detach().float(), q.detach().float() - s.detach().float()
+        if not bool(torch.isfinite(mine).all()):
+            return False
+        if float((mine - theirs).norm()) > tolerance * float(theirs.norm()) + 1e-7:
+            return False
+    return True
+
+
+@checked
+def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3") -> bool:
+    """Run ``amp_step(model, images, labels, optimizer, scaler)`` on a small model against the textbook step.
+
+    Once with a scale that fits (the step must move the weights as a correct fp16 step does and the
+    scale must grow, the scaler growing after every clean step here) and once with a scale that
+    overflows (the step must be skipped and the scale halved). Which GradScaler methods ran and the
+    dtype the first layer produced tell the common mistakes apart; any loss that computes the
+    cross-entropy of the logits passes, whichever operations autocast runs it in on this device.
+    """
+    require_answered(amp_step, exercise, "`amp_step` is still the placeholder.",
+                     "write the function body in the exercise cell and run it.")
+    require(callable(amp_step), exercise, f"`amp_step` should be a function, got {described(amp_step)}.",
+            "define it with def amp_step(model, images, labels, optimizer, scaler):")
+    device = as_device(device, exercise)
+    scale = 2.0**8
+    start = _amp_model(device)
+    model, scaler, loss, dtypes = _amp_trial(amp_step, device, scale, exercise=exercise)
+    require_answered(loss, exercise, "`amp_step` still returns the placeholder `...`.",
+                     "replace the placeholder with your code; return the loss.")
+    require(loss is not None, exercise, "`amp_step` returns nothing.", "end it with `return loss`.")
+    require(bool(dtypes), exercise, "`amp_step` never ran the model.", "compute the loss from model(images).")
+    require(dtypes[0] != torch.float32, exercise, "the forward pass ran in float32: no autocast.",
+            "compute the output and the loss inside `with wu.autocast('fp16', device):`.")
+    require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
+            "use autocast with dtype torch.float16 (wu.autocast('fp16', device)): the mode that needs a scaler.")
+    require(scaler.calls["scale"] > 0, exercise, "the loss was not scaled.",
+            "call scaler.scale(loss).backward() instead of loss.backward().")
+    require(scaler.calls["step"] > 0, exercise, "scaler.step was never called.",
+            "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips steps with inf/NaN.")
+    require(scaler.calls["update"] > 0, exercise, "scaler.update() was never called.",
+            "call scaler.update() after scaler.step(): without it the scale never adapts.")
+    overflow = 2.0**40  # times a logit gradient of order 1/16, far beyond fp16's 65,504
+    skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise=exercise)
+    require(_same_parameters(skipped, start), exercise, "a step whose gradients overflowed changed the weights.",
+            "let scaler.step(optimizer) decide: do not also call optimizer.step().")
+    require(skipped_scaler.get_scale() == overflow / 2, exercise, "after an overflow the scale was not halved.",
+            "call scaler.update() once, after scaler.step(optimizer).")
+    reference, _, reference_loss, _ = _amp_trial(None, device, scale)
+    stale, _, _, _ = _amp_trial(None, device, scale, zero_grad=False)
+    require(not (_same_update(model, stale, start) and not _same_update(model, reference, start)), exercise,
+            "the previous step's gradients were added to this step's.",
+            "call optimizer.zero_grad(set_to_none=True) before the backward pass.")
+    require(_same_update(model, reference, start), exercise,
+            "the weights after the step differ from a correct fp16 step's.",
+            "zero the gradients, forward and loss under autocast, scaler.scale(loss).backward(), "
+            "scaler.step(optimizer), scaler.update().")
+    returned = number(loss, exercise, "returned loss", "one number (the loss tensor)")
+    right = reference_loss.item()
+    require(not math.isclose(returned, scale * right, rel_tol=1e-2), exercise,
+            "`amp_step` returns the scaled loss.", "return the loss itself, before scaler.scale.")
+    require(math.isclose(returned, right, rel_tol=1e-2), exercise,
+            f"`amp_step` returns {returned:.4g}, not the batch's loss.", "return the loss computed under autocast.")
+    require(scaler.get_scale() == 2 * scale, exercise, "the scale did not grow after a clean step.",
+            "call scaler.update() once per step, after scaler.step(optimizer).")
+    return passed(exercise, "fp16 forward, scaled backward, overflowing step skipped, scale halved after it "
+                            "and doubled after a clean one")

@@ -1,0 +1,212 @@
+"""Notebook 04's exercises: measure, then decide (the loader's workers, the batch that fits, the next fix).
+
+Exercise 4.1's answer is a function: on a measured sweep some mistakes give the right numbers by
+chance, so the check also runs it on a sweep it builds, where every mistake gives its own answer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..system.errors import WorkshopError
+from .exercise_judging import attendee_error, checked, count, described, number, short, verdict
+from .exercises import passed, require, require_answered
+
+
+def _sweep_row(table, exercise: str, **match):
+    rows = table
+    for column, value in match.items():
+        rows = rows[rows[column] == value]
+    if rows.empty:
+        raise WorkshopError(f"{exercise}: no row of the table has {match}.", "pass the table the notebook measured.")
+    return rows.iloc[0]
+
+
+LOADER_ANSWERS = ("best_workers", "measured_speedup", "amdahl_bound")
+
+
+def constructed_loader_sweep(pinned: bool = True):
+    """A loader sweep where each mistake of Exercise 4.1 gives its own answer: (table, starting row).
+
+    The start (0 workers, no pinning) is neither the fastest row nor the one with the most workers, and
+    every row waits for data a different share of its step.
+    """
+    import pandas as pd
+
+    rows = [(0, False, 1000.0, 0.55), (2, False, 1600.0, 0.25), (4, False, 1900.0, 0.12), (8, False, 1700.0, 0.20)]
+    if pinned:
+        rows += [(0, True, 1050.0, 0.50), (2, True, 1650.0, 0.22), (4, True, 2000.0, 0.08), (8, True, 1750.0, 0.18)]
+    table = pd.DataFrame(rows, columns=["num_workers", "pin_memory", "samples_per_s", "data_wait_fraction"])
+    return table, table.iloc[0].copy()
+
+
+def _loader_answers(loader_choice, sweep, start, exercise: str) -> tuple:
+    try:
+        answers = loader_choice(sweep.copy(), start.copy())
+    except Exception as err:  # noqa: BLE001 - the attendee's code: one line naming their line
+        raise attendee_error(err, loader_choice, exercise, "loader_choice") from None
+    require_answered(answers, exercise, "`loader_choice` still returns the placeholder `...`.",
+                     "replace the placeholder with your code; return best_workers, measured_speedup, amdahl_bound.")
+    require(isinstance(answers, (tuple, list)) and len(answers) == 3, exercise,
+            f"`loader_choice` should return three values (best_workers, measured_speedup, amdahl_bound), got "
+            f"{described(answers)}.", "end it with `return best_workers, measured_speedup, amdahl_bound`.")
+    for name, answer in zip(LOADER_ANSWERS, answers):
+        require_answered(answer, exercise, f"`{name}` (what `loader_choice` returns) is still the placeholder `...`.",
+                         "replace each `...` of the return line with your code.")
+    return tuple(answers)
+
+
+def _judge_loader(answers, sweep, start, exercise: str) -> tuple[int, float, float]:
+    fastest = sweep.loc[sweep.samples_per_s.idxmax()]
+    workers = count(answers[0], exercise, "best_workers", "a whole number of workers")
+    require(workers in set(int(w) for w in sweep.num_workers), exercise,
+            f"`best_workers` = {workers} is not a worker count of the sweep.", "pick one of its num_workers.")
+    verdict(workers, int(fastest.num_workers), exercise, "best_workers", [
+        (int(sweep.num_workers.max()), "the most workers, not the fastest setting.",
+         "take the row with the highest samples_per_s (sweep.samples_per_s.idxmax())."),
+        (int(sweep.loc[sweep.samples_per_s.idxmin()].num_workers), "that is the slowest row's.",
+         "take the row with the highest samples_per_s."),
+    ], "take the num_workers of the row with the highest samples_per_s.", rel=0)
+    speedup = number(answers[1], exercise, "measured_speedup", "one number, a ratio")
+    right = float(fastest.samples_per_s / start.samples_per_s)
+    verdict(speedup, right, exercise, "measured_speedup", [
+        (1 / right, "upside down.", "divide the fastest row's samples/s by the starting row's."),
+        (float(fastest.samples_per_s - start.samples_per_s), "that is a difference of samples/s, not a ratio.",
+         "divide the fastest row's samples/s by the starting row's."),
+    ], "the fastest row's samples_per_s / the starting row's.")
+    bound = number(answers[2], exercise, "amdahl_bound", "one number, a ratio")
+    wait = float(start.data_wait_fraction)
+    if not 0 <= wait < 1:
+        raise WorkshopError(f"{exercise}: the starting row's data_wait_fraction is {wait}.", "pass the measured sweep.")
+    verdict(bound, 1 / (1 - wait), exercise, "amdahl_bound", [
+        (1 / wait if wait else None, "that is 1/f.", "the ceiling is 1 / (1 - f): the part that stays."),
+        (1 / (1 - float(fastest.data_wait_fraction)) if float(fastest.data_wait_fraction) < 1 else None,
+         "that uses the fastest row's wait.",
+         "Amdahl bounds what can be gained from where you start: the starting row's data_wait_fraction."),
+        (1 / ((1 - wait) + wait / 2), "that is a loader twice as fast.",
+         "the ceiling removes the wait entirely: 1 / (1 - f)."),
+        (1 + wait, "1 + f is only the small-f approximation.", "compute 1 / (1 - f)."),
+        (1 - wait, "that is the share of the step left, 1 - f; the ceiling is its inverse.", "compute 1 / (1 - f)."),
+    ], "Amdahl's ceiling: 1 / (1 - f), f the starting row's data_wait_fraction.")
+    return workers, speedup, bound
+
+
+@checked
+def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercise: str = "Exercise 4.1") -> bool:
+    """``loader_choice(sweep, start)`` returns the fastest row's workers, its speed-up over the starting row,
+    and Amdahl's ceiling 1 / (1 - f) there.
+
+    Judged on the measured sweep, and on one the check builds where every mistake gives its own answer:
+    on a measured sweep whose starting row is the fastest, "upside down" and the fastest row's f give the
+    right numbers by chance.
+    """
+    require_answered(loader_choice, exercise, "`loader_choice` is still the placeholder.",
+                     "write the function body in the exercise cell and run it.")
+    require(callable(loader_choice), exercise, f"`loader_choice` should be a function, got {described(loader_choice)}.",
+            "define it with def loader_choice(sweep, start):")
+    start = _sweep_row(loader_sweep, exercise, num_workers=start_workers, pin_memory=False)
+    measured = _loader_answers(loader_choice, loader_sweep, start, exercise)
+    workers, speedup, bound = _judge_loader(measured, loader_sweep, start, exercise)
+    table, table_start = constructed_loader_sweep(pinned=bool(loader_sweep.pin_memory.any()))
+    second = f"{exercise}: on a second sweep, built by the check so that each mistake gives its own answer"
+    built = _loader_answers(loader_choice, table, table_start, second)
+    fastest = table.loc[table.samples_per_s.idxmax()]
+    right_built = (int(fastest.num_workers), float(fastest.samples_per_s / table_start.samples_per_s),
+                   1 / (1 - float(table_start.data_wait_fraction)))
+    same_as_measured = all(_same_answer(a, b) for a, b in zip(built, measured))
+    require(not (same_as_measured and not all(_same_answer(a, b) for a, b in zip(built, right_built))), exercise,
+            "on a second sweep the check built, `loader_choice` gave the same answers as on yours: it reads the "
+            "notebook's variables, not its arguments.", "compute from `sweep` and `start`, the function's arguments.")
+    _judge_loader(built, table, table_start, second)
+    return passed(exercise, f"{workers} workers: {speedup:.2f}x measured, Amdahl allows at most {bound:.2f}x")
+
+
+def _same_answer(a, b) -> bool:
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-6)
+    except Exception:  # noqa: BLE001 - answers that are no numbers are judged, and named, elsewhere
+        return False
+
+
+def memory_line(batch_sweep, exercise: str = "the check"):
+    """(MiB per sample, MiB at batch 0): least squares over the batch sizes that fit."""
+    fitted = batch_sweep[batch_sweep.status == "ok"]
+    if len(fitted) < 2:
+        raise WorkshopError(f"{exercise}: only {len(fitted)} batch size fit, and a line needs two.",
+                            "sweep from a smaller start batch or with a larger memory cap.")
+    slope, intercept = np.polyfit(fitted.batch_size.astype(float), fitted.peak_memory_mib.astype(float), 1)
+    return float(slope), float(intercept)
+
+
+@checked
+def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: float,
+                       exercise: str = "Exercise 4.2") -> bool:
+    """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``."""
+    slope, intercept = memory_line(batch_sweep, exercise)
+    if not slope > 0:
+        raise WorkshopError(f"{exercise}: the measured peak memory does not grow with the batch (slope {slope:.3g}).",
+                            "sweep again: on a shared machine another process can move the peak.")
+    value = number(mib_per_sample, exercise, "mib_per_sample", "one number, in MiB per sample")
+    fitted = batch_sweep[batch_sweep.status == "ok"]
+    measured = batch_sweep.dropna(subset=["peak_memory_mib"])
+    verdict(value, slope, exercise, "mib_per_sample", [
+        *[(ratio, "that divides the whole peak by the batch.",
+           "part of the memory does not grow with the batch: fit a line and take its slope (np.polyfit(..., 1)).")
+          for ratio in (float((fitted.peak_memory_mib / fitted.batch_size).mean()),
+                        float(fitted.peak_memory_mib.iloc[-1] / fitted.batch_size.iloc[-1]))],
+        (float(np.polyfit(measured.batch_size.astype(float), measured.peak_memory_mib.astype(float), 1)[0])
+         if len(measured) > len(fitted) else None,
+         "the fit includes the batch that ran out of memory.", "fit only the rows whose status is 'ok'."),
+        (intercept, "that is the line's intercept, the memory at batch 0; the slope comes first.",
+         "np.polyfit(x, y, 1) returns the slope, then the intercept."),
+        (1 / slope, "upside down: samples per MiB.", "fit peak_memory_mib against batch_size (x first, then y)."),
+    ], "the slope of a least-squares line through (batch_size, peak_memory_mib) of the rows that fit.")
+    largest = count(largest_batch, exercise, "largest_batch", "a whole number of samples")
+    right = math.floor((limit_mib - intercept) / slope)
+    verdict(largest, right, exercise, "largest_batch", [
+        (math.ceil((limit_mib - intercept) / slope), "rounded up: at that batch the line is above the limit.",
+         "round down."),
+        (math.floor(limit_mib / slope), "that leaves out the memory that does not grow with the batch.",
+         "subtract the line's intercept from the limit first."),
+        (int(fitted.batch_size.max()), "that is the largest batch of the sweep, not the line's limit.",
+         "solve intercept + slope * b <= limit_mib for the largest whole b."),
+    ], "the largest whole batch b with intercept + slope * b <= limit_mib.", rel=0)
+    return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
+
+
+@checked
+def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
+    """The top rung's largest part of the step, and Amdahl's speed-up of the step if that part ran twice as fast."""
+    parts = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]
+    top, first = breakdown.iloc[-1], breakdown.iloc[0]
+    right = max(parts, key=lambda part: top[part])
+    require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.",
+                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    require(isinstance(biggest_phase, str), exercise,
+            f"`biggest_phase` should be a column name (text), got {described(biggest_phase)}.",
+            f"assign the name of one of {', '.join(parts)}.")
+    phase = biggest_phase if biggest_phase.endswith("_ms") else f"{biggest_phase}_ms"
+    require(phase != "step_ms", exercise, "step_ms is the whole step, not a part of it.",
+            f"compare only the parts: {', '.join(parts)}.")
+    require(phase in parts, exercise, f"`biggest_phase` = {short(repr(biggest_phase), 40)} is no column of the table.",
+            f"use one of {', '.join(parts)}.")
+    baseline_biggest = max(parts, key=lambda part: first[part])
+    require(not (phase == baseline_biggest != right), exercise, "that is the baseline's largest part.",
+            "the top rung is the table's last row (breakdown.iloc[-1]).")
+    require(phase == right, exercise, f"{phase} is not the top rung's largest part.",
+            "take the part with the most milliseconds in the last row.")
+    speedup = number(step_speedup, exercise, "step_speedup", "one number, a ratio")
+    share = min(1.0, top[right] / top.step_ms)
+    verdict(speedup, 1 / ((1 - share) + share / 2), exercise, "step_speedup", [
+        (2.0, "the step would be twice as fast only if that part were all of it.",
+         "Amdahl: 1 / ((1 - f) + f / 2), f its share of the step."),
+        (1 / (1 - share) if share < 1 else None, "that makes the part free; twice as fast halves its time.",
+         "1 / ((1 - f) + f / 2)."),
+        (1 / ((1 - first[right] / first.step_ms) + first[right] / first.step_ms / 2), "that is the baseline's share.",
+         "use the last row (the top rung)."),
+        (share, "that is the part's share of the step, f, not the speed-up.", "Amdahl: 1 / ((1 - f) + f / 2)."),
+    ], "Amdahl: 1 / ((1 - f) + f / 2), f = that part's ms / step_ms.")
+    return passed(exercise, f"{right.removesuffix('_ms')} takes {share:.0%} of the step: twice as fast gives "
+                            f"{speedup:.2f}x")

@@ -1,0 +1,215 @@
+"""Notebook 01's exercises: achieved TFLOP/s, a matrix multiply's TFLOP/s and MFU, worked out by hand.
+
+Each check works its right answer out from the inputs the exercise names and judges the attendee's
+with ``exercise_judging``; MFU first says when an earlier answer it builds on is not right yet.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from ..spine.timing import Timings, time_repeats
+from ..system.errors import WorkshopError
+from ..system.hardware import PRECISIONS, peak_tflops
+from .exercise_judging import answered_input, as_device, checked, described, number, verdict
+from .exercises import NotYet, passed, require, require_answered
+
+
+@checked
+def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_s: float,
+                          exercise: str = "Exercise 1.1") -> bool:
+    """achieved TFLOP/s = training FLOPs per sample x samples per second / 1e12."""
+    value = number(achieved_tflops, exercise, "achieved_tflops", "one number, in TFLOP/s")
+    right = flops_per_sample * samples_per_s / 1e12
+    verdict(value, right, exercise, "achieved_tflops", [
+        (right * 1e12, "that is FLOP/s, not TFLOP/s.", "divide by 1e12 (tera = 10^12)."),
+        (right * 1e3, "that is GFLOP/s, not TFLOP/s.", "divide by 1e12, not 1e9."),
+        (right * 3, "three times too much: `flops` already counts forward and backward.",
+         "multiply `flops` by the samples per second, nothing else."),
+        (flops_per_sample / samples_per_s / 1e12, "you divided by the throughput.",
+         "FLOP/s = FLOPs per sample x samples per second."),
+    ], "achieved TFLOP/s = FLOPs per sample x samples per second / 1e12.")
+    return passed(exercise, f"{value:.3g} TFLOP/s")
+
+
+def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
+    """The seconds of each repeat in what ``wu.time_repeats`` returned (or a list of seconds)."""
+    require_answered(timings, exercise, f"`{name}` is still the placeholder `...`.",
+                     "store what wu.time_repeats(...) returns in it, run that cell, then this one.")
+    if isinstance(timings, Timings):
+        values = list(timings.seconds)
+    elif torch.is_tensor(timings):
+        values = list(timings.detach().cpu().reshape(-1))
+    elif isinstance(timings, np.ndarray):
+        values = list(timings.reshape(-1))
+    elif isinstance(timings, (list, tuple)):
+        values = list(timings)
+    else:
+        raise NotYet(f"✗ {exercise}: `{name}` should be what wu.time_repeats returns, got {described(timings)}.",
+                     f"{name} = wu.time_repeats(lambda: a @ b, repeats=10, device=device)")
+    require(len(values) > 0, exercise, f"`{name}` holds no timing.", "time at least one repeat.")
+    seconds = np.array([number(v, exercise, f"each of `{name}`") for v in values], dtype=float)
+    require(bool((seconds > 0).all()), exercise, f"`{name}` holds a time of {seconds.min():g} s.",
+            "a time is above 0: time with wu.time_repeats.")
+    return seconds
+
+
+@checked
+def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None = None, device=None,
+                        exercise: str = "Exercise 1.2", *, timings=None, precision: str = "fp32") -> bool:
+    """An n x n by n x n matrix multiply is n^3 multiply-adds, 2 n^3 FLOPs, in the median of ``timings``.
+
+    ``timings`` (what ``wu.time_repeats`` returned) is the measurement: ``seconds`` must be its median in
+    seconds (not milliseconds, not the total or the mean of the repeats) and ``matmul_tflops`` follows
+    from it. Without ``timings``, ``seconds`` stands for the measurement. The rate cannot exceed the
+    data-sheet peak of ``precision`` on ``device_name`` (a clock stopped before the GPU finished, or a
+    multiply that ran in another precision). With ``device`` the check times such a multiply itself and
+    shows its median beside the answer; only a gap beyond 100x (another size, another device, no
+    multiply at all) is a verdict, since on a shared machine both timings move with other people's work.
+    """
+    if not isinstance(n, numbers.Integral) or n < 1:
+        raise WorkshopError(f"{exercise}: n = {n!r} is no matrix size.", "pass the n of the exercise cell.")
+    measured = None if timings is None else timed_seconds(timings, exercise)
+    given = number(seconds, exercise, "seconds", "one number, in seconds")
+    require(given > 0, exercise, f"`seconds` = {given:g}: a time must be above 0.",
+            "take the median of the timings: wu.time_repeats(...).median.")
+    if measured is not None:
+        median, repeats = float(np.median(measured)), len(measured)
+        verdict(given, median, exercise, "seconds", [
+            (1e3 * median, "that is milliseconds, not seconds.", "keep the median in seconds, as timings gives it."),
+            (1e6 * median, "that is microseconds, not seconds.", "keep the median in seconds, as timings gives it."),
+            (float(measured.sum()), f"that is the total of the {repeats} repeats, not the time of one multiply.",
+             "take the median: timings.median."),
+            (float(measured.mean()), "that is the mean of the repeats; the exercise asks for the median, which a "
+                                     "slow outlier does not move.", "take timings.median."),
+            (float(measured.min()), "that is the fastest repeat, not the median.", "take timings.median."),
+            (float(measured.max()), "that is the slowest repeat, not the median.", "take timings.median."),
+        ], "seconds = timings.median: the median of the repeats, in seconds.")
+        right_seconds = median
+    else:
+        right_seconds = given
+    value = number(matmul_tflops, exercise, "matmul_tflops", "one number, in TFLOP/s")
+    right = 2 * n**3 / right_seconds / 1e12
+    mistakes = [
+        (right / 2, "half the right rate: each multiply-add is two FLOPs.", "count 2 * n**3 FLOPs."),
+        (right * 1e12, "that is FLOP/s, not TFLOP/s.", "divide by 1e12."),
+        (right * 1e3, "that is GFLOP/s, not TFLOP/s.", "divide by 1e12, not 1e9."),
+        (right * 1e-3, "a thousand times too small: the time went in as milliseconds.",
+         "divide the FLOPs by the median in seconds."),
+        (2 * n**2 / right_seconds / 1e12, "that counts n^2 FLOPs; a matrix multiply does n^3 multiply-adds.",
+         "count 2 * n**3 FLOPs."),
+    ]
+    if measured is not None:
+        mistakes.append((right / len(measured), f"that divides by the total of the {len(measured)} repeats.",
+                         "divide by the median time of one multiply."))
+    verdict(value, right, exercise, "matmul_tflops", mistakes, "TFLOP/s = 2 * n**3 / seconds / 1e12.")
+    if device_name:
+        peak = peak_tflops(device_name, precision)
+        require(peak is None or right <= peak, exercise,
+                f"{right:.0f} TFLOP/s is more than {device_name} can do in {precision} ({peak or 0:g} TFLOP/s, its "
+                "data-sheet peak).",
+                "the clock stopped before the GPU finished, or the multiply ran in another precision: time float32 "
+                "matrices with wu.time_repeats(..., device=device), which synchronizes, TF32 off (wu.set_tf32(False)).")
+    compared = ""
+    if device is not None:
+        device = as_device(device, exercise)
+        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        own = time_repeats(lambda: a @ b, repeats=5, device=device).median
+        ratio = right_seconds / own
+        require(1 / 100 <= ratio <= 100, exercise,
+                f"your {right_seconds:.3g} s is {max(ratio, 1 / ratio):.0f}x "
+                f"{'longer' if ratio > 1 else 'shorter'} than this check's own {own:.3g} s for the same multiply.",
+                f"time `a @ b` of two {n} x {n} float32 matrices on `device` (both a and b there), with "
+                "wu.time_repeats(..., device=device).")
+        compared = (f" (this check's own timing of `a @ b`: {own:.3g} s against your {right_seconds:.3g} s; far apart "
+                    "on an idle machine means something else was timed)")
+    return passed(exercise, f"{value:.3g} TFLOP/s for a {n} x {n} matmul{compared}")
+
+
+def _peak_groups(device_name: str, precision: str) -> dict[float, list[str]]:
+    """The other precisions' data-sheet peaks, the precisions that share each (fp16 and bf16 often do)."""
+    own = peak_tflops(device_name, precision)
+    groups: dict[float, list[str]] = {}
+    for other in PRECISIONS:
+        peak = peak_tflops(device_name, other)
+        if other != precision and peak and peak != own:
+            groups.setdefault(peak, []).append(other)
+    return groups
+
+
+@checked
+def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
+              exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
+              samples_per_s: float | None = None, n: int | None = None, timings=None) -> bool:
+    """MFU = the achieved rate / the data-sheet peak for ``precision``, or / the measured matmul rate without one.
+
+    ``achieved_tflops`` and ``measured_peak_tflops`` are the answers of Exercises 1.1 and 1.2. Given the
+    inputs those exercises start from (``flops_per_sample`` and ``samples_per_s``; ``n`` and ``timings``),
+    the check works both rates out itself and first says when an earlier answer is not right yet, so
+    that MFU is judged against the exercise, not against an earlier mistake. MFU is above 0, and at most
+    1 of a data-sheet peak.
+    """
+    require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.",
+                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    answered_input(achieved_tflops, exercise, "Exercise 1.1", "achieved_tflops")
+    achieved = number(achieved_tflops, exercise, "achieved_tflops (Exercise 1.1)")
+    if flops_per_sample is not None and samples_per_s is not None:
+        right_achieved = flops_per_sample * samples_per_s / 1e12
+        require(math.isclose(achieved, right_achieved, rel_tol=1e-3), exercise,
+                f"`achieved_tflops` = {achieved:.4g} from Exercise 1.1 is not right yet, and MFU builds on it.",
+                "fix Exercise 1.1 first: its check says what is wrong.")
+        achieved = right_achieved
+    table_peak = peak_tflops(device_name, precision)
+    if table_peak:  # the measured rate only names a mistake here: an unreadable one names none
+        try:
+            measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
+        except NotYet:
+            measured = None
+    else:
+        answered_input(measured_peak_tflops, exercise, "Exercise 1.2", "matmul_tflops")
+        measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
+        if n is not None and timings is not None:
+            answered_input(timings, exercise, "Exercise 1.2", "timings")
+            right_rate = 2 * n**3 / float(np.median(timed_seconds(timings, exercise))) / 1e12
+            require(math.isclose(measured, right_rate, rel_tol=1e-3), exercise,
+                    f"`matmul_tflops` = {measured:.4g} from Exercise 1.2 is not right yet, and MFU on this device "
+                    "divides by it.", "fix Exercise 1.2 first: its check says what is wrong.")
+            measured = right_rate
+        require(measured > 0, exercise, f"`matmul_tflops` = {measured:g} from Exercise 1.2 is no rate.",
+                "fix Exercise 1.2 first.")
+    peak = table_peak or measured
+    right = achieved / peak
+    if table_peak and not 0 < right <= 1 and flops_per_sample is None:
+        raise NotYet(f"✗ {exercise}: `achieved_tflops` = {achieved:.4g} from Exercise 1.1 is not between 0 and "
+                     f"{device_name}'s {precision} peak of {table_peak:g} TFLOP/s.",
+                     "fix Exercise 1.1 first: its check says what is wrong.")
+    if table_peak and not 0 < right <= 1:
+        raise WorkshopError(f"{exercise}: the achieved {achieved:.3g} TFLOP/s is not between 0 and {device_name}'s "
+                            f"{precision} peak of {table_peak:g} TFLOP/s.",
+                            "the run's FLOP count or its throughput is wrong: rerun the notebook from the top.")
+    value = number(mfu, exercise, "mfu", "one number, a fraction")
+    mistakes = [
+        (100 * right, "that is a percentage.", "give MFU as a fraction (0.12, not 12)."),
+        (peak / achieved if achieved else None, "upside down.", "MFU = achieved / peak."),
+        (achieved * 1e12 / peak, "the achieved rate went in as FLOP/s.", "use achieved_tflops, in TFLOP/s."),
+    ]
+    if table_peak:
+        if measured:
+            mistakes.append((achieved / measured, f"you divided by the measured matmul rate, but the table knows "
+                                                  f"{device_name}.",
+                             f"MFU is relative to the data-sheet peak: wu.peak_tflops(name, {precision!r})."))
+        for other_peak, others in _peak_groups(device_name, precision).items():
+            mistakes.append((achieved / other_peak,
+                             f"that uses the {' and '.join(others)} peak ({other_peak:g} TFLOP/s); this run is "
+                             f"{precision}.", f"look up the peak for {precision!r}."))
+    verdict(value, right, exercise, "mfu", mistakes,
+            "MFU = achieved TFLOP/s / peak TFLOP/s (the table's, or the measured matmul rate where it has none).",
+            limits=[(value > 0, "MFU is a share of the peak, above 0.", "MFU = achieved TFLOP/s / peak TFLOP/s."),
+                    (value <= 1 or not table_peak, "MFU above 1 would be faster than the data-sheet peak, which no "
+                     "run is.", "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction between 0 and 1.")])
+    source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
+    return passed(exercise, f"MFU {100 * value:.1f}% of {source}")
