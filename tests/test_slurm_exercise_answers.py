@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import signal
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from hypothesis import strategies as st
 
 import workshop_utils as wu
 from workshop_utils.lessons import slurm_exercises as se
+from workshop_utils.lessons import slurm_rules as rules
+from workshop_utils.lessons import slurm_usage as usage_check
 from workshop_utils.lessons.exercises import BEGIN_SOLUTION, END_SOLUTION, EXERCISE_TAG
 from workshop_utils.lessons.slurm_jobs import SlurmSite
 
@@ -85,14 +88,14 @@ def script(**change) -> str:
 @pytest.mark.parametrize("text, seconds", [
     ("5", 300), ("5:00", 300), ("00:05:00", 300), ("0-00:05", 300), ("0-00:05:00", 300), ("0-1", 3600),
     ("1-0", 86400), ("1-02:03:04", 93840), ("0:30", 60), ("2:30", 180), ("00:90:00", 5400), ("0:0:59", 60),
-    ("0", se.NO_LIMIT), ("00:00:00", se.NO_LIMIT), ("-1", se.NO_LIMIT), ("UNLIMITED", se.NO_LIMIT),
-    ("infinite", se.NO_LIMIT),
+    ("0", rules.NO_LIMIT), ("00:00:00", rules.NO_LIMIT), ("-1", rules.NO_LIMIT), ("UNLIMITED", rules.NO_LIMIT),
+    ("infinite", rules.NO_LIMIT),
     ("", None), ("5 minutes", None), ("1:2:3:4", None), ("1-2-3", None), ("1:2-3", None), ("1-", None), (":5", None),
     ("5.5", None), ("-5", None), (None, None), (5, None),
 ])
 def test_time_limits_are_read_as_slurm_reads_them(text, seconds):
     """Slurm's time_str2mins: six formats, 0/-1/INFINITE/UNLIMITED for none, whole minutes rounded up."""
-    assert se.time_limit_s(text) == seconds
+    assert rules.time_limit_s(text) == seconds
 
 
 USR1, TERM = int(signal.SIGUSR1), int(signal.SIGTERM)
@@ -106,7 +109,7 @@ USR1, TERM = int(signal.SIGUSR1), int(signal.SIGTERM)
 ])
 def test_signal_options_are_read_as_slurm_reads_them(text, number, lead, batch):
     """Slurm's get_signal_opts and sig_name2num: [{R|B}:]name-or-number[@seconds], 60 s by default."""
-    assert se.slurm_signal(text) == se.WarningSignal(number, lead, batch)
+    assert rules.slurm_signal(text) == rules.WarningSignal(number, lead, batch)
 
 
 def test_signal_10_is_sigusr1_where_the_kit_runs():
@@ -116,13 +119,13 @@ def test_signal_10_is_sigusr1_where_the_kit_runs():
 @pytest.mark.parametrize("text", ["", "B:", "B:NOPE@60", "B:USR1@x", "B:USR1@70000", "B:USR1@-1", "B:0@60",
                                   "B:USR1@60s", "@60", None, 10])
 def test_signal_options_slurm_refuses_are_refused(text):
-    assert se.slurm_signal(text) is None
+    assert rules.slurm_signal(text) is None
 
 
 def test_sbatch_reads_directives_above_the_first_command_only():
     text = ("#!/bin/bash\n#SBATCH --nodes=1 -t 5 # a comment\n\n# note\n#SBATCH --job-name='a b'\n"
             "echo hi\n#SBATCH -N 2\n")
-    assert se.sbatch_directives(text) == ["--nodes=1", "-t", "5", "--job-name=a b"]
+    assert rules.sbatch_directives(text) == ["--nodes=1", "-t", "5", "--job-name=a b"]
 
 
 # ---------------------------------------------------------------------- Exercise 6.1: right answers pass
@@ -160,9 +163,6 @@ TEMPLATE_LAUNCH = 'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun'
 RIGHT_SCRIPTS = {
     "python -m torch.distributed.run": lambda s: s.replace(
         TEMPLATE_LAUNCH, 'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python -m torch.distributed.run'),
-    "python3 -m torch.distributed.run, no srun": lambda s: s.replace(
-        TEMPLATE_LAUNCH, "python3 -m torch.distributed.run"),
-    "torchrun without srun": lambda s: s.replace(TEMPLATE_LAUNCH, "torchrun"),
     "a venv's torchrun": lambda s: s.replace(TEMPLATE_LAUNCH, 'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" '
                                                               '"$HOME/venv/bin/torchrun"'),
     "srun -c 2 with a value as the next word": lambda s: s.replace(TEMPLATE_LAUNCH, "srun -c 2 --label torchrun"),
@@ -236,7 +236,7 @@ WRONG_61 = [
     # nodes, tasks, processes, cores: against the exercise, not against the script
     (dict(nodes=2), ["--nodes=2", "asks for one node"]),
     (dict(nodes="1-2"), ["--nodes=1-2", "asks for one node"]),
-    (dict(nodes=0), ["not a node count sbatch reads"]),
+    (dict(nodes=0), ["--nodes=0", "asks for one node"]),  # sbatch reads 0 (a job of no nodes); Slurm refuses it later
     (dict(ntasks_per_node=2, nproc_per_node=1), ["2 torchrun agents"]),
     (dict(ntasks_per_node=2), ["srun starts 2 torchruns on each node and each starts 2 processes, 4 per node"]),
     (dict(nproc_per_node=1), ["--nproc-per-node=1", "not the 2 the exercise asks for"]),
@@ -437,8 +437,8 @@ def numeric_forms(value):
     forms = [value, float(value), np.float64(value), np.float32(value), torch.tensor(float(value)),
              torch.tensor(float(value), dtype=torch.float64), np.array(float(value))]
     if float(value) == int(value):
-        forms += [int(value), np.int64(value), torch.tensor(int(value)), Fraction(int(value))]
-    return forms
+        forms += [int(value), np.int64(value), torch.tensor(int(value)), Fraction(int(value)), Decimal(int(value))]
+    return forms + [Decimal(repr(float(value))), Fraction(repr(float(value)))]
 
 
 @pytest.mark.parametrize("name, value", [(name, form) for name, right in RIGHT_63.items()
@@ -681,7 +681,7 @@ def test_a_cell_that_reads_earlier_variables_is_not_judged_on_another_job(capsys
     namespace = dict(e=e, c=c, g=g, cpu=cpu, rss=rss, limit=limit)
     scope = dict(namespace)
     exec(cell, scope)
-    assert _se._run_cell(cell, namespace, _se.OTHER_JOB) is not None
+    assert usage_check._run_cell(cell, namespace, _se.OTHER_JOB) is not None
     ok = _se.check_job_usage(scope["cpu_efficiency"], scope["time_share"], scope["gpu_hours"],
                              scope["next_time_limit_s"], scope["next_memory_mib"], usage, cell=None)
     assert ok
@@ -711,3 +711,236 @@ def test_a_limit_inside_the_warning_and_its_early_minute_is_refused(time):
                                    ["--lr 0.01", "--lr 0.03 --precision fp32", "--no-compile --lr 0.1"]])
 def test_a_sweep_line_with_another_flag_beside_its_rate_is_named(lines):
     assert "also sets" in _se.sweep_problem(lines, "0-2", (0.01, 0.03, 0.1))
+
+
+# ---------------------------------------------------------------- found by a second attempt to fool the checks
+#
+# Each row failed before its fix: a wrong answer passed, or a right one (as sbatch, bash and torchrun read it)
+# was refused or named oddly.
+
+
+def with_host_from(setting: str, host: str = '"$MASTER_ADDR:29500"'):
+    """The solved script with ``setting`` on the lines before the launch and the endpoint read from it."""
+    return lambda s: s.replace("# srun starts", f"{setting}\n# srun starts").replace(SOLVED["rdzv_endpoint"], host)
+
+
+# 1. A variable set where the batch shell itself does not run the assignment: the launch line never sees it.
+SET_ELSEWHERE = {
+    "in a subshell": (f"( MASTER_ADDR={FIRST}; )", "a subshell"),
+    "exported in a subshell": (f"(export MASTER_ADDR={FIRST})", "a subshell"),
+    "in a command substitution": (f"X=$( MASTER_ADDR={FIRST}; echo )", "a command substitution"),
+    "in $(...) past a ) in its comment": (f"X=$( # a comment with a )\nMASTER_ADDR={FIRST}\n)",
+                                          "a command substitution"),
+    "in $(...) past a case pattern's )": (f"X=$(case a in a) MASTER_ADDR={FIRST};; esac)", "a command substitution"),
+    "in a process substitution": (f"cat <(MASTER_ADDR={FIRST})", "a process substitution"),
+    "in a pipeline": (f"true | MASTER_ADDR={FIRST}", "a pipeline"),
+    "in the background": (f"MASTER_ADDR={FIRST} &", "the background"),
+    "in a group sent to the background": (f"{{ MASTER_ADDR={FIRST}; }} &", "the background"),
+    "in a loop sent to the background": (f"for i in 1; do MASTER_ADDR={FIRST}; done &", "the background"),
+}
+
+
+@pytest.mark.parametrize("setting, where", SET_ELSEWHERE.values(), ids=SET_ELSEWHERE.keys())
+def test_a_variable_set_only_in_a_subshell_is_not_set_for_the_launch(setting, where):
+    refused(lambda: wu.check_job_script(with_host_from(setting)(script())), "$MASTER_ADDR", f"only in {where}",
+            "the launch line does not see it")
+
+
+SET_IN_THE_SHELL = {
+    "a { group; }": f"{{ MASTER_ADDR={FIRST}; }}",
+    "an if": f"if true; then MASTER_ADDR={FIRST}; fi",
+    "after &&": f"true && MASTER_ADDR={FIRST}",
+    "after a subshell that has closed": f"( cd . ); MASTER_ADDR={FIRST}",
+    "after a pipeline": f"true | cat; MASTER_ADDR={FIRST}",
+    "from a command substitution": 'MASTER_ADDR=$(H=$(scontrol show hostnames "$SLURM_JOB_NODELIST"); '
+                                   'echo "$H" | head -n 1)',
+}
+
+
+@pytest.mark.parametrize("setting", SET_IN_THE_SHELL.values(), ids=SET_IN_THE_SHELL.keys())
+def test_a_variable_the_batch_shell_itself_sets_is_set_for_the_launch(setting, capsys):
+    text = with_host_from(setting)(script())
+    if "H=$(" in setting:  # the host is read from a substitution the check does not follow: named, not passed
+        refused(lambda: wu.check_job_script(text), "$(H=$(scontrol")
+        return
+    assert wu.check_job_script(text) is True, se.script_problem(text)
+
+
+# 2. The launch: srun starts one torchrun per node (the notebook: "with --nodes=2 ... only #SBATCH --nodes
+# changes"), with the job's cores per task, which Slurm 22.05 to 23.02 do not pass on to srun by themselves.
+@pytest.mark.parametrize("launch, words", [
+    ("srun torchrun", ["srun starts torchrun without --cpus-per-task", "22.05"]),
+    ("srun --ntasks-per-node=1 torchrun", ["without --cpus-per-task"]),
+    ("torchrun", ["torchrun is started without srun", "--nodes=2"]),
+    ("python3 -m torch.distributed.run", ["started without srun"]),
+    ("env OMP_NUM_THREADS=1 torchrun", ["started without srun"]),
+])
+def test_the_launch_line_needs_srun_and_the_cores_per_task(launch, words):
+    refused(lambda: wu.check_job_script(script().replace(TEMPLATE_LAUNCH, launch)), *words)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s.replace(TEMPLATE_LAUNCH, "srun torchrun").replace(
+        "# srun starts", 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"\n# srun starts'),
+    lambda s: s.replace(TEMPLATE_LAUNCH, "srun --cpus-per-task=2 torchrun"),
+    lambda s: s.replace(TEMPLATE_LAUNCH, 'srun --cpus-per-t="$SLURM_CPUS_PER_TASK" torchrun'),
+    lambda s: s.replace(TEMPLATE_LAUNCH, 'srun -c"$SLURM_CPUS_PER_TASK" torchrun'),
+    lambda s: s.replace(TEMPLATE_LAUNCH, 'SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK" srun torchrun'),
+], ids=["SRUN_CPUS_PER_TASK exported", "a number", "srun's own abbreviation", "-cN", "SRUN_CPUS_PER_TASK for srun"])
+def test_the_cores_per_task_reach_srun_however_written(edit, capsys):
+    text = edit(script())
+    assert wu.check_job_script(text) is True, se.script_problem(text)
+
+
+# 3. sbatch reads #SBATCH lines with getopt_long: a long option may be shortened to any unique prefix.
+@pytest.mark.parametrize("line, instead", [
+    ("#SBATCH --cpus-per-task=2", "#SBATCH --cpus-per-t=2"),
+    ("#SBATCH --ntasks-per-node=1", "#SBATCH --tasks-per=1"),  # a prefix of --tasks-per-node, its alias
+    ("#SBATCH --signal=B:USR1@60", "#SBATCH --sig=B:USR1@60"),
+    ("#SBATCH --nodes=1", "#SBATCH --nodes 1"),
+    ("#SBATCH --time=00:05:00", "#SBATCH --time 00:05:00"),
+    ("#SBATCH --time=00:05:00", "#SBATCH -t5"),
+])
+def test_sbatch_options_are_read_as_getopt_long_reads_them(line, instead, capsys):
+    text = script().replace(line, instead)
+    assert text != script() and wu.check_job_script(text) is True, se.script_problem(text)
+
+
+@pytest.mark.parametrize("line, instead, words", [
+    ("#SBATCH --nodes=1", "#SBATCH --nod=1", ["'--nod=1' is ambiguous", "'--nodefile' '--nodelist' '--nodes'"]),
+    ("#SBATCH --ntasks-per-node=1", "#SBATCH --ntasks-per=1", ["is ambiguous", "'--ntasks-per-node'"]),
+    ("#SBATCH --time=00:05:00", "#SBATCH --tim=5", ["is ambiguous", "'--time' '--time-min'"]),
+    ("#SBATCH --nodes=1", "#SBATCH --nodez=1", ["unrecognized option '--nodez=1'"]),
+    ("#SBATCH --nodes=1", "#SBATCH nodes=1", ["Invalid directive", "nodes=1"]),
+    ("#SBATCH --job-name=ex61-train", "#SBATCH --contiguous=yes", ["doesn't allow an argument"]),
+])
+def test_sbatch_options_sbatch_would_refuse_are_named_as_it_names_them(line, instead, words):
+    refused(lambda: wu.check_job_script(script().replace(line, instead)), "sbatch would refuse", *words)
+
+
+# 4. The first node and the port, however bash reads them.
+@pytest.mark.parametrize("endpoint", [
+    '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 01):29500"',
+    '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n +1):29500"',
+    '"$(head -n 1 <(scontrol show hostnames "$SLURM_JOB_NODELIST")):29500"',
+    '"$(head -n1 < <(scontrol show hostnames "$SLURM_JOB_NODELIST")):29500"',
+    f'"{FIRST}:$((0x7000 + SLURM_JOB_ID % 1000))"',
+    f'"{FIRST}:$((070000 + SLURM_JOB_ID % 01750))"',
+    f'"{FIRST}:$((16#7000 + ${{SLURM_JOB_ID}} % 1000))"',
+    f'"{FIRST}:$(( (29500 + SLURM_JOB_ID) % 65536 > 1024 ? 29500 : 29501 ))"',
+])
+def test_the_first_node_and_the_port_are_read_as_bash_reads_them(endpoint, capsys):
+    assert wu.check_job_script({**SOLVED, "rdzv_endpoint": endpoint}) is True
+
+
+@pytest.mark.parametrize("endpoint, words", [
+    ('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 010):29500"', ["head -n 010"]),
+    ('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -v -n 1):29500"', ["head -v -n 1"]),
+    ('"$(head -n 1 <(scontrol show hostnames node01)):29500"', ["not the job's node list"]),
+    (f'"{FIRST}:$((08 + 29500))"', ["value too great for base"]),
+    (f'"{FIRST}:$((0x10))"', ["only root may listen below 1024"]),
+    (f'"{FIRST}:$((29500 + UNSET_OFFSET))"', ["$UNSET_OFFSET"]),
+])
+def test_a_first_node_or_port_bash_reads_otherwise_is_named(endpoint, words):
+    refused(lambda: wu.check_job_script({**SOLVED, "rdzv_endpoint": endpoint}), *words)
+
+
+# 5. Spaces in the endpoint: the shell splits at unquoted ones; torchrun strips the ends of what it gets.
+@pytest.mark.parametrize("endpoint", [f'"{FIRST}:29500 "', f'" {FIRST}:29500"', f"{FIRST}:29500 ",
+                                      f'"{FIRST}:29500  "'])
+def test_spaces_at_the_ends_of_the_endpoint_are_trimmed_as_torchrun_trims_them(endpoint, capsys):
+    assert wu.check_job_script({**SOLVED, "rdzv_endpoint": endpoint}) is True
+
+
+@pytest.mark.parametrize("endpoint, words", [
+    (f'"{FIRST} :29500"', ["a space", "torchrun would read the host as", "and refuse it"]),
+    (f'"{FIRST}: 29500"', ["a space", "torchrun would read the port as ' 29500'", "and refuse it"]),
+    (f'"{FIRST}:029500"', ["1 to 5 digits"]),
+    (f" {FIRST}:29500", ["`rdzv_endpoint` starts with a space", "empty endpoint"]),
+])
+def test_a_space_torchrun_would_see_is_named_precisely(endpoint, words):
+    refused(lambda: wu.check_job_script({**SOLVED, "rdzv_endpoint": endpoint}), *words)
+
+
+# 6. Messages that said the wrong thing, and numbers of every type.
+@pytest.mark.parametrize("change, words", [
+    (dict(nodes="1k"), ["--nodes=1k", "1024 nodes"]),
+    (dict(nodes="2K-4"), ["--nodes=2K-4", "2048-4"]),
+    (dict(rdzv_endpoint=f'"{FIRST}:0"'), ["port 0 is not a port torchrun can rendezvous on"]),
+    (dict(rdzv_endpoint=f'"{FIRST}:$((SLURM_JOB_ID % 1000))"'), ["is 0 for job 1000", "port 0"]),
+    (dict(time=""), ["--time= is empty", "sbatch refuses"]),
+    (dict(signal=""), ["--signal= is empty", "sbatch refuses", "no --signal"]),
+    (dict(nodes=1e20), ["--nodes=100000000000000000000", "not a node count sbatch reads"]),
+    (dict(nodes=10 ** 400), ["not a node count sbatch reads"]),
+    (dict(ntasks_per_node=2 ** 31), ["--ntasks-per-node=2147483648", "too big"]),
+    (dict(cpus_per_task=2 ** 53 + 1), ["--cpus-per-task=9007199254740993"]),
+])
+def test_exercise_61_says_what_sbatch_and_torchrun_would_do(change, words):
+    refused(lambda: wu.check_job_script({**SOLVED, **change}), *words)
+
+
+@pytest.mark.parametrize("change", [dict(nodes=Decimal(1)), dict(nodes=Fraction(1)), dict(cpus_per_task=Decimal("2.0")),
+                                    dict(nproc_per_node=Fraction(4, 2)), dict(time=Decimal(5))], ids=repr)
+def test_exercise_61_takes_a_gap_of_any_numeric_type(change, capsys):
+    assert wu.check_job_script({**SOLVED, **change}) is True
+
+
+def test_exercise_62_names_a_windows_line_end():
+    refused(lambda: wu.check_array_sweep(["--lr 0.01\r", "--lr 0.03", "--lr 0.1"], "0-2", RATES, wu.TrainConfig()),
+            "line 1", "Windows line end")
+
+
+def test_exercise_62_takes_decimal_and_fraction_rates(capsys):
+    assert wu.check_array_sweep(LINES, "0-2", [Decimal("0.01"), Fraction(3, 100), Decimal("0.1")], wu.TrainConfig())
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (dict(cpu_efficiency=Decimal("NaN")), ["`cpu_efficiency` is nan"]),
+    (dict(cpu_efficiency=Decimal("sNaN")), ["`cpu_efficiency` is nan"]),
+    (dict(cpu_efficiency=Decimal("-Infinity")), ["`cpu_efficiency` is -inf"]),
+    (dict(cpu_efficiency=Decimal("1e400")), ["beyond what a float holds"]),
+    (dict(cpu_efficiency=Fraction(10 ** 400, 3)), ["beyond what a float holds"]),
+    (dict(next_time_limit_s=Decimal("180.5")), ["`next_time_limit_s` = 180.5"]),
+], ids=repr)
+def test_exercise_63_names_decimal_and_fraction_answers_as_numbers(wrong, words):
+    refused(lambda: wu.check_job_usage(**{**RIGHT_MULTI, **wrong}, usage=MULTI), *words)
+
+
+@pytest.mark.parametrize("endpoint, words", [
+    ('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1 > /dev/null):29500"', ["sends its output elsewhere"]),
+    ('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" >&2 | head -n 1):29500"', ["sends its output elsewhere"]),
+])
+def test_a_first_node_whose_output_goes_elsewhere_is_named(endpoint, words):
+    refused(lambda: wu.check_job_script({**SOLVED, "rdzv_endpoint": endpoint}), *words)
+
+
+def test_a_variable_set_after_the_launch_does_not_reach_its_port():
+    text = script().replace(SOLVED["rdzv_endpoint"], f'"{FIRST}:$((29500 + OFFSET + SLURM_JOB_ID % 1000))"')
+    refused(lambda: wu.check_job_script(text + "OFFSET=1\n"), "$OFFSET")
+    assert wu.check_job_script(text.replace("# srun starts", "OFFSET=1\n# srun starts"))
+
+
+FUNCTIONS = {  # a function's body runs where the function is called, and only there
+    "a launch in a function never called": (
+        lambda s: s.replace(TEMPLATE_LAUNCH, "go() { " + TEMPLATE_LAUNCH).replace('"$@" &', '"$@" & }'),
+        ["no torchrun line"]),
+    "the host set in a function never called": (
+        with_host_from(f"setup() {{ MASTER_ADDR={FIRST}; }}"), ["$MASTER_ADDR", "nothing in the script"]),
+    "the host unset after it was set": (with_host_from(f"MASTER_ADDR={FIRST}\nunset MASTER_ADDR"), ["$MASTER_ADDR"]),
+}
+
+
+@pytest.mark.parametrize("edit, words", FUNCTIONS.values(), ids=FUNCTIONS.keys())
+def test_what_a_function_or_unset_does_is_followed(edit, words):
+    refused(lambda: wu.check_job_script(edit(script())), *words)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s.replace(TEMPLATE_LAUNCH, "go() { " + TEMPLATE_LAUNCH).replace('"$@" &', '"$@"; }; go &'),
+    with_host_from(f"setup() {{ MASTER_ADDR={FIRST}; }}\nsetup"),
+    with_host_from(f"function setup {{ MASTER_ADDR={FIRST}; }}\nsetup"),
+], ids=["a launch in a function called in the background", "the host set by a function called",
+        "the same with the function keyword"])
+def test_a_function_called_runs_its_body(edit, capsys):
+    text = edit(script())
+    assert wu.check_job_script(text) is True, se.script_problem(text)

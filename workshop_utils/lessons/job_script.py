@@ -1,0 +1,301 @@
+"""Exercise 6.1's job script and what it asks for: the template with its gaps, the exercise's own
+specification (``JOB_SPEC``), and a filled script read as sbatch, bash and torchrun read it (``JobRequest``):
+its #SBATCH options, its commands and variables, and the launch line that starts torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import io
+import math
+import re
+
+from .answer_values import Problem, show
+from .bash_reader import ASSIGNMENT, LEADING, Command, Shell, basename, shell_commands
+from .slurm_rules import SRUN, count_problem, directives_and_first_command, getopt_long, node_range, sbatch_options
+
+EXERCISE = "Exercise 6.1"
+GAPS = ("nodes", "ntasks_per_node", "cpus_per_task", "time", "signal", "nproc_per_node", "rdzv_endpoint")
+DIRECTIVE_GAPS = GAPS[:5]  # the gaps of the #SBATCH lines; the others are in the launch line
+
+JOB_SCRIPT = """\
+#!/bin/bash
+#SBATCH --job-name=ex61-train
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={ntasks_per_node}
+#SBATCH --cpus-per-task={cpus_per_task}
+#SBATCH --time={time}
+#SBATCH --signal={signal}
+#SBATCH --output=%x-%j.out
+set -uo pipefail
+export OMP_NUM_THREADS=1  # each of the processes torchrun starts computes in one thread
+# The warning signal reaches this script (B:); pass it on to the training processes on every node, not to
+# torchrun itself (its command line names the module too, but only the processes it starts run python -u).
+forward() {{ srun --overlap --ntasks-per-node=1 pkill -USR1 -f "python[0-9.]* -u -m workshop_utils.train" || true; }}
+trap forward USR1
+# srun starts one task per node (torchrun); torchrun starts --nproc-per-node training processes.
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun --nnodes="$SLURM_JOB_NUM_NODES" \\
+    --nproc-per-node={nproc_per_node} --rdzv-backend=c10d --rdzv-endpoint={rdzv_endpoint} --rdzv-id="$SLURM_JOB_ID" \\
+    -m workshop_utils.train "$@" &
+# bash runs the trap only between commands: wait (which a signal interrupts) until training has ended.
+while ! wait $!; do kill -0 $! 2>/dev/null || break; done
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """What Exercise 6.1 asks of the job, whatever the attendee's script says."""
+
+    nodes: int = 1  # "2 training processes on one node" (the notebook's section 8)
+    tasks_per_node: int = 1  # srun starts one task per node: torchrun, the node's agent
+    procs_per_node: int = 2  # the training processes torchrun starts on each node
+    cores_per_proc: int = 1  # one core each (OMP_NUM_THREADS=1)
+    warning: str = "USR1"  # what the script's trap and the training loop listen for
+    min_lead_s: int = 30  # the least warning in which a checkpoint reliably gets written
+    needed_s: int = 120  # start-up and a few CPU steps take well under this; the warning's lead comes on top
+    max_time_s: int = 3_600  # an hour: far more than a two-minute job needs; a longer request waits longer in the queue
+    # "With --nodes=2 the same script trains on two nodes: only #SBATCH --nodes changes" (the notebook): srun
+    # must start torchrun on every node, with the job's cores per task.
+    every_node: bool = True
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def cores_per_task(self) -> int:
+        return self.procs_per_node * self.cores_per_proc
+
+
+JOB_SPEC = JobSpec()
+NEEDED_S = JOB_SPEC.needed_s
+# What the training in the job does: a few CPU steps of the small CNN, a checkpoint every few, one line a step.
+TRAINING = ("--device", "cpu", "--batch-size", "16", "--train-size", "256", "--test-size", "64", "--steps", "12",
+            "--epochs", "100", "--lr", "0.01", "--warmup-steps", "0", "--checkpoint-every", "4", "--log-every", "4", "--no-progress")
+FIRST_NODE = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+RDZV_FIX = (f'--rdzv-endpoint="{FIRST_NODE}:29500", the first node of the job\'s node list (read when the job '
+            "runs) and a free port")
+
+
+class Refusal(Exception):
+    """argparse's error, raised instead of printed with an exit."""
+
+
+class RaisingParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Refusal(message)
+
+    def exit(self, status=0, message=None):
+        raise Refusal(message or "stopped")
+
+
+# ---------------------------------------------------------------------------------------------- the launch line
+
+COMMAND_PREFIXES = LEADING | {"exec", "nohup", "command", "builtin"}
+
+
+@dataclasses.dataclass
+class Launch:
+    """One command that starts torchrun: srun's options in front of it (None without srun; canonical long names,
+    "--cpus-per-task"), torchrun's arguments (encoded words, see ``Shell.fields``), how it was started, whether
+    it runs in the background, and what srun would refuse in its options."""
+
+    srun: dict | None
+    args: list[str]
+    launcher: str
+    background: bool
+    srun_refusal: str | None = None
+    env: tuple[str, ...] = ()  # the names set in front of it (A=1 srun ..., env A=1 srun ...), for it alone
+
+
+def _launch_of(words: list[str], command: Command) -> Launch | None:
+    """The command as a torchrun launch (``torchrun``, ``python[3] -m torch.distributed.run``, either after
+    ``srun [options]``), or None when it starts something else."""
+    i, env = 0, []
+    while i < len(words) and (words[i] in COMMAND_PREFIXES or ASSIGNMENT.fullmatch(words[i])):
+        env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
+        i += 1
+    if i < len(words) and words[i] == "env":
+        i += 1
+        while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
+            env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
+            i += 1
+    srun, refusal = None, None
+    if i < len(words) and basename(words[i]) == "srun":
+        try:
+            found, rest = getopt_long(words[i + 1:], SRUN)
+            srun, i = {"--" + name: value for name, value in found}, len(words) - len(rest)
+        except Problem as problem:  # named as srun's mistake if torchrun follows
+            starts = [k for k in range(i + 1, len(words)) if basename(words[k]) == "torchrun" or
+                      re.fullmatch(r"python[0-9.]*", basename(words[k]))]
+            if not starts:
+                return None
+            srun, refusal, i = {}, str(problem), starts[0]
+    if i >= len(words):
+        return None
+    head, background = basename(words[i]), command.background
+    if head == "torchrun":
+        return Launch(srun, words[i + 1:], "torchrun", background, refusal, tuple(env))
+    if re.fullmatch(r"python[0-9]*(\.[0-9]+)*", head):
+        j, module = i + 1, None
+        while j < len(words) and words[j].startswith("-") and words[j] != "-":
+            option = words[j]
+            if option == "-m":
+                module, j = (words[j + 1] if j + 1 < len(words) else ""), j + 2
+                break
+            if option.startswith("-m"):
+                module, j = option[2:], j + 1
+                break
+            if option.startswith("-c"):
+                return None
+            j += 2 if option in ("-X", "-W") else 1
+        if module == "torch.distributed.run":
+            return Launch(srun, words[j:], f"{head} -m torch.distributed.run", background, refusal, tuple(env))
+    return None
+
+
+@functools.cache
+def _torchrun_parser() -> argparse.ArgumentParser:
+    """torchrun's own argument parser, raising instead of printing and exiting."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message=None, *args):
+        raise Refusal(message or "stopped")
+
+    parser.error = refuse
+    parser.exit = lambda status=0, message=None: refuse(message)
+    return parser
+
+
+def torchrun_args(args: list[str]) -> argparse.Namespace:
+    """``args`` as torchrun reads them; ``Refusal`` with torchrun's message where it would stop."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return _torchrun_parser().parse_args(args)
+
+
+# ---------------------------------------------------------------------------------------------- the job, read
+
+
+@dataclasses.dataclass(frozen=True)
+class Directives:
+    """The #SBATCH options the exercise asks about, as given (None where not given; "" where given empty)."""
+
+    nodes: str | None = None
+    ntasks: str | None = None
+    ntasks_per_node: str | None = None
+    cpus_per_task: str | None = None
+    time: str | None = None
+    signal: str | None = None
+
+
+@dataclasses.dataclass
+class JobRequest:
+    """What a job script asks for, read as sbatch, bash and torchrun read it."""
+
+    directives: Directives
+    nodes: tuple[int, int]
+    tasks_per_node: int
+    cpus_per_task: int
+    commands: list[Command]  # the script's commands, as written
+    shell: Shell  # the expansion the launch line's words got
+    launches: list[Launch]
+    after: list[list[str]]  # the commands after the first launch, expanded
+
+
+def _count(value, flag: str, fix: str) -> int:
+    problem = count_problem(value, flag)
+    if problem:
+        raise Problem(f"{problem}. Fix: {fix}")
+    return int(value)
+
+
+def _node_text(text: str, low: int, high: int) -> str:
+    """How sbatch reads a --nodes text, where its k or m suffix makes it other than it looks."""
+    if not re.search(r"[kKmM]", text):
+        return ""
+    read = str(low) if low == high else f"{low}-{high}"
+    return f" (sbatch reads it as {read} node{'s' * (high != 1)}: k multiplies by 1024, m by 1048576)"
+
+
+def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
+    """The script as sbatch, bash and torchrun read it; ``Problem`` for what none of them would read."""
+    if "\x00" in script:
+        raise Problem("the script holds a NUL character, which bash cannot read. Fix: remove it.")
+    unfilled = [gap for gap in GAPS if "{" + gap + "}" in script]
+    if unfilled:
+        raise Problem(f"the script still has its gaps ({', '.join('{' + g + '}' for g in unfilled)}). Fix: pass "
+                      "the answers as a dict, or the script with every gap filled.")
+    if not script.startswith("#!"):
+        raise Problem("sbatch refuses a script whose first line is not #! and its interpreter. Fix: #!/bin/bash as "
+                      "the first line.")
+    arguments, first_command, unread = directives_and_first_command(script)
+    if unread:
+        first = show(first_command.strip())
+        raise Problem(f"sbatch reads #SBATCH lines only above the script's first command ({first}), and some come "
+                      "after it: they would be ignored. Fix: every #SBATCH line at the top.")
+    try:
+        options = sbatch_options(arguments)
+    except Problem as err:
+        raise Problem(f"sbatch would refuse the #SBATCH lines: {show(str(err), 200)}. Fix: --option=VALUE with "
+                      "the option's whole name, one value for each option.") from None
+    directives = Directives(**{field: options.get(field.replace("_", "-")) for field in
+                               ("nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "time", "signal")})
+    nodes = (1, 1)  # sbatch's default: one node
+    if directives.nodes is not None:
+        try:
+            nodes = node_range(directives.nodes)
+        except Problem as why:
+            raise Problem(f"--nodes={show(directives.nodes)} {why}. Fix: --nodes={spec.nodes}.") from None
+    if directives.ntasks_per_node is not None:
+        tasks = _count(directives.ntasks_per_node, "--ntasks-per-node",
+                       "--ntasks-per-node=1 (the one task on each node is torchrun).")
+    elif directives.ntasks is not None:
+        tasks = math.ceil(_count(directives.ntasks, "--ntasks", "--ntasks-per-node=1 in its place.") / max(nodes[0], 1))
+    else:
+        tasks = 1  # sbatch's default: one task
+    cpus = 1 if directives.cpus_per_task is None else _count(
+        directives.cpus_per_task, "--cpus-per-task", f"--cpus-per-task={spec.cores_per_task}.")
+    known = {"SLURM_JOB_NUM_NODES": str(nodes[0]), "SLURM_NNODES": str(nodes[0])} if nodes[0] == nodes[1] else {}
+    if directives.cpus_per_task is not None:
+        known["SLURM_CPUS_PER_TASK"] = str(cpus)
+    if directives.ntasks_per_node is not None:
+        known["SLURM_NTASKS_PER_NODE"] = str(tasks)
+    shell = Shell(known)
+    commands = shell_commands(script)
+    launches, after, functions = [], [], {}
+
+    def run(command: Command, depth: int = 0):
+        """Follow one command as bash runs it; a function's body where the function is called."""
+        if shell.assign(command, take=not launches) or (not launches and shell.unset(command)) or command.nested:
+            return
+        fields = [f for w in command.words for f in shell.fields(w)]
+        launch = _launch_of(fields, command)
+        if launch:
+            launches.append(launch)
+            return
+        called = next((w for w in command.words if w not in COMMAND_PREFIXES), None)
+        if called in functions and depth < 8:
+            for inner in functions[called]:
+                run(dataclasses.replace(inner, where=inner.where or command.where,
+                                        background=inner.background or command.background), depth + 1)
+        elif launches:
+            after.append(fields)
+
+    for command in commands:
+        if command.function:
+            functions.setdefault(command.function, []).append(dataclasses.replace(command, function=None))
+        else:
+            run(command)
+    return JobRequest(directives, nodes, tasks, cpus, commands, shell, launches, after)
+
+
+def node_text(job: JobRequest) -> str:
+    """The --nodes text for a message, with sbatch's reading where a suffix changes it."""
+    low, high = job.nodes
+    text = job.directives.nodes or str(low)
+    return show(text) + _node_text(text, low, high)

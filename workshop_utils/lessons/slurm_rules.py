@@ -1,0 +1,434 @@
+"""Slurm's rules, transcribed from its sources, for notebook 06's checks to read an answer as Slurm would.
+
+sbatch's reading of a job script's ``#SBATCH`` lines (``get_argument``, then glibc's ``getopt_long`` over
+sbatch's own option table: a long option may be shortened to any prefix that names one option), its parsers
+of ``--time`` (``time_str2mins``), ``--signal`` (``get_signal_opts``), ``--nodes`` (``verify_node_count``,
+with its k and m suffixes), counts (``parse_int``) and ``--array``; srun's option table, for a launch line.
+The option tables are Slurm 26.05's (``src/common/slurm_opt.c``): an option an older Slurm lacks is one
+nobody writes into this exercise's script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import signal as signals
+
+from .answer_values import Problem, show
+
+INT_MAX = 2**31 - 1
+
+
+def strtol(text: str) -> tuple[int | None, str]:
+    """C's strtol in base 10: leading white space, a sign, digits; (value or None when no digit, what is left)."""
+    found = re.match(r"[ \t\n\r\f\v]*([+-]?[0-9]+)", text)
+    return (int(found.group(1)), text[found.end():]) if found else (None, text)
+
+
+def whole(text) -> int | None:
+    """A count as sbatch reads one (``parse_int``: the whole text a number, not negative, below INT_MAX)."""
+    if not isinstance(text, str):
+        return None
+    value, rest = strtol(text)
+    return value if value is not None and 0 <= value < INT_MAX and not rest else None
+
+
+def count_problem(text, flag: str) -> str | None:
+    """Why sbatch's ``parse_int`` would refuse ``flag=text`` as a count of 1 or more; None when it reads it."""
+    value, rest = strtol(text) if isinstance(text, str) else (None, "")
+    if value is not None and not rest and value >= INT_MAX:
+        return f"{flag}={show(text)} is too big for sbatch (its counts stop below {INT_MAX})"
+    if value is None or rest or value < 1:
+        return f"{flag}={show(text)} is not a count sbatch reads (a whole number, 1 or more)"
+    return None
+
+
+def _nodes(text: str) -> tuple[int, str]:
+    """Slurm's ``str_to_nodes``: a count with an optional k (x1024) then m (x1048576); -1 when none."""
+    value, rest = strtol(text)
+    if value is None:
+        return -1, text
+    if rest[:1] in ("k", "K"):
+        value, rest = value * 1024, rest[1:]
+    if rest[:1] in ("m", "M"):
+        value, rest = value * 1024 * 1024, rest[1:]
+    return (-1 if value < 0 or value > INT_MAX else value), rest
+
+
+MAX_JOB_SIZE = 16384  # Slurm's MAX_JOB_SIZE_BITMAP: a list of node counts stays below it
+
+
+def node_range(text) -> tuple[int, int]:
+    """``--nodes=N``, ``MIN-MAX`` or a list of counts as Slurm's ``verify_node_count`` reads it: (MIN, MAX),
+    MAX 0 for no maximum; ``Problem`` (the reason, without a fix) where sbatch refuses it."""
+    if not isinstance(text, str):
+        raise Problem("is not text")
+    if "," in text or ":" in text:
+        counts = []
+        for part in text.split(","):
+            found = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part)
+            if not found or any(int(g) >= MAX_JOB_SIZE for g in found.groups() if g):
+                raise Problem("is not a node count sbatch reads (N, MIN-MAX, or a list of them)")
+            low, high = int(found.group(1)), int(found.group(2) or found.group(1))
+            counts += range(low, high + 1, int(found.group(3) or 1)) if high >= low else []
+        if not counts:
+            raise Problem("is not a node count sbatch reads (N, MIN-MAX, or a list of them)")
+        return min(counts), max(counts)
+    if "-" in text:
+        low_text, _, high_text = text.partition("-")
+        low, rest = _nodes(low_text)
+        if rest.strip():
+            raise Problem(f"is not a node count sbatch reads (\"{show(low_text)}\" is no count)")
+        high, rest = _nodes(high_text)
+        if rest.strip():
+            raise Problem(f"is not a node count sbatch reads (\"{show(high_text)}\" is no count)")
+        low = 1 if low < 0 else low
+    else:
+        low, rest = _nodes(text)
+        if rest.strip() or low < 0:
+            beyond = strtol(text)[0] is not None and not rest.strip()
+            raise Problem("is not a node count sbatch reads" + (f" (its counts stop at {INT_MAX})" if beyond else ""))
+        high = low
+    if high != 0 and high < low:
+        raise Problem(f"is not a node count sbatch reads: it reads {low}-{high}, a maximum below the minimum")
+    return low, high
+
+
+NO_LIMIT = math.inf
+SIGNAL_EARLY_S = 60  # sbatch: "the signal may be sent up to 60 seconds earlier than specified"
+
+
+def time_limit_s(text) -> float | None:
+    """``sbatch --time=TEXT`` as the limit Slurm keeps, in seconds; ``NO_LIMIT`` for none; None if sbatch refuses it.
+
+    Slurm's ``time_str2mins``: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+    "days-hours:minutes" and "days-hours:minutes:seconds"; "-1", "INFINITE" and "UNLIMITED" mean no limit, and
+    so does 0. Slurm keeps whole minutes, rounding up: "0:30" is a limit of one minute.
+    """
+    if not isinstance(text, str) or not text:
+        return None
+    if text.lower() in ("-1", "infinite", "unlimited"):
+        return NO_LIMIT
+    if re.fullmatch(r"[0-9:-]+", text) is None:
+        return None
+    dashes, colons = text.count("-"), text.count(":")
+    if dashes > 1 or colons > 2 or (dashes and ":" in text.split("-")[0]):
+        return None
+    fields = re.split(r"[-:]", text)
+    if any(not f for f in fields):
+        return None
+    numbers_ = [int(f) for f in fields]
+    if dashes:  # days-hours[:minutes[:seconds]]
+        days, hours, minutes, seconds = (numbers_ + [0, 0, 0])[:4]
+    elif colons == 2:  # hours:minutes:seconds
+        days, (hours, minutes, seconds) = 0, numbers_
+    else:  # minutes[:seconds]
+        days, hours, (minutes, seconds) = 0, 0, (numbers_ + [0])[:2]
+    total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+    return NO_LIMIT if total == 0 else 60 * math.ceil(total / 60)
+
+
+# Slurm's sig_name2num table: a name with or without SIG, in any case, or a number.
+SLURM_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "STOP", "TSTP",
+                 "TTIN", "TTOU", "XCPU")
+
+
+def _signal_number(text: str) -> int:
+    """Slurm's ``sig_name2num``: the signal's number, 0 when it names none."""
+    value, rest = strtol(text)
+    if value is not None:
+        return value if not rest.strip() else 0
+    name = text.lstrip()
+    name = name[3:] if name[:3].upper() == "SIG" else name
+    for known in SLURM_SIGNALS:
+        if name[:len(known)].upper() == known and not name[len(known):].strip():
+            return int(getattr(signals, "SIG" + known))
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class WarningSignal:
+    """What ``--signal`` asks Slurm to send before the time limit, and to whom."""
+
+    signal: int  # its number
+    lead_s: int  # sent this long before the time limit
+    to_batch_shell: bool  # B: the batch shell alone receives it; else every step of the job (srun's tasks)
+
+
+def slurm_signal(text) -> WarningSignal | None:
+    """``sbatch --signal=[{R|B}:]<sig_num>[@sig_time]`` as Slurm's ``get_signal_opts`` reads it; None if refused.
+
+    The lead defaults to 60 s; sig_time is 0 to 65535. ``R`` (reservations) may stand before or after ``B``.
+    """
+    if not isinstance(text, str):
+        return None
+    batch, rest = False, text
+    if rest[:1] in ("R", "r"):
+        rest = rest[1:]
+    if rest[:1] in ("B", "b"):
+        batch, rest = True, rest[1:]
+    if rest[:1] in ("R", "r"):
+        rest = rest[1:]
+    rest = rest[1:] if rest[:1] == ":" else rest
+    name, at, lead = rest.partition("@")
+    number = _signal_number(name) % 65536  # Slurm keeps it in 16 bits
+    if number < 1:
+        return None
+    if not at:
+        return WarningSignal(number, 60, batch)
+    value, left = strtol(lead)
+    value = 0 if value is None and not left else value  # strtol of "" is 0
+    if value is None or left or not 0 <= value <= 0xFFFF:
+        return None
+    return WarningSignal(number, value, batch)
+
+
+MAX_ARRAY_INDEX = 4_000_000  # Slurm's MaxArraySize is at most 4000001: no task id is larger
+
+
+def array_ranges(spec: str) -> tuple[list[range], int | None]:
+    """``--array=SPEC`` as Slurm reads it: (ranges of task ids, the %K limit or None); ``Problem`` if refused.
+
+    "0-15", "0,6,16-32", "0-15:4" (every 4th), with "%K" at the end to run at most K tasks at a time."""
+    body, percent, limit = spec.removeprefix("--array=").partition("%")
+    if percent:
+        count = whole(limit) if re.fullmatch(r"[0-9]+", limit) else None
+        if count is None:
+            raise Problem(f"--array={show(spec)} is not a task list Slurm reads: %K takes a whole number. Fix: "
+                          "FIRST-LAST%K, e.g. 0-2%2.")
+        if count < 1:
+            raise Problem(f"--array={show(spec)}: %{limit} would let {count} tasks run at a time. Fix: %K with K of "
+                          "1 or more, or no % at all.")
+    ranges = []
+    for part in body.split(","):
+        found = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part)
+        if not found:
+            raise Problem(f"--array={show(spec)} is not a task list Slurm reads. Fix: FIRST-LAST, e.g. 0-2.")
+        first = int(found.group(1))
+        last = int(found.group(2)) if found.group(2) is not None else first
+        step = int(found.group(3)) if found.group(3) is not None else 1
+        if last < first or step < 1 or last > MAX_ARRAY_INDEX:
+            raise Problem(f"--array={show(spec)} is not a task list Slurm reads (FIRST-LAST with FIRST <= LAST, "
+                          f"a step of 1 or more, ids up to {MAX_ARRAY_INDEX}). Fix: FIRST-LAST, e.g. 0-2.")
+        ranges.append(range(first, last + 1, step))
+    return ranges, (int(limit) if percent else None)
+
+
+def array_tasks(spec) -> list[int] | None:
+    """The task ids of ``--array=SPEC`` ("0-2", "0-2%2", "0,1,2", "0-6:2"); None when Slurm would not read it."""
+    if not isinstance(spec, str):
+        return None
+    try:
+        ranges, _ = array_ranges(spec)
+    except Problem:
+        return None
+    return sorted({task for r in ranges for task in r})
+
+
+# ---------------------------------------------------------------------------------------------- getopt_long
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionTable:
+    """A command's options as getopt_long sees them: each long name (in the table's order) with its argument
+    (0 none, 1 required, 2 optional, only as --name=value), the short letters, and aliases of one option."""
+
+    program: str
+    long: dict[str, int]
+    short: dict[str, str]  # letter -> its long name
+    alias: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> the option it stands for
+    permute: bool = False  # GNU order: operands may come before options; else the first operand ends them
+
+    def canonical(self, name: str) -> str:
+        return self.alias.get(name, name)
+
+
+def option_table(program: str, names: str, no_argument: str, optional: str, short: str, alias=None,
+                 permute: bool = False) -> OptionTable:
+    """A table from Slurm's lists: every name, those taking no argument, those taking an optional one, and
+    the short letters as "Nnodes cc..." pairs (letter then its long name)."""
+    none, maybe = set(no_argument.split()), set(optional.split())
+    long = {name: 0 if name in none else 2 if name in maybe else 1 for name in names.split()}
+    letters = {pair[0]: pair[1:] for pair in short.split()}
+    return OptionTable(program, long, letters, dict(alias or {}), permute)
+
+
+def getopt_long(args: list[str], table: OptionTable) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """(option, value) for each option in ``args`` as glibc's getopt_long reads them, then the operands;
+    ``Problem`` with getopt's own words where it would stop. An exact name wins; else a prefix must name
+    one option (or aliases of one)."""
+    found, operands, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return found, operands + args[i + 1:]
+        if arg.startswith("--"):
+            body = arg[2:]
+            name, eq, value = body.partition("=")
+            if name not in table.long:
+                matches = [n for n in table.long if n.startswith(name)]
+                if not matches:
+                    raise Problem(f"unrecognized option '--{body}'")
+                first = matches[0]
+                differ = [m for m in matches if (table.long[m], table.canonical(m)) !=
+                          (table.long[first], table.canonical(first))]
+                if differ:
+                    listed = " ".join(f"'--{m}'" for m in [first, *differ])
+                    raise Problem(f"option '--{body}' is ambiguous; possibilities: {listed}")
+                name = first
+            argument = table.long[name]
+            if eq and argument == 0:
+                raise Problem(f"option '--{name}' doesn't allow an argument")
+            if not eq and argument == 1:
+                if i + 1 >= len(args):
+                    raise Problem(f"option '--{name}' requires an argument")
+                i, value = i + 1, args[i + 1]
+            found.append((table.canonical(name), value if eq or argument == 1 else None))
+        elif arg.startswith("-") and arg != "-":
+            j = 1
+            while j < len(arg):
+                letter = arg[j]
+                if letter not in table.short:
+                    raise Problem(f"invalid option -- '{letter}'")
+                name = table.short[letter]
+                argument, rest = table.long[name], arg[j + 1:]
+                if argument == 0:
+                    found.append((table.canonical(name), None))
+                    j += 1
+                    continue
+                if not rest and argument == 1:
+                    if i + 1 >= len(args):
+                        raise Problem(f"option requires an argument -- '{letter}'")
+                    i, rest = i + 1, args[i + 1]
+                found.append((table.canonical(name), rest or None))
+                break
+        elif table.permute:
+            operands.append(arg)
+        else:
+            return found, operands + args[i:]
+        i += 1
+    return found, operands
+
+
+SBATCH = option_table(
+    "sbatch",
+    "account acctg-freq array autocomplete batch begin bb bbf cluster-constraint chdir cluster clusters comment "
+    "consolidate-segments container container-id context contiguous constraint core-spec cores-per-socket cpu-freq "
+    "cpus-per-gpu cpus-per-task deadline delay-boot dependency distribution error exclude exclusive export "
+    "export-file external extra extra-node-info get-user-env gid gpu-bind gpu-freq gpus gpus-per-node "
+    "gpus-per-socket gpus-per-task gres gres-flags help hint hold ignore-pbs input job-name kill-on-invalid-dep "
+    "licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mem-update mincpus network nice "
+    "no-kill no-requeue nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node "
+    "ntasks-per-socket ntasks-per-tres oom-kill-step open-mode output overcommit oversubscribe parsable partition "
+    "prefer priority profile propagate qos quiet reboot requeue resources reservation resv-ports runtime segment "
+    "signal sockets-per-node spread-job spread-segments stepmgr switches tasks-per-node test-only thread-spec "
+    "threads-per-core time time-min tmp tres-bind tres-per-task uid use-min-nodes verbose version usage wait "
+    "wait-all-nodes wckey wrap",
+    "consolidate-segments contiguous external get-user-env help hold ignore-pbs no-requeue overcommit oversubscribe "
+    "parsable quiet reboot spread-job spread-segments stepmgr test-only use-min-nodes verbose version usage wait",
+    "exclusive nice no-kill oom-kill-step propagate requeue resv-ports",
+    "Aaccount aarray bbegin Dchdir Mclusters Cconstraint Score-spec ccpus-per-task ddependency mdistribution eerror "
+    "xexclude Bextra-node-info Ggpus hhelp Hhold iinput Jjob-name Llicenses kno-kill Fnodefile wnodelist Nnodes "
+    "nntasks ooutput Oovercommit soversubscribe ppartition qqos Qquiet ttime vverbose Vversion Wwait",
+    alias={"tasks-per-node": "ntasks-per-node"})
+
+SRUN = option_table(
+    "srun",
+    "accel-bind account acctg-freq async autocomplete bcast bcast-exclude begin bb bbf cluster-constraint chdir "
+    "cluster clusters comment compress consolidate-segments container container-id context contiguous constraint "
+    "core-spec cores-per-socket cpu-bind cpu_bind cpu-freq cpus-per-gpu cpus-per-task deadline debugger-test "
+    "delay-boot dependency disable-status distribution epilog error exact exclude exclusive export "
+    "external-launcher extra extra-node-info gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres "
+    "gres-flags help het-group hint hold ignore-signals immediate input interactive jobid job-name kill-on-bad-exit "
+    "label licenses mail-type mail-user threads mcs-label mem mem-bind mem-per-cpu mem-per-gpu mem-update mincpus "
+    "mpi msg-timeout multi-prog network nice no-allocate no-kill nodefile nodelist nodes ntasks ntasks-per-core "
+    "ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres oom-kill-step open-mode output overcommit "
+    "overlap oversubscribe pack-group parsable partition prefer preserve-env priority profile prolog propagate pty "
+    "qos quiet quit-on-interrupt reboot relative resources reservation resv-ports runtime segment send-libs signal "
+    "slurmd-debug sockets-per-node spread-job spread-segments stepmgr switches task-epilog task-prolog "
+    "tasks-per-node test-only thread-spec threads-per-core time time-min tmp treewidth tres-bind tres-per-task "
+    "unbuffered use-min-nodes verbose version usage wait wait-for-children wckey whole x11",
+    "async consolidate-segments contiguous debugger-test disable-status exact help hold interactive label "
+    "multi-prog no-allocate overcommit oversubscribe parsable preserve-env quiet quit-on-interrupt reboot spread-job "
+    "spread-segments stepmgr test-only unbuffered use-min-nodes verbose version usage wait-for-children whole",
+    "bcast compress exclusive external-launcher immediate kill-on-bad-exit nice no-kill oom-kill-step overlap "
+    "propagate pty resv-ports send-libs x11",
+    "Aaccount bbegin Dchdir Mclusters Cconstraint Score-spec ccpus-per-task ddependency Xdisable-status "
+    "mdistribution eerror xexclude Bextra-node-info Ggpus hhelp Hhold Iimmediate iinput Jjob-name "
+    "Kkill-on-bad-exit llabel Llicenses Tthreads Zno-allocate kno-kill Fnodefile wnodelist Nnodes nntasks ooutput "
+    "Oovercommit soversubscribe ppartition Epreserve-env qqos Qquiet rrelative ttime uunbuffered vverbose Vversion "
+    "Wwait",
+    alias={"tasks-per-node": "ntasks-per-node", "cpu_bind": "cpu-bind", "pack-group": "het-group"})
+
+
+# ---------------------------------------------------------------------------------------------- #SBATCH lines
+
+MAGIC = ("#SBATCH", "#SLURM")  # sbatch reads both (the second with a warning)
+
+
+def sbatch_arguments(rest: str) -> list[str]:
+    """The arguments of one ``#SBATCH`` line as sbatch's ``get_argument`` splits them: white space between,
+    quotes and backslashes as in a shell, an unquoted # starting a comment, an empty argument ending the line.
+    ``Problem`` for an unmatched quote, which stops sbatch."""
+    arguments, i, n = [], 0, len(rest)
+    while i < n:
+        while i < n and rest[i].isspace():
+            i += 1
+        if i >= n:
+            break
+        argument, quote, copied = "", "", False
+        while i < n and (quote or not rest[i].isspace()):
+            ch = rest[i]
+            if ch == "\\":  # the next character as it is; a backslash at the line's end vanishes
+                argument, i, copied = argument + rest[i + 1:i + 2], i + 2, copied or i + 1 < n
+                continue
+            if quote:
+                if ch == quote:
+                    quote = ""
+                    i += 1
+                    continue
+            elif ch in "\"'":
+                quote, i = ch, i + 1
+                continue
+            elif ch == "#":
+                break
+            argument, i, copied = argument + ch, i + 1, True
+        if quote:
+            raise Problem(f"sbatch stops at the unmatched {quote} in #SBATCH{show(rest)}. Fix: close the quote.")
+        if not copied:
+            break  # get_argument returns nothing for "" or a comment: the rest of the line is not read
+        arguments.append(argument)
+        if i < n and rest[i] == "#":
+            break
+    return arguments
+
+
+def directives_and_first_command(script: str) -> tuple[list[str], str | None, bool]:
+    """(the #SBATCH options sbatch reads, the first command, whether #SBATCH lines follow it unread).
+
+    sbatch reads line by line from the top (a backslash at a line's end joins nothing), and stops at the first
+    line that is neither blank nor a comment."""
+    arguments, lines = [], script.split("\n")
+    for number, line in enumerate(lines):
+        magic = next((m for m in MAGIC if line.startswith(m)), None)
+        if magic:
+            arguments += sbatch_arguments(line[len(magic):])
+        elif line.strip() and not line.lstrip().startswith("#"):
+            return arguments, line, any(later.startswith(MAGIC) for later in lines[number + 1:])
+    return arguments, None, False
+
+
+def sbatch_directives(script: str) -> list[str]:
+    """The options of a script's ``#SBATCH`` lines, in order, as sbatch reads them: from the top, until the first
+    line that is neither blank nor a comment."""
+    return directives_and_first_command(script)[0]
+
+
+def sbatch_options(arguments: list[str]) -> dict[str, str | None]:
+    """The #SBATCH arguments as sbatch's options (the last of each wins); ``Problem`` with sbatch's words for
+    what it would refuse before it queues anything."""
+    found, rest = getopt_long(arguments, SBATCH)
+    if rest:
+        raise Problem(f"Invalid directive found in batch script: {rest[0]}")
+    return dict(found)

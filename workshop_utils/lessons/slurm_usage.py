@@ -1,0 +1,217 @@
+"""Exercise 6.3: a finished job's efficiency from what it asked for and used (``slurm_jobs.job_usage``), and the
+request for the next run.
+
+The job the notebook measures has one CPU and no GPU, where forgetting to divide by the CPUs or to count the
+GPUs changes nothing; so the check also runs the attendee's exercise cell again on ``OTHER_JOB``, a job with
+several of each, and judges those answers too.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import io
+import math
+import sys
+
+from ..system.errors import WorkshopError
+from .answer_values import Problem, kind, kit_failure, number_of, show
+from .exercises import NotYet, exercise_check, judge, name_mistake, passed, require_answered
+
+USAGE = "Exercise 6.3"
+TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
+ANSWERS = ("cpu_efficiency", "time_share", "gpu_hours", "next_time_limit_s", "next_memory_mib")
+USAGE_KEYS = ("elapsed_s", "time_limit_s", "cpus", "gpus", "cpu_time_s", "max_rss_mib")
+# A second job to judge the attendee's arithmetic on: several CPUs and GPUs, and numbers for which every named
+# mistake gives another answer (the notebook's own job has one CPU and no GPU).
+OTHER_JOB = {"job": "another job", "elapsed_s": 5410, "time_limit_s": 7200, "cpus": 8, "gpus": 4,
+             "cpu_time_s": 25968.0, "max_rss_mib": 23500.0, "source": "made up: 8 CPUs and 4 GPUs for 1.5 hours"}
+
+
+def next_request(usage: dict) -> tuple[int, int]:
+    """(seconds, MiB) to ask for next time: 1.5 x the elapsed time in whole minutes, 1.25 x the peak memory in
+    whole 100 MiB."""
+    return (60 * math.ceil(TIME_MARGIN * usage["elapsed_s"] / 60),
+            100 * math.ceil(MEMORY_MARGIN * usage["max_rss_mib"] / 100))
+
+
+def _usage_numbers(usage) -> dict:
+    """The job's use as plain numbers; ``WorkshopError`` for what ``lesson.usage`` would never return."""
+    if not isinstance(usage, dict):
+        raise WorkshopError(f"usage is {kind(usage)}, not what lesson.usage(job) returns.",
+                            "pass the dict that lesson.usage(job) returned.")
+    read = {}
+    for key in USAGE_KEYS:
+        try:
+            read[key] = number_of(usage.get(key))
+        except Problem as problem:
+            raise WorkshopError(f"usage[{key!r}] {problem}: not what lesson.usage(job) returns.",
+                                "pass the dict that lesson.usage(job) returned.") from None
+    if min(read["elapsed_s"], read["time_limit_s"], read["cpus"], read["max_rss_mib"]) <= 0 or min(
+            read["gpus"], read["cpu_time_s"]) < 0:
+        raise WorkshopError(f"usage {show({k: usage.get(k) for k in USAGE_KEYS}, 200)} holds a count or time below "
+                            "what a finished job can have.", "pass the dict that lesson.usage(job) returned.")
+    return read
+
+
+def _answer(value, exercise: str, name: str) -> float:
+    """An answer as one number, or ``NotYet`` saying what it is instead (``Unsolved`` for the placeholder)."""
+    require_answered(value, exercise, f"`{name}` is still the placeholder `...`.",
+                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    try:
+        return number_of(value)
+    except Problem as problem:
+        raise NotYet(f"✗ {exercise}: `{name}` {problem}.",
+                     f"assign one number to `{name}` (an int, a float, or a tensor's .item()).") from None
+
+
+def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
+    """Each answer against the same arithmetic on ``usage``: the usual mistakes named, then the bounds that any
+    right answer keeps, then the value shown (never the answer) with the formula's hint."""
+    elapsed, cpus, gpus, limit = usage["elapsed_s"], usage["cpus"], usage["gpus"], usage["time_limit_s"]
+    busy = usage["cpu_time_s"] / elapsed  # cores kept busy on average
+    right_time, right_memory = next_request(usage)
+
+    def check(name, right, mistakes, bounds, hint, rel=1e-3, abs_tol=0.0):
+        value = answers[name]
+        name_mistake(value, right, exercise, name, mistakes, rel, abs_tol)
+        inside, why, fix = bounds
+        if not inside(value) and inside(right):
+            raise NotYet(f"✗ {exercise}: `{name}` = {value:.4g}: {why}", fix)
+        judge(value, right, exercise, name, [], hint, rel, abs_tol)
+
+    check("cpu_efficiency", busy / cpus, [
+        (busy, "that is the cores kept busy on average; efficiency divides by the cores allocated.",
+         "cpu_time_s / (elapsed_s x cpus)."),
+        (100 * busy / cpus, "a percentage: keep it a share between 0 and 1.", "drop the x 100."),
+    ], (lambda v: 0 <= v <= 1, "a share of the allocated core-seconds lies between 0 and 1.",
+        "cpu_time_s / (elapsed_s x cpus)."),
+        "cpu_time_s / (elapsed_s x cpus): the share of the allocated core-seconds that computed.")
+    check("time_share", elapsed / limit, [
+        (limit / elapsed, "upside down: the share of the limit the job used is below 1.", "elapsed_s / time_limit_s."),
+        (100 * elapsed / limit, "a percentage: keep it a share between 0 and 1.", "drop the x 100."),
+    ], (lambda v: 0 <= v <= 1, "a finished job used between none and all of its time limit.",
+        "elapsed_s / time_limit_s."), "elapsed_s / time_limit_s.")
+    check("gpu_hours", elapsed * gpus / 3600, [
+        (elapsed * gpus, "GPU-seconds: an hour has 3,600 of them.", "divide by 3600."),
+        (elapsed / 3600, "the job's hours, not its GPU-hours: every GPU it held counts.", "multiply by gpus."),
+        (elapsed * gpus / 60, "GPU-minutes: an hour has 3,600 seconds.", "divide elapsed_s x gpus by 3600."),
+    ], (lambda v: v >= 0, "a charge is never negative.", "elapsed_s x gpus / 3600."),
+        "elapsed_s x gpus / 3600 (0 for a job without GPUs).", abs_tol=1e-9)
+    check("next_time_limit_s", right_time, [
+        (TIME_MARGIN * elapsed, "not rounded up to whole minutes: Slurm's limits are minutes.",
+         "60 x ceil(1.5 x elapsed_s / 60)."),
+        (60 * math.ceil(TIME_MARGIN * limit / 60), "that grows the old limit; the new one comes "
+         "from what the job used.", "start from elapsed_s, not time_limit_s."),
+        (math.ceil(TIME_MARGIN * elapsed / 60), "minutes: the answer is in seconds.", "multiply by 60."),
+    ], (lambda v: v > 0 and v % 60 == 0, "Slurm's time limits are whole minutes, so seconds that are a multiple "
+        "of 60.", "60 x ceil(1.5 x elapsed_s / 60)."), "60 x ceil(1.5 x elapsed_s / 60).", rel=0)
+    check("next_memory_mib", right_memory, [
+        (MEMORY_MARGIN * usage["max_rss_mib"], "not rounded up to whole 100 MiB.",
+         "100 x ceil(1.25 x max_rss_mib / 100)."),
+        (100 * math.ceil(usage["max_rss_mib"] / 100), "no room to spare: the next run's peak can be higher.",
+         "1.25 x the peak, then round up."),
+    ], (lambda v: v > 0 and v % 100 == 0, "the request is in whole 100 MiB.",
+        "100 x ceil(1.25 x max_rss_mib / 100)."), "100 x ceil(1.25 x max_rss_mib / 100).", rel=0)
+
+
+_RERUNNING = False  # the exercise cell is being run again: a check inside it must not run it once more
+
+
+def _exercise_cell() -> tuple[str, dict] | tuple[None, None]:
+    """The latest notebook cell that assigns every answer of 6.3, and the notebook's namespace, from IPython's
+    input history (``_ih`` in the namespace of the cell that called the check); (None, None) outside IPython."""
+    frame = sys._getframe(1)
+    for _ in range(40):
+        if frame is None:
+            return None, None
+        history = frame.f_globals.get("_ih")
+        if isinstance(history, list):
+            break
+        frame = frame.f_back
+    else:
+        return None, None
+    for source in reversed(history):
+        if not isinstance(source, str):
+            continue
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        if any(isinstance(node, ast.Attribute) and node.attr == "check_job_usage" or isinstance(node, ast.Name)
+               and node.id == "check_job_usage" for node in ast.walk(tree)):
+            continue
+        stored = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        if set(ANSWERS) <= stored:
+            return source, frame.f_globals
+    return None, None
+
+
+def _run_cell(cell: str, namespace: dict, usage: dict) -> dict | None:
+    """The answers the cell computes from ``usage`` (run in a copy of ``namespace``, its printing kept); None when
+    the cell cannot be run again apart from the notebook (it sets ``usage`` itself, or fails)."""
+    global _RERUNNING
+    try:
+        tree = ast.parse(cell)
+    except (SyntaxError, ValueError):
+        return None
+    if any(isinstance(node, ast.Name) and node.id == "usage" and isinstance(node.ctx, ast.Store)
+           for node in ast.walk(tree)):
+        return None
+    scope = {"__builtins__": builtins, **namespace, "usage": dict(usage)}
+    _RERUNNING = True
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            exec(compile(tree, "<Exercise 6.3, run again>", "exec"), scope)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return None
+    finally:
+        _RERUNNING = False
+    try:
+        return {name: number_of(scope.get(name)) for name in ANSWERS}
+    except Problem:
+        return None
+
+
+@exercise_check
+def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib, usage: dict,
+                    exercise: str = USAGE, cell: str | None = None) -> bool:
+    """Each answer against the same arithmetic on ``usage``, the usual mistakes named; then, where the exercise
+    cell can be run again (``cell``, by default the notebook's latest cell that assigns all five answers), the
+    cell's answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
+    given = dict(zip(ANSWERS, (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)))
+    try:
+        answers = {name: _answer(value, exercise, name) for name, value in given.items()}
+        read = _usage_numbers(usage)
+        _judge_usage(answers, read, exercise)
+        namespace: dict = {}
+        if cell is None and not _RERUNNING:
+            cell, namespace = _exercise_cell()
+        again = _run_cell(cell, namespace or {}, usage) if isinstance(cell, str) and not _RERUNNING else None
+        judged_elsewhere = False
+        # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
+        # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.
+        if again is not None and all(math.isclose(again[n], answers[n], rel_tol=1e-9, abs_tol=1e-12) for n in ANSWERS):
+            other = _run_cell(cell, namespace or {}, OTHER_JOB)
+            if other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
+                                             for n in ANSWERS):
+                _judge_usage(other, _usage_numbers(OTHER_JOB), f"{exercise} (your cell, run on another job: "
+                                                               f"{OTHER_JOB['cpus']} CPUs, {OTHER_JOB['gpus']} GPUs)")
+                judged_elsewhere = True
+    except WorkshopError:
+        raise
+    except Exception as err:
+        raise kit_failure(exercise, err) from err
+    elapsed, cpus = read["elapsed_s"], read["cpus"]
+    right_time, right_memory = next_request(read)
+    busy = read["cpu_time_s"] / elapsed
+    caveat = ""
+    if not judged_elsewhere and (cpus == 1 or read["gpus"] == 0):
+        caveat = ("; judged on this job alone, whose 1 CPU or 0 GPUs cannot show a missing / cpus or x gpus: "
+                  "compute each answer from `usage` in one cell, so the check can run it on another job")
+    return passed(exercise, f"{100 * busy / cpus:.0f}% of {cpus:g} core(s) busy, "
+                            f"{100 * elapsed / read['time_limit_s']:.0f}% of the time limit used; next time ask "
+                            f"--time={right_time // 60} --mem={right_memory}M{caveat}")
