@@ -134,3 +134,21 @@ def test_importing_the_training_command_keeps_wu_train_the_function():
     command = importlib.import_module("workshop_utils.train")
     assert callable(wu.train) and wu.train is not command and wu.train.__module__ == "workshop_utils.spine.trainer"
     assert callable(command.main)
+
+
+CODE = sorted([*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "slides").glob("*.py"),
+               *(PACKAGE.parent / "benchmarks").glob("*.py")])
+
+
+@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_every_module_is_read_in_one_sitting(path):
+    """The house rule: no module over 600 lines; past it, split along a seam (ARCHITECTURE.md names them)."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= 600, f"{path.relative_to(PACKAGE.parent)} has {lines} lines: split it along a seam"
+
+
+def test_architecture_names_every_module_of_the_package():
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    unnamed = [m for m in MODULES if m and m.split(".")[-1] not in text and m not in LAYERS
+               and not m.endswith("__main__")]
+    assert not unnamed, f"ARCHITECTURE.md does not name: {unnamed}"

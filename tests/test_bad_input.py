@@ -685,8 +685,9 @@ def stopped_work(monkeypatch, tmp_path):
 
 # Every python -m entry of the package but the portal check (swept above with its answers); one not in WORK
 # is swept through its parser alone: once its arguments parse, it stops there.
-ENTRIES = sorted(p.stem for p in (ROOT / "workshop_utils").glob("*.py")
-                 if not p.stem.startswith("_") and p.stem != "portal_check")
+ENTRIES = sorted([p.stem for p in (ROOT / "workshop_utils").glob("*.py") if not p.stem.startswith("_")]
+                 + [p.parent.name for p in (ROOT / "workshop_utils").glob("*/__main__.py")
+                    if p.parent.name != "portal_check"])
 
 
 def parse_only(module, monkeypatch) -> None:
