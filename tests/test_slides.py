@@ -167,10 +167,18 @@ def test_each_section_comes_from_the_newest_run_that_has_it(three_folders):
 
 def test_a_figure_comes_with_its_section_and_a_missing_one_is_a_notice(three_folders, tmp_path):
     results = build.find_results(None, three_folders)
-    text, _ = render(results, "x", "{{section ladder}}")
-    assert "data:image/png;base64," in text
-    (tmp_path / "runs" / "20260301-090000-profiling" / "figures" / "optimization_ladder.png").unlink()
     text, renderer = render(results, "x", "{{section ladder}}")
+    # The ladder's chart is drawn from the section's own table, at its size on the slide: no PNG needed.
+    assert "data:image/svg+xml;base64," in text and [c.name for c in renderer.charts] == ["optimization_ladder"]
+    newest = tmp_path / "runs" / "20260301-090000-profiling"
+    (newest / "figures" / "optimization_ladder.png").unlink()
+    text, renderer = render(results, "x", "{{section ladder}}")
+    assert "data:image/svg+xml;base64," in text and renderer.missing == []
+    # A figure that no chart draws (its data is not in the records) is the run's PNG, beside its section.
+    text, renderer = render(results, "x", "{{section monitor}}")
+    assert "data:image/png;base64," in text and renderer.pngs == ["monitor"] and "notebook's own chart" in text
+    (newest / "figures" / "monitor.png").unlink()
+    text, renderer = render(results, "x", "{{section monitor}}")
     assert 'class="missing"' in text and "make run" in renderer.missing[0]
     text, renderer = render(results, "x", "{{figure nowhere_to_be_found}}")
     assert 'class="missing"' in text and "nowhere_to_be_found" in renderer.missing[0]
@@ -508,7 +516,8 @@ def test_build_fills_in_code_numbers_and_figures_within_budget(built):
     assert "2,474,506" in rendered["00_overview"]  # a number taken from the record, formatted
     assert "def ring_all_reduce_s" in rendered["02_ddp"]  # code pulled from the package
     assert "DistributedDataParallel(self.model" in rendered["02_ddp"]
-    assert "data:image/png;base64," in rendered["03_optimization"]
+    assert "data:image/svg+xml;base64," in rendered["03_optimization"]  # charts drawn from the records
+    assert "data:image/png;base64," in rendered["03_optimization"]  # the monitor: its samples are not recorded
     assert "<!--" in rendered["01_fundamentals"]  # speaker notes
     assert "10:00–10:15" in rendered["00_overview"]  # the agenda
     for name in DECKS:
@@ -552,6 +561,12 @@ def test_deck_in_headless_chromium(built, browser, deck):
         assert report["text"] > 0 or report["images"], f"{deck} slide {number} is empty"
         assert all(report["images"]), f"{deck} slide {number}: an image did not load"
         problems += [f"slide {number}: {p}" for p in report["problems"]]
+        # A chart is drawn at its size on the slide: shown at any other width, its text would not be the size
+        # tests/test_slide_charts.py checks (18 px and up at 1280x720).
+        charts = browser.evaluate("[...document.querySelectorAll('svg.bespoke-marp-active img[data-chart]')]"
+                                  ".map(i => [i.dataset.chart, i.getBoundingClientRect().width, i.width])", session)
+        problems += [f"slide {number}: chart {name} shown {shown:.0f} px wide, drawn for {drawn} px"
+                     for name, shown, drawn in charts if abs(shown - drawn) > 1]
         browser.evaluate("document.querySelectorAll('.bespoke-marp-osc').forEach(e => e.style.display = 'none')",
                          session)  # the on-screen controls would cover the slide's bottom edge in the screenshot
         shot = browser.send("Page.captureScreenshot", {"format": "png"}, session)["data"]
