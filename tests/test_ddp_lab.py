@@ -110,12 +110,16 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("torchrun --nproc-per-node=2 {s}", "torchrun"),
     ("!torchrun --nproc_per_node 2 {s} --epochs 2", "torchrun"),
     ("python -m torch.distributed.run --standalone --nproc-per-node=2 {s}", "torchrun"),
+    # as typed in a terminal or a Slurm script: srun, variables, a cd first
+    ("srun --ntasks=1 torchrun --nproc-per-node=2 {s}", "torchrun"),
+    ("OMP_NUM_THREADS=1 torchrun --nproc-per-node=2 {s}", "torchrun"),
+    ("cd {d} && torchrun --nnodes=1 --nproc-per-node=2 my_train_ddp.py", "torchrun"),
     ("python {s}", "python"),
     ("python3 -u {s}", "python"),
 ])
 def test_launch_lines_become_probed_commands(tmp_path, command, launcher):
     script = tmp_path / "my_train_ddp.py"
-    argv, found = lab_command(command.format(s=script), script, 2, tmp_path / "probe", ["--out-dir", "x"],
+    argv, found = lab_command(command.format(s=script, d=tmp_path), script, 2, tmp_path / "probe", ["--out-dir", "x"],
                               LAB_EXERCISE)
     assert found == launcher and argv[0] == sys.executable
     at = argv.index("workshop_utils.lessons.ddp_lab")
@@ -129,6 +133,8 @@ def test_launch_lines_become_probed_commands(tmp_path, command, launcher):
 @pytest.mark.parametrize("command, message", [
     ("torchrun {s}", "starts one process unless told"),
     ("torchrun --nproc-per-node=4 {s}", "the lab runs on 2 processes"),
+    ("torchrun --nnodes=2 --nproc-per-node=2 {s}", "--nnodes=2: torchrun would wait for 2 nodes"),
+    ("srun torchrun --nnodes 2 --nproc-per-node=2 {s}", "--nnodes=2"),
     ("bash {s}", "starts with 'bash'"),
     ("torchrun --nproc-per-node=2", "names no .py script"),
     ("torchrun --nproc-per-node=2 other.py", "not your lab script"),
@@ -214,6 +220,14 @@ def divided_by_two(model):
         p.grad /= 2  # the lab's world size, typed in
 
 
+def divided_by_three(model):
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= 3  # the world size the check used to run on, typed in
+
+
 def with_a_typo(model):
     import torch.distributed as dist
 
@@ -261,16 +275,17 @@ def test_what_has_no_source_is_named_before_any_launch(tmp_path, function):
     (average_gradients, None),
     (averaged_in_a_lambda, None),
     (divided_by_two, "the sum divided by 2, but 3 ranks ran"),
+    (divided_by_three, "the sum divided by 3, but 4 ranks ran"),
     (summed_gradients, "sum over the 3 ranks"),
     (with_a_typo, r"your function raised NameError: name 'world_size' is not defined on rank \d on line \d+ "
                   r"\(`p.grad /= world_size"),
     (only_rank_0_reduces, r"different collective calls \(rank 0: 1 all_reduce; ranks 1, 2: none\)"),
-], ids=["solution", "lambda-avg", "divided-by-2", "sum", "name-error", "rank-0-only"])
+], ids=["solution", "lambda-avg", "divided-by-2", "divided-by-3", "sum", "name-error", "rank-0-only"])
 def test_gradients_averaged_by_hand_are_compared_with_ddp_on_three_ranks(tmp_path, capsys, function, message):
     if message is None:
         result = wu.check_average_gradients(function, tmp_path)
         assert result["max_difference"] <= 1e-6 and result["calls"] == 4
-        assert "✓ Exercise 2.1: correct (equal to DDP's on all 3 ranks" in capsys.readouterr().out
+        assert "✓ Exercise 2.1: correct (equal to DDP's on all ranks, on 3 and 4 ranks" in capsys.readouterr().out
     else:
         with pytest.raises(NotYet, match=message) as caught:
             wu.check_average_gradients(function, tmp_path)

@@ -300,18 +300,24 @@ def test_matmul_tflops(capsys):
     not_yet(lambda: wu.check_matmul_tflops(right * 1e12, n, seconds), "1e12")
     unsolved(lambda: wu.check_matmul_tflops(right, n, ...), capsys, "`seconds`", "placeholder")
     not_yet(lambda: wu.check_matmul_tflops(right, n, 0), "above 0")
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    timings = wu.time_repeats(lambda: a @ b, repeats=5)  # the notebook's solution, smaller
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    timings = wu.time_repeats(lambda: a @ b, repeats=5)  # the notebook's solution
     measured = timings.median
-    assert wu.check_matmul_tflops(2 * 256**3 / measured / 1e12, 256, measured, "x86_64", torch.device("cpu"),
-                                  timings=timings)
-    # The check's own timing is shown, and judged only beyond 100x: a busy machine once put it 10x from the
+    assert wu.check_matmul_tflops(2 * 1024**3 / measured / 1e12, 1024, measured, "x86_64", torch.device("cpu"),
+                                  timings=timings, timed=lambda: a @ b)
+    # The check's own timing is shown, and judged only beyond 20x: a busy machine once put it 10x from the
     # attendee's.
-    assert wu.check_matmul_tflops(2 * 256**3 / (10 * measured) / 1e12, 256, 10 * measured, "x86_64",
+    assert wu.check_matmul_tflops(2 * 1024**3 / (10 * measured) / 1e12, 1024, 10 * measured, "x86_64",
                                   torch.device("cpu"))
     assert "this check's own timing of `a @ b`" in capsys.readouterr().out
-    not_yet(lambda: wu.check_matmul_tflops(2 * 256**3 / 1e3 / 1e12, 256, 1e3, "x86_64", torch.device("cpu")),
+    not_yet(lambda: wu.check_matmul_tflops(2 * 1024**3 / 1e3 / 1e12, 1024, 1e3, "x86_64", torch.device("cpu")),
             "than this check's own")
+    # The exercise's n, and the multiply it specifies: a smaller n, or another product timed, is named.
+    not_yet(lambda: wu.check_matmul_tflops(2 * 256**3 / measured / 1e12, 256, measured, "x86_64",
+                                           torch.device("cpu")), "n = 256")
+    not_yet(lambda: wu.check_matmul_tflops(2 * 1024**3 / measured / 1e12, 1024, measured, "x86_64",
+                                           torch.device("cpu"), timed=lambda: a[:512, :512] @ b[:512, :512]),
+            "a 512 x 512 product")
     # 8192^3 in 10 us: what a timer that never waits for the GPU reports
     fast = 2 * 8192**3 / 1e-5 / 1e12
     not_yet(lambda: wu.check_matmul_tflops(fast, 8192, 1e-5, "NVIDIA H100 80GB HBM3"), "synchronizes")
@@ -445,7 +451,7 @@ def test_fewest_gpus_for_zero_1_and_3():
     not_yet(lambda: wu.check_fewest_gpus(2, parameters, budget_gib, stage=3), "rounded down")
     not_yet(lambda: wu.check_fewest_gpus(4, parameters, budget_gib, stage=3), "GB (10^9 bytes)")
     not_yet(lambda: wu.check_fewest_gpus(1, parameters, budget_gib, stage=3), "more than the 35 GiB")
-    not_yet(lambda: wu.check_fewest_gpus(10, parameters, budget_gib, stage=1), "9 GPUs already hold it")
+    not_yet(lambda: wu.check_fewest_gpus(10, parameters, budget_gib, stage=1), "one GPU more than the fewest")
     not_yet(lambda: wu.check_fewest_gpus(3.3, parameters, budget_gib, stage=3), "whole number")
     # 13e9 x 16 bytes is 193.7 GiB (5 GPUs of 40) but 208 GB (6)
     not_yet(lambda: wu.check_fewest_gpus(6, 13e9, 40, stage=3), "GB (10^9 bytes)")
@@ -480,15 +486,24 @@ def test_fsdp_traffic_against_ddp(capsys):
 def test_flops_per_token_by_the_formula_and_its_named_mistakes(capsys):
     size, n, T = wu.GPT_SIZES["tiny"], 842_496, 128
     counted = wu.training_flops_per_sequence(wu.build_model("gpt"), T) / T
-    right = 6 * n + 12 * size.layers * size.width * T  # the notebook's solution
-    assert wu.check_flops_per_token(right, n, size, T, counted)
+    right = 6 * n + 12 * size.layers * size.width * T
+
+    def formula(parameters, layers, width, sequence):  # the notebook's solution
+        return 6 * parameters + 12 * layers * width * sequence
+
+    assert formula(n, size.layers, size.width, T) == right
+    assert wu.check_flops_per_token(formula, n, size, T, counted)
     assert f"the counter measured {counted / 1e6:.2f}" in capsys.readouterr().out
-    not_yet(lambda: wu.check_flops_per_token(6 * n, n, size, T, counted), "no parameter counts")
-    not_yet(lambda: wu.check_flops_per_token(2 * n + 4 * size.layers * size.width * T, n, size, T, counted),
-            "forward pass alone")
-    not_yet(lambda: wu.check_flops_per_token(6 * n + 12 * size.layers * size.width, n, size, T, counted),
-            "grows with the sequence")
-    not_yet(lambda: wu.check_flops_per_token(right * 1.5, n, size, T, counted), "is not right")
+    for mistake, message in [
+        (lambda N, L, d, t: 6 * N, "no parameter counts"),
+        (lambda N, L, d, t: 2 * N + 4 * L * d * t, "forward pass alone"),
+        (lambda N, L, d, t: 6 * N + 12 * L * d, "grows with the sequence"),
+        (lambda N, L, d, t: 1.5 * formula(N, L, d, t), "is not right"),
+        (lambda N, L, d, t: 6 * N + 12 * L * d * d, "width twice"),  # right at the exercise's sizes, not beyond
+        (lambda N, L, d, t: right, "reads the notebook's variables"),
+        (right, "should be a function"),
+    ]:
+        not_yet(lambda: wu.check_flops_per_token(mistake, n, size, T, counted), message)
 
 
 def test_micro_batch_plan_fits_memory_reaches_the_batch_and_takes_the_largest_power_of_two():

@@ -66,3 +66,20 @@ def test_unknown_precision_is_refused():
 def test_cpu_modes_warn_but_run():
     assert any("plain FP32" in n for n in check_precision("tf32", torch.device("cpu")))
     assert check_precision("bf16", torch.device("cpu")) == []
+
+
+@pytest.mark.parametrize("device, words", [("tpu9", "is not a device"), (None, "is not a device"),
+                                           (3.5, "is not a device")])
+def test_a_device_that_is_not_one_is_one_line(device, words):
+    with pytest.raises(wu.WorkshopError, match=words):
+        check_precision("bf16", device)
+
+
+def test_a_device_named_as_text_is_read_like_a_torch_device():
+    assert check_precision("bf16", "cpu") == [] and check_precision("tf32", "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_asked_for_where_there_is_none_is_one_line():
+    with pytest.raises(wu.WorkshopError, match="cannot be used here"):
+        check_precision("bf16", "cuda")

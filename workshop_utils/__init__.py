@@ -25,7 +25,7 @@ _MODULES = {
         "accumulation_table", "step_time_change",
     ),
     "lessons.checks": (
-        "EXPECTED", "check_baseline", "seed_spread", "summary_table", "what_you_should_see",
+        "EXPECTED", "check_baseline", "layer_intensities", "seed_spread", "summary_table", "what_you_should_see",
     ),
     "lessons.ddp_lab": (
         "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
@@ -65,6 +65,9 @@ _MODULES = {
     ),
     "system.benchmark": (
         "benchmark_frame", "benchmark_parser", "median_run", "read_benchmarks", "start_benchmark", "write_benchmark",
+    ),
+    "system.display": (
+        "Table", "show_environment", "show_table", "show_verdict",
     ),
     "system.errors": (
         "WorkshopError", "install_notebook_error_handler",

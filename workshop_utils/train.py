@@ -66,8 +66,9 @@ ENTRY_ONLY = ("global_batch_size", "out")  # the command's own flags: no field o
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="python -m workshop_utils.train", usage="%(prog)s [flags, see below]",
-        description="Train a CIFAR-10 model with the workshop's one training loop. Run it directly for one "
-                    "process, or under torchrun/srun for data-parallel training (NCCL on GPUs, gloo on CPUs).",
+        description="Train a CIFAR-10 CNN or the byte-level GPT (--model gpt) with the workshop's one training loop. "
+                    "Run it directly for one process, or under torchrun/srun for data-parallel training "
+                    "(NCCL on GPUs, gloo on CPUs).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     groups = add_config_flags(parser)
     groups[HOW_MUCH].add_argument("--global-batch-size", type=positive_int, default=None, metavar="N",

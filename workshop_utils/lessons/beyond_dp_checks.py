@@ -57,6 +57,9 @@ def fewest_gpus(parameters: float, budget_gib: float, stage: int, precision: str
     return gpus
 
 
+H100_GIB = 80e9 / 2**30  # an 80 GB H100's memory in GiB, 74.5: what the exercise's budget leaves part of
+
+
 def _is_infinite(value) -> bool:
     try:
         return not isinstance(value, (str, bytes, bool)) and math.isinf(float(value))
@@ -100,6 +103,18 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
         mistakes.append((fewest_gpus(parameters, budget_gib, 1, precision),
                          "that is ZeRO-1's count; ZeRO-3 shards the parameters and gradients too.",
                          "divide all 16 bytes per parameter by the GPUs."))
+    if stage != 2:
+        mistakes.append((fewest_gpus(parameters, budget_gib, 2, precision),
+                         "that is ZeRO-2's count, which shards the gradients too.",
+                         f"stage {stage} keeps {kept} whole on every GPU and divides only the rest."))
+    if budget_gib != H100_GIB:
+        mistakes.append((fewest_gpus(parameters, H100_GIB, stage, precision),
+                         f"that fills the H100's whole {H100_GIB:.1f} GiB; the budget is budget_gib "
+                         f"({budget_gib:g} GiB), the rest goes to activations.", "divide by budget_gib."))
+    mistakes += [(right + 1, "one GPU more than the fewest that hold it (a spare?).",
+                  f"{right} GPUs hold it already: take the smallest p that fits."),
+                 (2 ** math.ceil(math.log2(right)), "that is the next power of two; the fewest need not be one.",
+                  "take the smallest p that fits, whatever it is.")]
     mistakes = [(m, p, f) for m, p, f in mistakes if m != math.inf]
     per_gpu = zero_gib_per_gpu(parameters, value, stage, precision)
     fewer = zero_gib_per_gpu(parameters, value - 1, stage, precision) if value > 1 else math.inf

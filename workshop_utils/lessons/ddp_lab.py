@@ -18,8 +18,8 @@ every rank saving, every rank logging, no throughput line, one rank's throughput
 far from what the ranks drew), the process group left open, a hang, a crash (its last lines shown).
 
 The other exercises: ``check_average_gradients`` (gradients averaged by hand with
-``torch.distributed``, compared with DDP's under torchrun on three ranks, so that a world size
-typed in as 2 fails) and ``check_ddp_efficiency`` (the weak-scaling efficiency at 64 GPUs from
+``torch.distributed``, compared with DDP's under torchrun on three ranks, then four, so that any
+world size typed in fails) and ``check_ddp_efficiency`` (the weak-scaling efficiency at 64 GPUs from
 the ring all-reduce model).
 
 This module is what starts the ranks and what they run (``python -m``, ``main``): ``run_single``, the
@@ -89,6 +89,19 @@ def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 3
     return reported_throughput(lines)
 
 
+def _backend_of(module) -> str:
+    """The backend the DDP module's collectives run on: init_process_group() with no backend says "undefined",
+    and its config names one per device type ("cpu:gloo,cuda:nccl")."""
+    import torch.distributed as dist
+
+    backend = dist.get_backend()
+    if backend in ("gloo", "nccl", "mpi", "ucc"):
+        return backend
+    kind = next((p.device.type for p in module.parameters()), "cpu")
+    config = dict(pair.split(":", 1) for pair in dist.get_backend_config().split(",") if ":" in pair)
+    return config.get(kind, backend)
+
+
 def lab_device(nproc: int) -> str:
     """NCCL needs a GPU per rank: "cuda" with that many GPUs, else "cpu" (gloo, GPUs hidden from the ranks)."""
     import torch
@@ -153,7 +166,7 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
     def ddp_init(self, module, *a, _original=DistributedDataParallel.__init__, **k):
         _original(self, module, *a, **k)
         record["ddp"] += 1
-        record["backend"] = dist.get_backend() if dist.is_initialized() else None
+        record["backend"] = _backend_of(module) if dist.is_initialized() else None
         ddp_modules.append(self.module)
 
     def optimizer_init(self, *a, _original=torch.optim.Optimizer.__init__, **k):
@@ -432,16 +445,17 @@ def _gradients(source_file: str, name: str, folder: str) -> None:
 
 
 @checked
-def check_average_gradients(average_gradients, workdir, nproc: int = 3, timeout_s: float = 180,
+def check_average_gradients(average_gradients, workdir, nproc=(3, 4), timeout_s: float = 180,
                             exercise: str = GRADIENTS_EXERCISE) -> dict:
-    """Run ``average_gradients(model)`` on ``nproc`` ranks under torchrun; its gradients must be DDP's.
+    """Run ``average_gradients(model)`` under torchrun, on each world size of ``nproc`` in turn; its gradients
+    must be DDP's.
 
     Every rank computes the gradients of one small model on its own batch, calls the attendee's
     function on them, then lets DDP do the same from the same start. Passes when both agree on
-    every rank; otherwise names what the result looks like (a sum, this rank's own gradients, a
-    division by a number that is not the world size). Three ranks by default, so that a world size
-    typed in as 2 is wrong. An error in the function is its line and the error; collectives that only
-    some ranks make are named as such, from the calls each rank started.
+    every rank at every world size; otherwise names what the result looks like (a sum, this rank's own
+    gradients, a division by a number that is not the world size). Two world sizes by default, 3 then 4,
+    so that any world size typed in is wrong on one of them. An error in the function is its line and the
+    error; collectives that only some ranks make are named as such, from the calls each rank started.
     """
     require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
                      "define the function in the exercise cell and run it.")
@@ -451,6 +465,22 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 3, timeout_
     if placeholder_body(source):
         raise Unsolved(f"… {exercise}: not yet solved: `average_gradients` still has only `...` in its body.",
                        "for every parameter: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
+    sizes = [int(nproc)] if isinstance(nproc, int) else [int(n) for n in nproc]
+    results = {size: _gradients_on(source, name, workdir, size, timeout_s, exercise) for size in sizes}
+    first = results[sizes[0]]
+    calls, buckets = first["calls_made"], first["ddp_buckets"]
+    kinds = Counter(calls)
+    made = f"{len(calls)} all-reduce call(s)" if set(kinds) == {"all_reduce"} else \
+        f"{len(calls)} collective call(s) ({', '.join(f'{n} {op}' for op, n in kinds.items())})"
+    ranks = " and ".join(map(str, sizes))
+    passed(exercise, f"equal to DDP's on all ranks, on {ranks} ranks; your function made {made}" +
+           (f", DDP made {buckets}: it packs the gradients into buckets" if buckets else ""))
+    return {"calls": kinds.get("all_reduce", 0), "collectives": len(calls), "ddp_buckets": buckets,
+            "max_difference": max(r["max_difference"] for r in results.values()), "world_sizes": sizes}
+
+
+def _gradients_on(source: str, name: str, workdir, nproc: int, timeout_s: float, exercise: str) -> dict:
+    """One launch of Exercise 2.1's function on ``nproc`` ranks: what it made, or ``NotYet`` naming the mistake."""
     folder = fresh_folder(workdir, "gradients")
     source_file = folder / "average_gradients.py"
     source_file.write_text(source)
@@ -488,16 +518,9 @@ def check_average_gradients(average_gradients, workdir, nproc: int = 3, timeout_
                     f"your gradients are the sum divided by {round(divisor)}, but {nproc} ranks ran: a world size "
                     "typed in is right only on that many ranks.",
                     "divide by dist.get_world_size(), which is right on any number of ranks.")
-        require(False, exercise, f"your gradients differ from DDP's by up to {worst['to_ddp']:.2g}.",
+        require(False, exercise, f"your gradients differ from DDP's by up to {worst['to_ddp']:.2g} on {nproc} ranks.",
                 "every parameter's gradient: summed over the ranks, divided by the world size.")
-    buckets = results[0]["ddp_buckets"]
-    kinds = Counter(calls)
-    made = f"{len(calls)} all-reduce call(s)" if set(kinds) == {"all_reduce"} else \
-        f"{len(calls)} collective call(s) ({', '.join(f'{n} {op}' for op, n in kinds.items())})"
-    passed(exercise, f"equal to DDP's on all {nproc} ranks; your function made {made}" +
-           (f", DDP made {buckets}: it packs the gradients into buckets" if buckets else ""))
-    return {"calls": kinds.get("all_reduce", 0), "collectives": len(calls), "ddp_buckets": buckets,
-            "max_difference": worst["to_ddp"]}
+    return {"calls_made": calls, "ddp_buckets": results[0]["ddp_buckets"], "max_difference": worst["to_ddp"]}
 
 
 # ---------------------------------------------------------------- the entry the ranks run

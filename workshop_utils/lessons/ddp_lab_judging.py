@@ -57,6 +57,9 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
                      f"write it as one string, e.g. {example}.") from None
     require(bool(tokens), exercise, "the command is empty.",
             f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+    tokens, folder = _launch_part(tokens)
+    require(bool(tokens), exercise, "the command has no launch line after its prefixes.",
+            f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
     first = Path(tokens[0]).name
     if first == "torchrun":
         launcher, rest = "torchrun", tokens[1:]
@@ -73,12 +76,17 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
             f"put your script's path after the launcher's options: torchrun --nproc-per-node={nproc} {script}.")
     at = scripts[0]
     named = Path(rest[at]).expanduser()
+    named = named if named.is_absolute() or folder is None else Path(folder).expanduser() / named
     require(named.resolve() == script.resolve(), exercise, f"the command runs {rest[at]}, not your lab script.",
             f"name the file you edited: {script}.")
     flags, args = rest[:at], rest[at + 1:]
     probe_args = ["-m", PROBE_MODULE, "--probe", str(probe), str(script), *args, *extra]
     if launcher == "python":
         return [sys.executable, *probe_args], launcher
+    nodes = _flag(flags, ("--nnodes",))
+    require(nodes is None or nodes in ("1", "1:1"), exercise,
+            f"--nnodes={nodes}: torchrun would wait for {nodes} nodes to join, and the check runs on this one.",
+            f"leave --nnodes out (or --nnodes=1): --nproc-per-node={nproc} on one node.")
     given = _nproc_flag(flags)
     require(given is not None, exercise, "torchrun starts one process unless told how many.",
             f"add --nproc-per-node={nproc}.")
@@ -92,12 +100,40 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
     return [sys.executable, "-m", "torch.distributed.run", *flags, *probe_args], launcher
 
 
-def _nproc_flag(flags: list[str]) -> str | None:
+def _launch_part(tokens: list[str]) -> tuple[list[str], str | None]:
+    """The launch itself in a line as typed in a terminal or a Slurm script, and the folder a ``cd`` moved to.
+
+    ``cd dir && ...`` (or ``;``), leading ``VAR=value`` assignments (``env`` too) and an ``srun ...`` prefix
+    are taken off: what follows them is the launch.
+    """
+    folder = None
+    while True:
+        ends = [i for i, t in enumerate(tokens) if t in ("&&", ";")]
+        if not ends:
+            break
+        head, tokens = tokens[:ends[0]], tokens[ends[0] + 1:]
+        if len(head) == 2 and head[0] == "cd":
+            moved = Path(head[1]).expanduser()
+            folder = str(moved if folder is None or moved.is_absolute() else Path(folder) / moved)
+    while tokens and (tokens[0] == "env" or ("=" in tokens[0] and not tokens[0].startswith("-")
+                                            and tokens[0].split("=")[0].isidentifier())):
+        tokens = tokens[1:]
+    if tokens and Path(tokens[0]).name == "srun":
+        launch = [i for i, t in enumerate(tokens) if Path(t).name == "torchrun" or Path(t).name.startswith("python")]
+        tokens = tokens[launch[0]:] if launch else tokens
+    return tokens, folder
+
+
+def _flag(flags: list[str], names: tuple[str, ...]) -> str | None:
     for i, flag in enumerate(flags):
         name, _, value = flag.partition("=")
-        if name in ("--nproc-per-node", "--nproc_per_node"):
+        if name in names:
             return value or (flags[i + 1] if i + 1 < len(flags) else "")
     return None
+
+
+def _nproc_flag(flags: list[str]) -> str | None:
+    return _flag(flags, ("--nproc-per-node", "--nproc_per_node"))
 
 
 def _training_epochs(record: dict) -> list[list[int]]:

@@ -25,8 +25,9 @@ from __future__ import annotations
 from ..spine.gpt import GPTSize, flops_per_token_closed_form
 from .beyond_dp_checks import (check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus,
                                fewest_microbatches, zero_gib_per_gpu)
-from .exercise_judging import LARGEST_COUNT, KitDefect, attendee_error, checked, count, number, short, verdict
-from .exercises import NotYet, passed, require
+from .exercise_judging import (LARGEST_COUNT, KitDefect, attendee_error, checked, count, described, number,
+                               short, verdict)
+from .exercises import NotYet, passed, require, require_answered
 from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale
 from .measurement_checks import (LOADER_ANSWERS, check_batch_memory, check_loader_choice, check_next_fix,
                                  constructed_loader_sweep, memory_line)
@@ -45,21 +46,23 @@ __all__ = [
 # ---------------------------------------------------------------- the GPT: FLOPs per token, micro-batches
 
 
-@checked
-def check_flops_per_token(flops_per_token, parameters: int, size: GPTSize, sequence_length: int,
-                          counted: float, exercise: str = "Exercise 1.4") -> bool:
-    """6·N + 12·layers·width·sequence with N every trainable parameter, shown beside what
-    ``torch.utils.flop_counter`` counted on the model itself.
+# Exercise 1.4's second configuration: sequence, width and context all differ (in the cpu profile the
+# sequence, the width and the context are all 128, so 12·L·d·T, 12·L·d² and 12·L·d·context agree there).
+SECOND_GPT = {"parameters": 2_345_678, "layers": 3, "width": 96, "sequence": 200}
 
-    The formula counts 6 FLOPs for every parameter, the position table, biases and norms included, which
-    do no multiply-add with a token's activations; the counter counts only the matrix multiplies. So the
-    formula comes out above the counter (2.5% for the tiny GPT). Both count attention's 12·L·d·T whole,
-    although a causal mask lets a fused kernel compute about half of it.
-    """
-    value = number(flops_per_token, exercise, "flops_per_token", "one number, FLOPs per token")
-    L, d, T, N = size.layers, size.width, sequence_length, parameters
-    right = flops_per_token_closed_form(size, T, N)
-    verdict(value, right, exercise, "flops_per_token", [
+
+def _formula_value(formula, args: dict, exercise: str) -> float:
+    try:
+        value = formula(*args.values())
+    except Exception as err:  # noqa: BLE001 - the attendee's code: one line naming their line
+        raise attendee_error(err, formula, exercise, "gpt_flops_per_token") from None
+    require_answered(value, exercise, "`gpt_flops_per_token` still returns the placeholder `...`.",
+                     "replace the `...` with the formula, run that cell, then this one.")
+    return number(value, exercise, "what gpt_flops_per_token returns", "one number, FLOPs per token")
+
+
+def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float | None, first: float | None):
+    return [
         (6 * N, "that is the weights' share alone: attention's scores and weighted sum multiply activations by "
                 "activations, which no parameter counts.", "add 12 x layers x width x sequence."),
         (2 * N + 4 * L * d * T, "that is the forward pass alone.", "training adds a backward pass of twice its "
@@ -70,12 +73,53 @@ def check_flops_per_token(flops_per_token, parameters: int, size: GPTSize, seque
          "per token, attention costs 12 x layers x width x sequence."),
         (6 * N + 6 * L * d * T, "that halves attention for the causal mask; the formula counts all of it, as "
                                 "every MFU convention does.", "use 12 x layers x width x sequence."),
-        (6 * (N - size.context * d) + 12 * L * d * T, "that leaves the position table out (nanoGPT's convention); "
-                                                      "this exercise's N is every trainable parameter.",
-         "use n_gpt as it is."),
+        (6 * (N - context * d) + 12 * L * d * T, "that leaves the position table out (nanoGPT's convention); "
+                                                 "this exercise's N is every trainable parameter.",
+         "use the parameters as they are."),
+        (6 * N + 12 * L * d * d, "that multiplies by the width twice; attention's term grows with the sequence.",
+         "use 12 x layers x width x sequence."),
+        (6 * N + 12 * L * d * context, "that uses the model's context length, not the sequence it is given.",
+         "use the `sequence` argument: 12 x layers x width x sequence."),
         (counted, "that is the counter's measurement, not the formula.",
          "write 6 x parameters + 12 x layers x width x sequence."),
-    ], "FLOPs per token = 6 x parameters + 12 x layers x width x sequence.")
+        (first, "the same number as at the exercise's sizes: your function reads the notebook's variables, not "
+                "its arguments.", "compute from `parameters`, `layers`, `width` and `sequence`."),
+    ]
+
+
+@checked
+def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, sequence_length: int,
+                          counted: float, exercise: str = "Exercise 1.4") -> bool:
+    """``gpt_flops_per_token(parameters, layers, width, sequence)``: 6·N + 12·layers·width·sequence with N every
+    trainable parameter, shown beside what ``torch.utils.flop_counter`` counted on the model itself.
+
+    Judged at the exercise's sizes, then at a second configuration (``SECOND_GPT``) where sequence, width
+    and context differ, so that width² or the context in place of the sequence is wrong there too.
+    The formula counts 6 FLOPs for every parameter, the position table, biases and norms included, which
+    do no multiply-add with a token's activations; the counter counts only the matrix multiplies. So the
+    formula comes out above the counter (2.5% for the tiny GPT). Both count attention's 12·L·d·T whole,
+    although a causal mask lets a fused kernel compute about half of it.
+    """
+    require_answered(gpt_flops_per_token, exercise, "`gpt_flops_per_token` is still the placeholder `...`.",
+                     "write the function in the exercise cell and run it.")
+    require(callable(gpt_flops_per_token), exercise,
+            f"`gpt_flops_per_token` should be a function, got {described(gpt_flops_per_token)}.",
+            "define it with def gpt_flops_per_token(parameters, layers, width, sequence): return ...")
+    L, d, T, N = size.layers, size.width, sequence_length, parameters
+    value = _formula_value(gpt_flops_per_token, {"parameters": N, "layers": L, "width": d, "sequence": T}, exercise)
+    right = flops_per_token_closed_form(size, T, N)
+    verdict(value, right, exercise, "gpt_flops_per_token(...)", _flops_mistakes(N, L, d, T, size.context, counted,
+                                                                               None),
+            "FLOPs per token = 6 x parameters + 12 x layers x width x sequence.")
+    two = SECOND_GPT
+    second = f"{exercise}: at {two['layers']} layers of width {two['width']}, {two['sequence']} tokens, " \
+             f"{two['parameters']:,} parameters (a second configuration the check tries)"
+    other = _formula_value(gpt_flops_per_token, two, second)
+    verdict(other, 6 * two["parameters"] + 12 * two["layers"] * two["width"] * two["sequence"], second,
+            "gpt_flops_per_token(...)",
+            _flops_mistakes(two["parameters"], two["layers"], two["width"], two["sequence"], size.context, None,
+                            value),
+            "FLOPs per token = 6 x parameters + 12 x layers x width x sequence, from the function's arguments.")
     return passed(exercise, f"{value / 1e6:.2f} MFLOP per token by the formula; the counter measured "
                             f"{counted / 1e6:.2f} on the model itself")
 

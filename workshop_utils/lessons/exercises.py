@@ -33,6 +33,7 @@ import functools
 import math
 from pathlib import Path
 
+from ..system.display import show_verdict
 from ..system.errors import WorkshopError
 
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
@@ -60,7 +61,7 @@ def exercise_check(check):
         try:
             return check(*args, **kwargs)
         except Unsolved as err:
-            print(err, flush=True)
+            show_verdict(str(err))
             return False
 
     return run
@@ -86,8 +87,8 @@ def unanswered(value) -> bool:
 
 
 def passed(exercise: str, detail: str = "") -> bool:
-    """Print the one line a passing check shows."""
-    print(f"✓ {exercise}: correct" + (f" ({detail})" if detail else "") + ".")
+    """Show the one line a passing check shows (bold and green in a notebook, plain text elsewhere)."""
+    show_verdict(f"✓ {exercise}: correct" + (f" ({detail})" if detail else "") + ".")
     return True
 
 

@@ -114,7 +114,10 @@ class _WatchedScaler(torch.amp.GradScaler):
 
 def _amp_model(device: torch.device) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    with torch.no_grad():  # logits far from uniform: the first loss is not ln(10), which a constant could return
+        model[2].bias.copy_(torch.linspace(-3.0, 3.0, 10))
+    return model.to(device)
 
 
 def _amp_failure(err: Exception, amp_step, scaler: _WatchedScaler, exercise: str) -> NotYet:
@@ -223,7 +226,9 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
                      "replace the placeholder with your code; return the loss.")
     require(loss is not None, exercise, "`amp_step` returns nothing.", "end it with `return loss`.")
     require(bool(dtypes), exercise, "`amp_step` never ran the model.", "compute the loss from model(images).")
-    require(dtypes[0] != torch.float32, exercise, "the forward pass ran in float32: no autocast.",
+    require(dtypes[0] != torch.float32, exercise,
+            f"the forward pass ran in float32: no autocast for {device.type} was active (one for another device, "
+            "such as torch.cuda.amp.autocast on a CPU, does nothing here).",
             "compute the output and the loss inside `with wu.autocast('fp16', device):`.")
     require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
             "use autocast with dtype torch.float16 (wu.autocast('fp16', device)): the mode that needs a scaler.")
@@ -233,6 +238,9 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
             "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips steps with inf/NaN.")
     require(scaler.calls["update"] > 0, exercise, "scaler.update() was never called.",
             "call scaler.update() after scaler.step(): without it the scale never adapts.")
+    require(scaler.calls["step"] == 1, exercise, f"scaler.step(optimizer) ran {scaler.calls['step']} times in one "
+                                                 "call of `amp_step`: that is more than one training step.",
+            "one call, one step: forward, scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update().")
     overflow = 2.0**40  # times a logit gradient of order 1/16, far beyond fp16's 65,504
     skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise=exercise)
     require(_same_parameters(skipped, start), exercise, "a step whose gradients overflowed changed the weights.",
@@ -242,8 +250,9 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     reference, _, reference_loss, _ = _amp_trial(None, device, scale)
     stale, _, _, _ = _amp_trial(None, device, scale, zero_grad=False)
     require(not (_same_update(model, stale, start) and not _same_update(model, reference, start)), exercise,
-            "the previous step's gradients were added to this step's.",
-            "call optimizer.zero_grad(set_to_none=True) before the backward pass.")
+            "the previous step's gradients were added to this step's: they were not cleared at the start of "
+            "the step.", "call optimizer.zero_grad(set_to_none=True) first, before the backward pass (zeroing "
+                         "at the end of a step leaves whatever came before the first call).")
     require(_same_update(model, reference, start), exercise,
             "the weights after the step differ from a correct fp16 step's.",
             "zero the gradients, forward and loss under autocast, scaler.scale(loss).backward(), "

@@ -37,6 +37,7 @@ from ..system.errors import WorkshopError
 from ..system.hardware import PRECISIONS, check_precision
 from ..spine.timing import time_repeats
 from ..spine.precision import autocast, emulated_on_cpu
+from .exercise_judging import as_device
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
                torch.float8_e4m3fn: "fp8 e4m3", torch.float8_e5m2: "fp8 e5m2"}
@@ -554,8 +555,8 @@ def plot_mode_speeds(table: pd.DataFrame, title: str = "Throughput by precision 
 
 def fp8_support(device: torch.device) -> str | None:
     """None when ``device`` can run FP8 matrix multiplies; otherwise the reason it cannot."""
-    if device.type != "cuda":
-        return f"FP8 matrix multiplies need an NVIDIA GPU with FP8 tensor cores; this run is on {device.type}."
+    if (device := as_device(device, "FP8")).type != "cuda" or not torch.cuda.is_available():
+        return f"FP8 matrix multiplies need an NVIDIA GPU with FP8 tensor cores, and {device} is none."
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
         return (f"{torch.cuda.get_device_name(device)} (sm_{major}{minor}) has no FP8 tensor cores: "

@@ -15,7 +15,7 @@ import torch
 from ..spine.timing import Timings, time_repeats
 from ..system.errors import WorkshopError
 from ..system.hardware import PRECISIONS, peak_tflops
-from .exercise_judging import answered_input, as_device, checked, described, number, verdict
+from .exercise_judging import answered_input, as_device, attendee_error, checked, described, number, verdict
 from .exercises import NotYet, passed, require, require_answered
 
 
@@ -23,6 +23,10 @@ from .exercises import NotYet, passed, require, require_answered
 def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_s: float,
                           exercise: str = "Exercise 1.1") -> bool:
     """achieved TFLOP/s = training FLOPs per sample x samples per second / 1e12."""
+    for name, given in (("flops_per_sample", flops_per_sample), ("samples_per_s", samples_per_s)):
+        if not (isinstance(given, numbers.Real) and not isinstance(given, bool) and math.isfinite(given) and given > 0):
+            raise WorkshopError(f"{exercise}: the run's {name} = {given!r} is not above 0.",
+                                "rerun the training cell: a run that trained measures both.")
     value = number(achieved_tflops, exercise, "achieved_tflops", "one number, in TFLOP/s")
     right = flops_per_sample * samples_per_s / 1e12
     verdict(value, right, exercise, "achieved_tflops", [
@@ -58,9 +62,51 @@ def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
     return seconds
 
 
+EXERCISE_N = {"cuda": 4096, "cpu": 1024}  # the n of Exercise 1.2's cell: a GPU's, and a CPU's (or any other)
+
+
+def _exercise_n(device) -> int:
+    return EXERCISE_N["cuda"] if device is not None and torch.device(device).type == "cuda" else EXERCISE_N["cpu"]
+
+
+def _timed_workload(timed, n: int, device, exercise: str) -> None:
+    """``timed``, the function handed to wu.time_repeats, must do what the exercise times: one n x n by n x n
+    float32 product, 2 n^3 FLOPs by ``torch.utils.flop_counter``, on ``device``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    answered_input(timed, exercise, "the exercise cell", "matmul")
+    require(callable(timed), exercise, f"`matmul` should be the function you timed, got {described(timed)}.",
+            "matmul = lambda: a @ b, and time it: wu.time_repeats(matmul, repeats=10, device=device).")
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter:
+            out = timed()
+    except Exception as err:  # noqa: BLE001 - the attendee's code: one line naming their line
+        raise attendee_error(err, timed, exercise, "matmul") from None
+    flops, right = counter.get_total_flops(), 2 * n**3
+    if flops != right:
+        side = round((flops / 2) ** (1 / 3)) if flops > 0 else 0
+        what = ("no matrix multiply" if flops == 0 else
+                f"a {side} x {side} product (2 x {side}^3 FLOPs)" if 2 * side**3 == flops else
+                f"{flops:,} FLOPs, not the {right:,} of an {n} x {n} by {n} x {n} product")
+        raise NotYet(f"✗ {exercise}: the function you timed does {what}; the exercise times one {n} x {n} by "
+                     f"{n} x {n} multiply ({right:,} FLOPs).",
+                     "a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device); "
+                     "matmul = lambda: a @ b.")
+    if torch.is_tensor(out):
+        require(out.dtype == torch.float32, exercise, f"the function you timed multiplies {str(out.dtype)[6:]} "
+                                                      "matrices; the exercise times float32, the model's precision.",
+                "make a and b with torch.randn(n, n, device=device), which gives float32.")
+        if device is not None:
+            require(out.device.type == torch.device(device).type, exercise,
+                    f"the function you timed multiplies on {out.device.type}, but the model trained on "
+                    f"{torch.device(device).type}.", "make a and b with device=device.")
+
+
 @checked
 def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None = None, device=None,
-                        exercise: str = "Exercise 1.2", *, timings=None, precision: str = "fp32") -> bool:
+                        exercise: str = "Exercise 1.2", *, timings=None, precision: str = "fp32",
+                        timed=None) -> bool:
     """An n x n by n x n matrix multiply is n^3 multiply-adds, 2 n^3 FLOPs, in the median of ``timings``.
 
     ``timings`` (what ``wu.time_repeats`` returned) is the measurement: ``seconds`` must be its median in
@@ -68,11 +114,22 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
     from it. Without ``timings``, ``seconds`` stands for the measurement. The rate cannot exceed the
     data-sheet peak of ``precision`` on ``device_name`` (a clock stopped before the GPU finished, or a
     multiply that ran in another precision). With ``device`` the check times such a multiply itself and
-    shows its median beside the answer; only a gap beyond 100x (another size, another device, no
+    shows its median beside the answer; only a gap beyond 20x (another size, another device, no
     multiply at all) is a verdict, since on a shared machine both timings move with other people's work.
+    ``n`` is held to the exercise's (4096 on a GPU, 1024 elsewhere, or more); ``timed``, the function that
+    was timed, must do one n x n by n x n float32 multiply (its FLOPs counted by ``torch.utils.flop_counter``),
+    so that a smaller, thinner or float64 product cannot stand in for the device's rate.
     """
-    if not isinstance(n, numbers.Integral) or n < 1:
+    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
         raise WorkshopError(f"{exercise}: n = {n!r} is no matrix size.", "pass the n of the exercise cell.")
+    if device is not None:
+        device = as_device(device, exercise)
+    require(n >= _exercise_n(device), exercise,
+            f"n = {n}, but the exercise multiplies {_exercise_n(device)} x {_exercise_n(device)} matrices: a small "
+            "multiply leaves the device idle between calls and measures no peak.",
+            f"keep the exercise cell's n ({_exercise_n(device)} here).")
+    if timed is not None:
+        _timed_workload(timed, int(n), device, exercise)
     measured = None if timings is None else timed_seconds(timings, exercise)
     given = number(seconds, exercise, "seconds", "one number, in seconds")
     require(given > 0, exercise, f"`seconds` = {given:g}: a time must be above 0.",
@@ -107,7 +164,7 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
         mistakes.append((right / len(measured), f"that divides by the total of the {len(measured)} repeats.",
                          "divide by the median time of one multiply."))
     verdict(value, right, exercise, "matmul_tflops", mistakes, "TFLOP/s = 2 * n**3 / seconds / 1e12.")
-    if device_name:
+    if _device_name(device_name, exercise, optional=True):
         peak = peak_tflops(device_name, precision)
         require(peak is None or right <= peak, exercise,
                 f"{right:.0f} TFLOP/s is more than {device_name} can do in {precision} ({peak or 0:g} TFLOP/s, its "
@@ -116,11 +173,10 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
                 "matrices with wu.time_repeats(..., device=device), which synchronizes, TF32 off (wu.set_tf32(False)).")
     compared = ""
     if device is not None:
-        device = as_device(device, exercise)
         a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         own = time_repeats(lambda: a @ b, repeats=5, device=device).median
         ratio = right_seconds / own
-        require(1 / 100 <= ratio <= 100, exercise,
+        require(1 / 20 <= ratio <= 20, exercise,
                 f"your {right_seconds:.3g} s is {max(ratio, 1 / ratio):.0f}x "
                 f"{'longer' if ratio > 1 else 'shorter'} than this check's own {own:.3g} s for the same multiply.",
                 f"time `a @ b` of two {n} x {n} float32 matrices on `device` (both a and b there), with "
@@ -128,6 +184,16 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
         compared = (f" (this check's own timing of `a @ b`: {own:.3g} s against your {right_seconds:.3g} s; far apart "
                     "on an idle machine means something else was timed)")
     return passed(exercise, f"{value:.3g} TFLOP/s for a {n} x {n} matmul{compared}")
+
+
+def _device_name(name, exercise: str, optional: bool = False) -> str | None:
+    """The device's name as the environment reports it (env["device_name"]); None only where ``optional``."""
+    if name is None and optional:
+        return None
+    if not isinstance(name, str):
+        raise WorkshopError(f"{exercise}: the device name is {name!r}, not a name.",
+                            'pass env["device_name"], as the check cell does.')
+    return name
 
 
 def _peak_groups(device_name: str, precision: str) -> dict[float, list[str]]:
@@ -155,6 +221,7 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     """
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    _device_name(device_name, exercise)
     answered_input(achieved_tflops, exercise, "Exercise 1.1", "achieved_tflops")
     achieved = number(achieved_tflops, exercise, "achieved_tflops (Exercise 1.1)")
     if flops_per_sample is not None and samples_per_s is not None:
@@ -174,6 +241,10 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
         measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
         if n is not None and timings is not None:
             answered_input(timings, exercise, "Exercise 1.2", "timings")
+            require(isinstance(n, numbers.Integral) and n >= EXERCISE_N["cpu"], exercise,
+                    f"n = {n!r} in Exercise 1.2 is smaller than the exercise's {EXERCISE_N['cpu']}, and MFU on this "
+                    "device divides by the rate measured there.",
+                    "fix Exercise 1.2 first: its check says what is wrong.")
             right_rate = 2 * n**3 / float(np.median(timed_seconds(timings, exercise))) / 1e12
             require(math.isclose(measured, right_rate, rel_tol=1e-3), exercise,
                     f"`matmul_tflops` = {measured:.4g} from Exercise 1.2 is not right yet, and MFU on this device "
@@ -183,6 +254,11 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                 "fix Exercise 1.2 first.")
     peak = table_peak or measured
     right = achieved / peak
+    if not table_peak and right > 1:
+        raise NotYet(f"✗ {exercise}: the run's {achieved:.3g} TFLOP/s is {right:.1f}x the {measured:.3g} TFLOP/s "
+                     "measured in Exercise 1.2, and MFU is at most 1: that rate is not the device's.",
+                     "rerun Exercise 1.2 timing one n x n by n x n float32 multiply (a, b = torch.randn(n, n, "
+                     "device=device)) on an idle machine, then this cell.")
     if table_peak and not 0 < right <= 1 and flops_per_sample is None:
         raise NotYet(f"✗ {exercise}: `achieved_tflops` = {achieved:.4g} from Exercise 1.1 is not between 0 and "
                      f"{device_name}'s {precision} peak of {table_peak:g} TFLOP/s.",
@@ -209,7 +285,7 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     verdict(value, right, exercise, "mfu", mistakes,
             "MFU = achieved TFLOP/s / peak TFLOP/s (the table's, or the measured matmul rate where it has none).",
             limits=[(value > 0, "MFU is a share of the peak, above 0.", "MFU = achieved TFLOP/s / peak TFLOP/s."),
-                    (value <= 1 or not table_peak, "MFU above 1 would be faster than the data-sheet peak, which no "
-                     "run is.", "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction between 0 and 1.")])
+                    (value <= 1, "MFU above 1 would be faster than the peak, which no run is.",
+                     "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction between 0 and 1.")])
     source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
     return passed(exercise, f"MFU {100 * value:.1f}% of {source}")

@@ -288,13 +288,21 @@ def environment_table(env: dict | None = None):
     return pd.DataFrame({"value": [str(v) for v in rows.values()]}, index=list(rows))
 
 
-def check_precision(precision: str, device: torch.device) -> list[str]:
+def check_precision(precision: str, device: torch.device | str) -> list[str]:
     """Raise when ``device`` cannot run ``precision``; return warnings for modes that run but mean little."""
     choose(precision, PRECISIONS, "precision")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise WorkshopError(f"{device!r} is not a device.", "pass 'cpu', 'cuda' or a torch.device.") from None
     notes = []
     if device.type == "cuda":
-        major, _ = torch.cuda.get_device_capability(device)
-        name = torch.cuda.get_device_name(device)
+        try:
+            major, _ = torch.cuda.get_device_capability(device)
+            name = torch.cuda.get_device_name(device)
+        except (RuntimeError, AssertionError, ValueError) as err:  # no driver, no such GPU
+            raise WorkshopError(f"{device} cannot be used here: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+                                "pass device='cpu' on a machine without a GPU.") from None
         if precision == "bf16" and major < 8:  # of this device, not of the current one
             raise WorkshopError(
                 f"{name} has no bfloat16 support (it needs an Ampere or newer GPU).",
