@@ -136,6 +136,17 @@ def test_executed_notebook_got_its_parameters_and_no_cell_failed(main_run, noteb
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_the_saved_copy_holds_no_wall_of_progress_bars(main_run, notebook):
+    """What GitHub or nbviewer shows of a run's copy: one settled text per stream, no refresh of a bar."""
+    executed = nbformat.read(main_run.dir / "notebooks" / notebook.name, as_version=4)
+    for cell in executed.cells:
+        streams = [o for o in cell.get("outputs", []) if o.output_type == "stream"]
+        assert not any("\r" in o.text.replace("\r\n", "") for o in streams), cell.source[:80]
+        assert not any("it/s]" in o.text or "step/s]" in o.text for o in streams), cell.source[:80]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
 def test_each_notebook_adds_its_sections_and_figures_to_the_report(main_run, notebook):
     number = notebook.name[:2]
     for key in _section_keys(notebook):

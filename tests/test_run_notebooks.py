@@ -268,3 +268,25 @@ def test_wait_passively_keeps_a_policy_the_user_set():
     wu.wait_passively(fresh)
     wu.wait_passively(chosen)
     assert (fresh, chosen) == ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"})
+
+
+def test_a_saved_copy_keeps_what_a_front_end_shows_of_a_progress_bar(tmp_path):
+    """papermill saves every refresh of a bar as an output; the executed copy keeps the last state only, in order."""
+    import nbformat
+
+    from workshop_utils.run_notebooks import settle_streams
+
+    bar = [nbformat.v4.new_output("stream", name="stderr", text=f"\rtraining: {i}/3") for i in range(4)]
+    bar.append(nbformat.v4.new_output("stream", name="stderr", text="\r" + " " * 20 + "\r"))  # leave=False
+    table = nbformat.v4.new_output("display_data", data={"text/plain": "a table"})
+    cell = nbformat.v4.new_code_cell("run()", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="before\n"), *bar, table,
+        nbformat.v4.new_output("stream", name="stdout", text="after\rAFTER\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="warning: kept\n")])
+    path = tmp_path / "executed.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), path)
+    settle_streams(path)
+    outputs = nbformat.read(path, as_version=4).cells[0].outputs
+    shown = [(o.output_type, o.get("name"), o.get("text") or o.data["text/plain"]) for o in outputs]
+    assert shown == [("stream", "stdout", "before\n"), ("display_data", None, "a table"),
+                     ("stream", "stdout", "AFTER\n"), ("stream", "stderr", "warning: kept\n")]

@@ -195,8 +195,49 @@ def run_one(notebook: Path, run_dir: Path, profile: str, limit_s: float | None =
     except Exception as err:  # a failed notebook is reported, and the others still run
         entry.update(status="FAILED", **failure_of(executed, err, limit_s))
     entry["seconds"] = round(time.perf_counter() - started, 1)
+    if executed.exists():
+        settle_streams(executed)
     entry["over_budget"] = entry["seconds"] > entry["budget_s"]
     return entry
+
+
+_OVERWRITTEN = re.compile(r"[^\n]*\r(?=[^\n])")  # a line's text that a carriage return went back over
+_ERASED = re.compile(r"[^\n]\x08")
+
+
+def settle_text(text: str) -> str:
+    """Stream text as a terminal leaves it: what ``\r`` and backspace overwrote is gone."""
+    previous = None
+    while previous != text:
+        previous, text = text, _ERASED.sub("", text)
+    return _OVERWRITTEN.sub("", text.replace("\r\n", "\n"))
+
+
+def settle_streams(path: Path) -> None:
+    """Keep in an executed copy what a notebook front end shows: a progress bar's refreshes end as its last state.
+
+    papermill saves each refresh of a bar as an output of its own, so a saved or shared copy (GitHub,
+    nbviewer, runs/.../notebooks/) would show every one as a line. Adjacent outputs of one stream are joined
+    (order against tables and charts kept), the text settled, and what is left blank dropped.
+    """
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    for cell in notebook.cells:
+        outputs = []
+        for output in cell.get("outputs", []):
+            if output.get("output_type") != "stream":
+                outputs.append(output)
+            elif outputs and outputs[-1].get("output_type") == "stream" and outputs[-1].get("name") == output.get("name"):
+                outputs[-1]["text"] += output["text"]
+            else:
+                outputs.append(output)
+        for output in outputs:
+            if output.get("output_type") == "stream":
+                output["text"] = settle_text(output["text"])
+        if "outputs" in cell:
+            cell["outputs"] = [o for o in outputs if o.get("output_type") != "stream" or o["text"].strip()]
+    nbformat.write(notebook, path)
 
 
 def describe(entry: dict) -> str:
