@@ -226,7 +226,8 @@ def test_each_configuration_shows_one_throughput_or_says_why(rendered):
         for quote in renderer.quotes:
             by_key.setdefault(quote.key, []).append((deck, text, quote))
     assert by_key, "no throughput of a training configuration was quoted: the bookkeeping is not wired"
-    configurations = quotes.Configurations(build.find_results(None, REFERENCE))
+    # The results the decks were rendered from (the reference alone), not whatever run folders this session made.
+    configurations = quotes.Configurations(rendered[0][2].results)
     unexplained = []
     for key, quoted in by_key.items():
         reference = configurations.reference(key)

@@ -92,6 +92,11 @@ def whole_digits(value) -> str | None:
     """A whole number's exact digits (a huge int stays exact, never through a float); None for a fraction.
     ``Problem`` for what is no number at all."""
     value = _scalar(value)
+    size = (abs(int(value)).bit_length() * 0.30103 if isinstance(value, numbers.Integral) else
+            value.adjusted() if isinstance(value, decimal.Decimal) and value.is_finite() else
+            abs(value.numerator).bit_length() * 0.30103 if isinstance(value, fractions.Fraction) else 0)
+    if size > 4000:  # far beyond any count: never turned into digits (Python refuses past 4300)
+        raise Problem(f"is a number of about {int(size) + 1} digits, far beyond any count Slurm or torchrun reads")
     if isinstance(value, numbers.Integral):
         return str(int(value))
     if isinstance(value, fractions.Fraction):

@@ -14,7 +14,8 @@ import math
 import re
 
 from .answer_values import Problem, show
-from .bash_reader import ASSIGNMENT, LEADING, Command, Shell, basename, shell_commands
+from .bash_expansion import Shell, basename
+from .bash_reader import ASSIGNMENT, LEADING, Command, shell_commands
 from .slurm_rules import SRUN, count_problem, directives_and_first_command, getopt_long, node_range, sbatch_options
 
 EXERCISE = "Exercise 6.1"
@@ -109,6 +110,7 @@ class Launch:
     background: bool
     srun_refusal: str | None = None
     env: tuple[str, ...] = ()  # the names set in front of it (A=1 srun ..., env A=1 srun ...), for it alone
+    exec_: bool = False  # started with exec, which replaces the batch shell (and its trap) with it
 
 
 def _launch_of(words: list[str], command: Command) -> Launch | None:
@@ -123,7 +125,7 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
         while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
             env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
             i += 1
-    srun, refusal = None, None
+    srun, refusal, replaces = None, None, "exec" in words[:i]
     if i < len(words) and basename(words[i]) == "srun":
         try:
             found, rest = getopt_long(words[i + 1:], SRUN)
@@ -134,11 +136,16 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
             if not starts:
                 return None
             srun, refusal, i = {}, str(problem), starts[0]
+    while i < len(words) and words[i] == "env":  # srun ... env A=1 torchrun
+        i += 1
+        while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
+            env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
+            i += 1
     if i >= len(words):
         return None
     head, background = basename(words[i]), command.background
     if head == "torchrun":
-        return Launch(srun, words[i + 1:], "torchrun", background, refusal, tuple(env))
+        return Launch(srun, words[i + 1:], "torchrun", background, refusal, tuple(env), replaces)
     if re.fullmatch(r"python[0-9]*(\.[0-9]+)*", head):
         j, module = i + 1, None
         while j < len(words) and words[j].startswith("-") and words[j] != "-":
@@ -153,7 +160,8 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
                 return None
             j += 2 if option in ("-X", "-W") else 1
         if module == "torch.distributed.run":
-            return Launch(srun, words[j:], f"{head} -m torch.distributed.run", background, refusal, tuple(env))
+            return Launch(srun, words[j:], f"{head} -m torch.distributed.run", background, refusal, tuple(env),
+                          replaces)
     return None
 
 
@@ -205,6 +213,9 @@ class JobRequest:
     shell: Shell  # the expansion the launch line's words got
     launches: list[Launch]
     after: list[list[str]]  # the commands after the first launch, expanded
+    ran: list[Command] = dataclasses.field(default_factory=list)  # in the order bash runs them, calls followed
+    functions: dict[str, list[Command]] = dataclasses.field(default_factory=dict)  # NAME -> its body's commands
+    launched_at: int = -1  # the index in ``ran`` of the first launch
 
 
 def _count(value, flag: str, fix: str) -> int:
@@ -220,6 +231,27 @@ def _node_text(text: str, low: int, high: int) -> str:
         return ""
     read = str(low) if low == high else f"{low}-{high}"
     return f" (sbatch reads it as {read} node{'s' * (high != 1)}: k multiplies by 1024, m by 1048576)"
+
+
+_CHANGES_THE_JOB = {
+    "exclusive": "holds whole nodes, every core of them, while the training uses {cores}",
+    "hold": "queues the job held: it never starts until someone releases it",
+    "test-only": "makes sbatch only estimate when the job would start: nothing is queued",
+    "array": "makes the job an array: the same training would run once per task",
+    "cpus-per-gpu": "sets the cores per GPU, which sbatch refuses beside --cpus-per-task (and the job has no GPU)",
+    "nodelist": "ties the job to named nodes: it waits for them, and with --nodes=2 their count must match",
+    "ntasks": "fixes the job's task count: --ntasks-per-node becomes only a maximum, and with --nodes=2 (only "
+              "#SBATCH --nodes changes) the tasks would no longer be one per node",
+}
+
+
+def _extra_options_problem(options: dict, spec: JobSpec):
+    """#SBATCH options beyond the template's that change what the job is."""
+    for name, why in _CHANGES_THE_JOB.items():
+        if name in options and (name != "ntasks" or spec.every_node):
+            raise Problem(f"#SBATCH --{name}{'=' + show(options[name]) if options[name] else ''} "
+                          f"{why.format(cores=spec.cores_per_task)}. Fix: leave --{name} out: the template's #SBATCH "
+                          "lines ask for what the exercise needs.")
 
 
 def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
@@ -243,6 +275,7 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
     except Problem as err:
         raise Problem(f"sbatch would refuse the #SBATCH lines: {show(str(err), 200)}. Fix: --option=VALUE with "
                       "the option's whole name, one value for each option.") from None
+    _extra_options_problem(options, spec)
     directives = Directives(**{field: options.get(field.replace("_", "-")) for field in
                                ("nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "time", "signal")})
     nodes = (1, 1)  # sbatch's default: one node
@@ -260,22 +293,25 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         tasks = 1  # sbatch's default: one task
     cpus = 1 if directives.cpus_per_task is None else _count(
         directives.cpus_per_task, "--cpus-per-task", f"--cpus-per-task={spec.cores_per_task}.")
-    known = {"SLURM_JOB_NUM_NODES": str(nodes[0]), "SLURM_NNODES": str(nodes[0])} if nodes[0] == nodes[1] else {}
+    known = {}  # the node counts stay unknown: the script must serve another --nodes unchanged
     if directives.cpus_per_task is not None:
         known["SLURM_CPUS_PER_TASK"] = str(cpus)
     if directives.ntasks_per_node is not None:
         known["SLURM_NTASKS_PER_NODE"] = str(tasks)
     shell = Shell(known)
     commands = shell_commands(script)
-    launches, after, functions = [], [], {}
+    launches, after, functions, ran, at = [], [], {}, [], []
 
     def run(command: Command, depth: int = 0):
         """Follow one command as bash runs it; a function's body where the function is called."""
+        if not command.nested:
+            ran.append(command)
         if shell.assign(command, take=not launches) or (not launches and shell.unset(command)) or command.nested:
             return
         fields = [f for w in command.words for f in shell.fields(w)]
         launch = _launch_of(fields, command)
         if launch:
+            at.append(len(ran) - 1)
             launches.append(launch)
             return
         called = next((w for w in command.words if w not in COMMAND_PREFIXES), None)
@@ -291,7 +327,8 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             functions.setdefault(command.function, []).append(dataclasses.replace(command, function=None))
         else:
             run(command)
-    return JobRequest(directives, nodes, tasks, cpus, commands, shell, launches, after)
+    return JobRequest(directives, nodes, tasks, cpus, commands, shell, launches, after, ran, functions,
+                      at[0] if at else -1)
 
 
 def node_text(job: JobRequest) -> str:

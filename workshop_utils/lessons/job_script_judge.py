@@ -14,9 +14,11 @@ from .answer_values import Problem, show
 from .bash_arithmetic import BashArithmeticError, Unreadable, moduli, parse
 from .bash_arithmetic import evaluate as evaluate_arithmetic
 from .bash_arithmetic import expand as expand_arithmetic
-from .bash_reader import Shell, basename, literal, render, shell_commands
+from .bash_expansion import RUNTIME, Shell, basename, literal, render
+from .bash_reader import shell_commands
 from .job_script import (COMMAND_PREFIXES, JOB_SPEC, RDZV_FIX, JobRequest, JobSpec, Launch, Refusal, node_text,
                          read_job_script, torchrun_args)
+from .job_script_forward import forward_problem
 from .slurm_rules import NO_LIMIT, SIGNAL_EARLY_S, getopt_long, option_table, slurm_signal, time_limit_s, whole
 
 NO_LAUNCH = ("no torchrun line: the job would start nothing (torchrun, or python -m torch.distributed.run, with srun "
@@ -106,6 +108,9 @@ def _first_node_problem(inner: str, shell: Shell) -> str | None:
         stdin = shell.parts(commands[0].stdin) if commands[0].stdin else []
         if len(stdin) == 1 and not isinstance(stdin[0], str) and stdin[0][0] == "procsub":
             substituted.append(stdin[0][1])
+        herestring = shell.parts(commands[0].herestring) if commands[0].herestring else []
+        if len(herestring) == 1 and not isinstance(herestring[0], str) and herestring[0][0] == "subst":
+            substituted.append(herestring[0][1])  # head <<< "$(scontrol ...)"
         plain = [literal(w) for w in words if not (len(w) == 1 and not isinstance(w[0], str) and w[0][0] == "procsub")]
         if len(substituted) != 1:
             return "is not read from the job's node list"
@@ -177,10 +182,12 @@ def _arithmetic_ports(expression: str, shell: Shell) -> list[tuple[int, int]]:
     """(job id, port) for sample job ids of a ``$((...))`` port; ValueError where bash or the check cannot
     evaluate it."""
     def value_of(name: str, job: int = 0):
+        if name == "RANDOM":  # bash's 0 to 32767, drawn once where the batch shell expands it
+            return job % 32768
         return job if name in _JOB_IDS else shell.text_of(name)
 
     def fixed(name: str):
-        if name in _JOB_IDS:
+        if name in _JOB_IDS or name == "RANDOM":
             raise Unreadable(name)
         return shell.text_of(name)
 
@@ -201,12 +208,16 @@ def _port_problem(parts: list | None, shell: Shell) -> str | None:
         if len(text) > 5:  # torchrun's _try_parse_port
             return f"the port {shown} is not one torchrun reads: a port is 1 to 5 digits. {fix}"
         samples = [(None, int(text))]
-    elif len(parts) == 1 and parts[0][0] == "arith":
+    elif len(parts) == 1 and parts[0][0] in ("subst", "param"):
+        return None  # a number the batch shell fixes once, before srun starts the agents: they all get the same
+    elif len(parts) == 1 and (parts[0][0] == "arith" or parts[0] in [("var", n) for n in (*_JOB_IDS, "RANDOM")]):
         try:
             samples = _arithmetic_ports(parts[0][1], shell)
         except BashArithmeticError as err:
             return f"the port {shown} is not a number bash reads ({show(str(err))}). {fix}"
         except (Unreadable, RecursionError) as err:
+            if str(err).lstrip("$") in RUNTIME:
+                return None  # known only when the job runs, and fixed once in the batch shell
             return f"the port {shown} is not a number the check can read ({show(str(err))}). {fix}"
     else:
         return (f"the port {shown} is not a number the check can read (a number, or $((...)) of the job id). {fix}")
@@ -262,6 +273,11 @@ def _rendezvous_problem(job: JobRequest, args, spec: JobSpec) -> str | None:
         return ("no rendezvous endpoint: torchrun's agents on the job's nodes have nowhere to meet. Fix: "
                 "--rdzv-endpoint=HOST:PORT with HOST the job's first node, "
                 "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1), and a free port such as 29500.")
+    unexpanded = next((p for p in endpoint if isinstance(p, str) and re.search(r"\$[({A-Za-z_\[]|`", p)), None)
+    if unexpanded is not None:
+        return (f"the rendezvous endpoint holds {show(unexpanded)} as plain text: single quotes (or a backslash) stop "
+                "bash from expanding $(...), ${...} and $NAME, so torchrun would get the text itself. Fix: double "
+                f"quotes, e.g. {RDZV_FIX}.")
     for side, name, what in ((host, "host", "a host name is letters, digits, dots and dashes"),
                              (port or [], "port", "a port is 1 to 5 digits")):
         if any(isinstance(p, str) and re.search(r"\s", p) for p in side):
@@ -285,6 +301,45 @@ def _launch_problem(job: JobRequest, launch: Launch, spec: JobSpec) -> str | Non
                 "with --nodes=2 (the notebook: only #SBATCH --nodes changes) the second node would start no agent "
                 "and the rendezvous would wait for it until it times out. Fix: srun "
                 f"--cpus-per-task=\"$SLURM_CPUS_PER_TASK\" {launch.launcher} ..., as in the template.")
+    return None
+
+
+_NODE_COUNTS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+_TASK_COUNTS = ("SLURM_NTASKS", "SLURM_NPROCS")
+
+
+def _on_nodes(job: JobRequest, parts: list, nodes: int) -> str | None:
+    """The parts' text in a job of ``nodes`` nodes (Slurm's node and task counts filled in); None if unknown."""
+    tasks = whole(job.directives.ntasks) if job.directives.ntasks is not None else nodes * job.tasks_per_node
+    filled = [str(nodes) if p in [("var", v) for v in _NODE_COUNTS] else
+              str(tasks) if p in [("var", v) for v in _TASK_COUNTS] else p for p in parts]
+    return literal(filled)
+
+
+def _node_count_problem(job: JobRequest, args, launch: Launch, spec: JobSpec) -> str | None:
+    """torchrun's --nnodes (and srun's --nodes) in this job, and in the same script run with --nodes=2."""
+    fix = "Fix: --nnodes=\"$SLURM_JOB_NUM_NODES\", Slurm's count of the job's nodes."
+    low = job.nodes[0]
+    parts = job.shell.decode(args.nnodes)
+    shown = show(render(parts))
+    for nodes in (low, 2) if spec.every_node else (low,):
+        text = _on_nodes(job, parts, nodes)
+        first, _, last = (text or "").partition(":")
+        least, most = whole(first.strip()), whole(last.strip()) if last else whole(first.strip())
+        if text is None or least is None or most is None:
+            return f"--nnodes={shown} is not a count of nodes the check can read before the job runs. {fix}"
+        if not least <= nodes <= most:
+            if nodes == low:
+                return (f"--nnodes={shown}: torchrun would wait for that many nodes to join, and the job has "
+                        f"{_n(low, 'node')}. {fix}")
+            return (f"--nnodes={shown}: right for {_n(low, 'node')}, but the same script must train on two nodes "
+                    "with only #SBATCH --nodes changed (the notebook), and there torchrun would still take "
+                    f"{_n(most, 'node')}: the other node's agent could not join the rendezvous. {fix}")
+        step = (launch.srun or {}).get("--nodes")
+        if step is not None and _on_nodes(job, job.shell.decode(step), nodes) != str(nodes):
+            return (f"srun --nodes={show(render(job.shell.decode(step)))}: the step must span the job's own nodes "
+                    f"({_n(nodes, 'node')} with --nodes={nodes}); srun cannot take more than the job holds, and "
+                    "fewer would leave a node without its agent. Fix: leave srun's --nodes out.")
     return None
 
 
@@ -340,13 +395,9 @@ def _request_problem(job: JobRequest, args, launch: Launch, spec: JobSpec) -> st
     if nproc != spec.procs_per_node:
         return (f"--nproc-per-node={nproc}: torchrun starts {nproc} training process(es) on the node, not the "
                 f"{spec.procs_per_node} the exercise asks for. Fix: --nproc-per-node={spec.procs_per_node}.")
-    nnodes = literal(job.shell.decode(args.nnodes))
-    low_n, _, high_n = (nnodes or "").partition(":")
-    counted = (whole(low_n), whole(high_n) if high_n else whole(low_n))
-    if counted != (low, low):
-        return (f"--nnodes={show(render(job.shell.decode(args.nnodes)))}: torchrun would wait for that many nodes "
-                f"to join, and the job has {_n(low, 'node')}. Fix: --nnodes=\"$SLURM_JOB_NUM_NODES\", Slurm's count "
-                "of the job's nodes.")
+    problem = _node_count_problem(job, args, launch, spec)
+    if problem:
+        return problem
     cpus = job.cpus_per_task
     step, reaches = _step_cpus(job, launch)
     step_cpus = whole(literal(job.shell.decode(step))) if step is not None else None
@@ -414,12 +465,24 @@ def _time_problem(job: JobRequest, spec: JobSpec) -> str | None:
     if limit < spec.needed_s + lead + SIGNAL_EARLY_S:
         return (f"--time of {limit:g} s: the job needs about {spec.needed_s} s, and the warning comes {lead} s before "
                 f"the end, up to {SIGNAL_EARLY_S} s earlier still (sbatch's resolution), so it could run out of time. "
-                f"Fix: at least {spec.needed_s + lead + SIGNAL_EARLY_S} s, e.g. 00:05:00.")
+                f"Fix: {_longer(spec, lead)}.")
     if limit > spec.max_time_s:
         return (f"--time={show(text)} asks for {limit / 3600:g} h for about {spec.needed_s // 60} minutes of work: "
                 "a long request waits longer for its slot and holds what it does not use. Fix: the work and the "
                 "warning's lead, with some room: e.g. 00:05:00.")
     return None
+
+
+def _longer(spec: JobSpec, lead: int) -> str:
+    """The fix for a limit the warning's lead leaves too short: a longer limit, or a shorter lead."""
+    need = spec.needed_s + lead + SIGNAL_EARLY_S
+    minutes = math.ceil(need / 60)
+    example = f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+    if need > spec.max_time_s:
+        return (f"a warning of a minute or two (B:{spec.warning}@60): a {lead} s lead would need a limit of {need} s, "
+                "far more than the work")
+    shorter = f", or a shorter warning (B:{spec.warning}@60)" if lead > 2 * spec.min_lead_s * 2 else ""
+    return f"at least {need} s, e.g. {example}{shorter}"
 
 
 def _signal_name(number: int) -> str:
@@ -457,27 +520,52 @@ def _job_problem(job: JobRequest, spec: JobSpec) -> str | None:
     if not any(("var", "@") in job.shell.decode(a) for a in args.training_script_args):
         return ("the launch line does not pass \"$@\" on: the check's training flags (steps, checkpoints) would never "
                 "reach the training. Fix: keep \"$@\" at the end of the launch line.")
-    traps = [c.words[2:] for c in job.commands if c.words[:1] == ["trap"] and not c.nested]
-    names = {w.strip("'\"").upper().removeprefix("SIG") for signals_ in traps for w in signals_}
-    if not names & {spec.warning, str(int(getattr(signals, "SIG" + spec.warning)))}:
-        return (f"nothing in the script traps SIG{spec.warning}: its default action ends bash, so the warning would "
-                "end the batch shell and reach no training process. Fix: trap forward USR1, as in the template.")
-    if not launch.background:
-        return ("torchrun runs in the foreground: bash runs a trap only once the command in front has ended, too late "
-                "for the warning. Fix: end the launch line with & and wait for it, as in the template.")
-    if not any(_command_word(fields) == "wait" for fields in job.after):
-        return ("nothing waits for the launch in the background: the batch shell would reach its end at once, and "
-                "Slurm ends the job with it. Fix: while ! wait $!; do kill -0 $! 2>/dev/null || break; done, as in "
-                "the template.")
+    return forward_problem(job, launch, spec)
+
+
+# Spaces that sbatch (C's isspace) and bash do not split on, though they look like one.
+_ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")
+_LONGEST_WORD = 10_000
+
+
+def _text_problem(script: str) -> str | None:
+    """What is wrong with the script's text as text, before sbatch or bash reads a word of it."""
+    if script.startswith("\ufeff"):
+        return ("the script starts with a byte-order mark (BOM, U+FEFF), so its first line is not #!: sbatch refuses "
+                "it. Fix: save it as UTF-8 without BOM.")
+    if "\r" in script:
+        kind = "DOS line breaks (\\r\\n)" if "\r\n" in script else "old Mac line breaks (\\r alone)"
+        return (f"the script has {kind}: sbatch refuses such a script before it queues anything. "
+                "Fix: save it with Unix line breaks (dos2unix, or your editor's line-ending setting).")
+    odd = _ODD_SPACES.search(script)
+    if odd:
+        line = script.count("\n", 0, odd.start()) + 1
+        return (f"line {line} holds a U+{ord(odd.group()):04X} space (a non-breaking space, often pasted from a web "
+                "page or PDF): sbatch and bash do not take it for a space, so it sticks to the word beside it. Fix: "
+                "replace it with a plain space.")
+    if len(script) > 50 * _LONGEST_WORD or re.search(r"\S{%d}" % (_LONGEST_WORD + 1), script):
+        return (f"the script holds a word longer than {_LONGEST_WORD} characters (or is longer than "
+                f"{50 * _LONGEST_WORD}), which no job script needs. Fix: "
+                "the template, its gaps filled.")
+    escaped = re.search(r"(?<!\\)(?:\\\\)*\\[ \t]+\n", script)
+    if escaped:
+        line = script.count("\n", 0, escaped.start()) + 1
+        return (f"line {line} ends in a backslash and a space: bash escapes the space, not the line break, so the "
+                "command ends there and the next line runs as a command of its own. Fix: nothing after the backslash.")
+    shebang = script.split("\n", 1)[0]
+    shell = re.fullmatch(r"#!\s*(?:/usr)?/bin/(?:env\s+)?(\S+).*", shebang)
+    if shell and shell.group(1) in ("sh", "dash") and re.search(r"pipefail|<\(|\[\[|=\(|\$\{[^}]*\[|\blet\b", script):
+        return (f"{shebang} runs the script in sh, which is dash on Debian and Ubuntu: it stops at bash's own "
+                "features (set -o pipefail, arrays, <(...)). Fix: #!/bin/bash as the first line.")
     return None
 
 
 def script_problem(script: str, spec: JobSpec = JOB_SPEC) -> str | None:
     """The first mistake the script's text shows against the exercise (``spec``), as "problem. Fix: ...";
     None when the text is right."""
-    if isinstance(script, str) and "\r" in script:
-        return ("the script has DOS line breaks (\\r\\n): sbatch refuses such a script before it queues anything. "
-                "Fix: save it with Unix line breaks (dos2unix, or your editor's line-ending setting).")
+    problem = _text_problem(script) if isinstance(script, str) else None
+    if problem:
+        return problem
     try:
         return _job_problem(read_job_script(script, spec), spec)
     except Problem as problem:

@@ -234,12 +234,17 @@ def _sweep_line(number: int, line: str) -> float | None:
     if "\n" in line:
         raise Problem(f"line {number} ({shown}) holds a line break: the sweep file would get more lines than "
                       "tasks. Fix: one line of flags per learning rate.")
+    odd = re.search("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]", line)
+    if odd:
+        raise Problem(f"line {number} ({shown}) holds a U+{ord(odd.group()):04X} space (a non-breaking space, often "
+                      "pasted from a web page): bash's read -a splits only at spaces and tabs, so the flag and its "
+                      "value would reach the training as one word. Fix: a plain space, e.g. \"--lr 0.01\".")
     if re.search(r"\{[A-Za-z_][\w.\[\]'\"]*\}", line):
         raise Problem(f"line {number} ({shown}) still holds its braces: without the f in front, a string keeps "
                       "{lr} as it is; an f-string, f\"--lr {lr}\", puts the value in. Fix: "
                       "sweep_lines = [f\"--lr {lr}\" for lr in learning_rates].")
     try:
-        flags = _train_flags().parse_args(line.split())
+        flags = _train_flags().parse_args([w for w in re.split(r"[ \t\n]+", line) if w])  # read -a's IFS
     except Refusal as err:
         raise Problem(f"line {number} ({shown}): python -m workshop_utils.train would stop with "
                       f"\"{show(str(err))}\". Fix: flags as the command takes them, e.g. \"--lr 0.01\".") from None

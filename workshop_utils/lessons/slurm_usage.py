@@ -105,8 +105,9 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
         (60 * math.ceil(TIME_MARGIN * limit / 60), "that grows the old limit; the new one comes "
          "from what the job used.", "start from elapsed_s, not time_limit_s."),
         (math.ceil(TIME_MARGIN * elapsed / 60), "minutes: the answer is in seconds.", "multiply by 60."),
-    ], (lambda v: v > 0 and v % 60 == 0, "Slurm's time limits are whole minutes, so seconds that are a multiple "
-        "of 60.", "60 x ceil(1.5 x elapsed_s / 60)."), "60 x ceil(1.5 x elapsed_s / 60).", rel=0)
+        (right_time / 3600, "hours: the answer is in seconds.", "multiply by 3600."),
+    ], (lambda v: v > 0 and v % 60 == 0, "Slurm's time limits are whole minutes above zero, so seconds that are a "
+        "positive multiple of 60.", "60 x ceil(1.5 x elapsed_s / 60)."), "60 x ceil(1.5 x elapsed_s / 60).", rel=0)
     check("next_memory_mib", right_memory, [
         (MEMORY_MARGIN * usage["max_rss_mib"], "not rounded up to whole 100 MiB.",
          "100 x ceil(1.25 x max_rss_mib / 100)."),

@@ -1,0 +1,248 @@
+"""Exercise 6.1's judge of how a job script passes Slurm's warning on: the batch shell's trap and what it runs
+(srun --overlap on every node, pkill sending SIGUSR1 to the training processes and not to torchrun), the launch
+in the background, and the loop that waits for it again after each trapped signal, as bash, srun and pkill do it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+
+from .answer_values import Problem, show
+from .bash_expansion import basename, literal
+from .bash_reader import LEADING, Command, shell_commands
+from .job_script import JobRequest, JobSpec, Launch
+from .slurm_rules import SRUN, getopt_long, whole
+
+TEMPLATE_WAIT = "while ! wait $!; do kill -0 $! 2>/dev/null || break; done"
+TEMPLATE_FORWARD = ('forward() { srun --overlap --ntasks-per-node=1 pkill -USR1 -f "python[0-9.]* -u -m '
+                    'workshop_utils.train" || true; }')
+_SENDERS = ("pkill", "kill", "killall", "scancel")
+# What runs on a node while the job trains: torchrun (the agent) and the batch node's srun, which must not be
+# signalled (torchrun and srun do not handle SIGUSR1: srun passes it on to torchrun, whose default action ends
+# it), and the training processes, which must be.
+_ENV = "/home/user/venv/bin"
+_TRAINING_ARGS = "-m workshop_utils.train --device cpu --steps 12 --checkpoint-every 4"
+_NOT_TO_SIGNAL = (("torchrun", f"{_ENV}/python {_ENV}/torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d "
+                               f"--rdzv-endpoint=node01:29500 --rdzv-id=7 {_TRAINING_ARGS}"),
+                  ("torchrun", f"{_ENV}/python3 {_ENV}/torchrun --nnodes 1 {_TRAINING_ARGS}"),
+                  ("srun", f"srun --cpus-per-task=2 torchrun --nnodes=1 --nproc-per-node=2 {_TRAINING_ARGS}"))
+_TRAINING = (("python", f"{_ENV}/python -u {_TRAINING_ARGS}"), ("python3", f"{_ENV}/python3 -u {_TRAINING_ARGS}"),
+             ("python3.11", f"/usr/bin/python3.11 -u {_TRAINING_ARGS}"))
+_PKILL_VALUES = {"-g", "-G", "-P", "-s", "-t", "-u", "-U", "-F", "--ns", "--nslist", "--signal", "-d", "--delimiter",
+                 "--session", "--terminal", "--euid", "--uid", "--group", "--pgroup", "--parent", "--pidfile"}
+
+
+def _words(command: Command) -> list[str]:
+    words = list(command.words)
+    while words and words[0] in LEADING:
+        words = words[1:]
+    return words
+
+
+def _signal_of(text: str) -> int | None:
+    name = text.upper().removeprefix("SIG")
+    if name.isdigit():
+        return int(name)
+    return int(getattr(signals, "SIG" + name)) if hasattr(signals, "SIG" + name) and name.isalnum() else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _trap_problem(job: JobRequest, warning: int, spec: JobSpec) -> tuple[str | None, int, list[Command]]:
+    """(why the batch shell's trap for the warning does nothing, the index in ``job.ran`` where it is set, the
+    commands it runs)."""
+    found, where = None, -1
+    for index, command in enumerate(job.ran):
+        words = _words(command)
+        if words[:1] != ["trap"]:
+            continue
+        args = [literal(job.shell.parts(w)) for w in words[1:]]
+        args = args[1:] if args[:1] == ["--"] else args
+        if not args or None in args or args[0] in ("-p", "-l", "-P"):
+            continue
+        action, names = (args[0], args[1:]) if len(args) > 1 or _signal_of(args[0]) is None else ("-", args)
+        if warning not in [_signal_of(n) for n in names]:
+            continue
+        if command.where:
+            found, where = ("elsewhere", command.where, action), index
+            continue
+        found, where = ("here", "", action), index
+    if found is None:
+        return (f"nothing in the script traps SIG{spec.warning}: its default action ends bash, so the warning would "
+                "end the batch shell and reach no training process. Fix: trap forward USR1, as in the template."), -1, []
+    kind, place, action = found
+    fix = f"Fix: {TEMPLATE_FORWARD} and trap forward USR1, as in the template."
+    if kind == "elsewhere":
+        return (f"the trap for SIG{spec.warning} is set only in {place}, which runs apart from the batch shell: the "
+                f"batch shell keeps the default action, which ends it. {fix}"), where, []
+    if action == "":
+        return (f"trap \"\" {spec.warning} makes the batch shell ignore the warning, so nothing passes it on to the "
+                f"training. {fix}"), where, []
+    if action == "-":
+        return (f"trap - {spec.warning} restores the default action for SIG{spec.warning}, which ends the batch "
+                f"shell at the warning. {fix}"), where, []
+    runs = []
+    for command in [c for c in shell_commands(action) if not c.nested]:
+        words = _words(command)
+        if not words:
+            continue
+        if words[0] in job.functions:
+            runs += job.functions[words[0]]
+        elif basename(words[0]) in ("srun", *_SENDERS, "true", ":", "echo", "printf", "wait", "exit", "return"):
+            runs.append(command)
+        else:
+            return (f"the trap runs {show(words[0])}, which is neither a function the script defines nor a command "
+                    f"that passes the signal on: bash would say \"command not found\" at the warning. {fix}"), where, []
+    return None, where, runs
+
+
+def _sent_signal(program: str, args: list[str]) -> tuple[int, list[str], bool]:
+    """(the signal pkill/kill/killall sends, their other operands, whether pkill matches full command lines)."""
+    sent, rest, full, i = int(signals.SIGTERM), [], False, 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--signal", "-s") and (program != "pkill" or arg == "--signal") and i + 1 < len(args):
+            sent, i = _signal_of(args[i + 1]) or -1, i + 2
+            continue
+        if arg.startswith("--signal="):
+            sent = _signal_of(arg.partition("=")[2]) or -1
+        elif program == "pkill" and arg in _PKILL_VALUES:
+            rest, i = rest + [arg, args[i + 1] if i + 1 < len(args) else ""], i + 2
+            continue
+        elif re.fullmatch(r"-(SIG)?[A-Za-z]+[0-9]*|-[0-9]+", arg) and _signal_of(arg[1:]) is not None:
+            sent = _signal_of(arg[1:])
+        elif program == "pkill" and re.fullmatch(r"-[a-zA-Z]+", arg):
+            full = full or "f" in arg
+            rest.append(arg)
+        elif arg == "--full":
+            full = True
+        else:
+            rest.append(arg)
+        i += 1
+    return sent, rest, full
+
+
+def _pkill_problem(pattern: str, full: bool, exact: bool) -> str | None:
+    try:
+        compiled = re.compile(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return None  # not a pattern the check can read: pkill's own regex rules decide
+    match = compiled.fullmatch if exact else compiled.search
+    hit = [name for name, line in _NOT_TO_SIGNAL if match(line if full else name[:15])]
+    if hit:
+        return (f"pkill {'-f ' if full else ''}{show(pattern)} matches {hit[0]}'s own {'command line' if full else 'name'} too: SIGUSR1 "
+                f"ends {hit[0]} (it does not handle it), and the training processes go with it before they "
+                "checkpoint")
+    if not any(match(line if full else name[:15]) for name, line in _TRAINING):
+        return f"pkill {'-f ' if full else ''}{show(pattern)} matches no training process"
+    return None
+
+
+def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: JobSpec) -> str | None:
+    """Why what the trap runs does not reach the training processes on every node; None when it does."""
+    fix = f"Fix: {TEMPLATE_FORWARD}, as in the template."
+    for command in runs:
+        words = [f for w in _words(command) for f in job.shell.fields(w)]
+        words = [literal(job.shell.decode(w)) or "?" for w in words]
+        srun = None
+        if words and basename(words[0]) == "srun":
+            try:
+                found, words = getopt_long(words[1:], SRUN)
+            except Problem:
+                return f"srun in the trap's function has options srun would refuse. {fix}"
+            srun = dict(found)
+        if not words or basename(words[0]) not in _SENDERS:
+            continue
+        program, args = basename(words[0]), words[1:]
+        if program == "scancel":
+            return ("scancel in the trap signals the job's steps, torchrun included, and SIGUSR1 ends torchrun "
+                    f"before the training checkpoints. {fix}")
+        sent, rest, full = _sent_signal(program, args)
+        if sent != warning:
+            return (f"{program} sends {_signal_name(sent) if sent > 0 else 'a signal it cannot read'}, and the "
+                    f"training loop listens for SIG{spec.warning}. {fix}")
+        if program == "pkill":
+            pattern = [a for a in rest if not a.startswith("-")][-1:]
+            if pattern and pattern[0] != "?":
+                why = _pkill_problem(pattern[0], full, "-x" in rest or "--exact" in rest)
+                if why:
+                    return f"{why}. {fix}"
+        if srun is None and spec.every_node:
+            return (f"{program} in the trap runs on the batch node only: with --nodes=2 (only #SBATCH --nodes "
+                    f"changes) the training processes of the other node never get the warning. {fix}")
+        if srun is not None and "overlap" not in srun:
+            return ("srun in the trap has no --overlap: the training step holds every CPU of the job, so since "
+                    "Slurm 20.11 this step waits for them until training has ended, too late. " + fix)
+        tasks = whole(srun.get("ntasks") or "") if srun else None
+        if srun is not None and spec.every_node and (tasks is not None and tasks < 2 or "nodes" in srun):
+            return ("srun in the trap fixes its tasks or nodes: with --nodes=2 it would not run on every node, so "
+                    "one node's training would not get the warning. Fix: srun --overlap --ntasks-per-node=1, one "
+                    "task on each of the job's nodes.")
+        return None
+    return None  # nothing the check reads as a sender: the trap's own commands decide
+
+
+def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
+    """(why the batch shell does not wait for the launch through every trapped signal, the index in ``job.ran``
+    of the loop that does)."""
+    fix = f"Fix: {TEMPLATE_WAIT}, as in the template."
+    plain = None
+    for index in range(job.launched_at + 1, len(job.ran)):
+        command = job.ran[index]
+        raw = list(command.words)
+        if command.where and command.where != "the background":
+            continue
+        words = _words(command)
+        words = words[1:] if words[:1] == ["!"] else words
+        if raw[:1] in (["while"], ["until"]) and words[:1] == ["wait"]:
+            return None, index
+        if raw[:1] == ["while"] and words[:2] == ["kill", "-0"]:
+            for inner in job.ran[index + 1:]:
+                inner_words = _words(inner)
+                if inner.words[:1] == ["done"]:
+                    break
+                if inner_words[:1] == ["sleep"]:
+                    seconds = whole(literal(job.shell.parts(inner_words[1])) or "") if len(inner_words) > 1 else None
+                    if seconds is None or seconds > spec.min_lead_s // 3:
+                        return (f"the loop sleeps {show(' '.join(inner_words[1:]))} between its checks, and bash "
+                                "runs the trap only once sleep has ended: the warning would reach the training "
+                                f"too late. {fix}"), -1
+            return None, index
+        if words[:1] == ["wait"] and plain is None:
+            plain = " ".join(words)
+    if plain is not None:
+        return (f"`{show(plain)}` waits once: bash's wait returns as soon as a trapped signal arrives, so after the "
+                "trap the batch shell reaches its end while training still checkpoints, and Slurm ends the job "
+                f"with it. Wait again in a loop. {fix}"), -1
+    return ("nothing waits for the launch in the background: the batch shell would reach its end at once, and "
+            f"Slurm ends the job with it. {fix}"), -1
+
+
+def forward_problem(job: JobRequest, launch: Launch, spec: JobSpec) -> str | None:
+    """Why the warning would not reach the training processes, or the batch shell would not wait for them;
+    None when it would."""
+    warning = int(getattr(signals, "SIG" + spec.warning))
+    problem, trapped_at, runs = _trap_problem(job, warning, spec)
+    if problem:
+        return problem
+    if launch.exec_:
+        return ("exec replaces the batch shell with srun: its trap is gone, and srun passes SIGUSR1 on to torchrun, "
+                "which it ends. Fix: no exec: end the launch line with & and wait for it, as in the template.")
+    if not launch.background:
+        return ("torchrun runs in the foreground: bash runs a trap only once the command in front has ended, too late "
+                "for the warning. Fix: end the launch line with & and wait for it, as in the template.")
+    problem, waits_at = _wait_problem(job, spec)
+    if problem:
+        return problem
+    if trapped_at > waits_at:
+        return ("the trap is set only after the wait loop, once training has ended: during training the warning "
+                "meets the default action, which ends the batch shell. Fix: trap forward USR1 before the launch, "
+                "as in the template.")
+    return _sender_problem(job, runs, warning, spec)
+
