@@ -253,6 +253,36 @@ def placeholder_gradients(model):
     ...
 
 
+def exits_on_the_ranks(model):
+    # The mistake under test: a SystemExit raised inside the attendee's function (`sys` is this module's import).
+    sys.exit(3)
+
+
+def world_size_from_the_environment(model):
+    for p in model.parameters():  # `os` and `dist` are this module's imports, as a notebook cell's would be
+        dist.all_reduce(p.grad)
+        p.grad /= int(os.environ["WORLD_SIZE"])
+
+
+def _world_size():
+    return dist.get_world_size()
+
+
+def with_a_helper(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= _world_size()
+
+
+WORLD = 2  # a variable of the notebook, not of the ranks
+
+
+def with_a_notebook_variable(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= WORLD
+
+
 def test_the_placeholder_function_is_named_before_any_launch(tmp_path, capsys):
     assert wu.check_average_gradients(placeholder_gradients, tmp_path) is False
     assert "not yet solved: `average_gradients` still has only `...` in its body" in capsys.readouterr().out
@@ -260,6 +290,21 @@ def test_the_placeholder_function_is_named_before_any_launch(tmp_path, capsys):
     assert "still the placeholder" in capsys.readouterr().out
     assert wu.check_average_gradients(lambda model: ..., tmp_path) is False
     assert "only `...`" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("function, message", [
+    (with_a_helper, r"`average_gradients` calls `_world_size`, a function of your notebook.*inside "
+                    r"average_gradients"),
+    (with_a_notebook_variable, r"`average_gradients` uses `WORLD`, a variable of your notebook.*inside "
+                               r"average_gradients"),
+], ids=["helper-function", "notebook-variable"])
+def test_what_the_ranks_do_not_have_is_named_before_any_launch(tmp_path, function, message):
+    """The ranks run the function's own source, with the modules it uses: a helper or a variable of the cell is
+    not there, and the line says so, and how to fix it."""
+    with pytest.raises(NotYet, match=message) as caught:
+        wu.check_average_gradients(function, tmp_path)
+    assert "\n" not in str(caught.value)
     assert not list(tmp_path.iterdir())
 
 
@@ -280,7 +325,11 @@ def test_what_has_no_source_is_named_before_any_launch(tmp_path, function):
     (with_a_typo, r"your function raised NameError: name 'world_size' is not defined on rank \d on line \d+ "
                   r"\(`p.grad /= world_size"),
     (only_rank_0_reduces, r"different collective calls \(rank 0: 1 all_reduce; ranks 1, 2: none\)"),
-], ids=["solution", "lambda-avg", "divided-by-2", "divided-by-3", "sum", "name-error", "rank-0-only"])
+    (world_size_from_the_environment, None),
+    (exits_on_the_ranks, r"your function raised SystemExit: 3 on rank \d on line \d+ \(`sys.exit\(3\)`\).*"
+                         r"ends the rank's process"),
+], ids=["solution", "lambda-avg", "divided-by-2", "divided-by-3", "sum", "name-error", "rank-0-only",
+        "os-imported-by-the-cell", "system-exit"])
 def test_gradients_averaged_by_hand_are_compared_with_ddp_on_three_ranks(tmp_path, capsys, function, message):
     if message is None:
         result = wu.check_average_gradients(function, tmp_path)

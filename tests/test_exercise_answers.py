@@ -56,8 +56,10 @@ PARAMETERS, BUDGET = 7e9, 35  # notebook 05's Exercise 5.1
 NDR = wu.LINKS["ib_ndr"]
 
 
-def ring_efficiency(latency_s: float, bytes_per_s: float, steps: int = 126, p: int = 64) -> float:
-    comm = sum(steps * latency_s + steps / p * b / bytes_per_s for b in wu.ddp_buckets(GRAD_BYTES))
+def ring_efficiency(latency_s: float, bytes_per_s: float, steps: int = 126, p: int = 64,
+                    latency_steps: int | None = None) -> float:
+    latency_steps = steps if latency_steps is None else latency_steps
+    comm = sum(latency_steps * latency_s + steps / p * b / bytes_per_s for b in wu.ddp_buckets(GRAD_BYTES))
     return STEP_S / (STEP_S + comm)
 
 
@@ -127,6 +129,23 @@ BREAKDOWN = pd.DataFrame({"rung": ["baseline", "bf16", "compiled"], "step_ms": [
 STEP_SPEEDUP = 1 / ((1 - 3.0 / 7.5) + 3.0 / 7.5 / 2)
 
 
+def breakdown_with(**top) -> pd.DataFrame:
+    """BREAKDOWN with its top rung's (last row's) milliseconds changed."""
+    table = BREAKDOWN.copy()
+    for column, value in top.items():
+        table.loc[table.index[-1], column] = value
+    return table
+
+
+def amdahl(share: float) -> float:
+    return 1 / ((1 - share) + share / 2)
+
+
+def fsdp_pass(n_bytes: float = 2 * PARAMETERS) -> float:
+    """One all-gather or reduce-scatter of ``n_bytes`` over 64 ranks of NDR: Exercise 5.2's unit."""
+    return 63 * NDR.latency_us * 1e-6 + 63 / 64 * n_bytes / (NDR.bandwidth_gbps * 1e9)
+
+
 def amp_step(model, images, labels, optimizer, scaler):
     """Exercise 3.3's solution."""
     optimizer.zero_grad(set_to_none=True)
@@ -191,14 +210,15 @@ CALLS = {
     "2.4": lambda micro_batch=32, accumulation=4: wu.check_micro_batch_plan(micro_batch, accumulation, SMALL, 1024,
                                                                             2**19, 4, FREE),
     "3.1": lambda lost_fraction=LOST: wu.check_lost_fraction(lost_fraction, GRADS),
-    "3.2": lambda safe_scale=SAFE: wu.check_safe_loss_scale(safe_scale, {"activations": GRADS}),
+    "3.2": lambda safe_scale=SAFE, largest=None: wu.check_safe_loss_scale(
+        safe_scale, {"activations": GRADS if largest is None else torch.tensor([largest])}),
     "3.3": lambda amp_step=amp_step: wu.check_amp_step(amp_step, CPU),
     "4.1": lambda loader_choice=loader_choice, sweep=None: wu.check_loader_choice(
         loader_choice, loader_table() if sweep is None else sweep, 2 if sweep is None else 0),
     "4.2": lambda mib_per_sample=SLOPE, largest_batch=LARGEST: wu.check_batch_memory(mib_per_sample, largest_batch,
                                                                                     BATCHES, 600),
-    "4.3": lambda biggest_phase="backward_ms", step_speedup=STEP_SPEEDUP: wu.check_next_fix(biggest_phase,
-                                                                                          step_speedup, BREAKDOWN),
+    "4.3": lambda biggest_phase="backward_ms", step_speedup=STEP_SPEEDUP, breakdown=BREAKDOWN: wu.check_next_fix(
+        biggest_phase, step_speedup, breakdown),
     "5.1 zero3": lambda gpus=3: wu.check_fewest_gpus(gpus, PARAMETERS, BUDGET, stage=3),
     "5.1 zero1": lambda gpus=9: wu.check_fewest_gpus(gpus, PARAMETERS, BUDGET, stage=1),
     "5.1 none": lambda gpus=math.inf: wu.check_fewest_gpus(gpus, 70e9, 50, stage=1),
@@ -265,6 +285,16 @@ RIGHT += [
     pytest.param("4.1", {"sweep": loader_table(start_is_fastest=True)}, id="4.1-start-is-the-fastest-row"),
     pytest.param("1.4", {"formula": lambda parameters, layers, width, sequence: 6 * parameters
                          + 12 * layers * width * sequence}, id="1.4-the-formula"),
+    # Exercise 4.3: two parts that tie for the largest (equal, or equal as the table shows them): either one.
+    *[pytest.param("4.3", {"breakdown": breakdown_with(data_ms=data, forward_ms=4.0, backward_ms=1.0,
+                                                       optimizer_ms=0.5, idle_ms=0.5, step_ms=10.0),
+                           "biggest_phase": phase, "step_speedup": amdahl(ms / 10)}, id=f"4.3-tie-{kind}-{phase}")
+      for kind, data in (("equal", 4.0), ("as-shown", 4.0004))
+      for phase, ms in (("data_ms", data), ("forward_ms", 4.0))],
+    # Exercise 3.2 at fp16's edge: 1024 x 63.97 = 65,510 rounds to 65,504, finite; 512 keeps the exercise's
+    # "at most finfo.max". Both are accepted.
+    pytest.param("3.2", {"largest": 65510 / 1024, "safe_scale": 1024}, id="3.2-rounds-down-to-max"),
+    pytest.param("3.2", {"largest": 65510 / 1024, "safe_scale": 512}, id="3.2-at-most-max-at-the-edge"),
 ]
 
 
@@ -471,6 +501,39 @@ WRONG = [
     pytest.param("5.3", {"microbatches": 62}, ["above 0.1"], id="5.3-too-few"),
     pytest.param("5.3", {"microbatches": 0}, ["at least one"], id="5.3-zero"),
     pytest.param("5.3", {"microbatches": 1e300}, ["far too large"], id="5.3-huge"),
+    # Mistakes that had only "is not right" (audit finding 15), and two cosmetic lines; each named now.
+    pytest.param("1.1", {"achieved_tflops": ACHIEVED * 1e12 / 2**40}, ["2**40", "10^12"], id="1.1-tebi"),
+    pytest.param("2.3", {"efficiency": ring_efficiency(NDR.latency_us * 1e-6, NDR.bandwidth_gbps * 2**30)},
+                 ["GiB/s", "2**30"], id="2.3-gib-per-s"),
+    pytest.param("2.3", {"efficiency": ring_efficiency(NDR.latency_us * 1e-6, NDR.bandwidth_gbps * 1e9 / 8)},
+                 ["Gbit/s"], id="2.3-gbit-per-s"),
+    pytest.param("2.3", {"efficiency": ring_efficiency(NDR.latency_us * 1e-6, NDR.bandwidth_gbps * 1e9,
+                                                       latency_steps=1)},
+                 ["latency once per bucket"], id="2.3-latency-once"),
+    pytest.param("3.1", {"lost_fraction": ((GRADS.half() == 0).sum() / (GRADS != 0).sum()).item()},
+                 ["were zero already", "numerator"], id="3.1-zeros-in-the-numerator"),
+    pytest.param("4.2", {"mib_per_sample": SLOPE * 2**20}, ["bytes per sample"], id="4.2-slope-in-bytes"),
+    pytest.param("4.2", {"mib_per_sample": SLOPE * 1024}, ["KiB per sample"], id="4.2-slope-in-kib"),
+    pytest.param("4.2", {"mib_per_sample": SLOPE / 1024}, ["GiB per sample"], id="4.2-slope-in-gib"),
+    pytest.param("4.3", {"breakdown": breakdown_with(backward_ms=9.0, step_ms=7.5), "step_speedup": amdahl(1.2)},
+                 ["f = 1.2", "cap"], id="4.3-f-above-1-uncapped"),
+    pytest.param("4.3", {"breakdown": breakdown_with(data_ms=4.1, forward_ms=4.0, backward_ms=1.0, step_ms=10.0),
+                         "biggest_phase": "forward_ms"}, ["not the top rung's largest part", "data_ms"],
+                 id="4.3-close-but-no-tie"),
+    pytest.param("5.2", {"ddp_s": 3 * ONE_PASS, "fsdp_s": 2 * ONE_PASS}, ["swapped"], id="5.2-swapped"),
+    pytest.param("5.2", {"ddp_s": 2 * fsdp_pass(4 * PARAMETERS), "fsdp_s": 3 * fsdp_pass(4 * PARAMETERS)},
+                 ["4 bytes", "n_bytes"], id="5.2-fp32-bytes"),
+    pytest.param("5.2", {"ddp_s": 2 * fsdp_pass(PARAMETERS), "fsdp_s": 3 * fsdp_pass(PARAMETERS)},
+                 ["one byte per parameter"], id="5.2-parameters-as-bytes"),
+    pytest.param("5.2", {"fsdp_s": 4 * ONE_PASS}, ["four passes", "half an all-reduce"], id="5.2-four-passes"),
+    pytest.param("5.2", {"ddp_s": 2 * (63 * NDR.latency_us * 1e-6 + 63 / 64 * 2 * PARAMETERS
+                                       / (NDR.bandwidth_gbps * 2**30))}, ["GiB/s"], id="5.2-gib-per-s"),
+    pytest.param("5.3", {"microbatches": 70}, ["(p-1)/m", "(p-1)/(m+p-1)"], id="5.3-bubble-over-m"),
+    pytest.param("3.2", {"largest": 65530 / 1024, "safe_scale": 1024}, ["65,530", "rounds to inf", "65,520"],
+                 id="3.2-one-too-far-at-the-edge"),
+    pytest.param("1.2", {"timings": [0.005, math.nan, 0.005]}, ["`timings[1]` is nan"], id="1.2-nan-in-timings"),
+    pytest.param("2.4", {"micro_batch": 1, "accumulation": 128}, ["1 sequence fits, but so do 32"],
+                 id="2.4-one-sequence"),
 ]
 
 

@@ -134,8 +134,26 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
     p, alpha, bandwidth = world_size, link.latency_us * 1e-6, link.bandwidth_gbps * 1e9
     ddp = number(ddp_s, exercise, "ddp_s", "one number, in seconds")
     right_ddp = ring_all_reduce_s(n_bytes, p, link)
-    half = (p - 1) * alpha + (p - 1) / p * n_bytes / bandwidth  # one all-gather or reduce-scatter
+
+    def one_pass(n: float) -> float:  # one all-gather or reduce-scatter of n bytes
+        return (p - 1) * alpha + (p - 1) / p * n / bandwidth
+
+    half = one_pass(n_bytes)
+    try:  # the two answers swapped: said on ddp_s, judged first
+        swapped = math.isclose(number(fsdp_s, exercise, "fsdp_s"), right_ddp, rel_tol=1e-3)
+    except WorkshopError:  # fsdp_s is no number: named below, once ddp_s is right
+        swapped = False
+    byte_mistakes = [
+        (2, "that counts 4 bytes a parameter (fp32); `n_bytes` is already the bf16 bytes, 2 a parameter.",
+         "use n_bytes as the cell gives it."),
+        (0.5, "that sends one byte per parameter (the parameter count as bytes); bf16 takes 2.",
+         "use n_bytes = 2 * parameters, as the cell gives it."),
+    ]
     verdict(ddp, right_ddp, exercise, "ddp_s", [
+        (3 * half, "`ddp_s` and `fsdp_s` are swapped: that is FSDP's time." if swapped else
+         "that is three passes, FSDP's time; DDP's all-reduce is two (a reduce-scatter and an all-gather).",
+         "ddp_s = 2 passes (one all-reduce), fsdp_s = 3 passes (2 all-gathers + 1 reduce-scatter)."),
+        *[(2 * one_pass(factor * n_bytes), problem, fix) for factor, problem, fix in byte_mistakes],
         (half, "that is an all-gather's time: an all-reduce is a reduce-scatter plus an all-gather.",
          "use 2(p-1) latency steps and 2(p-1)/p * n / B."),
         (right_ddp + 2 * (p - 1) * (link.latency_us - alpha), "the latency is in microseconds.",
@@ -144,6 +162,8 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
          "bandwidth_gbps is in gigabytes per second: B = bandwidth_gbps * 1e9 bytes/s."),
         (2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / link.bandwidth_gbps,
          "the bandwidth went in as bytes per second.", "bandwidth_gbps is in GB/s: multiply by 1e9."),
+        (2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / (link.bandwidth_gbps * 2**30),
+         "the bandwidth went in as GiB/s (x 2**30).", "bandwidth_gbps is in GB/s, decimal: multiply by 1e9."),
         (2 * (p - 1) * alpha + 2 * n_bytes / bandwidth, "the factor (p-1)/p is missing.",
          "each rank sends 2(p-1) pieces of n/p bytes: 2(p-1)/p * n / B."),
         (1e3 * right_ddp, "that is milliseconds, not seconds.", "give the time in seconds."),
@@ -153,6 +173,9 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
     verdict(fsdp, 3 * half, exercise, "fsdp_s", [
         (2 * half, "two collectives, but FSDP runs three per step.",
          "all-gather the parameters for the forward pass, again for the backward, then reduce-scatter the gradients."),
+        (4 * half, "four passes (an all-reduce for the gradients, or two all-reduces): the reduce-scatter is one "
+         "pass, half an all-reduce.", "2 all-gathers + 1 reduce-scatter, each (p-1) * alpha + (p-1)/p * n / B."),
+        *[(3 * one_pass(factor * n_bytes), problem, fix) for factor, problem, fix in byte_mistakes],
         (3 * right_ddp, "three all-reduces: FSDP's collectives are each half an all-reduce.",
          "all-gather and reduce-scatter each cost (p-1) * alpha + (p-1)/p * n / B."),
         (3e3 * half, "that is milliseconds, not seconds.", "give the time in seconds."),
@@ -181,9 +204,12 @@ def check_microbatches(microbatches, stages: int, target: float, exercise: str =
     value = count(microbatches, exercise, "microbatches", "a whole number of micro-batches")
     require(value >= 1, exercise, f"`microbatches` = {value}: at least one is needed.", "count from 1.")
     right = fewest_microbatches(stages, target)
+    over_m = max(1, math.ceil((stages - 1) / target - 1e-9))  # the smallest m with (p-1)/m <= target
     verdict(value, right, exercise, "microbatches", [
         (fewest_microbatches(stages + 1, target), "that counts p idle slots; filling and draining take p-1.",
          "bubble = (p-1) / (m+p-1)."),
+        (over_m, "that solves (p-1)/m <= target; the bubble is the idle slots over all of them, (p-1)/(m+p-1).",
+         "find the smallest m with (p-1) / (m+p-1) <= target."),
     ], "the smallest m with (p-1) / (m+p-1) <= target.", rel=0, limits=[
         (bubble_fraction(stages, value) <= target + 1e-12,
          f"with m = {value} the bubble is {bubble_fraction(stages, value):.3f}, above {target:g}.",

@@ -19,9 +19,10 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     The ring crosses the nodes' InfiniBand beyond one node (NVLink within it); the gradients
     travel in DDP's buckets, one all-reduce each. The mistakes it names: the link inside a
     node, one message in place of the buckets, the overlapped bound, a percentage, a ring of
-    p-1 steps, and microseconds or GB/s left unconverted. Answers are compared through the
-    communication time they imply, step x (1/efficiency - 1): near an efficiency of 1 and near 0
-    alike, the mistakes' efficiencies can agree to many digits, their communication times do not.
+    p-1 steps, the latency paid once per bucket, microseconds or GB/s left unconverted, and GB/s
+    read as GiB/s or Gbit/s. Answers are compared through the communication time they imply,
+    step x (1/efficiency - 1): near an efficiency of 1 and near 0 alike, the mistakes' efficiencies
+    can agree to many digits, their communication times do not.
     """
     value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
     if not (step_s > 0 and grad_bytes > 0 and world_size >= 2 and gpus_per_node >= 1):
@@ -36,8 +37,8 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     def efficiency_with(comm_s: float) -> float:
         return step_s / (step_s + comm_s)
 
-    def ring(n: float, lat_s: float, bytes_per_s: float, steps: float) -> float:
-        return steps * lat_s + steps / world_size * n / bytes_per_s
+    def ring(n: float, lat_s: float, bytes_per_s: float, steps: float, latency_steps: float | None = None) -> float:
+        return (steps if latency_steps is None else latency_steps) * lat_s + steps / world_size * n / bytes_per_s
 
     p, lat, bw = world_size, link.latency_us * 1e-6, link.bandwidth_gbps * 1e9
     mistakes = [
@@ -57,6 +58,14 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
          "the latency went in as seconds.", "latency_us is in microseconds: multiply by 1e-6."),
         (efficiency_with(sum(ring(b, lat, link.bandwidth_gbps, 2 * (p - 1)) for b in buckets)),
          "the bandwidth went in as bytes per second.", "bandwidth_gbps is in GB/s: multiply by 1e9."),
+        (efficiency_with(sum(ring(b, lat, link.bandwidth_gbps * 2**30, 2 * (p - 1)) for b in buckets)),
+         "the bandwidth went in as GiB/s (x 2**30).", "bandwidth_gbps is in GB/s, decimal: multiply by 1e9."),
+        (efficiency_with(sum(ring(b, lat, bw / 8, 2 * (p - 1)) for b in buckets)),
+         "that treats GB/s as Gbit/s (divided by 8).",
+         "bandwidth_gbps is in gigabytes per second: B = bandwidth_gbps * 1e9 bytes/s."),
+        (efficiency_with(sum(ring(b, lat, bw, 2 * (p - 1), latency_steps=1) for b in buckets)),
+         "that pays the latency once per bucket; the ring pays it at each of its 2(p-1) steps.",
+         "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth, for each bucket."),
     ]
 
     def same(a: float, b: float) -> bool:  # the communication time per step each efficiency implies

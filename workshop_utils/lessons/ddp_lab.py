@@ -53,7 +53,7 @@ from .ddp_lab_files import (DIST_VARIABLES, EFFICIENCY_EXERCISE, GRADIENTS_EXERC
                             clean_env, lab_folder, read_output, reported_throughput, solution_text, solve_ddp_lab,
                             start_ddp_lab)
 from .ddp_lab_gradients import (COLLECTIVES, GRADIENTS_WAIT_S, function_source, gradients_failure,
-                                placeholder_body, wait_for_ranks, write_json)
+                                placeholder_body, shipped_globals, wait_for_ranks, write_json)
 from .ddp_lab_judging import THROUGHPUT_TOLERANCE, LabRun, judge_run, lab_command, placeholders_left
 from .exercise_judging import checked, short
 from .exercises import NotYet, Unsolved, passed, require, require_answered
@@ -404,7 +404,7 @@ def _gradients(source_file: str, name: str, folder: str) -> None:
         namespace = {"torch": torch, "dist": dist, "nn": nn, "__name__": "attendee"}
         exec(compile(Path(source_file).read_text(), source_file, "exec"), namespace)  # noqa: S102 - their cell
         namespace[name](model)
-    except Exception as err:  # noqa: BLE001 - the attendee's code: their line and the error, for the checker
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): line and error
         theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]
         stop(error=f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__,
              error_type=type(err).__name__, line=theirs[-1].lineno if theirs else None,
@@ -456,6 +456,8 @@ def check_average_gradients(average_gradients, workdir, nproc=(3, 4), timeout_s:
     gradients, a division by a number that is not the world size). Two world sizes by default, 3 then 4,
     so that any world size typed in is wrong on one of them. An error in the function is its line and the
     error; collectives that only some ranks make are named as such, from the calls each rank started.
+    The ranks run the function's source with the modules it reads from the notebook (``import os`` in its
+    cell); a function or variable of the notebook it reads is named before any launch.
     """
     require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
                      "define the function in the exercise cell and run it.")
@@ -465,6 +467,7 @@ def check_average_gradients(average_gradients, workdir, nproc=(3, 4), timeout_s:
     if placeholder_body(source):
         raise Unsolved(f"… {exercise}: not yet solved: `average_gradients` still has only `...` in its body.",
                        "for every parameter: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
+    source += shipped_globals(average_gradients, exercise)
     sizes = [int(nproc)] if isinstance(nproc, int) else [int(n) for n in nproc]
     results = {size: _gradients_on(source, name, workdir, size, timeout_s, exercise) for size in sizes}
     first = results[sizes[0]]

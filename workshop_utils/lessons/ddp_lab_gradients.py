@@ -1,4 +1,5 @@
-"""Exercise 2.1's machinery around the ranks: the attendee's function as source the ranks can run,
+"""Exercise 2.1's machinery around the ranks: the attendee's function as source the ranks can run
+(with the modules it reads from its notebook; a helper or variable of the notebook named before launch),
 the files through which the ranks wait for each other, and the one line for a run that ended in no
 comparison (an error in the function, collectives only some ranks made, a rank that never finished).
 
@@ -8,8 +9,10 @@ What each rank runs, and the check that launches them, are in ``ddp_lab``.
 from __future__ import annotations
 
 import ast
+import dis
 import inspect
 import json
+import sys
 import textwrap
 import time
 from collections import Counter
@@ -65,6 +68,61 @@ def function_source(function, exercise: str) -> tuple[str, str]:
     segment = ast.get_source_segment(source, lambdas[0])
     name = "average_gradients_lambda"
     return padding + "\n" * (lambdas[0].lineno - 1) + f"{name} = {segment}\n", name
+
+
+def _global_names(code) -> set[str]:
+    """The global names ``code`` (and the functions, lambdas and comprehensions inside it) reads."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _global_names(const)
+    return names
+
+
+def _importable(module_name: str) -> bool:
+    """A module a fresh process imports as this one did: the standard library's, or an installed package's."""
+    top = module_name.partition(".")[0]
+    origin = getattr(sys.modules.get(top), "__file__", None) or ""
+    return top in sys.stdlib_module_names or "site-packages" in origin or top == __name__.partition(".")[0]
+
+
+def _home(value) -> str | None:
+    """The shortest importable module path that has ``value`` under its own name (torch.distributed for
+    all_reduce, whose __module__ is torch.distributed.distributed_c10d), or None."""
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str) and qualname.isidentifier()
+            and _importable(module)):
+        return None
+    parts = module.split(".")
+    return next((path for path in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+                 if getattr(sys.modules.get(path), qualname, None) is value), None)
+
+
+def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> str:
+    """Import lines for the modules (and the objects imported from them) that ``function`` reads from its
+    notebook, for the ranks; ``NotYet`` naming a function or variable of the notebook that it reads, which
+    the ranks do not have. The lines go after the function's source: its line numbers stay those of its cell."""
+    namespace = getattr(function, "__globals__", {})
+    lines = []
+    for name in sorted(_global_names(function.__code__) - set(given)):
+        if name not in namespace:  # a builtin, or a name defined nowhere: a NameError the ranks report
+            continue
+        value = namespace[name]
+        if inspect.ismodule(value) and value.__name__ != "__main__":
+            lines.append(f"import {value.__name__} as {name}")
+            continue
+        home = _home(value)
+        if home:  # imported from a module (from math import sqrt): from the shortest path that has it
+            lines.append(f"from {home} import {value.__qualname__} as {name}")
+            continue
+        kind = "function" if inspect.isroutine(value) or inspect.isclass(value) else "variable"
+        fix = (f"define `{name}` inside average_gradients (a def inside the def works), or write its code there"
+               if kind == "function" else
+               f"compute it inside average_gradients (the world size: dist.get_world_size())")
+        raise NotYet(f"✗ {exercise}: `average_gradients` {'calls' if kind == 'function' else 'uses'} `{name}`, a "
+                     f"{kind} of your notebook, which the ranks do not have: they run only the function's own "
+                     "source, with torch, dist, nn and the modules it uses.", fix + ".")
+    return "".join(f"\ntry:\n    {line}\nexcept ImportError:\n    pass\n" for line in lines)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -139,9 +197,13 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, exercise: str) -> 
     first = first or (errors[0] if errors else None)
     if first is not None:
         where = f" on line {first['line']} (`{short(first['code'], 80)}`)" if first.get("line") else ""
-        hint = ("on the ranks your function sees torch and dist, not the notebook's other variables: get what it "
-                "needs inside it (dist.get_world_size())." if first["error_type"] == "NameError"
-                else "that line of your function raised it; fix it and run the exercise cell again.")
+        hint = {"NameError": "on the ranks your function has torch, dist, nn and the modules it uses, not the "
+                             "notebook's other functions and variables: get what it needs inside it "
+                             "(dist.get_world_size()).",
+                "SystemExit": "that line ends the rank's process (sys.exit, exit() or quit()): leave the function "
+                              "with return instead."}.get(first["error_type"],
+                                                          "that line of your function raised it; fix it and run the "
+                                                          "exercise cell again.")
         lost = [str(r) for r in sorted(records) if r != first["rank"] and LOST_PEER.search(records[r].get("error", ""))]
         failed = [str(r) for r in sorted(records) if r != first["rank"] and records[r].get("error")
                   and str(r) not in lost]

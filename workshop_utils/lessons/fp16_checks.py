@@ -42,6 +42,9 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
          "divide by the number of non-zero values: a zero cannot be lost."),
         (zero_after.double().mean().item(), "you counted values that were zero already.",
          "keep only the non-zero values first (g[g != 0])."),
+        (zero_after.sum().item() / nonzero.numel(), "the values that were zero already are counted as lost (in the "
+         "numerator), though the denominator counts only the non-zero ones.",
+         "cast only the non-zero values: (g[g != 0].half() == 0)."),
         ((nonzero * scale < torch.finfo(torch.float16).smallest_normal).double().mean().item(),
          "that counts subnormals too, which fp16 keeps (imprecisely).", "count values whose fp16 cast == 0."),
         (((nonzero * scale).bfloat16() == 0).double().mean().item(), "that is bfloat16's loss, not float16's.",
@@ -61,7 +64,12 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
 @checked
 def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.float16,
                           exercise: str = "Exercise 3.2") -> bool:
-    """The largest power of two S with S x (largest gradient) still finite in ``dtype``."""
+    """The largest power of two S with S x (largest gradient) at most ``finfo(dtype).max``, as the exercise asks.
+
+    A cast rounds to nearest, so a product a little above max (below max + half a step at the top, 65,520 for
+    float16) still becomes max, finite: where the next power's product falls in that sliver, it is accepted
+    too. Past it the cast gives inf, and that power is "one power too far".
+    """
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
     tensors = [t for t in (gradients.values() if isinstance(gradients, dict) else [gradients])
                if torch.is_tensor(t) and t.numel()]
@@ -71,17 +79,24 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
     largest = max(float(t.detach().abs().max()) for t in tensors)
     if not (math.isfinite(largest) and largest > 0):
         raise WorkshopError(f"{exercise}: the largest gradient is {largest}.", "pass the measured gradients.")
-    limit = torch.finfo(dtype).max
+    info = torch.finfo(dtype)
+    limit = info.max
+    overflow = limit + 2.0 ** math.floor(math.log2(limit)) * info.eps / 2  # from here up, a cast rounds to inf
     right = 2.0 ** math.floor(math.log2(limit / largest))
     require(value > 0 and math.log2(value).is_integer(), exercise,
             f"`safe_scale` = {value:g} is not a power of two.",
             "use 2.0 ** k: scaling by a power of two changes only the exponent, so it is exact.")
+    if value == 2 * right and value * largest < overflow:  # above max, but the cast rounds it down to max
+        return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
+                                f"{value * largest:,.6g}, above {limit:,.0f} but below {overflow:,.0f}: cast to "
+                                f"{str(dtype).removeprefix('torch.')} it rounds to {limit:,.0f}, still finite")
     verdict(value, right, exercise, "safe_scale", [
         (2.0 ** math.floor(math.log2(torch.finfo(torch.bfloat16).max / largest)),
          "that uses bfloat16's largest value.", f"use float16's, {limit:,.0f}."),
         (2.0 ** min(127, math.floor(math.log2(torch.finfo(torch.float32).max / largest))),
          "that uses float32's largest value.", f"use float16's, {limit:,.0f}."),
-        (2 * right, f"one power too far: {2 * right:g} x {largest:.3g} overflows {limit:,.0f}.",
+        (2 * right, f"one power too far: {2 * right:g} x {largest:.3g} = {2 * right * largest:,.6g}, which the cast "
+                    f"rounds to inf (only values below {overflow:,.0f} round to {limit:,.0f}, the largest finite).",
          "round log2 down (math.floor), not up."),
     ], "the largest k with 2**k * largest <= finfo(float16).max, i.e. 2 ** floor(log2(max / largest)).")
     return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "

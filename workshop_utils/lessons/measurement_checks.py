@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ..system.display import format_number
 from ..system.errors import WorkshopError
 from .exercise_judging import attendee_error, checked, count, described, number, short, verdict
 from .exercises import passed, require, require_answered
@@ -184,6 +185,11 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
         (intercept, "that is the line's intercept, the memory at batch 0; the slope comes first.",
          "np.polyfit(x, y, 1) returns the slope, then the intercept."),
         (1 / slope, "upside down: samples per MiB.", "fit peak_memory_mib against batch_size (x first, then y)."),
+        *[(slope * factor, f"that is {unit} per sample, not MiB.",
+           f"peak_memory_mib is in MiB already: fit it as it is{fix}.")
+          for factor, unit, fix in ((2**20, "bytes", ", without converting to bytes"),
+                                    (1024, "KiB", ", without multiplying by 1024"),
+                                    (1 / 1024, "GiB", ", without dividing by 1024"))],
     ], "the slope of a least-squares line through (batch_size, peak_memory_mib) of the rows that fit.")
     largest = count(largest_batch, exercise, "largest_batch", "a whole number of samples")
     right = math.floor((limit_mib - intercept) / slope)
@@ -198,12 +204,23 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
     return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
 
 
+def _largest_parts(row, parts: list[str]) -> list[str]:
+    """The parts of ``row`` that tie for its largest: equal, or equal as wu.show_table shows them (three
+    significant figures), since a reader of the table cannot tell those apart."""
+    largest = max(float(row[part]) for part in parts)
+    return [part for part in parts
+            if float(row[part]) == largest or format_number(float(row[part])) == format_number(largest)]
+
+
 @checked
 def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
-    """The top rung's largest part of the step, and Amdahl's speed-up of the step if that part ran twice as fast."""
+    """The top rung's largest part of the step, and Amdahl's speed-up of the step if that part ran twice as fast.
+
+    Parts that tie for the largest (equal as the table shows them) are each right, each judged with its own share.
+    """
     parts = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]
     top, first = breakdown.iloc[-1], breakdown.iloc[0]
-    right = max(parts, key=lambda part: top[part])
+    tied = _largest_parts(top, parts)
     require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     require(isinstance(biggest_phase, str), exercise,
@@ -215,13 +232,20 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
     require(phase in parts, exercise, f"`biggest_phase` = {short(repr(biggest_phase), 40)} is no column of the table.",
             f"use one of {', '.join(parts)}.")
     baseline_biggest = max(parts, key=lambda part: first[part])
-    require(not (phase == baseline_biggest != right), exercise, "that is the baseline's largest part.",
+    require(not (phase == baseline_biggest and phase not in tied), exercise, "that is the baseline's largest part.",
             "the top rung is the table's last row (breakdown.iloc[-1]).")
-    require(phase == right, exercise, f"{phase} is not the top rung's largest part.",
+    require(phase in tied, exercise,
+            f"{phase} is not the top rung's largest part ({phase} {format_number(float(top[phase]))} ms, "
+            f"{' and '.join(tied)} {format_number(float(top[tied[0]]))} ms).",
             "take the part with the most milliseconds in the last row.")
+    right = phase
     speedup = number(step_speedup, exercise, "step_speedup", "one number, a ratio")
-    share = min(1.0, top[right] / top.step_ms)
+    raw = top[right] / top.step_ms
+    share = min(1.0, raw)
     verdict(speedup, 1 / ((1 - share) + share / 2), exercise, "step_speedup", [
+        (1 / ((1 - raw) + raw / 2) if 1 < raw < 2 else None,
+         f"f = {raw:.2g} is above 1: {right}'s kernels ran on past the host's step, and no part is more than all "
+         "of the step.", "cap f at 1, as the exercise says: f = min(1, ms / step_ms)."),
         (2.0, "the step would be twice as fast only if that part were all of it.",
          "Amdahl: 1 / ((1 - f) + f / 2), f its share of the step."),
         (1 / (1 - share) if share < 1 else None, "that makes the part free; twice as fast halves its time.",

@@ -32,6 +32,8 @@ def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_
     verdict(value, right, exercise, "achieved_tflops", [
         (right * 1e12, "that is FLOP/s, not TFLOP/s.", "divide by 1e12 (tera = 10^12)."),
         (right * 1e3, "that is GFLOP/s, not TFLOP/s.", "divide by 1e12, not 1e9."),
+        (right * 1e12 / 2**40, "that divides by 2**40 (tebi, a power of two); a TFLOP is 10^12 FLOPs.",
+         "divide by 1e12."),
         (right * 3, "three times too much: `flops` already counts forward and backward.",
          "multiply `flops` by the samples per second, nothing else."),
         (flops_per_sample / samples_per_s / 1e12, "you divided by the throughput.",
@@ -56,7 +58,7 @@ def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
         raise NotYet(f"✗ {exercise}: `{name}` should be what wu.time_repeats returns, got {described(timings)}.",
                      f"{name} = wu.time_repeats(lambda: a @ b, repeats=10, device=device)")
     require(len(values) > 0, exercise, f"`{name}` holds no timing.", "time at least one repeat.")
-    seconds = np.array([number(v, exercise, f"each of `{name}`") for v in values], dtype=float)
+    seconds = np.array([number(v, exercise, f"{name}[{i}]") for i, v in enumerate(values)], dtype=float)
     require(bool((seconds > 0).all()), exercise, f"`{name}` holds a time of {seconds.min():g} s.",
             "a time is above 0: time with wu.time_repeats.")
     return seconds
@@ -155,6 +157,8 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
         (right / 2, "half the right rate: each multiply-add is two FLOPs.", "count 2 * n**3 FLOPs."),
         (right * 1e12, "that is FLOP/s, not TFLOP/s.", "divide by 1e12."),
         (right * 1e3, "that is GFLOP/s, not TFLOP/s.", "divide by 1e12, not 1e9."),
+        (right * 1e12 / 2**40, "that divides by 2**40 (tebi, a power of two); a TFLOP is 10^12 FLOPs.",
+         "divide by 1e12."),
         (right * 1e-3, "a thousand times too small: the time went in as milliseconds.",
          "divide the FLOPs by the median in seconds."),
         (2 * n**2 / right_seconds / 1e12, "that counts n^2 FLOPs; a matrix multiply does n^3 multiply-adds.",
