@@ -39,3 +39,18 @@ ACCURACY_MARGIN_POINTS = 3
 # The tests stop a notebook at this many times its budget: a guard against hangs, not a verdict on speed. On a
 # 2-core runner shared with other work, notebook 03 (100 s idle) once took over 600 s (twice its budget).
 HANG_LIMIT_FACTOR = 4
+
+
+def load_slides_build():
+    """slides/build.py as module ``slides_build`` (slides/ is not a package), loaded once for every test file."""
+    import importlib.util
+    import sys
+
+    if "slides_build" in sys.modules:
+        return sys.modules["slides_build"]
+    path = Path(__file__).resolve().parents[1] / "slides" / "build.py"
+    spec = importlib.util.spec_from_file_location("slides_build", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["slides_build"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -18,7 +18,6 @@ Deterministic: nothing here times anything or depends on the CPU; the same recor
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_slides_build
 
 REPO = Path(__file__).resolve().parents[1]
 SLIDES = REPO / "slides"
@@ -33,17 +33,7 @@ REFERENCE = REPO / "results" / "reference"
 DECKS = sorted(p.stem for p in (SLIDES / "decks").glob("*.md"))
 
 
-def _load_build():
-    if "slides_build" in sys.modules:  # test_slides.py loaded it already: the same modules
-        return sys.modules["slides_build"]
-    spec = importlib.util.spec_from_file_location("slides_build", SLIDES / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["slides_build"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_build()
+build = load_slides_build()
 charts = sys.modules["deck_charts"]
 labels = sys.modules["deck_labels"]
 quotes = sys.modules["deck_quotes"]

@@ -26,6 +26,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers import load_slides_build
 
 REPO = Path(__file__).resolve().parents[1]
 SLIDES = REPO / "slides"
@@ -36,15 +37,7 @@ DECKS = sorted(p.stem for p in (SLIDES / "decks").glob("*.md"))
 SNAKE = re.compile(r"\b[a-z0-9]+_[a-z0-9_]+\b")  # a code name such as samples_per_s
 
 
-def _load_build():
-    spec = importlib.util.spec_from_file_location("slides_build", SLIDES / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["slides_build"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_build()
+build = load_slides_build()
 tables = sys.modules["deck_tables"]
 CHROMIUM = build.chromium_path()
 NODE = shutil.which("node")
