@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -123,7 +124,11 @@ def test_all_reduce_is_measured_on_two_gloo_processes(tmp_path):
     assert all(r["bus_bandwidth_gbps"] == pytest.approx(r["size_bytes"] / r["seconds"] / 1e9) for r in record["rows"])
     # The link the record reports is the fit of the times it recorded, not a figure from elsewhere.
     refit = fit_link([r["size_bytes"] for r in record["rows"]], [r["seconds"] for r in record["rows"]], 2)
-    assert record["link"]["bandwidth_gbps"] == pytest.approx(refit.bandwidth_gbps, rel=1e-6)
+    if math.isinf(refit.bandwidth_gbps):  # a busy machine: times that do not grow with size fix no bandwidth
+        assert record["link"]["bandwidth_gbps"] is None and "--max-mib" in record["link"]["note"]
+        assert any("bandwidth not measurable" in line for line in launched.lines)
+    else:
+        assert record["link"]["bandwidth_gbps"] == pytest.approx(refit.bandwidth_gbps, rel=1e-6)
     assert record["link"]["latency_us"] == pytest.approx(refit.latency_us, rel=1e-6, abs=1e-9)
 
 
@@ -167,3 +172,24 @@ def test_a_recorded_gpu_reference_run_is_preferred_and_named(tmp_path):
 def test_on_a_gpu_the_measured_step_is_the_input():
     step = wu.cluster_step(_one_process_record("cuda", step_ms=3.0))
     assert step.step_s == pytest.approx(0.003) and step.source == "step measured here on H100"
+
+
+def test_times_that_do_not_grow_with_size_give_no_bandwidth_not_an_infinite_one(tmp_path, monkeypatch, capsys):
+    """A busy machine can time 1 MiB faster than 4 KiB: the record says the bandwidth is unknown, and why."""
+    import torch
+
+    from workshop_utils import comm_model
+    from workshop_utils.spine.distributed import DistInfo
+
+    sizes = [4096 * 4**k for k in range(3)]
+    flat = [{"size_bytes": n, "seconds": t, "world_size": 2, "bus_bandwidth_gbps": n / t / 1e9}
+            for n, t in zip(sizes, [3e-4, 2e-4, 1e-4])]
+    monkeypatch.setattr(comm_model, "setup_distributed", lambda device: (DistInfo(0, 0, 2, "gloo"), torch.device("cpu")))
+    monkeypatch.setattr(comm_model, "teardown_distributed", lambda: None)
+    monkeypatch.setattr(comm_model, "measure_all_reduce", lambda sizes, repeats, device: flat)
+    out = tmp_path / "all_reduce.json"
+    comm_model.main(["--max-mib", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "bandwidth not measurable" in printed and "inf GB/s" not in printed
+    link = json.loads(out.read_text())["link"]
+    assert link["bandwidth_gbps"] is None and "--max-mib" in link["note"] and link["latency_us"] >= 0

@@ -7,6 +7,7 @@ Run it under torchrun (NCCL on GPUs, gloo on CPUs). The model and its plots live
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict
 
 from .parallel.collectives import measure_all_reduce
@@ -52,11 +53,20 @@ def main(argv=None) -> None:
         for r in rows:
             print(f"{r['size_bytes'] / 2**20:9.3f} MiB  {1e3 * r['seconds']:8.3f} ms  "
                   f"bus bandwidth {r['bus_bandwidth_gbps']:7.2f} GB/s", flush=True)
-        print(f"fit: latency {link.latency_us:.1f} us per ring step, bandwidth {link.bandwidth_gbps:.2f} GB/s",
-              flush=True)
+        fit = asdict(link)
+        if math.isinf(link.bandwidth_gbps):
+            # Times that do not grow with size (a busy machine, messages too small) fix no bandwidth.
+            fit["bandwidth_gbps"] = None
+            fit["note"] = (f"the times do not grow with message size up to {args.max_mib} MiB, "
+                           "so they fix no bandwidth: measure larger messages (--max-mib) or more --repeats")
+            print(f"fit: latency {link.latency_us:.1f} us per ring step; bandwidth not measurable: {fit['note']}.",
+                  flush=True)
+        else:
+            print(f"fit: latency {link.latency_us:.1f} us per ring step, bandwidth {link.bandwidth_gbps:.2f} GB/s",
+                  flush=True)
         if args.out:
             write_json({"kind": "all_reduce", "backend": info.backend, "device": device.type,
-                        "world_size": info.world_size, "rows": rows, "link": asdict(link)}, args.out)
+                        "world_size": info.world_size, "rows": rows, "link": fit}, args.out)
 
 
 if __name__ == "__main__":
