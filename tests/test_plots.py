@@ -317,3 +317,12 @@ def test_finished_progress_bars_leave_nothing_behind_in_a_notebook(monkeypatch):
     monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
     assert progress_bar(total=1, disable=True).leave is False
     assert progress_bar(total=1, disable=True, leave=True).leave is True
+
+
+def test_collective_chart_of_flat_times_says_there_is_no_bandwidth_not_inf():
+    rows = [{"collective": "all_reduce", "size_bytes": n, "world_size": 2, "bus_bandwidth_gbps": None, "seconds": t}
+            for n, t in ((2**12, 3e-4), (2**16, 2e-4), (2**20, 1e-4))]
+    fig = wu.plot_collective_times(rows)
+    titles = " ".join(ax.get_title() for ax in fig.axes)
+    assert "no bandwidth" in titles and "inf" not in titles
+    plt.close(fig)

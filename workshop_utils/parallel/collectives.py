@@ -208,7 +208,9 @@ def plot_collective_times(rows: list[dict], link: Link | None = None):
                      "ring model: all-gather and reduce-scatter (half an all-reduce)")
             ax_time.loglog(sizes / 2**20, times, "-" if kind == "all_reduce" else "--", color="0.35", label=label)
         ax_time.set(xlabel="full tensor size (MiB, log scale)", ylabel="time per call (ms, log scale)",
-                    title=f"{p} ranks; model fitted to all-reduce: {link.latency_us:.0f} us, {link.bandwidth_gbps:.2f} GB/s")
+                    title=f"{p} ranks; model fitted to all-reduce: {link.latency_us:.0f} us, "
+                          + (f"{link.bandwidth_gbps:.2f} GB/s" if np.isfinite(link.bandwidth_gbps)
+                             else "no bandwidth (times do not grow with size)"))
         ax_bw.set(xlabel="full tensor size (MiB, log scale)", ylabel="algorithm bandwidth n / t (GB/s)",
                   title="Small messages are bound by latency", ylim=(0, None))
         # One legend for both panels, below them: a collective has the same colour in each.
