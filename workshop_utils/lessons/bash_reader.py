@@ -40,6 +40,7 @@ class Command:
     background: bool = False  # in an and-or list that ends with &, whatever else it is in
     stdout_elsewhere: bool = False  # its standard output redirected (>, >>, &>, >&2): not what a $(...) captures
     function: str | None = None  # the function whose body holds it: it runs only where that function is called
+    definition: int = -1  # which definition of that function (a function defined again replaces its body)
     herestring: str | None = None  # the word of its <<< (its standard input, a line of text)
 
 
@@ -161,7 +162,8 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
         if level["kind"] == "(":
             mark(level["start"], "a subshell")
         for command in commands[level["start"]:] if level["function"] else []:
-            command.function = command.function or level["function"]
+            if command.function is None:
+                command.function, command.definition = level["function"], level["start"]
 
     def end_word():
         nonlocal word, pending, stdin, words, defining, herestring

@@ -144,6 +144,16 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
     if i >= len(words):
         return None
     head, background = basename(words[i]), command.background
+    if head in ("bash", "sh") and words[i + 1:i + 2] == ["-c"] and i + 2 < len(words) and "\x00" not in words[i + 2]:
+        inner = _launch_of(_command_string(words[i + 2], words[i + 4:]) or [], command)  # $0, then "$@"
+        if inner and words[i + 3:i + 4] and words[i + 3].startswith("-"):
+            raise Problem(f"bash -c takes the word after its command string as $0, so {show(words[i + 3])} never "
+                          "reaches torchrun through \"$@\". Fix: a name for $0 first: bash -c '...' torchrun "
+                          "--nnodes=...")
+        # exec inside bash -c replaces that bash, not the batch shell.
+        return inner and dataclasses.replace(inner, srun=srun if inner.srun is None else inner.srun,
+                                             srun_refusal=refusal or inner.srun_refusal, env=tuple(env) + inner.env,
+                                             exec_=replaces)
     if head == "torchrun":
         return Launch(srun, words[i + 1:], "torchrun", background, refusal, tuple(env), replaces)
     if re.fullmatch(r"python[0-9]*(\.[0-9]+)*", head):
@@ -163,6 +173,22 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
             return Launch(srun, words[j:], f"{head} -m torch.distributed.run", background, refusal, tuple(env),
                           replaces)
     return None
+
+
+def _command_string(text: str, positional: list[str]) -> list[str] | None:
+    """The words of ``bash -c TEXT $0 ARGS...`` when TEXT is one simple command of plain words and "$@"."""
+    inner = [c for c in shell_commands(text) if not c.nested]
+    if len(inner) != 1:
+        return None
+    words = []
+    for word in inner[0].words:
+        if word in ('"$@"', "$@"):
+            words += positional
+        elif re.fullmatch(r"[\w./:=,+-]+", word):
+            words.append(word)
+        else:
+            return None
+    return words
 
 
 @functools.cache
@@ -254,6 +280,44 @@ def _extra_options_problem(options: dict, spec: JobSpec):
                           "lines ask for what the exercise needs.")
 
 
+_OPENERS = frozenset({"if", "while", "until", "for", "select", "case", "{"})
+_CLOSERS = frozenset({"fi", "done", "esac", "}"})
+# Conditions the text alone decides: the body of `if false` (up to its else) or `while false` never runs.
+_NEVER = frozenset({("if", "false"), ("if", "!", "true"), ("if", "!", ":"), ("while", "false"),
+                    ("while", "!", "true"), ("while", "!", ":"), ("until", "true"), ("until", ":")})
+
+
+def unreached_commands(commands: list[Command]) -> dict[int, str]:
+    """Index -> why bash never runs that top-level command: it sits in the body of ``if false`` or
+    ``while false``, or after an ``exit`` the batch shell always reaches. Any other condition may go either way."""
+    found, frames, ended, previous = {}, [], None, "\n"
+    for index, command in enumerate(commands):
+        if command.nested or command.function:
+            continue
+        words, k = command.words, 0
+        while k < len(words) and (words[k] in LEADING or words[k] in _OPENERS or words[k] in _CLOSERS):
+            word = words[k]
+            if word in _OPENERS:
+                condition = tuple(words[k:])
+                never = condition in _NEVER and command.operator in (";", "\n")
+                frames.append(f"inside `{' '.join(condition)}`" if never else None)
+                if word != "{":
+                    break  # the rest of the command is the condition, or for's and case's words
+            elif word in ("else", "elif") and frames:
+                frames[-1] = None
+            elif word in _CLOSERS and frames:
+                frames.pop()
+            k += 1
+        why = ended or next((frame for frame in frames if frame), None)
+        if why:
+            found[index] = why
+        elif (not frames and not command.where and words[k:k + 1] == ["exit"] and previous not in ("&&", "||")
+              and command.operator not in ("&&", "||", "|", "|&")):
+            ended = f"after `{show(' '.join(words[k:]))}`, which ends the script"
+        previous = command.operator
+    return found
+
+
 def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
     """The script as sbatch, bash and torchrun read it; ``Problem`` for what none of them would read."""
     if "\x00" in script:
@@ -306,6 +370,10 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         """Follow one command as bash runs it; a function's body where the function is called."""
         if not command.nested:
             ran.append(command)
+        if depth == 0 and not command.nested and [w for w in command.words if w not in LEADING][:1] == ["local"]:
+            raise Problem(f"`{show(' '.join(command.words))}` is outside any function, and local works only inside "
+                          "one: bash says \"local: can only be used in a function\" and sets nothing. Fix: a plain "
+                          "NAME=value at the script's top level.")
         if shell.assign(command, take=not launches) or (not launches and shell.unset(command)) or command.nested:
             return
         fields = [f for w in command.words for f in shell.fields(w)]
@@ -322,11 +390,17 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         elif launches:
             after.append(fields)
 
-    for command in commands:
+    unreached, definitions = unreached_commands(commands), {}
+    for index, command in enumerate(commands):
         if command.function:
-            functions.setdefault(command.function, []).append(dataclasses.replace(command, function=None))
-        else:
+            if definitions.get(command.function) != command.definition:  # defined again: the new body replaces it
+                functions[command.function], definitions[command.function] = [], command.definition
+            functions[command.function].append(dataclasses.replace(command, function=None))
+        elif index not in unreached:
             run(command)
+        elif not launches and _launch_of([f for w in command.words for f in shell.fields(w)], command):
+            raise Problem(f"the torchrun line comes {unreached[index]}: bash never runs it, so the job would start "
+                          "nothing. Fix: the launch line at the script's top level, as in the template.")
     return JobRequest(directives, nodes, tasks, cpus, commands, shell, launches, after, ran, functions,
                       at[0] if at else -1)
 

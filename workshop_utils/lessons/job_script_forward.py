@@ -18,6 +18,7 @@ TEMPLATE_WAIT = "while ! wait $!; do kill -0 $! 2>/dev/null || break; done"
 TEMPLATE_FORWARD = ('forward() { srun --overlap --ntasks-per-node=1 pkill -USR1 -f "python[0-9.]* -u -m '
                     'workshop_utils.train" || true; }')
 _SENDERS = ("pkill", "kill", "killall", "scancel")
+_SILENT = (":", "true", "false", "echo", "printf", "wait", "exit", "return", "sleep", "date", "logger")  # send nothing
 # What runs on a node while the job trains: torchrun (the agent) and the batch node's srun, which must not be
 # signalled (torchrun and srun do not handle SIGUSR1: srun passes it on to torchrun, whose default action ends
 # it), and the training processes, which must be.
@@ -147,9 +148,11 @@ def _pkill_problem(pattern: str, full: bool, exact: bool) -> str | None:
 def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: JobSpec) -> str | None:
     """Why what the trap runs does not reach the training processes on every node; None when it does."""
     fix = f"Fix: {TEMPLATE_FORWARD}, as in the template."
+    unknown, said = False, []
     for command in runs:
         words = [f for w in _words(command) for f in job.shell.fields(w)]
         words = [literal(job.shell.decode(w)) or "?" for w in words]
+        said += [" ".join(words)] if words else []
         srun = None
         if words and basename(words[0]) == "srun":
             try:
@@ -158,11 +161,16 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
                 return f"srun in the trap's function has options srun would refuse. {fix}"
             srun = dict(found)
         if not words or basename(words[0]) not in _SENDERS:
+            unknown = unknown or bool(words) and basename(words[0]) not in _SILENT
             continue
         program, args = basename(words[0]), words[1:]
         if program == "scancel":
             return ("scancel in the trap signals the job's steps, torchrun included, and SIGUSR1 ends torchrun "
                     f"before the training checkpoints. {fix}")
+        if program == "pkill" and "-s" in args:
+            session = args[args.index("-s") + 1] if args.index("-s") + 1 < len(args) else ""
+            return (f"pkill -s takes a session id, not a signal: pkill -s {show(session)} selects processes by "
+                    f"session (and stops at a name that is not a number). {fix}")
         sent, rest, full = _sent_signal(program, args)
         if sent != warning:
             return (f"{program} sends {_signal_name(sent) if sent > 0 else 'a signal it cannot read'}, and the "
@@ -185,7 +193,11 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
                     "one node's training would not get the warning. Fix: srun --overlap --ntasks-per-node=1, one "
                     "task on each of the job's nodes.")
         return None
-    return None  # nothing the check reads as a sender: the trap's own commands decide
+    if not unknown:
+        return (f"what the trap runs ({show('; '.join(said) or 'nothing')}) sends no signal: the training processes "
+                "never hear the warning and the job ends at its time limit without a checkpoint (a function defined "
+                f"again replaces the first). {fix}")
+    return None  # a command the check does not know (a helper script): what it does decides
 
 
 def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:

@@ -19,6 +19,7 @@ from .bash_reader import shell_commands
 from .job_script import (COMMAND_PREFIXES, JOB_SPEC, RDZV_FIX, JobRequest, JobSpec, Launch, Refusal, node_text,
                          read_job_script, torchrun_args)
 from .job_script_forward import forward_problem
+from .job_script_text import syntax_problem, text_problem
 from .slurm_rules import NO_LIMIT, SIGNAL_EARLY_S, getopt_long, option_table, slurm_signal, time_limit_s, whole
 
 NO_LAUNCH = ("no torchrun line: the job would start nothing (torchrun, or python -m torch.distributed.run, with srun "
@@ -75,6 +76,19 @@ def _keeps_first_line(words: list) -> tuple[bool, list]:
     return False, []
 
 
+def _passes_name_on(words: list) -> bool:
+    """Whether this filter leaves one host name as the name: ``cat``, ``xargs``, ``tr -d`` of white space."""
+    if None in words or not words:
+        return False
+    program, args = basename(words[0]), words[1:]
+    if program == "cat":
+        return all(a == "-" for a in args)
+    if program == "xargs":
+        return args in ([], ["echo"])
+    return program == "tr" and len(args) == 2 and args[0] == "-d" and \
+        re.fullmatch(r"(\\[ntr]|[ \t\n]|\[:space:\]|\[:blank:\])+", args[1]) is not None
+
+
 def _scontrol_problem(words: list, shell: Shell) -> str | None:
     """Why this command is not `scontrol show hostnames` of the job's node list; None when it is."""
     if not words or literal(words[0]) is None or basename(literal(words[0])) != "scontrol":
@@ -95,6 +109,9 @@ def _first_node_problem(inner: str, shell: Shell) -> str | None:
     into a filter that keeps its first line, or that filter reading the list from a process substitution."""
     commands = [c for c in shell_commands(inner) if not c.nested]
     pipeline = [[shell.parts(w) for w in c.words] for c in commands]
+    while len(pipeline) > 1 and commands[-2].operator == "|" and commands[-1].stdin is None and \
+            _passes_name_on([literal(w) for w in pipeline[-1]]):
+        commands, pipeline = commands[:-1], pipeline[:-1]
     if not pipeline:
         return "is not read from the job's node list"
     if any(c.stdout_elsewhere for c in commands):
@@ -267,6 +284,15 @@ def _rendezvous_problem(job: JobRequest, args, spec: JobSpec) -> str | None:
         why = ("torchrun's default, static, needs each node started with its own --node-rank, which one srun line "
                "cannot give" if backend == "static" else "the exercise's agents meet in torchrun's own c10d store")
         return f"--rdzv-backend={show(render(job.shell.decode(args.rdzv_backend)))}: {why}. Fix: --rdzv-backend=c10d."
+    conf = literal(job.shell.decode(args.rdzv_conf)) if args.rdzv_conf else None
+    if conf:
+        from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config  # torchrun's own reader
+
+        try:
+            _parse_rendezvous_config(conf)
+        except ValueError:
+            return (f"--rdzv-conf={show(conf)} is not key=value pairs: torchrun stops at it before any agent "
+                    "starts. Fix: leave --rdzv-conf out, as the template does (or key=value,key=value).")
     endpoint = job.shell.decode(args.rdzv_endpoint)
     host, port = _endpoint_parts(endpoint)
     if not host or (literal(host) or "x").strip() == "":
@@ -523,51 +549,15 @@ def _job_problem(job: JobRequest, spec: JobSpec) -> str | None:
     return forward_problem(job, launch, spec)
 
 
-# Spaces that sbatch (C's isspace) and bash do not split on, though they look like one.
-_ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")
-_LONGEST_WORD = 10_000
-
-
-def _text_problem(script: str) -> str | None:
-    """What is wrong with the script's text as text, before sbatch or bash reads a word of it."""
-    if script.startswith("\ufeff"):
-        return ("the script starts with a byte-order mark (BOM, U+FEFF), so its first line is not #!: sbatch refuses "
-                "it. Fix: save it as UTF-8 without BOM.")
-    if "\r" in script:
-        kind = "DOS line breaks (\\r\\n)" if "\r\n" in script else "old Mac line breaks (\\r alone)"
-        return (f"the script has {kind}: sbatch refuses such a script before it queues anything. "
-                "Fix: save it with Unix line breaks (dos2unix, or your editor's line-ending setting).")
-    odd = _ODD_SPACES.search(script)
-    if odd:
-        line = script.count("\n", 0, odd.start()) + 1
-        return (f"line {line} holds a U+{ord(odd.group()):04X} space (a non-breaking space, often pasted from a web "
-                "page or PDF): sbatch and bash do not take it for a space, so it sticks to the word beside it. Fix: "
-                "replace it with a plain space.")
-    if len(script) > 50 * _LONGEST_WORD or re.search(r"\S{%d}" % (_LONGEST_WORD + 1), script):
-        return (f"the script holds a word longer than {_LONGEST_WORD} characters (or is longer than "
-                f"{50 * _LONGEST_WORD}), which no job script needs. Fix: "
-                "the template, its gaps filled.")
-    escaped = re.search(r"(?<!\\)(?:\\\\)*\\[ \t]+\n", script)
-    if escaped:
-        line = script.count("\n", 0, escaped.start()) + 1
-        return (f"line {line} ends in a backslash and a space: bash escapes the space, not the line break, so the "
-                "command ends there and the next line runs as a command of its own. Fix: nothing after the backslash.")
-    shebang = script.split("\n", 1)[0]
-    shell = re.fullmatch(r"#!\s*(?:/usr)?/bin/(?:env\s+)?(\S+).*", shebang)
-    if shell and shell.group(1) in ("sh", "dash") and re.search(r"pipefail|<\(|\[\[|=\(|\$\{[^}]*\[|\blet\b", script):
-        return (f"{shebang} runs the script in sh, which is dash on Debian and Ubuntu: it stops at bash's own "
-                "features (set -o pipefail, arrays, <(...)). Fix: #!/bin/bash as the first line.")
-    return None
-
-
 def script_problem(script: str, spec: JobSpec = JOB_SPEC) -> str | None:
     """The first mistake the script's text shows against the exercise (``spec``), as "problem. Fix: ...";
     None when the text is right."""
-    problem = _text_problem(script) if isinstance(script, str) else None
+    problem = text_problem(script) if isinstance(script, str) else None
     if problem:
         return problem
     try:
-        return _job_problem(read_job_script(script, spec), spec)
+        job = read_job_script(script, spec)
+        return syntax_problem(script) or _job_problem(job, spec)
     except Problem as problem:
         return str(problem)
     except RecursionError:

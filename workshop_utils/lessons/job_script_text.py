@@ -1,0 +1,68 @@
+"""Exercise 6.1's judge of a job script as text, before sbatch or bash reads a word of it (a byte-order mark, DOS
+line ends, look-alike spaces, an escaped space at a line's end, sh for bash), and as bash reads it whole: a
+loop never closed or a quote left open (``bash -n``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+from .answer_values import show
+
+
+# Spaces that sbatch (C's isspace) and bash do not split on, though they look like one.
+_ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")
+_LONGEST_WORD = 10_000
+
+
+def text_problem(script: str) -> str | None:
+    """What is wrong with the script's text as text, before sbatch or bash reads a word of it."""
+    if script.startswith("\ufeff"):
+        return ("the script starts with a byte-order mark (BOM, U+FEFF), so its first line is not #!: sbatch refuses "
+                "it. Fix: save it as UTF-8 without BOM.")
+    if "\r" in script:
+        kind = "DOS line breaks (\\r\\n)" if "\r\n" in script else "old Mac line breaks (\\r alone)"
+        return (f"the script has {kind}: sbatch refuses such a script before it queues anything. "
+                "Fix: save it with Unix line breaks (dos2unix, or your editor's line-ending setting).")
+    odd = _ODD_SPACES.search(script)
+    if odd:
+        line = script.count("\n", 0, odd.start()) + 1
+        return (f"line {line} holds a U+{ord(odd.group()):04X} space (a non-breaking space, often pasted from a web "
+                "page or PDF): sbatch and bash do not take it for a space, so it sticks to the word beside it. Fix: "
+                "replace it with a plain space.")
+    if len(script) > 50 * _LONGEST_WORD or re.search(r"\S{%d}" % (_LONGEST_WORD + 1), script):
+        return (f"the script holds a word longer than {_LONGEST_WORD} characters (or is longer than "
+                f"{50 * _LONGEST_WORD}), which no job script needs. Fix: "
+                "the template, its gaps filled.")
+    escaped = re.search(r"(?<!\\)(?:\\\\)*\\[ \t]+\n", script)
+    if escaped:
+        line = script.count("\n", 0, escaped.start()) + 1
+        return (f"line {line} ends in a backslash and a space: bash escapes the space, not the line break, so the "
+                "command ends there and the next line runs as a command of its own. Fix: nothing after the backslash.")
+    shebang = script.split("\n", 1)[0]
+    shell = re.fullmatch(r"#!\s*(?:/usr)?/bin/(?:env\s+)?(\S+).*", shebang)
+    if shell and shell.group(1) in ("sh", "dash") and re.search(r"pipefail|<\(|\[\[|=\(|\$\{[^}]*\[|\blet\b", script):
+        return (f"{shebang} runs the script in sh, which is dash on Debian and Ubuntu: it stops at bash's own "
+                "features (set -o pipefail, arrays, <(...)). Fix: #!/bin/bash as the first line.")
+    return None
+
+
+def syntax_problem(script: str) -> str | None:
+    """bash's own reading of the whole script (``bash -n``): a loop never closed or a quote left open stops bash
+    before the command that holds it runs. None when bash reads it, or where there is no bash to ask."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return None
+    try:
+        checked = subprocess.run([bash, "-n"], input=script, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if checked.returncode == 0:
+        return None
+    said = next((line for line in checked.stderr.splitlines() if "syntax error" in line or "unexpected" in line),
+                checked.stderr.strip().splitlines()[0] if checked.stderr.strip() else "a syntax error")
+    said = re.sub(r"^.*?bash: ", "", said)
+    return (f"bash would not run it: {show(said, 160)} (what `bash -n` says of the script). The commands up to "
+            "there run, the rest never does. Fix: close every loop, if and quote as the template does.")
