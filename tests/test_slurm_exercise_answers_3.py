@@ -41,6 +41,20 @@ RIGHT = {
     "an exit guarded by if": lambda s: s.replace(LAUNCH, 'if [ -z "${SLURM_JOB_ID:-}" ]; then exit 1; fi\n' + LAUNCH),
     "an exit after ||": lambda s: s.replace(LAUNCH, 'cd "$SLURM_SUBMIT_DIR" || exit 1\n' + LAUNCH),
     "exit after the wait": lambda s: s + "exit 0\n",
+    # The third review's right answers
+    "function NAME() {": lambda s: s.replace("forward() {", "function forward() {"),
+    "srun -n of the job's nodes": lambda s: s.replace(LAUNCH, LAUNCH.replace("srun", 'srun -n "$SLURM_JOB_NUM_NODES"')),
+    "srun --ntasks=$SLURM_NNODES": lambda s: s.replace(LAUNCH, LAUNCH.replace("srun", 'srun --ntasks="$SLURM_NNODES"')),
+    "--node-rank=$SLURM_NODEID": lambda s: s.replace('--rdzv-id="$SLURM_JOB_ID"',
+                                                     '--rdzv-id="$SLURM_JOB_ID" --node-rank="$SLURM_NODEID"'),
+    "nice -n 5 torchrun": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "nice -n 5 torchrun")),
+    "stdbuf -oL torchrun": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "stdbuf -oL torchrun")),
+    "if [ 1 -eq 1 ] around the launch": around_launch("if [ 1 -eq 1 ]; then", "fi"),
+    "set -e with the template": lambda s: s.replace("set -uo pipefail", "set -euo pipefail"),
+    "pid=$! and wait $pid": lambda s: s.replace(WAIT, 'pid=$!\nwhile ! wait "$pid"; do kill -0 "$pid" 2>/dev/null || break; done'),
+    "a long --rdzv-conf timeout": lambda s: s.replace("--rdzv-backend=c10d", "--rdzv-backend=c10d --rdzv-conf=join_timeout=900"),
+    "#!/usr/bin/env bash": lambda s: s.replace("#!/bin/bash", "#!/usr/bin/env bash"),
+    "#SBATCH --mem=4G": lambda s: s.replace("#SBATCH --output", "#SBATCH --mem=4G\n#SBATCH --output"),
 }
 
 
@@ -64,6 +78,49 @@ WRONG = {
                                     ["not one name"]),
     "bash -c without $0": (lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "bash -c 'exec torchrun \"$@\"'")),
                            ["$0", "never reaches torchrun"]),
+    # The third review's wrong answers: launches never reached
+    **{f"never reached: {name}": (lambda s, line=line: s.replace(LAUNCH, line + "\n" + LAUNCH), ["never"])
+       for name, line in {"if true; then exit": "if true; then exit 0; fi", "true && exit": "true && exit",
+                          "[ -n x ] && exit": '[ -n "x" ] && exit 0', "a function that exits": "bye() { exit 0; }\nbye",
+                          "exec sleep": "exec sleep 1", "set -e; false": "set -e\nfalse"}.items()},
+    "false && the launch": (lambda s: s.replace(LAUNCH, "false && " + LAUNCH), ["false &&", "never"]),
+    "true || the launch": (lambda s: s.replace(LAUNCH, "true || " + LAUNCH), ["true ||", "never"]),
+    "if [ 1 -eq 0 ]": (around_launch("if [ 1 -eq 0 ]; then", "fi"), ["[ 1 -eq 0 ]", "never"]),
+    # wait loops
+    "wait for a variable never set": (lambda s: s.replace(WAIT, 'pid=$!\nwhile ! wait "$pdi"; do kill -0 "$pid" || break; done'),
+                                      ["$pdi", "never sets"]),
+    "the wait loop in the background": (lambda s: s.replace(WAIT, WAIT + " &"), ["in the background"]),
+    "a wait loop that never ends": (lambda s: s.replace(WAIT, "while ! wait $!; do :; done"), ["never ends", "127"]),
+    # pkill that misses the training
+    "pkill -v": (lambda s: s.replace("pkill -USR1", "pkill -USR1 -v"), ["pkill -v", "torchrun"]),
+    "pkill -n": (lambda s: s.replace("pkill -USR1", "pkill -USR1 -n"), ["one process per node"]),
+    **{f"pkill {option}": (lambda s, option=option: s.replace("pkill -USR1", f"pkill -USR1 {option}"), ["narrows"])
+       for option in ("-P $$", "-t pts/0", "-g 0", "--older 100000", "-r T", "--ns $$")},
+    "a pattern read as options": (lambda s: s.replace('"python[0-9.]* -u -m', '"-u -m'), ["as its options"]),
+    "python3 alone": (lambda s: s.replace('"python[0-9.]* -u -m', '"python3 -u -m'), ["misses", "started as python"]),
+    "unset -f forward": (lambda s: s.replace("trap forward USR1", "trap forward USR1\nunset -f forward"),
+                         ["command not found"]),
+    # srun and torchrun options that break the launch
+    **{f"srun {option}": (lambda s, option=option: s.replace(LAUNCH, LAUNCH.replace("srun", f"srun {option}")), words)
+       for option, words in {"-n1": ["--ntasks=1", "exactly one"], "--ntasks=1": ["exactly one"],
+                             '--nodelist="$SLURMD_NODENAME"': ["--nodelist"], "--test-only": ["nothing runs"],
+                             "--multi-prog": ["configuration file"], "--export=NONE": ["not found"],
+                             "--relative=1": ["--relative"], "--mem=1": ["memory"], "-t 0:10": ["time limit"]}.items()},
+    **{f"torchrun {option}": (lambda s, option=option: s.replace('--rdzv-id="$SLURM_JOB_ID"',
+                                                                 f'--rdzv-id="$SLURM_JOB_ID" {option}'), words)
+       for option, words in {"--no-python": ["--no-python"], "--run-path": ["--run-path"],
+                             "--local-addr=127.0.0.1": ["--local-addr"], "--rdzv-conf=is_host=false": ["is_host"],
+                             "--rdzv-conf=join_timeout=1": ["1 s"]}.items()},
+    # #SBATCH lines that break or delay the job
+    **{f"#SBATCH --{line}": (lambda s, line=line: s.replace("#SBATCH --output", f"#SBATCH --{line}\n#SBATCH --output"),
+                             [f"#SBATCH --{line.split('=')[0]}"])
+       for line in ("mem=1", "mem-per-cpu=1", "gres=gpu:1", "begin=now+1day", "dependency=afterok:1", "export=NONE",
+                    "time-min=100")},
+    "#SBATCH --output=/dev/null": (lambda s: s.replace("--output=%x-%j.out", "--output=/dev/null"), ["log away"]),
+    "a message with no encoded bytes": (lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "bash -c 'exec torchrun \"$@\"'")),
+                                        ["--nnodes=$SLURM_JOB_NUM_NODES"]),
+    "#!/bin/zsh": (lambda s: s.replace("#!/bin/bash", "#!/bin/zsh"), ["zsh, not bash"]),
+    "#!/usr/bin/env zsh": (lambda s: s.replace("#!/bin/bash", "#!/usr/bin/env zsh"), ["zsh, not bash"]),
     "pkill -s": (lambda s: s.replace(PKILL, PKILL.replace("-USR1", "-s USR1")), ["pkill -s", "session"]),
     "forward defined again as a no-op": (lambda s: s.replace("trap forward USR1", "trap forward USR1\nforward() { :; }"),
                                          ["forward", "sends no signal"]),
@@ -77,3 +134,16 @@ def test_wrong_answers_are_named(edit, words):
     text = edit(script())
     assert text != script()
     refused(text, *words)
+
+
+def test_no_message_shows_the_checks_own_placeholders():
+    """Words known only when the job runs are written as bash shows them, never as the check's encoding."""
+    for text in (script().replace('--nproc-per-node=2', '--nproc-per-node="$X"'),
+                 script().replace(LAUNCH, LAUNCH.replace("torchrun", "bash -c 'exec torchrun \"$@\"'"))):
+        message = se.script_problem(text)
+        assert message and "\x00" not in message and "\\x00" not in message, message
+
+
+def test_a_random_port_is_not_said_to_depend_on_the_job():
+    message = se.script_problem(host('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):$RANDOM"')(script()))
+    assert message and "can be" in message and "for job" not in message, message

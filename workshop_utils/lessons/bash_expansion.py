@@ -339,6 +339,12 @@ class Shell:
                 current += f"\x00{len(self.pieces) - 1}\x01"
         return out + [current] if current or not out else out
 
+    def readable(self, text: str) -> str:
+        """A message that quotes encoded words, with each non-literal part written as bash shows it."""
+        # Either the bytes themselves or, in a message that quoted the word with repr(), their escapes.
+        return re.sub(r"\x00(\d+)\x01|\\x00(\d+)\\x01",
+                      lambda found: render([self.pieces[int(found.group(1) or found.group(2))]]), text)
+
     def decode(self, text: str) -> list:
         parts = []
         for literal_, index in re.findall(r"([^\x00]*)(?:\x00(\d+)\x01|$)", text):

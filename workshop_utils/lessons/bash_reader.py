@@ -293,6 +293,9 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
             continue
         if ch == "(":
             end_word()
+            if defining and not words and re.match(r"\(\s*\)", text[i:]):  # function NAME () { ...; }
+                i += re.match(r"\(\s*\)", text[i:]).end()
+                continue
             if all(w in LEADING for w in words):
                 open_level("(")
             elif re.match(r"\(\s*\)", text[i:]):  # NAME () starts a function's definition

@@ -14,7 +14,8 @@ import math
 import re
 
 from .answer_values import Problem, show
-from .bash_expansion import Shell, basename
+from .bash_expansion import Shell, basename, literal
+from .bash_flow import unreached_commands
 from .bash_reader import ASSIGNMENT, LEADING, Command, shell_commands
 from .slurm_rules import SRUN, count_problem, directives_and_first_command, getopt_long, node_range, sbatch_options
 
@@ -96,6 +97,10 @@ class RaisingParser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------------------------- the launch line
 
 COMMAND_PREFIXES = LEADING | {"exec", "nohup", "command", "builtin"}
+# Programs that run the command after their own options unchanged, and what those options look like.
+_WRAPPERS = {"nice": re.compile(r"-n|-?[0-9]+|--adjustment(=-?[0-9]+)?|-n-?[0-9]+"),
+             "stdbuf": re.compile(r"-[ioe](L|[0-9]+[KMG]?)?|--(input|output|error)=\S+|L|[0-9]+[KMG]?"),
+             "nohup": re.compile(r"(?!)"), "numactl": re.compile(r"-[a-zA-Z]|--[a-z-]+(=\S+)?|[0-9,-]+|all")}
 
 
 @dataclasses.dataclass
@@ -136,6 +141,9 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
             if not starts:
                 return None
             srun, refusal, i = {}, str(problem), starts[0]
+    while i < len(words) and basename(words[i]) in _WRAPPERS:  # srun nice -n 5 torchrun: the same launch
+        i += 1 + next((k for k, w in enumerate(words[i + 1:]) if not _WRAPPERS[basename(words[i])].fullmatch(w)),
+                      len(words) - i - 1)
     while i < len(words) and words[i] == "env":  # srun ... env A=1 torchrun
         i += 1
         while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
@@ -206,10 +214,52 @@ def _torchrun_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# torchrun's options that take a number: a value known only when the job runs ($SLURM_NODEID) parses as 0 here.
+_NUMBER_OPTIONS = re.compile(r"--(node[-_]rank|max[-_]restarts|monitor[-_]interval|master[-_]port)")
+
+
 def torchrun_args(args: list[str]) -> argparse.Namespace:
     """``args`` as torchrun reads them; ``Refusal`` with torchrun's message where it would stop."""
+    args = list(args)
+    for k, arg in enumerate(args):
+        option, equals, value = arg.partition("=")
+        if _NUMBER_OPTIONS.fullmatch(option) and equals and "\x00" in value:
+            args[k] = f"{option}=0"
+        elif _NUMBER_OPTIONS.fullmatch(arg) and k + 1 < len(args) and "\x00" in args[k + 1]:
+            args[k + 1] = "0"
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return _torchrun_parser().parse_args(args)
+
+
+def torchrun_option_problem(args: argparse.Namespace, shell: Shell) -> str | None:
+    """torchrun options that parse but break this launch: how it runs the module, where agents meet."""
+    fix = "Fix: leave it out, as the template does."
+    if args.no_python:
+        return f"--no-python runs the module's name as a program, and torchrun refuses it beside -m. {fix}"
+    if args.run_path:
+        return f"--run-path runs workshop_utils.train as a file path, not as the module -m names. {fix}"
+    if args.local_addr:
+        return ("--local-addr fixes the address this node's agent gives the others: one address for every node, "
+                f"so on two nodes the second node's processes are told the wrong one. {fix}")
+    conf = literal(shell.decode(args.rdzv_conf)) if args.rdzv_conf else None
+    if not conf:
+        return None
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config  # torchrun's own reader
+
+    try:
+        pairs = _parse_rendezvous_config(conf)
+    except ValueError:
+        return (f"--rdzv-conf={show(conf)} is not key=value pairs: torchrun stops at it before any agent "
+                "starts. Fix: leave --rdzv-conf out, as the template does (or key=value,key=value).")
+    if "is_host" in pairs:
+        return (f"--rdzv-conf={show(conf)} decides by hand whether a node hosts the rendezvous store, the same on "
+                "every node: torchrun decides it from the endpoint, the node whose address it is. " + fix)
+    short = {k: v for k, v in pairs.items() if k.endswith("timeout") and v.isdigit() and int(v) < 60}
+    if short:
+        key = next(iter(short))
+        return (f"--rdzv-conf={show(conf)} gives the nodes {short[key]} s ({key}): a node whose agent starts later "
+                f"than that (a busy node, a slow file system) fails the job. {fix}")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- the job, read
@@ -268,54 +318,43 @@ _CHANGES_THE_JOB = {
     "nodelist": "ties the job to named nodes: it waits for them, and with --nodes=2 their count must match",
     "ntasks": "fixes the job's task count: --ntasks-per-node becomes only a maximum, and with --nodes=2 (only "
               "#SBATCH --nodes changes) the tasks would no longer be one per node",
+    "begin": "delays the job's start: it waits in the queue until then",
+    "dependency": "makes the job wait for another job (and never start if that one fails)",
+    "time-min": "lets Slurm cut the time limit down to it, below what the warning's lead was planned on",
+    **{gpus: "asks for GPUs, which this training does not use (it runs on CPU cores): the job would wait for a GPU "
+             "node and hold its GPUs idle" for gpus in ("gres", "gpus", "gpus-per-node", "gpus-per-task")},
 }
+
+
+def _value_problem(name: str, value: str) -> str | None:
+    """#SBATCH options the template leaves out that are harmless with some values and break the job with others."""
+    if name == "export" and value.split(",")[0].upper() != "ALL":
+        return ("starts the job without the environment it was submitted from (PATH and the activated Python among "
+                "it): torchrun would not be found")
+    if name in ("output", "error") and value.strip() == "/dev/null":
+        return "throws the job's log away: the ranks' lines that the check (and you) read go nowhere"
+    if name in ("mem", "mem-per-cpu"):
+        found = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)B?\s*", value.upper())
+        mib = float(found.group(1)) * {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}[found.group(2)] if found \
+            else None
+        if mib is not None and 0 < mib < 1024:
+            return (f"gives the job {show(value)} of memory (MiB without a unit): Slurm ends it as soon as the "
+                    "processes load PyTorch, a few hundred MiB each")
+    return None
 
 
 def _extra_options_problem(options: dict, spec: JobSpec):
     """#SBATCH options beyond the template's that change what the job is."""
+    for name in ("export", "output", "error", "mem", "mem-per-cpu"):
+        why = _value_problem(name, options[name]) if options.get(name) is not None else None
+        if why:
+            raise Problem(f"#SBATCH --{name}={show(options[name])} {why}. Fix: leave --{name} out, as the template "
+                          "does.")
     for name, why in _CHANGES_THE_JOB.items():
         if name in options and (name != "ntasks" or spec.every_node):
             raise Problem(f"#SBATCH --{name}{'=' + show(options[name]) if options[name] else ''} "
                           f"{why.format(cores=spec.cores_per_task)}. Fix: leave --{name} out: the template's #SBATCH "
                           "lines ask for what the exercise needs.")
-
-
-_OPENERS = frozenset({"if", "while", "until", "for", "select", "case", "{"})
-_CLOSERS = frozenset({"fi", "done", "esac", "}"})
-# Conditions the text alone decides: the body of `if false` (up to its else) or `while false` never runs.
-_NEVER = frozenset({("if", "false"), ("if", "!", "true"), ("if", "!", ":"), ("while", "false"),
-                    ("while", "!", "true"), ("while", "!", ":"), ("until", "true"), ("until", ":")})
-
-
-def unreached_commands(commands: list[Command]) -> dict[int, str]:
-    """Index -> why bash never runs that top-level command: it sits in the body of ``if false`` or
-    ``while false``, or after an ``exit`` the batch shell always reaches. Any other condition may go either way."""
-    found, frames, ended, previous = {}, [], None, "\n"
-    for index, command in enumerate(commands):
-        if command.nested or command.function:
-            continue
-        words, k = command.words, 0
-        while k < len(words) and (words[k] in LEADING or words[k] in _OPENERS or words[k] in _CLOSERS):
-            word = words[k]
-            if word in _OPENERS:
-                condition = tuple(words[k:])
-                never = condition in _NEVER and command.operator in (";", "\n")
-                frames.append(f"inside `{' '.join(condition)}`" if never else None)
-                if word != "{":
-                    break  # the rest of the command is the condition, or for's and case's words
-            elif word in ("else", "elif") and frames:
-                frames[-1] = None
-            elif word in _CLOSERS and frames:
-                frames.pop()
-            k += 1
-        why = ended or next((frame for frame in frames if frame), None)
-        if why:
-            found[index] = why
-        elif (not frames and not command.where and words[k:k + 1] == ["exit"] and previous not in ("&&", "||")
-              and command.operator not in ("&&", "||", "|", "|&")):
-            ended = f"after `{show(' '.join(words[k:]))}`, which ends the script"
-        previous = command.operator
-    return found
 
 
 def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
@@ -374,10 +413,17 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             raise Problem(f"`{show(' '.join(command.words))}` is outside any function, and local works only inside "
                           "one: bash says \"local: can only be used in a function\" and sets nothing. Fix: a plain "
                           "NAME=value at the script's top level.")
+        if command.words[:2] == ["unset", "-f"] and not command.where:
+            for name in command.words[2:]:
+                functions.pop(name, None)
+            return
         if shell.assign(command, take=not launches) or (not launches and shell.unset(command)) or command.nested:
             return
         fields = [f for w in command.words for f in shell.fields(w)]
-        launch = _launch_of(fields, command)
+        try:
+            launch = _launch_of(fields, command)
+        except Problem as problem:
+            raise Problem(shell.readable(str(problem))) from None
         if launch:
             at.append(len(ran) - 1)
             launches.append(launch)

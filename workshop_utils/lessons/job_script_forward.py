@@ -10,7 +10,7 @@ import signal as signals
 
 from .answer_values import Problem, show
 from .bash_expansion import basename, literal
-from .bash_reader import LEADING, Command, shell_commands
+from .bash_reader import ASSIGNMENT, LEADING, Command, shell_commands
 from .job_script import JobRequest, JobSpec, Launch
 from .slurm_rules import SRUN, getopt_long, whole
 
@@ -129,6 +129,33 @@ def _sent_signal(program: str, args: list[str]) -> tuple[int, list[str], bool]:
     return sent, rest, full
 
 
+_PKILL_SELECT = {"P": "--parent", "t": "--terminal", "g": "--pgroup", "G": "--group", "F": "--pidfile",
+                 "r": "--runstates"}
+_PKILL_SELECT_LONG = {"--parent", "--terminal", "--pgroup", "--group", "--pidfile", "--runstates", "--session",
+                      "--ns", "--nslist", "--older"}
+
+
+def _pkill_option_problem(options: list[str]) -> str | None:
+    """Why pkill's options keep the signal from some training process; None when they do not."""
+    for option in options:
+        if not option.startswith("-"):
+            continue
+        if re.search(r"\s", option):
+            return f"pkill reads {show(option)} as its options, not as the pattern (it starts with -)"
+        letters = set(option[1:]) if re.fullmatch(r"-[a-zA-Z]+", option) else set()
+        name = option.split("=")[0]
+        if "v" in letters or name == "--inverse":
+            return ("pkill -v signals every process except the ones that match: torchrun (which SIGUSR1 ends) and "
+                    "the batch shell itself, not the training")
+        if letters & {"n", "o"} or name in ("--newest", "--oldest"):
+            return f"pkill {option} signals one process per node, and each node trains --nproc-per-node of them"
+        chosen = sorted(letters & set(_PKILL_SELECT)) or ([name] if name in _PKILL_SELECT_LONG else [])
+        if chosen:
+            return (f"pkill {option} narrows the match by {_PKILL_SELECT.get(chosen[0], chosen[0])}, which the "
+                    "training processes do not share on every node: the pattern alone picks them")
+    return None
+
+
 def _pkill_problem(pattern: str, full: bool, exact: bool) -> str | None:
     try:
         compiled = re.compile(pattern)
@@ -140,8 +167,13 @@ def _pkill_problem(pattern: str, full: bool, exact: bool) -> str | None:
         return (f"pkill {'-f ' if full else ''}{show(pattern)} matches {hit[0]}'s own {'command line' if full else 'name'} too: SIGUSR1 "
                 f"ends {hit[0]} (it does not handle it), and the training processes go with it before they "
                 "checkpoint")
-    if not any(match(line if full else name[:15]) for name, line in _TRAINING):
+    missed = [name for name, line in _TRAINING if not match(line if full else name[:15])]
+    if len(missed) == len(_TRAINING):
         return f"pkill {'-f ' if full else ''}{show(pattern)} matches no training process"
+    if missed:
+        return (f"pkill {'-f ' if full else ''}{show(pattern)} misses training processes started as {missed[0]}: "
+                "torchrun starts them with its own interpreter, python, python3 or python3.11 as the environment "
+                "has it")
     return None
 
 
@@ -176,6 +208,9 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
             return (f"{program} sends {_signal_name(sent) if sent > 0 else 'a signal it cannot read'}, and the "
                     f"training loop listens for SIG{spec.warning}. {fix}")
         if program == "pkill":
+            narrowed = _pkill_option_problem(rest)
+            if narrowed:
+                return f"{narrowed}. {fix}"
             pattern = [a for a in rest if not a.startswith("-")][-1:]
             if pattern and pattern[0] != "?":
                 why = _pkill_problem(pattern[0], full, "-x" in rest or "--exact" in rest)
@@ -200,6 +235,30 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
     return None  # a command the check does not know (a helper script): what it does decides
 
 
+def _wait_loop_problem(job: JobRequest, index: int, words: list[str], fix: str) -> str | None:
+    """Why ``while ! wait ...`` would not end when training does, or waits for nothing; None when it is right."""
+    set_anywhere = {found.group(1) for c in job.commands for w in c.words for found in [ASSIGNMENT.match(w)] if found}
+    set_anywhere |= {w for c in job.commands if c.words[:1] in (["read"], ["declare"], ["local"], ["export"])
+                     for w in c.words[1:]}
+    for arg in words[1:]:
+        name = re.fullmatch(r'"?\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?"?', arg)
+        if name and name.group(1) not in set_anywhere and not name.group(1).startswith("SLURM_"):
+            return (f"`wait {show(arg)}` waits for ${name.group(1)}, which the script never sets: under set -u bash "
+                    "stops there as training starts (without it, wait fails at once), and Slurm ends the job. "
+                    f"Fix: wait $! (or a variable set to $! right after the launch). {fix}")
+    depth = 0
+    for inner in job.ran[index + 1:]:
+        depth += sum(w in ("while", "until") for w in inner.words[:1])
+        if inner.words[:1] == ["done"]:
+            if depth == 0:
+                break
+            depth -= 1
+        if any(w in ("break", "exit", "return") for w in inner.words):
+            return None
+    return ("the loop never ends when training fails: wait returns the failure, then 127 for a process already "
+            f"reaped, and the loop asks again until the time limit. Leave it once the process is gone. {fix}")
+
+
 def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
     """(why the batch shell does not wait for the launch through every trapped signal, the index in ``job.ran``
     of the loop that does)."""
@@ -210,10 +269,13 @@ def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
         raw = list(command.words)
         if command.where and command.where != "the background":
             continue
+        if command.where and raw[:1] in (["while"], ["until"]):
+            return ("the wait loop runs in the background (&): the batch shell goes on to its end at once, and Slurm "
+                    f"ends the job with it. {fix}"), -1
         words = _words(command)
         words = words[1:] if words[:1] == ["!"] else words
         if raw[:1] in (["while"], ["until"]) and words[:1] == ["wait"]:
-            return None, index
+            return _wait_loop_problem(job, index, words, fix), index
         if raw[:1] == ["while"] and words[:2] == ["kill", "-0"]:
             for inner in job.ran[index + 1:]:
                 inner_words = _words(inner)

@@ -17,7 +17,7 @@ from .bash_arithmetic import expand as expand_arithmetic
 from .bash_expansion import RUNTIME, Shell, basename, literal, render
 from .bash_reader import shell_commands
 from .job_script import (COMMAND_PREFIXES, JOB_SPEC, RDZV_FIX, JobRequest, JobSpec, Launch, Refusal, node_text,
-                         read_job_script, torchrun_args)
+                         read_job_script, torchrun_args, torchrun_option_problem)
 from .job_script_forward import forward_problem
 from .job_script_text import syntax_problem, text_problem
 from .slurm_rules import NO_LIMIT, SIGNAL_EARLY_S, getopt_long, option_table, slurm_signal, time_limit_s, whole
@@ -240,7 +240,8 @@ def _port_problem(parts: list | None, shell: Shell) -> str | None:
         return (f"the port {shown} is not a number the check can read (a number, or $((...)) of the job id). {fix}")
     worst = min(samples, key=lambda s: (0 if s[1] <= 0 else 1 if s[1] > 65535 else 2 if s[1] < 1024 else 3))
     job, port = worst
-    value = "" if job is None else f" is {port} for job {job}"
+    random = "RANDOM" in render(parts)  # its draws stand in for the sample job ids
+    value = "" if job is None else f" can be {port}" if random else f" is {port} for job {job}"
     if port == 0:
         lead = "port 0" if job is None else f"the port {shown}{value}, and port 0"
         return (f"{lead} is not a port torchrun can rendezvous on: the first node's agent would listen on whatever "
@@ -284,15 +285,9 @@ def _rendezvous_problem(job: JobRequest, args, spec: JobSpec) -> str | None:
         why = ("torchrun's default, static, needs each node started with its own --node-rank, which one srun line "
                "cannot give" if backend == "static" else "the exercise's agents meet in torchrun's own c10d store")
         return f"--rdzv-backend={show(render(job.shell.decode(args.rdzv_backend)))}: {why}. Fix: --rdzv-backend=c10d."
-    conf = literal(job.shell.decode(args.rdzv_conf)) if args.rdzv_conf else None
-    if conf:
-        from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config  # torchrun's own reader
-
-        try:
-            _parse_rendezvous_config(conf)
-        except ValueError:
-            return (f"--rdzv-conf={show(conf)} is not key=value pairs: torchrun stops at it before any agent "
-                    "starts. Fix: leave --rdzv-conf out, as the template does (or key=value,key=value).")
+    problem = torchrun_option_problem(args, job.shell)
+    if problem:
+        return problem
     endpoint = job.shell.decode(args.rdzv_endpoint)
     host, port = _endpoint_parts(endpoint)
     if not host or (literal(host) or "x").strip() == "":
@@ -327,7 +322,37 @@ def _launch_problem(job: JobRequest, launch: Launch, spec: JobSpec) -> str | Non
                 "with --nodes=2 (the notebook: only #SBATCH --nodes changes) the second node would start no agent "
                 "and the rendezvous would wait for it until it times out. Fix: srun "
                 f"--cpus-per-task=\"$SLURM_CPUS_PER_TASK\" {launch.launcher} ..., as in the template.")
+    for name, value in (launch.srun or {}).items():
+        why = _SRUN_BREAKS.get(name)
+        if name == "--export" and value is not None and (literal(job.shell.decode(value)) or "ALL").split(",")[0] \
+                .upper() != "ALL":
+            why = "starts torchrun without the batch shell's environment (its PATH among it): torchrun is not found"
+        if why:
+            shown = f"{name}={show(render(job.shell.decode(value)))}" if value is not None else name
+            return (f"srun {shown} on the launch line {why}. Fix: srun --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" "
+                    "torchrun ..., as in the template.")
+    for nodes in (job.nodes[0], 2) if spec.every_node else (job.nodes[0],):
+        value = (launch.srun or {}).get("--ntasks")
+        count = whole(_on_nodes(job, job.shell.decode(value), nodes) or "") if value is not None else None
+        if value is not None and count is not None and count != nodes * spec.tasks_per_node:
+            return (f"srun --ntasks={show(render(job.shell.decode(value)))} starts {count} torchrun agent(s) in a job "
+                    f"of {_n(nodes, 'node')}: every node needs exactly one. Fix: leave --ntasks out (srun starts "
+                    "the job's tasks, one per node), or --ntasks=\"$SLURM_JOB_NUM_NODES\".")
     return None
+
+
+# srun options that change where or how the launch runs, and what each does to it.
+_SRUN_BREAKS = {
+    "--nodelist": "ties the step to named nodes: with --nodes=2 the other node starts no agent",
+    "--exclude": "leaves nodes of the job out: their agents never start",
+    "--relative": "starts the step at a node other than the job's first, which srun refuses on one node",
+    "--test-only": "only estimates when the step would start: nothing runs",
+    "--multi-prog": "reads the first word after the options as a configuration file, not as the program to run",
+    "--time": "gives the step its own time limit, one the warning was not planned on",
+    "--mem": "gives the step its own memory limit, one the processes may not fit",
+    "--mem-per-cpu": "gives the step its own memory limit, one the processes may not fit",
+    "--immediate": "gives up when the step's resources are not free at once",
+}
 
 
 _NODE_COUNTS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
@@ -394,7 +419,7 @@ def _request_problem(job: JobRequest, args, launch: Launch, spec: JobSpec) -> st
     for flag in ("--ntasks-per-node", "--ntasks"):  # srun's own count wins over the #SBATCH line's
         value = (launch.srun or {}).get(flag)
         if value is not None:
-            number = whole(literal(job.shell.decode(value)))
+            number = whole(_on_nodes(job, job.shell.decode(value), low) or "")
             if number is None or number < 1:
                 return (f"srun {flag}={show(render(job.shell.decode(value)))} is not a count the check can read. "
                         "Fix: leave it out: srun starts the job's tasks, one per node.")
@@ -533,7 +558,7 @@ def _job_problem(job: JobRequest, spec: JobSpec) -> str | None:
     try:
         args = torchrun_args(launch.args)
     except Refusal as err:
-        return (f"torchrun would refuse its arguments: {show(str(err), 100)}. Fix: keep the options of the "
+        return (f"torchrun would refuse its arguments: {show(job.shell.readable(str(err)), 100)}. Fix: keep the options of the "
                 "template's launch line.")
     problem = _request_problem(job, args, launch, spec) or _time_problem(job, spec) or _rendezvous_problem(
         job, args, spec)
@@ -557,7 +582,8 @@ def script_problem(script: str, spec: JobSpec = JOB_SPEC) -> str | None:
         return problem
     try:
         job = read_job_script(script, spec)
-        return syntax_problem(script) or _job_problem(job, spec)
+        problem = syntax_problem(script) or _job_problem(job, spec)
+        return job.shell.readable(problem) if problem else None  # no encoded word reaches a message
     except Problem as problem:
         return str(problem)
     except RecursionError:

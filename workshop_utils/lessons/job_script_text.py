@@ -46,6 +46,11 @@ def text_problem(script: str) -> str | None:
     if shell and shell.group(1) in ("sh", "dash") and re.search(r"pipefail|<\(|\[\[|=\(|\$\{[^}]*\[|\blet\b", script):
         return (f"{shebang} runs the script in sh, which is dash on Debian and Ubuntu: it stops at bash's own "
                 "features (set -o pipefail, arrays, <(...)). Fix: #!/bin/bash as the first line.")
+    interpreter = re.fullmatch(r"#!\s*(\S+)(?:\s+(\S+))?.*", shebang)
+    program = interpreter and (interpreter.group(2) if interpreter.group(1).endswith("/env") else interpreter.group(1))
+    if program and program.rsplit("/", 1)[-1] in ("zsh", "ksh", "mksh", "csh", "tcsh", "fish", "python", "python3"):
+        return (f"{shebang} runs the script in {program.rsplit('/', 1)[-1]}, not bash: its traps, waits and arrays "
+                "differ from the bash the template is written in. Fix: #!/bin/bash as the first line.")
     return None
 
 

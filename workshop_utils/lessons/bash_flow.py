@@ -1,0 +1,118 @@
+"""Which top-level commands of a job script bash never reaches, as far as the text alone decides it.
+
+A condition made of constants (``true``, ``false``, ``:``, ``[ 1 -eq 0 ]``) is decided by asking bash; any other
+condition may go either way, and what it guards counts as reached. The script ends for good at an ``exit`` (or a
+call of a function that exits), an ``exec`` of another program, or a failing constant under ``set -e``, once
+nothing conditional stands in front of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+
+from .answer_values import show
+from .bash_expansion import basename
+from .bash_reader import LEADING, Command
+
+_OPENERS = frozenset({"if", "while", "until", "for", "select", "case", "{"})
+_CLOSERS = frozenset({"fi", "done", "esac", "}"})
+_CONSTANT = re.compile(r"[^$`<>|;&()\\]*")  # a word with nothing bash would expand or run
+_LAUNCHERS = re.compile(r"srun|torchrun|python[0-9.]*")
+
+
+@functools.lru_cache(maxsize=256)
+def _bash_says(text: str) -> bool | None:
+    bash = shutil.which("bash")
+    if bash is None:
+        return None
+    try:
+        return subprocess.run([bash, "-c", text], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def constant(words: list[str]) -> bool | None:
+    """Whether the command succeeds, for ``true``, ``false``, ``:`` and tests of constants; None otherwise."""
+    negate = words[:1] == ["!"]
+    words = words[1:] if negate else words
+    if not words or words[0] not in ("true", "false", ":", "[", "test", "[[") or \
+            not all(_CONSTANT.fullmatch(w) for w in words):
+        return None
+    said = {"true": True, ":": True, "false": False}.get(words[0]) if len(words) == 1 else _bash_says(" ".join(words))
+    return None if said is None else said != negate
+
+
+def _exits(body: list[Command]) -> bool:
+    """Whether a function's body ends the script every time it is called: an exit outside any condition."""
+    depth, previous = 0, "\n"
+    for command in body:
+        words, k = command.words, 0
+        while k < len(words) and (words[k] in LEADING or words[k] in _OPENERS or words[k] in _CLOSERS):
+            depth += (words[k] in _OPENERS) - (words[k] in _CLOSERS)
+            k += 1
+        if depth <= 1 and words[k:k + 1] == ["exit"] and previous not in ("&&", "||") and not command.where:
+            return True
+        previous = command.operator
+    return False
+
+
+def unreached_commands(commands: list[Command]) -> dict[int, str]:
+    """Index -> why bash never runs that top-level command."""
+    bodies: dict[str, list[Command]] = {}
+    for command in commands:
+        if command.function and not command.nested:
+            bodies.setdefault(command.function, []).append(command)
+    exiting = {name for name, body in bodies.items() if _exits(body)}
+    found, frames, ended, errexit = {}, [], None, False
+    previous, previous_status, before = "\n", None, []  # the command before: its operator, status, words
+    for index, command in enumerate(commands):
+        if command.nested or command.function:
+            continue
+        words, k = command.words, 0
+        runs = True if previous not in ("&&", "||") else (
+            None if previous_status is None else previous_status == (previous == "&&"))
+        while k < len(words) and (words[k] in LEADING or words[k] in _OPENERS or words[k] in _CLOSERS):
+            word = words[k]
+            if word in ("if", "while", "until"):
+                decided = constant(words[k + 1:]) if command.operator in (";", "\n") else None
+                condition = f"`{' '.join(words[k:])}`"
+                body_runs = None if decided is None else decided == (word != "until")
+                frames.append({"now": None if body_runs is None else (f"inside {condition}" if not body_runs else ""),
+                               "else": None if body_runs is None else ("" if not body_runs else
+                                                                       f"in the else of {condition}")})
+                break
+            if word in ("for", "select", "case"):
+                frames.append({"now": None, "else": None})
+                break
+            if word == "{":
+                frames.append({"now": "", "else": ""})
+            elif word in ("else", "elif") and frames:
+                frames[-1]["now"] = frames[-1]["else"] if word == "else" else None
+            elif word in _CLOSERS and frames:
+                frames.pop()
+            k += 1
+        why = ended or next((f["now"] for f in frames if f["now"]), None)
+        if not why and runs is False:
+            why = f"after `{show(' '.join(before))} {previous}`, which skips it"
+        if why:
+            found[index] = why
+            previous, previous_status, before = command.operator, None, words
+            continue
+        certain = runs is True and not command.where and all(f["now"] == "" for f in frames)
+        rest = words[k:]
+        status = constant(rest) if rest else None
+        if certain and command.operator not in ("&&", "||", "|", "|&"):
+            if rest[:1] == ["exit"] or rest[:1] and rest[0] in exiting:
+                ended = f"after `{show(' '.join(rest))}`, which ends the script"
+            elif rest[:1] == ["exec"] and len(rest) > 1 and not _LAUNCHERS.fullmatch(basename(rest[1])):
+                ended = f"after `{show(' '.join(rest))}`, which replaces the batch shell"
+            elif errexit and status is False:
+                ended = f"after `{show(' '.join(rest))}` under set -e, which ends the script"
+            elif rest[:1] == ["set"] and any(re.fullmatch(r"-[a-z]*e[a-z]*", w) for w in rest[1:]) or \
+                    rest[:3] == ["set", "-o", "errexit"]:
+                errexit = True
+        previous, previous_status, before = command.operator, status, words
+    return found
