@@ -147,3 +147,10 @@ def test_no_message_shows_the_checks_own_placeholders():
 def test_a_random_port_is_not_said_to_depend_on_the_job():
     message = se.script_problem(host('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):$RANDOM"')(script()))
     assert message and "can be" in message and "for job" not in message, message
+
+
+def test_a_short_warning_is_refused_with_the_least_that_passes():
+    from test_slurm_exercise_answers_2 import SOLVED
+
+    assert wu.check_job_script({**SOLVED, "signal": "B:USR1@30"}) is True
+    refused(se.fill_job_script({**SOLVED, "signal": "B:USR1@20"}), "20 s of warning", "at least 30 s")

@@ -511,7 +511,7 @@ def _time_problem(job: JobRequest, spec: JobSpec) -> str | None:
     lead = warning.lead_s
     if lead < spec.min_lead_s:
         return (f"--signal gives {lead} s of warning: too little to write a checkpoint on a busy file system. Fix: "
-                f"give it a minute or more (B:{spec.warning}@60).")
+                f"at least {spec.min_lead_s} s, a minute to be safe (B:{spec.warning}@60).")
     # sbatch may send the signal up to 60 s before the time asked for (its manual): that minute counts too.
     if limit < spec.needed_s + lead + SIGNAL_EARLY_S:
         return (f"--time of {limit:g} s: the job needs about {spec.needed_s} s, and the warning comes {lead} s before "
