@@ -70,3 +70,26 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+ATTENDEE_TESTS = "test_attendee_notebooks.py"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The attendee copies' tests run last: their notebooks run in the background meanwhile (attendee_run.py)."""
+    items.sort(key=lambda item: Path(str(item.fspath)).name == ATTENDEE_TESTS)
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly or not any(Path(str(i.fspath)).name == ATTENDEE_TESTS for i in session.items):
+        return
+    import attendee_run
+    from test_attendee_notebooks import LIMIT_S
+
+    attendee_run.start(LIMIT_S, 6 * LIMIT_S + 120)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import attendee_run
+
+    attendee_run.clean_up()  # a session cut short stops the run and every kernel it started

@@ -11,16 +11,13 @@ compared with tests/nbval/. nbval's run is kept (the root conftest's WORKSHOP_NB
 checks below, so this is the notebooks' one execution in their attendee form.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import attendee_run as attendee_run_module
 import nbformat
 import pytest
 from helpers import HANG_LIMIT_FACTOR
 
-from workshop_utils.lessons.exercises import write_attendee_notebooks
 from workshop_utils.system.profiles import TIME_BUDGET_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,26 +26,13 @@ pytestmark = [pytest.mark.notebook, pytest.mark.timeout(6 * LIMIT_S + 180)]
 
 
 @pytest.fixture(scope="module")
-def attendee_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("attendee")
-    copies = folder / "notebooks"
-    write_attendee_notebooks(ROOT / "notebooks", copies)
-    for copy in copies.glob("*.ipynb"):  # only the notebooks that hold exercises
-        if not any(EXERCISE in c.metadata.get("tags", []) for c in nbformat.read(copy, as_version=4).cells):
-            copy.unlink()
-    executed = folder / "executed"
-    # The copies sit outside the checkout, so the root conftest (expected outputs, sanitizing, history,
-    # keeping the run) is loaded by name; -p no:cacheprovider writes nothing into the checkout.
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-                           "--nbval-cell-timeout", str(LIMIT_S), "-p", "conftest", "-p", "no:cacheprovider",
-                           "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-q", str(copies)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=6 * LIMIT_S + 120,
-                          env={**os.environ, "WORKSHOP_PROFILE": "cpu", EXECUTED: str(executed)})
-    return proc, executed, sorted(p.name for p in copies.glob("*.ipynb"))
+def attendee_run():
+    """nbval's run of the copies, started in the background when the session began (tests/attendee_run.py)."""
+    run = attendee_run_module.start(LIMIT_S, 6 * LIMIT_S + 120)
+    return attendee_run_module.result(run), run.executed, run.names
 
 
-EXERCISE = "exercise"
-EXECUTED, OUTCOME = "WORKSHOP_NBVAL_EXECUTED", "nbval_outcome"  # the root conftest's: where nbval's run is kept
+OUTCOME = "nbval_outcome"  # the root conftest's: each cell's outcome in nbval's kept run
 
 
 def test_every_attendee_copy_runs_to_the_end(attendee_run):
