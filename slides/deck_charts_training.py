@@ -76,11 +76,12 @@ def baseline_step_times(d: ChartData) -> Drawn:
     return Drawn(fig, f"measured: {len(times)} timed steps on {d.device()}")
 
 
-@chart("monitor", "section-monitor")
+@chart("monitor", "section-monitor", optional=("monitor",))
 def monitor(d: ChartData) -> Drawn | None:
-    """Utilisation and memory over time, once the section records its samples (columns t_s, utilization_pct,
-    memory_used_mib); until then None, and the slide shows the notebook's PNG."""
-    rows = [r for r in rows_of(d.records["section-monitor"]) if number(r.get("t_s")) is not None]
+    """Utilisation and memory over time from notebook 04's samples (record "monitor": t_s, utilization_pct,
+    memory_used_mib); a run recorded before the samples were kept gives None, and the slide shows its PNG."""
+    samples = (d.records.get("monitor") or {}).get("samples") or rows_of(d.records["section-monitor"])
+    rows = [r for r in samples if number(r.get("t_s")) is not None]
     if not rows or not any(number(r.get("utilization_pct")) is not None for r in rows):
         return None
     fig, (util_ax, mem_ax) = d.figure(ncols=2)
