@@ -50,6 +50,7 @@ RIGHT = {
     "nice -n 5 torchrun": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "nice -n 5 torchrun")),
     "stdbuf -oL torchrun": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "stdbuf -oL torchrun")),
     "if [ 1 -eq 1 ] around the launch": around_launch("if [ 1 -eq 1 ]; then", "fi"),
+    "a file test is the cluster's to decide": around_launch("if [ -d /scratch/nowhere ]; then", "fi"),
     "set -e with the template": lambda s: s.replace("set -uo pipefail", "set -euo pipefail"),
     "pid=$! and wait $pid": lambda s: s.replace(WAIT, 'pid=$!\nwhile ! wait "$pid"; do kill -0 "$pid" 2>/dev/null || break; done'),
     "a long --rdzv-conf timeout": lambda s: s.replace("--rdzv-backend=c10d", "--rdzv-backend=c10d --rdzv-conf=join_timeout=900"),

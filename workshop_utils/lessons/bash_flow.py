@@ -21,6 +21,7 @@ _OPENERS = frozenset({"if", "while", "until", "for", "select", "case", "{"})
 _CLOSERS = frozenset({"fi", "done", "esac", "}"})
 _CONSTANT = re.compile(r"[^$`<>|;&()\\]*")  # a word with nothing bash would expand or run
 _LAUNCHERS = re.compile(r"srun|torchrun|python[0-9.]*")
+_PURE_TESTS = frozenset({"-n", "-z", "-eq", "-ne", "-lt", "-le", "-gt", "-ge", "-a", "-o"})  # strings and numbers
 
 
 @functools.lru_cache(maxsize=256)
@@ -41,6 +42,8 @@ def constant(words: list[str]) -> bool | None:
     if not words or words[0] not in ("true", "false", ":", "[", "test", "[[") or \
             not all(_CONSTANT.fullmatch(w) for w in words):
         return None
+    if any(re.fullmatch(r"-[a-zA-Z]+", w) and w not in _PURE_TESTS for w in words[1:]):
+        return None  # a file, variable or terminal test: this machine's answer is not the cluster's
     said = {"true": True, ":": True, "false": False}.get(words[0]) if len(words) == 1 else _bash_says(" ".join(words))
     return None if said is None else said != negate
 
