@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..system.display import show_verdict
 from ..system.errors import WorkshopError
+from ..system.profiles import PROFILE_NAMES, resolve_profile
 
 SIMPLECNN_PARAMETERS = 2_474_506
 # benchmarks/accuracy_spread.py trains each compared run with several seeds and records the spread here.
@@ -61,7 +62,8 @@ def check_baseline(record: dict, expected_parameters: int = SIMPLECNN_PARAMETERS
                    profile: str | None = None) -> pd.DataFrame:
     """Healthy-run checks for a training record: each row says ok or what to look at.
 
-    With ``profile`` ("cpu" or "gpu") the accuracy is held to that profile's expected range.
+    With ``profile`` ("cpu" or "gpu") the accuracy is held to that profile's expected range; "auto" is the
+    profile the notebooks resolve it to (``resolve_profile``).
     """
     m = record.get("metrics") if isinstance(record, dict) else None
     missing = [key for key in BASELINE_METRICS if not isinstance(m, dict) or key not in m]
@@ -69,6 +71,12 @@ def check_baseline(record: dict, expected_parameters: int = SIMPLECNN_PARAMETERS
         raise WorkshopError(f"check_baseline: {type(record).__name__} is no training record "
                             f"(it lacks {', '.join(missing) or 'step_loss'}).",
                             "pass what wu.train(...) returned: result.record, or the run's record.json read back.")
+    if isinstance(profile, str) and profile == "auto":
+        profile = resolve_profile(profile)
+    if profile is not None and not (isinstance(profile, str) and profile in EXPECTED["baseline accuracy"].ranges):
+        raise WorkshopError(f"check_baseline: profile={' '.join(repr(profile).split())[:60]} is no profile.",
+                            f"use one of {', '.join(repr(p) for p in PROFILE_NAMES)}, as the notebook's parameter "
+                            "cell does (or leave profile out).")
     checks = []
 
     def add(name: str, ok: bool, detail: str, fix: str = "") -> None:

@@ -17,7 +17,10 @@ from pathlib import Path
 from ..parallel.launch import free_port
 from .ddp_lab_files import (LAB_EXERCISE, LOSS_LINE, PROBE_MODULE, THROUGHPUT, TORCHRUN_LOGS, read_output,
                             reported_throughput)
+from .exercise_judging import short
 from .exercises import NotYet, require
+
+CHAINS = ("&&", ";", "||", "|", "&")  # shell operators that put a second command beside the launch
 
 
 @dataclass
@@ -49,15 +52,22 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
                 ) -> tuple[list[str], str]:
     """The attendee's launch line turned into the one the checker runs (probe inserted); and its launcher."""
     example = f"f\"torchrun --nproc-per-node={nproc} {{lab_file}}\""
+    require(isinstance(command, (str, list, tuple)), exercise,
+            f"`lab_command` = {short(repr(command), 40)} cannot be read as a command line: it must be a text "
+            f"(a str), not {type(command).__name__}.", f"write the launch line in quotes, e.g. {example}.")
     try:
-        tokens = (shlex.split(command.strip().lstrip("!").strip()) if isinstance(command, str)
+        tokens = (_words(command.strip().lstrip("!").strip()) if isinstance(command, str)
                   else [os.fspath(t) for t in command])
     except (ValueError, TypeError) as err:
         raise NotYet(f"✗ {exercise}: the command cannot be read as a command line ({err}).",
                      f"write it as one string, e.g. {example}.") from None
     require(bool(tokens), exercise, "the command is empty.",
             f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
-    tokens, folder = _launch_part(tokens)
+    tokens, folder, chained = _launch_part(tokens)
+    require(not chained, exercise, f"the command chains a second command after the launch "
+                                   f"({short(' '.join(chained), 60)}); the check runs the one torchrun launch alone.",
+            f"make it the launch line only, e.g. {example}, without &&, ;, || or |; run anything else in a cell "
+            "of its own.")
     require(bool(tokens), exercise, "the command has no launch line after its prefixes.",
             f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
     first = Path(tokens[0]).name
@@ -100,28 +110,44 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
     return [sys.executable, "-m", "torch.distributed.run", *flags, *probe_args], launcher
 
 
-def _launch_part(tokens: list[str]) -> tuple[list[str], str | None]:
-    """The launch itself in a line as typed in a terminal or a Slurm script, and the folder a ``cd`` moved to.
+def _words(line: str) -> list[str]:
+    """A shell line's words, its operators apart: "x.py;rm" is three words, as the shell reads it."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, ""  # as shlex.split reads it: a # is no comment
+    return list(lexer)
+
+
+def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """The launch itself in a line as typed in a terminal or a Slurm script, the folder a ``cd`` moved to, and
+    what the line chains after the launch (``&&``, ``;``, ``||``, ``|``, ``&``), which the check does not run.
 
     ``cd dir && ...`` (or ``;``), leading ``VAR=value`` assignments (``env`` too) and an ``srun ...`` prefix
     are taken off: what follows them is the launch.
     """
     folder = None
     while True:
-        ends = [i for i, t in enumerate(tokens) if t in ("&&", ";")]
+        ends = [i for i, t in enumerate(tokens) if t in CHAINS]
         if not ends:
             break
-        head, tokens = tokens[:ends[0]], tokens[ends[0] + 1:]
+        head = tokens[:ends[0]]
+        command = next((Path(t).name for t in head if not _assignment(t) and t != "env"), "")
+        if command in ("torchrun", "srun") or command.startswith("python"):
+            return head, folder, tokens[ends[0]:]  # the launch, then a second command
+        tokens = tokens[ends[0] + 1:]
         if len(head) == 2 and head[0] == "cd":
             moved = Path(head[1]).expanduser()
             folder = str(moved if folder is None or moved.is_absolute() else Path(folder) / moved)
-    while tokens and (tokens[0] == "env" or ("=" in tokens[0] and not tokens[0].startswith("-")
-                                            and tokens[0].split("=")[0].isidentifier())):
+    while tokens and (tokens[0] == "env" or _assignment(tokens[0])):
         tokens = tokens[1:]
     if tokens and Path(tokens[0]).name == "srun":
         launch = [i for i, t in enumerate(tokens) if Path(t).name == "torchrun" or Path(t).name.startswith("python")]
         tokens = tokens[launch[0]:] if launch else tokens
-    return tokens, folder
+    return tokens, folder, []
+
+
+def _assignment(word: str) -> bool:
+    """``VAR=value`` before a command: the shell sets VAR for it."""
+    return "=" in word and not word.startswith("-") and word.split("=")[0].isidentifier()
 
 
 def _flag(flags: list[str], names: tuple[str, ...]) -> str | None:

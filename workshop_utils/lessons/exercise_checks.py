@@ -58,7 +58,8 @@ def _formula_value(formula, args: dict, exercise: str) -> float:
         raise attendee_error(err, formula, exercise, "gpt_flops_per_token") from None
     require_answered(value, exercise, "`gpt_flops_per_token` still returns the placeholder `...`.",
                      "replace the `...` with the formula, run that cell, then this one.")
-    return number(value, exercise, "what gpt_flops_per_token returns", "one number, FLOPs per token")
+    return number(value, exercise, "gpt_flops_per_token", "one number, FLOPs per token",
+                  returned_by="gpt_flops_per_token")
 
 
 def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float | None, first: float | None):

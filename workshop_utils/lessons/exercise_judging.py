@@ -70,24 +70,31 @@ def described(value) -> str:
     return f"a {type(value).__name__} ({text})"
 
 
-def number(value, exercise: str, name: str, what: str = "one number") -> float:
+def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None) -> float:
     """``value`` as a float: an int, a float, a NumPy scalar, or a one-element tensor or array.
 
     ``...`` is "not yet solved" (``Unsolved``); anything else that is no finite number is ``NotYet``
-    saying what is expected: text ("64"), a list, None, a bool, NaN, an infinity.
+    saying what is expected: text ("64"), a list, None, a bool, NaN, an infinity. ``returned_by`` names
+    the attendee's function when ``value`` is what it returned: the messages then ask it to return the number.
     """
-    require_answered(value, exercise, f"`{name}` is still the placeholder `...`.",
+    # `name` is the variable the attendee assigns, or the function whose return value is judged
+    subject, give = ((f"what `{returned_by}` returns", f"make `{returned_by}` return") if returned_by
+                     else (f"`{name}`", "assign"))
+    require_answered(value, exercise, f"{subject} is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
-    expected = f"`{name}` should be {what}"
+    expected = f"{subject} should be {what}"
     if value is None:
-        raise NotYet(f"✗ {exercise}: `{name}` is None.",
-                     f"assign the number to `{name}` (a function that ends without `return` gives None).")
+        raise NotYet(f"✗ {exercise}: {subject} is None.",
+                     f"make `{returned_by}` end with `return` and the number (without it, it returns None)."
+                     if returned_by else f"assign the number to `{name}` (a function that ends without `return` "
+                                         "gives None).")
     if isinstance(value, (str, bytes)):
         raise NotYet(f"✗ {exercise}: {expected}, got the text {short(repr(value), 40)}.",
-                     f"assign the number itself, without quotes ({name} = 64, not '64').")
+                     f"{give} the number itself, without quotes ("
+                     + ("return 64" if returned_by else f"{name} = 64") + ", not '64').")
     if isinstance(value, (bool, np.bool_)):
         raise NotYet(f"✗ {exercise}: {expected}, got {value}.",
-                     "a comparison gives True or False: assign the number.")
+                     f"a comparison gives True or False: {give} the number.")
     try:
         if torch.is_tensor(value) or isinstance(value, np.ndarray):
             kind = "tensor" if torch.is_tensor(value) else "array"
@@ -99,27 +106,27 @@ def number(value, exercise: str, name: str, what: str = "one number") -> float:
                 value.dtype.kind in "iuf"
             if not numeric:
                 raise NotYet(f"✗ {exercise}: {expected}, got a {kind} of {value.dtype}.",
-                             "assign a real number (an int or a float).")
+                             f"{give} a real number (an int or a float).")
             item = value.detach().cpu().reshape(()).item() if kind == "tensor" else value.reshape(()).item()
             converted = float(item)
         elif isinstance(value, (numbers.Real, decimal.Decimal)):
             converted = float(value)
         else:
             raise NotYet(f"✗ {exercise}: {expected}, got {described(value)}.",
-                         "assign one number (an int or a float); a tensor's .item() gives one.")
+                         f"{give} one number (an int or a float); a tensor's .item() gives one.")
     except NotYet:
         raise
     except OverflowError:
-        raise NotYet(f"✗ {exercise}: `{name}` is too large to be a number here.",
+        raise NotYet(f"✗ {exercise}: {subject} is too large to be a number here.",
                      "check the units and the powers of ten in your formula.") from None
     except Exception as err:  # noqa: BLE001 - whatever the object does on conversion, the answer is no number
         raise NotYet(f"✗ {exercise}: {expected}; reading it as one failed ({type(err).__name__}).",
-                     "assign one number (an int or a float).") from None
+                     f"{give} one number (an int or a float).") from None
     if math.isnan(converted):
-        raise NotYet(f"✗ {exercise}: `{name}` is nan (not a number).",
+        raise NotYet(f"✗ {exercise}: {subject} is nan (not a number).",
                      "nan comes from 0/0, inf - inf, or an input that is nan already: check what your formula divides.")
     if math.isinf(converted):
-        raise NotYet(f"✗ {exercise}: `{name}` is {converted}.",
+        raise NotYet(f"✗ {exercise}: {subject} is {converted}.",
                      "an infinity comes from dividing by zero or from a result too large: check the formula's units.")
     return converted
 
@@ -141,11 +148,20 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
     ``mistakes`` holds ``(what that mistake gives, problem, fix)``; one that gives the right value (or
     nothing, None) is skipped. When two mistakes give ``value`` here, the message names both: naming
     one would be a guess. ``limits`` holds ``(holds, problem, fix)``: physical bounds, said when no
-    mistake is recognised and one does not hold.
+    mistake is recognised and one does not hold. ``right`` rounded to the decimals the answer was written
+    with is right too while it keeps two significant digits (``rounded_digits``); to one, it is told so.
     """
     same = same or (lambda a, b: math.isclose(a, b, rel_tol=rel, abs_tol=abs_tol))
     if same(value, right):
         return
+    # A rounded answer is judged before the mistakes: a rounding can land on a mistake's value by chance (6/39
+    # non-zero values lost is 0.15 to two decimals, and 6/40, all values counted, is 0.15 exactly).
+    digits = rounded_digits(value, right)
+    if digits is not None and digits >= 2:
+        return
+    require(digits != 1, exercise, f"`{name}` = {value:g} is rounded to a single significant digit, too few to tell "
+                                   "the right answer from a mistake.",
+            f"give at least two significant digits: round to more decimals, or leave `{name}` unrounded.")
     matched = []
     for wrong, problem, fix in mistakes:
         if wrong is None or (isinstance(wrong, float) and math.isnan(wrong)):
@@ -161,6 +177,28 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
     for holds, problem, fix in limits:
         require(holds, exercise, f"{shown}: {problem}", fix)
     raise NotYet(f"✗ {exercise}: {shown} is not right.", hint)
+
+
+def rounded_digits(value: float, right: float) -> int | None:
+    """How many significant digits the answer ``value`` has, when it is ``right`` rounded to the decimals it was
+    written with (a float drops trailing zeros: 0.1 is 0.0996 to three decimals, 0.100); None when it is no such
+    rounding. Nothing is a rounding of 0, and 0 keeps no digit of anything.
+    """
+    if value == 0 or right == 0 or not math.isfinite(right):
+        return None
+    digits = None
+    for decimals in range(16):
+        # rel 1e-7: a float32 holding the rounded number (np.float32(2.52)) is 2.5199999..., still written as 2.52
+        written = math.isclose(value, round(value, decimals), rel_tol=1e-7)
+        if written and abs(value - right) <= 0.5 * 10.0**-decimals * (1 + 1e-9):
+            digits = decimals + math.floor(math.log10(abs(round(value, decimals)))) + 1
+    return digits
+
+
+def same_or_rounded(value: float, right: float, rel: float = 1e-3) -> bool:
+    """Whether an earlier exercise's answer, which a later check builds on, is right: within ``rel``, or rounded
+    keeping at least two significant digits, as ``verdict`` accepts it."""
+    return math.isclose(value, right, rel_tol=rel) or (rounded_digits(value, right) or 0) >= 2
 
 
 def attendee_error(err: BaseException, function, exercise: str, name: str, hint: str | None = None) -> NotYet:

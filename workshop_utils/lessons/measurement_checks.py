@@ -13,7 +13,8 @@ import numpy as np
 from ..system.display import format_number
 from ..system.errors import WorkshopError
 from .exercise_judging import attendee_error, checked, count, described, number, short, verdict
-from .exercises import passed, require, require_answered
+from .exercises import NotYet, passed, require, require_answered
+from .sweeps import METRICS, amdahl_speedup
 
 
 def _sweep_row(table, exercise: str, **match):
@@ -35,13 +36,19 @@ def constructed_loader_sweep(pinned: bool = True):
     waits longest, not at 0 workers, not the fastest and not the one with the most workers; so a function
     that takes ``sweep.iloc[0]``, the slowest row, the longest wait or the 0-worker row in place of its
     ``start`` argument gets another answer. Every row waits for data a different share of its step.
+
+    Its columns are those of ``dataloader_sweep``'s table, built the same way, so that a function reading any
+    of them (``start.amdahl_max_speedup``, ``step_ms_median``) runs here as on the measured sweep.
     """
     import pandas as pd
 
     rows = [(8, False, 1700.0, 0.30), (0, False, 1000.0, 0.55), (4, False, 1900.0, 0.12), (2, False, 1600.0, 0.25)]
     if pinned:
         rows += [(0, True, 1050.0, 0.50), (2, True, 1650.0, 0.22), (4, True, 2000.0, 0.08), (8, True, 1750.0, 0.18)]
-    table = pd.DataFrame(rows, columns=["num_workers", "pin_memory", "samples_per_s", "data_wait_fraction"])
+    # a batch of 64 at every row (step_ms_median), and an MFU that grows with the throughput
+    table = pd.DataFrame([{"num_workers": workers, "pin_memory": pin, **dict(zip(METRICS, (
+        samples, 64e3 / samples, wait, samples / 1e5))), "amdahl_max_speedup": amdahl_speedup(wait)}
+        for workers, pin, samples, wait in rows])
     return table, table.iloc[3].copy()
 
 
@@ -163,10 +170,23 @@ def memory_line(batch_sweep, exercise: str = "the check"):
     return float(slope), float(intercept)
 
 
+def _memory_limit(limit_mib, exercise: str) -> float:
+    """``limit_mib`` as MiB: the exercise cell sets it, so a value that is no limit is the attendee's to fix."""
+    problem = f"`limit_mib` = {short(repr(limit_mib), 40)} is no memory limit: it should be a number of MiB above 0."
+    fix = "keep the cell's first line, limit_mib = hp[\"memory_cap_mib\"] or the GPU's free memory in MiB."
+    try:
+        limit = number(limit_mib, exercise, "limit_mib", "one number, in MiB")
+    except NotYet:
+        raise NotYet(f"✗ {exercise}: {problem}", fix) from None
+    require(limit > 0, exercise, problem, fix)
+    return limit
+
+
 @checked
 def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: float,
                        exercise: str = "Exercise 4.2") -> bool:
     """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``."""
+    limit_mib = _memory_limit(limit_mib, exercise)
     slope, intercept = memory_line(batch_sweep, exercise)
     if not slope > 0:
         raise WorkshopError(f"{exercise}: the measured peak memory does not grow with the batch (slope {slope:.3g}).",

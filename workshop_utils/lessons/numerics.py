@@ -556,7 +556,8 @@ def plot_mode_speeds(table: pd.DataFrame, title: str = "Throughput by precision 
 def fp8_support(device: torch.device) -> str | None:
     """None when ``device`` can run FP8 matrix multiplies; otherwise the reason it cannot."""
     if (device := as_device(device, "FP8")).type != "cuda" or not torch.cuda.is_available():
-        return f"FP8 matrix multiplies need an NVIDIA GPU with FP8 tensor cores, and {device} is none."
+        return "FP8 matrix multiplies need an NVIDIA GPU with FP8 tensor cores, " + (
+            f"and {device} is none." if device.type != "cuda" else "and there is no GPU here (PyTorch sees none).")
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
         return (f"{torch.cuda.get_device_name(device)} (sm_{major}{minor}) has no FP8 tensor cores: "

@@ -15,7 +15,8 @@ import torch
 from ..spine.timing import Timings, time_repeats
 from ..system.errors import WorkshopError
 from ..system.hardware import PRECISIONS, peak_tflops
-from .exercise_judging import answered_input, as_device, attendee_error, checked, described, number, verdict
+from .exercise_judging import (answered_input, as_device, attendee_error, checked, described, number, same_or_rounded,
+                               verdict)
 from .exercises import NotYet, passed, require, require_answered
 
 
@@ -230,7 +231,7 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     achieved = number(achieved_tflops, exercise, "achieved_tflops (Exercise 1.1)")
     if flops_per_sample is not None and samples_per_s is not None:
         right_achieved = flops_per_sample * samples_per_s / 1e12
-        require(math.isclose(achieved, right_achieved, rel_tol=1e-3), exercise,
+        require(same_or_rounded(achieved, right_achieved), exercise,
                 f"`achieved_tflops` = {achieved:.4g} from Exercise 1.1 is not right yet, and MFU builds on it.",
                 "fix Exercise 1.1 first: its check says what is wrong.")
         achieved = right_achieved
@@ -250,7 +251,7 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                     "device divides by the rate measured there.",
                     "fix Exercise 1.2 first: its check says what is wrong.")
             right_rate = 2 * n**3 / float(np.median(timed_seconds(timings, exercise))) / 1e12
-            require(math.isclose(measured, right_rate, rel_tol=1e-3), exercise,
+            require(same_or_rounded(measured, right_rate), exercise,
                     f"`matmul_tflops` = {measured:.4g} from Exercise 1.2 is not right yet, and MFU on this device "
                     "divides by it.", "fix Exercise 1.2 first: its check says what is wrong.")
             measured = right_rate
