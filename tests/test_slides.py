@@ -167,7 +167,13 @@ def test_a_figure_comes_with_its_section_and_a_missing_one_is_a_notice(three_fol
     (newest / "figures" / "optimization_ladder.png").unlink()
     text, renderer = render(results, "x", "{{section ladder}}")
     assert "data:image/svg+xml;base64," in text and renderer.missing == []
-    # A figure that no chart draws (its data is not in the records) is the run's PNG, beside its section.
+    # The monitor is drawn from the samples notebook 04 keeps (results/monitor.json).
+    text, renderer = render(results, "x", "{{section monitor}}")
+    assert "data:image/svg+xml;base64," in text and renderer.pngs == []
+    # A run recorded before the samples were kept: no chart can be drawn, so the run's PNG, beside its section.
+    for samples in tmp_path.rglob("monitor.json"):
+        samples.unlink()
+    results = build.find_results(None, three_folders)
     text, renderer = render(results, "x", "{{section monitor}}")
     assert "data:image/png;base64," in text and renderer.pngs == ["monitor"] and "notebook's own chart" in text
     (newest / "figures" / "monitor.png").unlink()
@@ -510,7 +516,7 @@ def test_build_fills_in_code_numbers_and_figures_within_budget(built):
     assert "def ring_all_reduce_s" in rendered["02_ddp"]  # code pulled from the package
     assert "DistributedDataParallel(self.model" in rendered["02_ddp"]
     assert "data:image/svg+xml;base64," in rendered["03_optimization"]  # charts drawn from the records
-    assert "data:image/png;base64," in rendered["03_optimization"]  # the monitor: its samples are not recorded
+    assert "data:image/png;base64," not in rendered["03_optimization"]  # no notebook PNG shrunk onto a slide
     assert "<!--" in rendered["01_fundamentals"]  # speaker notes
     assert "10:00–10:15" in rendered["00_overview"]  # the agenda
     for name in DECKS:

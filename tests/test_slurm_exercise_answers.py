@@ -937,7 +937,7 @@ def test_what_a_function_or_unset_does_is_followed(edit, words):
 
 
 @pytest.mark.parametrize("edit", [
-    lambda s: s.replace(TEMPLATE_LAUNCH, "go() { " + TEMPLATE_LAUNCH).replace('"$@" &', '"$@"; }; go &'),
+    lambda s: s.replace(TEMPLATE_LAUNCH, "go() { " + TEMPLATE_LAUNCH).replace('"$@" &', '"$@"; }; go "$@" &'),
     with_host_from(f"setup() {{ MASTER_ADDR={FIRST}; }}\nsetup"),
     with_host_from(f"function setup {{ MASTER_ADDR={FIRST}; }}\nsetup"),
 ], ids=["a launch in a function called in the background", "the host set by a function called",

@@ -12,6 +12,7 @@ from workshop_utils.lessons import slurm_exercises as se
 from test_slurm_exercise_answers_2 import FIRST, LAUNCH, PKILL, WAIT, host, refused, script
 
 EP_END = '-m workshop_utils.train "$@" &'
+FORWARD_LINE = next(line for line in script().splitlines() if line.startswith("forward() {"))
 BODY = "forward() {"
 
 
@@ -55,6 +56,24 @@ RIGHT = {
     "pid=$! and wait $pid": lambda s: s.replace(WAIT, 'pid=$!\nwhile ! wait "$pid"; do kill -0 "$pid" 2>/dev/null || break; done'),
     "a long --rdzv-conf timeout": lambda s: s.replace("--rdzv-backend=c10d", "--rdzv-backend=c10d --rdzv-conf=join_timeout=900"),
     "#!/usr/bin/env bash": lambda s: s.replace("#!/bin/bash", "#!/usr/bin/env bash"),
+    # The fourth review's right answers
+    "cd || { echo; exit 1; }": lambda s: s.replace(LAUNCH, 'cd "$SLURM_SUBMIT_DIR" || { echo "cannot cd" >&2; exit 1; }\n'
+                                                  + LAUNCH),
+    "[ -z ] && { echo; exit 1; }": lambda s: s.replace(LAUNCH, '[ -z "${SLURM_JOB_ID:-}" ] && { echo use sbatch; exit 1; }\n'
+                                                      + LAUNCH),
+    "until wait; rc; test": lambda s: s.replace(WAIT, 'pid=$!\nuntil wait "$pid"; rc=$?; [ "$rc" -le 128 ]; do :; done'),
+    "while wait; test -gt 128": lambda s: s.replace(WAIT, "pid=$!\nwhile wait $pid; [ $? -gt 128 ]; do :; done"),
+    "while true with wait && break": lambda s: s.replace(
+        WAIT, "pid=$!\nwhile true; do wait $pid && break; kill -0 $pid 2>/dev/null || break; done"),
+    "while jobs %1; do wait %1": lambda s: s.replace(WAIT, "while jobs %1 >/dev/null 2>&1; do wait %1; done"),
+    "srun -N $SLURM_NNODES in forward": lambda s: s.replace("srun --overlap --ntasks-per-node=1 ",
+                                                            'srun --overlap -N "$SLURM_NNODES" --ntasks-per-node=1 '),
+    "setsid srun": lambda s: s.replace(LAUNCH, "setsid " + LAUNCH),
+    "timeout 50m torchrun": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "timeout 50m torchrun")),
+    "apptainer exec": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "apptainer exec img.sif torchrun")),
+    "/usr/bin/time -v": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "/usr/bin/time -v torchrun")),
+    "a launch function called with $@": lambda s: s.replace(LAUNCH, "launch() {\n" + LAUNCH).replace(
+        EP_END, EP_END + "\n}\nlaunch \"$@\""),
     "#SBATCH --mem=4G": lambda s: s.replace("#SBATCH --output", "#SBATCH --mem=4G\n#SBATCH --output"),
 }
 
@@ -122,6 +141,27 @@ WRONG = {
                                         ["--nnodes=$SLURM_JOB_NUM_NODES"]),
     "#!/bin/zsh": (lambda s: s.replace("#!/bin/bash", "#!/bin/zsh"), ["zsh, not bash"]),
     "#!/usr/bin/env zsh": (lambda s: s.replace("#!/bin/bash", "#!/usr/bin/env zsh"), ["zsh, not bash"]),
+    # The fourth review's wrong answers
+    "a trap that exits": (lambda s: s.replace("trap forward USR1", "trap 'forward; exit 0' USR1"), ["exit", "checkpoint"]),
+    "forward that exits": (lambda s: s.replace("|| true; }", "|| true; exit 0; }"), ["exit", "checkpoint"]),
+    "a background job after the launch": (lambda s: s.replace(EP_END + "\n", EP_END + "\n(while sleep 30; do date; done) &\n"),
+                                          ["$!", "pid=$!"]),
+    "& inside forward": (lambda s: s.replace("|| true; }", "|| true & }"), ["$!", "no & inside forward"]),
+    "srun --signal on the launch": (lambda s: s.replace(LAUNCH, LAUNCH.replace("srun", "srun --signal=USR1@60")),
+                                    ["--signal", "torchrun agents"]),
+    "forward defined after the wait": (lambda s: s.replace(FORWARD_LINE + "\n", "").replace(WAIT, WAIT + "\n" + FORWARD_LINE),
+                                       ["defined only after the wait loop"]),
+    "an unset variable in the loop's body": (lambda s: s.replace(WAIT, 'pid=$!\nwhile ! wait $pid; do kill -0 $pdi 2>/dev/null || break; done'),
+                                             ["$pdi", "never sets"]),
+    "a launch function called without $@": (lambda s: s.replace(LAUNCH, "launch() {\n" + LAUNCH).replace(
+        EP_END, EP_END + "\n}\nlaunch"), ['called without "$@"']),
+    "kill -USR1 -1": (lambda s: s.replace(PKILL, "kill -USR1 -1"), ["-1", "every process"]),
+    "killall python3": (lambda s: s.replace(PKILL, "killall -USR1 python3"), ["misses", "named python"]),
+    "pkill -U root": (lambda s: s.replace("pkill -USR1", "pkill -USR1 -U root"), ["root"]),
+    "pkill --cgroup": (lambda s: s.replace("pkill -USR1", "pkill -USR1 --cgroup /x"), ["narrows"]),
+    "#SBATCH --deadline": (lambda s: s.replace("#SBATCH --output", "#SBATCH --deadline=now+1minute\n#SBATCH --output"),
+                           ["--deadline"]),
+    "a lone surrogate": (lambda s: s.replace("ex61-train", "ex61-train\ud800"), ["U+D800"]),
     "pkill -s": (lambda s: s.replace(PKILL, PKILL.replace("-USR1", "-s USR1")), ["pkill -s", "session"]),
     "forward defined again as a no-op": (lambda s: s.replace("trap forward USR1", "trap forward USR1\nforward() { :; }"),
                                          ["forward", "sends no signal"]),

@@ -77,6 +77,7 @@ def unreached_commands(commands: list[Command]) -> dict[int, str]:
         words, k = command.words, 0
         runs = True if previous not in ("&&", "||") else (
             None if previous_status is None else previous_status == (previous == "&&"))
+        skipped = f"after `{show(' '.join(before))} {previous}`, which skips it"
         while k < len(words) and (words[k] in LEADING or words[k] in _OPENERS or words[k] in _CLOSERS):
             word = words[k]
             if word in ("if", "while", "until"):
@@ -90,8 +91,8 @@ def unreached_commands(commands: list[Command]) -> dict[int, str]:
             if word in ("for", "select", "case"):
                 frames.append({"now": None, "else": None})
                 break
-            if word == "{":
-                frames.append({"now": "", "else": ""})
+            if word == "{":  # a group runs as its first command would: `cmd || { ...; exit 1; }` only maybe
+                frames.append({"now": "" if runs is True else None if runs is None else skipped, "else": ""})
             elif word in ("else", "elif") and frames:
                 frames[-1]["now"] = frames[-1]["else"] if word == "else" else None
             elif word in _CLOSERS and frames:
@@ -99,7 +100,7 @@ def unreached_commands(commands: list[Command]) -> dict[int, str]:
             k += 1
         why = ended or next((f["now"] for f in frames if f["now"]), None)
         if not why and runs is False:
-            why = f"after `{show(' '.join(before))} {previous}`, which skips it"
+            why = skipped
         if why:
             found[index] = why
             previous, previous_status, before = command.operator, None, words

@@ -308,6 +308,7 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
             i += 1
             continue
         if ch == ")":
+            end_word()  # `done)` closes the loop before the parenthesis closes its subshell
             if top("("):
                 end_command(")")
                 close_level()

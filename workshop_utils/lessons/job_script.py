@@ -99,6 +99,11 @@ class RaisingParser(argparse.ArgumentParser):
 COMMAND_PREFIXES = LEADING | {"exec", "nohup", "command", "builtin"}
 # Programs that run the command after their own options unchanged, and what those options look like.
 _WRAPPERS = {"nice": re.compile(r"-n|-?[0-9]+|--adjustment(=-?[0-9]+)?|-n-?[0-9]+"),
+             "setsid": re.compile(r"-[a-z]+|--(ctty|fork|wait)"),
+             "timeout": re.compile(r"-[a-zA-Z]+|--[a-z-]+(=\S+)?|[0-9.]+[smhd]?|[A-Z]+[0-9]*"),
+             "time": re.compile(r"-[vpq]|--(verbose|portability|quiet|append)|-[oaf]|--(output|format)=\S+"),
+             "apptainer": re.compile(r"exec|--?[a-z-]+(=\S+)?|\S+\.(sif|img|simg)|docker://\S+"),
+             "singularity": re.compile(r"exec|--?[a-z-]+(=\S+)?|\S+\.(sif|img|simg)|docker://\S+"),
              "stdbuf": re.compile(r"-[ioe](L|[0-9]+[KMG]?)?|--(input|output|error)=\S+|L|[0-9]+[KMG]?"),
              "nohup": re.compile(r"(?!)"), "numactl": re.compile(r"-[a-zA-Z]|--[a-z-]+(=\S+)?|[0-9,-]+|all")}
 
@@ -118,6 +123,14 @@ class Launch:
     exec_: bool = False  # started with exec, which replaces the batch shell (and its trap) with it
 
 
+def _past_wrappers(words: list[str], i: int) -> int:
+    """The index past ``nice -n 5``, ``setsid``, ``timeout 50m``...: programs that run the rest unchanged."""
+    while i < len(words) and basename(words[i]) in _WRAPPERS:
+        i += 1 + next((k for k, w in enumerate(words[i + 1:]) if not _WRAPPERS[basename(words[i])].fullmatch(w)),
+                      len(words) - i - 1)
+    return i
+
+
 def _launch_of(words: list[str], command: Command) -> Launch | None:
     """The command as a torchrun launch (``torchrun``, ``python[3] -m torch.distributed.run``, either after
     ``srun [options]``), or None when it starts something else."""
@@ -131,6 +144,7 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
             env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
             i += 1
     srun, refusal, replaces = None, None, "exec" in words[:i]
+    i = _past_wrappers(words, i)  # setsid srun ...
     if i < len(words) and basename(words[i]) == "srun":
         try:
             found, rest = getopt_long(words[i + 1:], SRUN)
@@ -141,9 +155,7 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
             if not starts:
                 return None
             srun, refusal, i = {}, str(problem), starts[0]
-    while i < len(words) and basename(words[i]) in _WRAPPERS:  # srun nice -n 5 torchrun: the same launch
-        i += 1 + next((k for k, w in enumerate(words[i + 1:]) if not _WRAPPERS[basename(words[i])].fullmatch(w)),
-                      len(words) - i - 1)
+    i = _past_wrappers(words, i)
     while i < len(words) and words[i] == "env":  # srun ... env A=1 torchrun
         i += 1
         while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
@@ -292,6 +304,7 @@ class JobRequest:
     ran: list[Command] = dataclasses.field(default_factory=list)  # in the order bash runs them, calls followed
     functions: dict[str, list[Command]] = dataclasses.field(default_factory=dict)  # NAME -> its body's commands
     launched_at: int = -1  # the index in ``ran`` of the first launch
+    defined_at: dict[str, int] = dataclasses.field(default_factory=dict)  # NAME -> len(ran) where it is defined
 
 
 def _count(value, flag: str, fix: str) -> int:
@@ -320,6 +333,7 @@ _CHANGES_THE_JOB = {
               "#SBATCH --nodes changes) the tasks would no longer be one per node",
     "begin": "delays the job's start: it waits in the queue until then",
     "dependency": "makes the job wait for another job (and never start if that one fails)",
+    "deadline": "cancels the job when it cannot end by then, which a queue can make it miss",
     "time-min": "lets Slurm cut the time limit down to it, below what the warning's lead was planned on",
     **{gpus: "asks for GPUs, which this training does not use (it runs on CPU cores): the job would wait for a GPU "
              "node and hold its GPUs idle" for gpus in ("gres", "gpus", "gpus-per-node", "gpus-per-task")},
@@ -405,8 +419,9 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
     commands = shell_commands(script)
     launches, after, functions, ran, at = [], [], {}, [], []
 
-    def run(command: Command, depth: int = 0):
-        """Follow one command as bash runs it; a function's body where the function is called."""
+    def run(command: Command, depth: int = 0, passes_args: bool = True):
+        """Follow one command as bash runs it; a function's body where the function is called (``passes_args``:
+        whether that call hands the script's "$@" on)."""
         if not command.nested:
             ran.append(command)
         if depth == 0 and not command.nested and [w for w in command.words if w not in LEADING][:1] == ["local"]:
@@ -425,6 +440,10 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         except Problem as problem:
             raise Problem(shell.readable(str(problem))) from None
         if launch:
+            if not passes_args and any("$@" in w for w in command.words):
+                raise Problem(f"the launch sits in a function called without \"$@\": inside it \"$@\" is the "
+                              "function's own arguments, none, so the check's training flags never reach the "
+                              "training. Fix: call it with \"$@\", or launch at the script's top level.")
             at.append(len(ran) - 1)
             launches.append(launch)
             return
@@ -432,15 +451,17 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         if called in functions and depth < 8:
             for inner in functions[called]:
                 run(dataclasses.replace(inner, where=inner.where or command.where,
-                                        background=inner.background or command.background), depth + 1)
+                                        background=inner.background or command.background), depth + 1,
+                    passes_args and any("$@" in w for w in command.words))
         elif launches:
             after.append(fields)
 
-    unreached, definitions = unreached_commands(commands), {}
+    unreached, definitions, defined_at = unreached_commands(commands), {}, {}
     for index, command in enumerate(commands):
         if command.function:
             if definitions.get(command.function) != command.definition:  # defined again: the new body replaces it
                 functions[command.function], definitions[command.function] = [], command.definition
+                defined_at[command.function] = len(ran)
             functions[command.function].append(dataclasses.replace(command, function=None))
         elif index not in unreached:
             run(command)
@@ -448,7 +469,7 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             raise Problem(f"the torchrun line comes {unreached[index]}: bash never runs it, so the job would start "
                           "nothing. Fix: the launch line at the script's top level, as in the template.")
     return JobRequest(directives, nodes, tasks, cpus, commands, shell, launches, after, ran, functions,
-                      at[0] if at else -1)
+                      at[0] if at else -1, defined_at)
 
 
 def node_text(job: JobRequest) -> str:

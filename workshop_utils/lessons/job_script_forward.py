@@ -9,7 +9,7 @@ import re
 import signal as signals
 
 from .answer_values import Problem, show
-from .bash_expansion import basename, literal
+from .bash_expansion import basename, literal, render
 from .bash_reader import ASSIGNMENT, LEADING, Command, shell_commands
 from .job_script import JobRequest, JobSpec, Launch
 from .slurm_rules import SRUN, getopt_long, whole
@@ -18,6 +18,7 @@ TEMPLATE_WAIT = "while ! wait $!; do kill -0 $! 2>/dev/null || break; done"
 TEMPLATE_FORWARD = ('forward() { srun --overlap --ntasks-per-node=1 pkill -USR1 -f "python[0-9.]* -u -m '
                     'workshop_utils.train" || true; }')
 _SENDERS = ("pkill", "kill", "killall", "scancel")
+ALL_NODES = "$SLURM_JOB_NUM_NODES"
 _SILENT = (":", "true", "false", "echo", "printf", "wait", "exit", "return", "sleep", "date", "logger")  # send nothing
 # What runs on a node while the job trains: torchrun (the agent) and the batch node's srun, which must not be
 # signalled (torchrun and srun do not handle SIGUSR1: srun passes it on to torchrun, whose default action ends
@@ -105,19 +106,21 @@ def _trap_problem(job: JobRequest, warning: int, spec: JobSpec) -> tuple[str | N
 
 def _sent_signal(program: str, args: list[str]) -> tuple[int, list[str], bool]:
     """(the signal pkill/kill/killall sends, their other operands, whether pkill matches full command lines)."""
-    sent, rest, full, i = int(signals.SIGTERM), [], False, 0
+    sent, rest, full, i, given = int(signals.SIGTERM), [], False, 0, False
     while i < len(args):
         arg = args[i]
         if arg in ("--signal", "-s") and (program != "pkill" or arg == "--signal") and i + 1 < len(args):
-            sent, i = _signal_of(args[i + 1]) or -1, i + 2
+            sent, i, given = _signal_of(args[i + 1]) or -1, i + 2, True
             continue
         if arg.startswith("--signal="):
-            sent = _signal_of(arg.partition("=")[2]) or -1
+            sent, given = _signal_of(arg.partition("=")[2]) or -1, True
         elif program == "pkill" and arg in _PKILL_VALUES:
             rest, i = rest + [arg, args[i + 1] if i + 1 < len(args) else ""], i + 2
             continue
+        elif program == "kill" and given and re.fullmatch(r"-[0-9]+", arg):
+            rest.append(arg)  # after the signal, kill -1 is a process id: every process the user may signal
         elif re.fullmatch(r"-(SIG)?[A-Za-z]+[0-9]*|-[0-9]+", arg) and _signal_of(arg[1:]) is not None:
-            sent = _signal_of(arg[1:])
+            sent, given = _signal_of(arg[1:]), True
         elif program == "pkill" and re.fullmatch(r"-[a-zA-Z]+", arg):
             full = full or "f" in arg
             rest.append(arg)
@@ -132,12 +135,14 @@ def _sent_signal(program: str, args: list[str]) -> tuple[int, list[str], bool]:
 _PKILL_SELECT = {"P": "--parent", "t": "--terminal", "g": "--pgroup", "G": "--group", "F": "--pidfile",
                  "r": "--runstates"}
 _PKILL_SELECT_LONG = {"--parent", "--terminal", "--pgroup", "--group", "--pidfile", "--runstates", "--session",
-                      "--ns", "--nslist", "--older"}
+                      "--ns", "--nslist", "--older", "--cgroup"}
 
 
 def _pkill_option_problem(options: list[str]) -> str | None:
     """Why pkill's options keep the signal from some training process; None when they do not."""
-    for option in options:
+    for option, value in zip(options, [*options[1:], ""]):
+        if option in ("-u", "-U", "--euid", "--uid") and value in ("root", "0"):
+            return f"pkill {option} {value} matches root's processes only, and the training runs as you"
         if not option.startswith("-"):
             continue
         if re.search(r"\s", option):
@@ -183,7 +188,9 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
     unknown, said = False, []
     for command in runs:
         words = [f for w in _words(command) for f in job.shell.fields(w)]
-        words = [literal(job.shell.decode(w)) or "?" for w in words]
+        # The job's own node count stands for itself: srun -N "$SLURM_NNODES" runs on every node.
+        words = [ALL_NODES if re.fullmatch(r"\$\{?SLURM_(JOB_NUM_NODES|NNODES)\}?", render(job.shell.decode(w)))
+                 else literal(job.shell.decode(w)) or "?" for w in words]
         said += [" ".join(words)] if words else []
         srun = None
         if words and basename(words[0]) == "srun":
@@ -207,6 +214,17 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
         if sent != warning:
             return (f"{program} sends {_signal_name(sent) if sent > 0 else 'a signal it cannot read'}, and the "
                     f"training loop listens for SIG{spec.warning}. {fix}")
+        if program == "kill" and any(re.fullmatch(r"-[0-9]+|0", a) for a in rest):
+            return (f"kill {' '.join(a for a in rest if re.fullmatch(r'-[0-9]+|0', a))} signals a whole process "
+                    "group or every process you may signal, torchrun and the batch shell among them (SIGUSR1 ends "
+                    f"both). {fix}")
+        if program == "killall":
+            names = {a for a in rest if not a.startswith("-")}
+            missed = [name for name, _ in _TRAINING if name not in names]
+            if names and missed and "-r" not in rest and "--regexp" not in rest:
+                return (f"killall {' '.join(sorted(names))} misses training processes named {missed[0]}: torchrun "
+                        "starts them with its own interpreter, python, python3 or python3.11 as the environment has "
+                        f"it. {fix}")
         if program == "pkill":
             narrowed = _pkill_option_problem(rest)
             if narrowed:
@@ -223,7 +241,8 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
             return ("srun in the trap has no --overlap: the training step holds every CPU of the job, so since "
                     "Slurm 20.11 this step waits for them until training has ended, too late. " + fix)
         tasks = whole(srun.get("ntasks") or "") if srun else None
-        if srun is not None and spec.every_node and (tasks is not None and tasks < 2 or "nodes" in srun):
+        if srun is not None and spec.every_node and (tasks is not None and tasks < 2 or
+                                                     srun.get("nodes", ALL_NODES) != ALL_NODES):
             return ("srun in the trap fixes its tasks or nodes: with --nodes=2 it would not run on every node, so "
                     "one node's training would not get the warning. Fix: srun --overlap --ntasks-per-node=1, one "
                     "task on each of the job's nodes.")
@@ -235,28 +254,59 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
     return None  # a command the check does not know (a helper script): what it does decides
 
 
-def _wait_loop_problem(job: JobRequest, index: int, words: list[str], fix: str) -> str | None:
-    """Why ``while ! wait ...`` would not end when training does, or waits for nothing; None when it is right."""
-    set_anywhere = {found.group(1) for c in job.commands for w in c.words for found in [ASSIGNMENT.match(w)] if found}
-    set_anywhere |= {w for c in job.commands if c.words[:1] in (["read"], ["declare"], ["local"], ["export"])
-                     for w in c.words[1:]}
-    for arg in words[1:]:
-        name = re.fullmatch(r'"?\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?"?', arg)
-        if name and name.group(1) not in set_anywhere and not name.group(1).startswith("SLURM_"):
-            return (f"`wait {show(arg)}` waits for ${name.group(1)}, which the script never sets: under set -u bash "
-                    "stops there as training starts (without it, wait fails at once), and Slurm ends the job. "
-                    f"Fix: wait $! (or a variable set to $! right after the launch). {fix}")
-    depth = 0
+def _loop_body(job: JobRequest, index: int) -> list[Command]:
+    """The commands of the loop that starts at ``job.ran[index]``, up to its own ``done``."""
+    body, depth = [], 0
     for inner in job.ran[index + 1:]:
-        depth += sum(w in ("while", "until") for w in inner.words[:1])
-        if inner.words[:1] == ["done"]:
+        depth += inner.words[:1] in (["while"], ["until"], ["for"])
+        if inner.words[:1] == ["done"] or inner.words[-1:] == ["done"]:
             if depth == 0:
                 break
             depth -= 1
-        if any(w in ("break", "exit", "return") for w in inner.words):
-            return None
+        body.append(inner)
+    return body
+
+
+def _unset_problem(job: JobRequest, index: int, fix: str) -> str | None:
+    """A variable the wait loop reads that the script never sets: set -u ends the batch shell there."""
+    set_anywhere = {found.group(1) for c in job.commands for w in c.words for found in [ASSIGNMENT.match(w)] if found}
+    set_anywhere |= {w for c in job.commands if c.words[:1] in (["read"], ["declare"], ["local"], ["export"])
+                     for w in c.words[1:]}
+    for command in [job.ran[index], *_loop_body(job, index)]:
+        for word in command.words:
+            for name in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", word):
+                if name not in set_anywhere and not name.startswith("SLURM_") and name not in ("HOME", "USER", "PATH"):
+                    return (f"the wait loop reads ${name}, which the script never sets: under set -u bash stops "
+                            "there as training starts (without it, wait or kill fails at once), and Slurm ends the "
+                            f"job. Fix: $! or a variable set to $! right after the launch. {fix}")
+    return None
+
+
+def _wait_loop_problem(job: JobRequest, index: int, words: list[str], fix: str) -> str | None:
+    """Why ``while ! wait ...`` would not end when training does, or waits for nothing; None when it is right."""
+    problem = _unset_problem(job, index, fix)
+    if problem:
+        return problem
+    simple = index + 1 < len(job.ran) and job.ran[index + 1].words[:1] == ["do"]  # one command as its condition
+    if not simple or any(w in ("break", "exit", "return") for c in _loop_body(job, index) for w in c.words):
+        return None
     return ("the loop never ends when training fails: wait returns the failure, then 127 for a process already "
             f"reaped, and the loop asks again until the time limit. Leave it once the process is gone. {fix}")
+
+
+def _pid_problem(job: JobRequest, runs: list[Command], waits_at: int) -> str | None:
+    """Something started in the background after the launch takes over $!, which the wait loop waits for."""
+    if not any("$!" in w or "${!}" in w for w in job.ran[waits_at].words):
+        return None
+    between = [c for c in job.ran[job.launched_at + 1:waits_at] if c.background and not c.nested]
+    if between:
+        return (f"`{show(' '.join(between[0].words))} &` runs in the background after the launch, so $! is its "
+                "process, not srun's: the wait loop would wait for it. Fix: pid=$! right after the launch line, "
+                "and wait \"$pid\".")
+    if any(c.background for c in runs):
+        return ("the trap starts a command in the background (&), which sets $! to it: after the first warning the "
+                "wait loop waits for that command, not for training. Fix: no & inside forward.")
+    return None
 
 
 def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
@@ -276,6 +326,8 @@ def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
         words = words[1:] if words[:1] == ["!"] else words
         if raw[:1] in (["while"], ["until"]) and words[:1] == ["wait"]:
             return _wait_loop_problem(job, index, words, fix), index
+        if raw[:1] in (["while"], ["until"]) and any(_words(c)[:1] == ["wait"] for c in _loop_body(job, index)):
+            return _unset_problem(job, index, fix), index  # its own condition or break ends it
         if raw[:1] == ["while"] and words[:2] == ["kill", "-0"]:
             for inner in job.ran[index + 1:]:
                 inner_words = _words(inner)
@@ -318,5 +370,18 @@ def forward_problem(job: JobRequest, launch: Launch, spec: JobSpec) -> str | Non
         return ("the trap is set only after the wait loop, once training has ended: during training the warning "
                 "meets the default action, which ends the batch shell. Fix: trap forward USR1 before the launch, "
                 "as in the template.")
-    return _sender_problem(job, runs, warning, spec)
+    late = [name for name, at in job.defined_at.items() if at > waits_at and name in _trap_words(job)]
+    if late:
+        return (f"{late[0]} is defined only after the wait loop: when the warning comes, during the loop, bash "
+                f"has no {late[0]} yet and says \"command not found\". Fix: define it before the trap, as the "
+                "template does.")
+    if any(_words(c)[:1] == ["exit"] for c in runs):
+        return ("the trap ends the batch shell (exit) right after passing the warning on: Slurm then ends the job's "
+                "steps while the training still writes its checkpoint. Fix: no exit in the trap: the wait loop "
+                "ends the script once training has.")
+    return _pid_problem(job, runs, waits_at) or _sender_problem(job, runs, warning, spec)
+
+
+def _trap_words(job: JobRequest) -> set[str]:
+    return {w for c in job.ran if _words(c)[:1] == ["trap"] for w in _words(c)[1:]}
 

@@ -352,6 +352,7 @@ _SRUN_BREAKS = {
     "--mem": "gives the step its own memory limit, one the processes may not fit",
     "--mem-per-cpu": "gives the step its own memory limit, one the processes may not fit",
     "--immediate": "gives up when the step's resources are not free at once",
+    "--signal": "makes Slurm signal the step's tasks, the torchrun agents, which SIGUSR1 ends",
 }
 
 

@@ -19,6 +19,11 @@ _LONGEST_WORD = 10_000
 
 def text_problem(script: str) -> str | None:
     """What is wrong with the script's text as text, before sbatch or bash reads a word of it."""
+    try:
+        script.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return (f"the script holds a character that is no text (U+{ord(script[err.start]):04X}, half of a "
+                "surrogate pair), which no file can hold. Fix: type that character again, or remove it.")
     if script.startswith("\ufeff"):
         return ("the script starts with a byte-order mark (BOM, U+FEFF), so its first line is not #!: sbatch refuses "
                 "it. Fix: save it as UTF-8 without BOM.")
