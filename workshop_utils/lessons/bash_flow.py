@@ -48,28 +48,36 @@ def constant(words: list[str]) -> bool | None:
     return None if said is None else said != negate
 
 
-def _exits(body: list[Command]) -> bool:
-    """Whether a function's body ends the script every time it is called: an exit outside any condition."""
+def _exits(body: list[Command], exiting: set[str]) -> bool:
+    """Whether a function's body ends the script every time it is called: an exit (or a call of a function that
+    exits) outside any condition."""
     depth, previous = 0, "\n"
     for command in body:
         words, k = command.words, 0
         while k < len(words) and (words[k] in LEADING or words[k] in _OPENERS or words[k] in _CLOSERS):
             depth += (words[k] in _OPENERS) - (words[k] in _CLOSERS)
             k += 1
-        if depth <= 1 and words[k:k + 1] == ["exit"] and previous not in ("&&", "||") and not command.where:
+        if depth <= 1 and (words[k:k + 1] == ["exit"] or words[k:k + 1] and words[k] in exiting) and \
+                previous not in ("&&", "||") and not command.where:
             return True
         previous = command.operator
     return False
 
 
-def unreached_commands(commands: list[Command]) -> dict[int, str]:
-    """Index -> why bash never runs that top-level command."""
+def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[int, str]:
+    """Index -> why bash never runs that top-level command (``errexit``: set -e from the start, as
+    ``#!/bin/bash -e`` sets it)."""
     bodies: dict[str, list[Command]] = {}
     for command in commands:
         if command.function and not command.nested:
             bodies.setdefault(command.function, []).append(command)
-    exiting = {name for name, body in bodies.items() if _exits(body)}
-    found, frames, ended, errexit = {}, [], None, False
+    exiting: set[str] = set()
+    while True:  # a function that calls one that exits exits too
+        more = {name for name, body in bodies.items() if name not in exiting and _exits(body, exiting)}
+        if not more:
+            break
+        exiting |= more
+    found, frames, ended = {}, [], None
     previous, previous_status, before = "\n", None, []  # the command before: its operator, status, words
     for index, command in enumerate(commands):
         if command.nested or command.function:

@@ -456,7 +456,8 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         elif launches:
             after.append(fields)
 
-    unreached, definitions, defined_at = unreached_commands(commands), {}, {}
+    errexit = re.match(r"#!\S+(\s+-\w*e\w*)", script) is not None  # #!/bin/bash -e
+    unreached, definitions, defined_at = unreached_commands(commands, errexit), {}, {}
     for index, command in enumerate(commands):
         if command.function:
             if definitions.get(command.function) != command.definition:  # defined again: the new body replaces it
