@@ -154,20 +154,24 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
     same = same or (lambda a, b: math.isclose(a, b, rel_tol=rel, abs_tol=abs_tol))
     if same(value, right):
         return
-    # A rounded answer is judged before the mistakes: a rounding can land on a mistake's value by chance (6/39
-    # non-zero values lost is 0.15 to two decimals, and 6/40, all values counted, is 0.15 exactly).
-    digits = rounded_digits(value, right)
-    if digits is not None and digits >= 2:
-        return
-    require(digits != 1, exercise, f"`{name}` = {value:g} is rounded to a single significant digit, too few to tell "
-                                   "the right answer from a mistake.",
-            f"give at least two significant digits: round to more decimals, or leave `{name}` unrounded.")
     matched = []
     for wrong, problem, fix in mistakes:
         if wrong is None or (isinstance(wrong, float) and math.isnan(wrong)):
             continue
         if not same(wrong, right) and same(value, wrong) and problem not in [p for p, _ in matched]:
             matched.append((problem, fix))
+    digits = rounded_digits(value, right)
+    more = f"give more significant digits: round to more decimals, or leave `{name}` unrounded."
+    if digits is not None and digits >= 2:
+        # A rounding can land on a mistake's value (6/39 values lost is 0.15 to two decimals, 6/40 is 0.15):
+        # which of the two it is, only more digits tell.
+        require(not matched, exercise, f"`{name}` = {value:g} is the right value rounded, and also what a mistake "
+                                       f"gives here ({matched[0][0] if matched else ''}).", more)
+        return
+    require(digits is None or matched, exercise,
+            f"`{name}` = {value:g} keeps fewer than two significant digits of the answer, too few to tell the "
+            "right answer from a mistake.", f"give at least two significant digits: round to more decimals, or "
+                                            f"leave `{name}` unrounded.")
     shown = f"`{name}` = {value:.4g}"
     if len(matched) == 1:
         raise NotYet(f"✗ {exercise}: {shown}: {matched[0][0]}", matched[0][1])
@@ -180,18 +184,25 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
 
 
 def rounded_digits(value: float, right: float) -> int | None:
-    """How many significant digits the answer ``value`` has, when it is ``right`` rounded to the decimals it was
-    written with (a float drops trailing zeros: 0.1 is 0.0996 to three decimals, 0.100); None when it is no such
-    rounding. Nothing is a rounding of 0, and 0 keeps no digit of anything.
+    """How many significant digits the answer ``value`` keeps, when it is ``right`` rounded to the decimals it was
+    written with; None when it is no such rounding. A float drops trailing zeros (0.3 may be 0.2961 to two
+    decimals, 0.30), so the most decimals that fit are taken, except for a power of ten: 1 for 0.968 is read
+    as written, no decimal and no digit kept, since that is where "rounded" and "ignored" meet. Nothing is a
+    rounding of 0.
     """
     if value == 0 or right == 0 or not math.isfinite(right):
         return None
+    power_of_ten = math.isclose(math.log10(abs(value)), round(math.log10(abs(value))), abs_tol=1e-9)
     digits = None
     for decimals in range(16):
         # rel 1e-7: a float32 holding the rounded number (np.float32(2.52)) is 2.5199999..., still written as 2.52
         written = math.isclose(value, round(value, decimals), rel_tol=1e-7)
         if written and abs(value - right) <= 0.5 * 10.0**-decimals * (1 + 1e-9):
-            digits = decimals + math.floor(math.log10(abs(round(value, decimals)))) + 1
+            digits = decimals + math.floor(math.log10(abs(right))) + 1
+            if power_of_ten:
+                break
+        elif written and power_of_ten:
+            break
     return digits
 
 
