@@ -69,7 +69,12 @@ RIGHT = {
     "srun -N $SLURM_NNODES in forward": lambda s: s.replace("srun --overlap --ntasks-per-node=1 ",
                                                             'srun --overlap -N "$SLURM_NNODES" --ntasks-per-node=1 '),
     "setsid srun": lambda s: s.replace(LAUNCH, "setsid " + LAUNCH),
-    "timeout 50m torchrun": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "timeout 50m torchrun")),
+    # The fifth review's right answers
+    "an exit in a case arm": lambda s: s.replace("set -uo pipefail\n", 'set -uo pipefail\ncase "${1:-}" in\n'
+                                                 '  -h|--help) echo usage; exit 0 ;;\nesac\n'),
+    "| tee train.log &": lambda s: s.replace('"$@" &', '"$@" 2>&1 | tee train.log &'),
+    "set -e then set +e then false": lambda s: s.replace(LAUNCH, "set -e\nset +e\nfalse\n" + LAUNCH),
+    "set -e then ! false": lambda s: s.replace(LAUNCH, "set -e\n! false\n" + LAUNCH),
     "apptainer exec": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "apptainer exec img.sif torchrun")),
     "/usr/bin/time -v": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "/usr/bin/time -v torchrun")),
     "a launch function called with $@": lambda s: s.replace(LAUNCH, "launch() {\n" + LAUNCH).replace(
@@ -166,6 +171,18 @@ WRONG = {
     "a function that exits through another": (lambda s: s.replace(LAUNCH, "g() { exit 1; }\nf() { g; }\nf\n" + LAUNCH),
                                               ["`f`", "never"]),
     "a lone surrogate": (lambda s: s.replace("ex61-train", "ex61-train\ud800"), ["U+D800"]),
+    # The fifth review's wrong answers
+    **{f"a loop that never ends: {loop}": (lambda s, loop=loop: s.replace(WAIT, loop), ["never ends"])
+       for loop in ("while true; do wait; done", "while true; do wait $!; done", "while :; do wait $!; sleep 1; done",
+                    "pid=$!\nwhile true; do wait $pid || continue; done")},
+    "set -e with a plain wait": (lambda s: s.replace("set -uo pipefail", "set -euo pipefail").replace(
+        WAIT, "pid=$!\nwait $pid\nwhile kill -0 $pid 2>/dev/null; do wait $pid; done"), ["set -e", "138"]),
+    "timeout 50m torchrun": (lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "timeout 50m torchrun")),
+                             ["timeout", "clock of its own"]),
+    "timeout -s USR1 100": (lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "timeout -s USR1 100 torchrun")),
+                            ["timeout"]),
+    "pkill python by name": (lambda s: s.replace('-f "python[0-9.]* -u -m workshop_utils.train"', "python"),
+                             ["every python process", "Jupyter kernel"]),
     "pkill -s": (lambda s: s.replace(PKILL, PKILL.replace("-USR1", "-s USR1")), ["pkill -s", "session"]),
     "forward defined again as a no-op": (lambda s: s.replace("trap forward USR1", "trap forward USR1\nforward() { :; }"),
                                          ["forward", "sends no signal"]),

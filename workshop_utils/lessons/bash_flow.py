@@ -17,8 +17,8 @@ from .answer_values import show
 from .bash_expansion import basename
 from .bash_reader import LEADING, Command
 
-_OPENERS = frozenset({"if", "while", "until", "for", "select", "case", "{"})
-_CLOSERS = frozenset({"fi", "done", "esac", "}"})
+_OPENERS = frozenset({"if", "while", "until", "for", "select", "{"})
+_CLOSERS = frozenset({"fi", "done", "}"})  # a case is marked by the reader (Command.in_case), not framed here
 _CONSTANT = re.compile(r"[^$`<>|;&()\\]*")  # a word with nothing bash would expand or run
 _LAUNCHERS = re.compile(r"srun|torchrun|python[0-9.]*")
 _PURE_TESTS = frozenset({"-n", "-z", "-eq", "-ne", "-lt", "-le", "-gt", "-ge", "-a", "-o"})  # strings and numbers
@@ -96,7 +96,7 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
                                "else": None if body_runs is None else ("" if not body_runs else
                                                                        f"in the else of {condition}")})
                 break
-            if word in ("for", "select", "case"):
+            if word in ("for", "select"):
                 frames.append({"now": None, "else": None})
                 break
             if word == "{":  # a group runs as its first command would: `cmd || { ...; exit 1; }` only maybe
@@ -113,9 +113,9 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
             found[index] = why
             previous, previous_status, before = command.operator, None, words
             continue
-        certain = runs is True and not command.where and all(f["now"] == "" for f in frames)
+        certain = runs is True and not command.where and not command.in_case and all(f["now"] == "" for f in frames)
         rest = words[k:]
-        status = constant(rest) if rest else None
+        status = constant(rest) if rest and "!" not in words[:k] else None  # set -e ignores a negated command
         if certain and command.operator not in ("&&", "||", "|", "|&"):
             if rest[:1] == ["exit"] or rest[:1] and rest[0] in exiting:
                 ended = f"after `{show(' '.join(rest))}`, which ends the script"
@@ -126,5 +126,8 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
             elif rest[:1] == ["set"] and any(re.fullmatch(r"-[a-z]*e[a-z]*", w) for w in rest[1:]) or \
                     rest[:3] == ["set", "-o", "errexit"]:
                 errexit = True
+            elif rest[:1] == ["set"] and any(re.fullmatch(r"\+[a-z]*e[a-z]*", w) for w in rest[1:]) or \
+                    rest[:3] == ["set", "+o", "errexit"]:
+                errexit = False
         previous, previous_status, before = command.operator, status, words
     return found

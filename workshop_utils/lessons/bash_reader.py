@@ -41,6 +41,7 @@ class Command:
     stdout_elsewhere: bool = False  # its standard output redirected (>, >>, &>, >&2): not what a $(...) captures
     function: str | None = None  # the function whose body holds it: it runs only where that function is called
     definition: int = -1  # which definition of that function (a function defined again replaces its body)
+    in_case: bool = False  # in an arm of a case: it runs only when its pattern matches
     herestring: str | None = None  # the word of its <<< (its standard input, a line of text)
 
 
@@ -161,6 +162,9 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
         state = level["saved"]
         if level["kind"] == "(":
             mark(level["start"], "a subshell")
+        if level["kind"] == "case":
+            for command in commands[level["start"]:]:
+                command.in_case = True
         for command in commands[level["start"]:] if level["function"] else []:
             if command.function is None:
                 command.function, command.definition = level["function"], level["start"]

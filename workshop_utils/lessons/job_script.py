@@ -121,6 +121,7 @@ class Launch:
     srun_refusal: str | None = None
     env: tuple[str, ...] = ()  # the names set in front of it (A=1 srun ..., env A=1 srun ...), for it alone
     exec_: bool = False  # started with exec, which replaces the batch shell (and its trap) with it
+    wrappers: tuple[str, ...] = ()  # programs between srun and torchrun (nice, timeout...)
 
 
 def _past_wrappers(words: list[str], i: int) -> int:
@@ -155,7 +156,9 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
             if not starts:
                 return None
             srun, refusal, i = {}, str(problem), starts[0]
+    wrapped = i
     i = _past_wrappers(words, i)
+    wrappers = tuple(basename(w) for w in words[wrapped:i] if basename(w) in _WRAPPERS)
     while i < len(words) and words[i] == "env":  # srun ... env A=1 torchrun
         i += 1
         while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
@@ -175,7 +178,7 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
                                              srun_refusal=refusal or inner.srun_refusal, env=tuple(env) + inner.env,
                                              exec_=replaces)
     if head == "torchrun":
-        return Launch(srun, words[i + 1:], "torchrun", background, refusal, tuple(env), replaces)
+        return Launch(srun, words[i + 1:], "torchrun", background, refusal, tuple(env), replaces, wrappers)
     if re.fullmatch(r"python[0-9]*(\.[0-9]+)*", head):
         j, module = i + 1, None
         while j < len(words) and words[j].startswith("-") and words[j] != "-":
@@ -191,7 +194,7 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
             j += 2 if option in ("-X", "-W") else 1
         if module == "torch.distributed.run":
             return Launch(srun, words[j:], f"{head} -m torch.distributed.run", background, refusal, tuple(env),
-                          replaces)
+                          replaces, wrappers)
     return None
 
 

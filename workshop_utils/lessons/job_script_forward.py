@@ -9,6 +9,7 @@ import re
 import signal as signals
 
 from .answer_values import Problem, show
+from .bash_flow import constant
 from .bash_expansion import basename, literal, render
 from .bash_reader import ASSIGNMENT, LEADING, Command, shell_commands
 from .job_script import JobRequest, JobSpec, Launch
@@ -28,7 +29,9 @@ _TRAINING_ARGS = "-m workshop_utils.train --device cpu --steps 12 --checkpoint-e
 _NOT_TO_SIGNAL = (("torchrun", f"{_ENV}/python {_ENV}/torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d "
                                f"--rdzv-endpoint=node01:29500 --rdzv-id=7 {_TRAINING_ARGS}"),
                   ("torchrun", f"{_ENV}/python3 {_ENV}/torchrun --nnodes 1 {_TRAINING_ARGS}"),
-                  ("srun", f"srun --cpus-per-task=2 torchrun --nnodes=1 --nproc-per-node=2 {_TRAINING_ARGS}"))
+                  ("srun", f"srun --cpus-per-task=2 torchrun --nnodes=1 --nproc-per-node=2 {_TRAINING_ARGS}"),
+                  # a Jupyter kernel of the same user on the node (the notebook suggests one in a job)
+                  ("python", f"{_ENV}/python -m ipykernel_launcher -f /home/user/.local/share/jupyter/kernel.json"))
 _TRAINING = (("python", f"{_ENV}/python -u {_TRAINING_ARGS}"), ("python3", f"{_ENV}/python3 -u {_TRAINING_ARGS}"),
              ("python3.11", f"/usr/bin/python3.11 -u {_TRAINING_ARGS}"))
 _PKILL_VALUES = {"-g", "-G", "-P", "-s", "-t", "-u", "-U", "-F", "--ns", "--nslist", "--signal", "-d", "--delimiter",
@@ -168,6 +171,9 @@ def _pkill_problem(pattern: str, full: bool, exact: bool) -> str | None:
         return None  # not a pattern the check can read: pkill's own regex rules decide
     match = compiled.fullmatch if exact else compiled.search
     hit = [name for name, line in _NOT_TO_SIGNAL if match(line if full else name[:15])]
+    if hit and hit[0] == "python":
+        return (f"pkill {'-f ' if full else ''}{show(pattern)} matches every python process of yours on the node, a "
+                "Jupyter kernel among them, which SIGUSR1 ends")
     if hit:
         return (f"pkill {'-f ' if full else ''}{show(pattern)} matches {hit[0]}'s own {'command line' if full else 'name'} too: SIGUSR1 "
                 f"ends {hit[0]} (it does not handle it), and the training processes go with it before they "
@@ -294,11 +300,34 @@ def _wait_loop_problem(job: JobRequest, index: int, words: list[str], fix: str) 
             f"reaped, and the loop asks again until the time limit. Leave it once the process is gone. {fix}")
 
 
+def _errexit_problem(job: JobRequest) -> str | None:
+    """Under set -e, a wait outside a condition ends the batch shell when the trapped signal interrupts it."""
+    errexit, previous = False, "\n"
+    for index, command in enumerate(job.ran):
+        words = _words(command)
+        if words[:1] == ["set"] and not command.where:
+            flags = " ".join(words[1:])
+            errexit = (errexit or re.search(r"(^|\s)-[a-z]*e|-o errexit", flags) is not None) and \
+                re.search(r"(^|\s)\+[a-z]*e|\+o errexit", flags) is None
+        guarded = "!" in command.words[:command.words.index(words[0])] if words else True
+        if errexit and index > job.launched_at and words[:1] == ["wait"] and not guarded and not command.where \
+                and command.words[0] not in ("while", "until") and command.operator not in ("&&", "||") \
+                and previous not in ("&&", "||"):
+            return (f"under set -e, `{show(' '.join(words))}` ends the batch shell: a trapped signal interrupts wait, "
+                    "which then returns 138, and set -e exits right after the trap, while training still writes its "
+                    "checkpoint. Fix: wait in a loop's condition, as the template does (while ! wait $!; ...).")
+        previous = command.operator
+    return None
+
+
 def _pid_problem(job: JobRequest, runs: list[Command], waits_at: int) -> str | None:
     """Something started in the background after the launch takes over $!, which the wait loop waits for."""
     if not any("$!" in w or "${!}" in w for w in job.ran[waits_at].words):
         return None
-    between = [c for c in job.ran[job.launched_at + 1:waits_at] if c.background and not c.nested]
+    first = job.launched_at
+    while first < waits_at and job.ran[first].operator in ("|", "|&"):  # `torchrun ... | tee log &`: one job
+        first += 1
+    between = [c for c in job.ran[first + 1:waits_at] if c.background and not c.nested]
     if between:
         return (f"`{show(' '.join(between[0].words))} &` runs in the background after the launch, so $! is its "
                 "process, not srun's: the wait loop would wait for it. Fix: pid=$! right after the launch line, "
@@ -327,6 +356,10 @@ def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
         if raw[:1] in (["while"], ["until"]) and words[:1] == ["wait"]:
             return _wait_loop_problem(job, index, words, fix), index
         if raw[:1] in (["while"], ["until"]) and any(_words(c)[:1] == ["wait"] for c in _loop_body(job, index)):
+            forever = constant(words) is (raw[0] == "while")  # while true, while :, until false
+            if forever and not any(w in ("break", "exit", "return") for c in _loop_body(job, index) for w in c.words):
+                return ("the loop never ends: `{}` has nothing that leaves it, and once training has ended wait "
+                        "returns at once, every time, until the time limit. {}".format(show(" ".join(raw)), fix)), -1
             return _unset_problem(job, index, fix), index  # its own condition or break ends it
         if raw[:1] == ["while"] and words[:2] == ["kill", "-0"]:
             for inner in job.ran[index + 1:]:
@@ -379,7 +412,7 @@ def forward_problem(job: JobRequest, launch: Launch, spec: JobSpec) -> str | Non
         return ("the trap ends the batch shell (exit) right after passing the warning on: Slurm then ends the job's "
                 "steps while the training still writes its checkpoint. Fix: no exit in the trap: the wait loop "
                 "ends the script once training has.")
-    return _pid_problem(job, runs, waits_at) or _sender_problem(job, runs, warning, spec)
+    return _errexit_problem(job) or _pid_problem(job, runs, waits_at) or _sender_problem(job, runs, warning, spec)
 
 
 def _trap_words(job: JobRequest) -> set[str]:

@@ -322,6 +322,9 @@ def _launch_problem(job: JobRequest, launch: Launch, spec: JobSpec) -> str | Non
                 "with --nodes=2 (the notebook: only #SBATCH --nodes changes) the second node would start no agent "
                 "and the rendezvous would wait for it until it times out. Fix: srun "
                 f"--cpus-per-task=\"$SLURM_CPUS_PER_TASK\" {launch.launcher} ..., as in the template.")
+    if "timeout" in launch.wrappers:
+        return ("timeout in front of torchrun ends it on a clock of its own, before the job's time limit and its "
+                "warning, so no checkpoint is written. Fix: leave timeout out: #SBATCH --time limits the job.")
     for name, value in (launch.srun or {}).items():
         why = _SRUN_BREAKS.get(name)
         if name == "--export" and value is not None and (literal(job.shell.decode(value)) or "ALL").split(",")[0] \
