@@ -125,6 +125,25 @@ def test_what_comes_before_the_launch_is_still_taken_off(tmp_path, before):
     assert lab_command(line, script, 2, tmp_path / "probe", [], LAB_EXERCISE)[1] == "torchrun"
 
 
+def test_a_line_continued_and_commented_reads_as_the_shell_reads_it(tmp_path):
+    script = tmp_path / "my_train_ddp.py"
+    argv, launcher = lab_command(f"torchrun --nproc-per-node=2 \\\n    {script}  # two processes", script, 2,
+                                 tmp_path / "probe", [], LAB_EXERCISE)
+    assert launcher == "torchrun" and "\n" not in argv and "#" not in argv and "processes" not in argv
+
+
+@pytest.mark.parametrize("line, words", [
+    ("torchrun --nproc-per-node=2 {s}\necho hi", ["chains a second command"]),
+    ("torchrun --nproc-per-node=2 {s} > log 2>&1", ["redirects", "leave the redirection out"]),
+    ("torchrun --nproc-per-node=$(echo 2) {s}", ["shell expansion", "$(echo"]),
+])
+def test_what_the_check_would_not_run_as_a_shell_does_is_named(tmp_path, line, words):
+    script = tmp_path / "my_train_ddp.py"
+    with pytest.raises(NotYet) as caught:
+        lab_command(line.format(s=script), script, 2, tmp_path / "probe", [], LAB_EXERCISE)
+    assert all(w in str(caught.value) for w in words) and "\n" not in str(caught.value), str(caught.value)
+
+
 @pytest.mark.parametrize("command", [42, 2.5, {"torchrun": 2}])
 def test_a_command_that_is_no_text_says_so_in_one_line(tmp_path, command):
     script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py")

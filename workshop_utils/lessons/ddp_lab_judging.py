@@ -63,6 +63,15 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
                      f"write it as one string, e.g. {example}.") from None
     require(bool(tokens), exercise, "the command is empty.",
             f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+    redirect = next((t for t in tokens if set(t) <= set("<>&|0123456789") and ("<" in t or ">" in t)), None)
+    require(redirect is None, exercise, f"the command redirects ({redirect}): the check reads the ranks' output "
+                                        "itself and runs the launch without a shell.",
+            f"leave the redirection out, e.g. {example}.")
+    expanded = next((t for t in (command.split() if isinstance(command, str) else tokens) if "$" in t or "`" in t),
+                    None)
+    require(expanded is None, exercise, f"the command holds a shell expansion ({short(expanded or '', 40)}), which "
+                                        "the check does not run through a shell.",
+            f"write the values themselves, e.g. {example} (an f-string puts Python's values in).")
     tokens, folder, chained = _launch_part(tokens)
     require(not chained, exercise, f"the command chains a second command after the launch "
                                    f"({short(' '.join(chained), 60)}); the check runs the one torchrun launch alone.",
@@ -111,10 +120,17 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
 
 
 def _words(line: str) -> list[str]:
-    """A shell line's words, its operators apart: "x.py;rm" is three words, as the shell reads it."""
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
-    lexer.whitespace_split, lexer.commenters = True, ""  # as shlex.split reads it: a # is no comment
-    return list(lexer)
+    """A shell line's words, its operators apart: "x.py;rm" is three words, as the shell reads it. A backslash
+    at a line's end continues it, a word that starts with # starts a comment, and a second line is a second
+    command (read as after a ;)."""
+    words: list[str] = []
+    for part in line.replace("\\\n", " ").split("\n"):
+        lexer = shlex.shlex(part, posix=True, punctuation_chars=True)
+        lexer.whitespace_split, lexer.commenters = True, ""  # a # inside a word (a#b) is no comment
+        tokens = list(lexer)
+        tokens = tokens[:next((i for i, t in enumerate(tokens) if t.startswith("#")), len(tokens))]
+        words += [";", *tokens] if tokens and words else tokens
+    return words
 
 
 def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str]]:
