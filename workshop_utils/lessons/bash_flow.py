@@ -116,9 +116,14 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
         certain = runs is True and not command.where and not command.in_case and all(f["now"] == "" for f in frames)
         rest = words[k:]
         status = constant(rest) if rest and "!" not in words[:k] else None  # set -e ignores a negated command
+        if rest[:1] == ["return"]:
+            status = False  # outside a function return fails (and returns nothing)
         if certain and command.operator not in ("&&", "||", "|", "|&"):
             if rest[:1] == ["exit"] or rest[:1] and rest[0] in exiting:
                 ended = f"after `{show(' '.join(rest))}`, which ends the script"
+            elif rest[:1] == ["kill"] and "$$" in rest and all(re.fullmatch(r"-(SIG)?(TERM|KILL|INT|HUP|[0-9]+)|\$\$",
+                                                                            w) for w in rest[1:]):
+                ended = f"after `{show(' '.join(rest))}`, which ends the batch shell"
             elif rest[:1] == ["exec"] and len(rest) > 1 and not _LAUNCHERS.fullmatch(basename(rest[1])):
                 ended = f"after `{show(' '.join(rest))}`, which replaces the batch shell"
             elif errexit and status is False:
