@@ -144,6 +144,13 @@ def test_what_the_check_would_not_run_as_a_shell_does_is_named(tmp_path, line, w
     assert all(w in str(caught.value) for w in words) and "\n" not in str(caught.value), str(caught.value)
 
 
+def test_assignments_in_front_of_the_launch_reach_it(tmp_path):
+    script = tmp_path / "my_train_ddp.py"
+    argv, _ = lab_command(f"FOO=1 OMP_NUM_THREADS=3 torchrun --nproc-per-node=2 {script}", script, 2,
+                          tmp_path / "probe", [], LAB_EXERCISE)
+    assert argv[:3] == ["env", "FOO=1", "OMP_NUM_THREADS=3"] and "torch.distributed.run" in argv
+
+
 @pytest.mark.parametrize("command", [42, 2.5, {"torchrun": 2}])
 def test_a_command_that_is_no_text_says_so_in_one_line(tmp_path, command):
     script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py")

@@ -72,7 +72,7 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
     require(expanded is None, exercise, f"the command holds a shell expansion ({short(expanded or '', 40)}), which "
                                         "the check does not run through a shell.",
             f"write the values themselves, e.g. {example} (an f-string puts Python's values in).")
-    tokens, folder, chained = _launch_part(tokens)
+    tokens, folder, chained, assigned = _launch_part(tokens)
     require(not chained, exercise, f"the command chains a second command after the launch "
                                    f"({short(' '.join(chained), 60)}); the check runs the one torchrun launch alone.",
             f"make it the launch line only, e.g. {example}, without &&, ;, || or |; run anything else in a cell "
@@ -100,8 +100,10 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
             f"name the file you edited: {script}.")
     flags, args = rest[:at], rest[at + 1:]
     probe_args = ["-m", PROBE_MODULE, "--probe", str(probe), str(script), *args, *extra]
+    # VAR=value in front of the launch: set for it, as the shell would (env runs the rest with them).
+    prefix = ["env", *assigned] if assigned else []
     if launcher == "python":
-        return [sys.executable, *probe_args], launcher
+        return [*prefix, sys.executable, *probe_args], launcher
     nodes = _flag(flags, ("--nnodes",))
     require(nodes is None or nodes in ("1", "1:1"), exercise,
             f"--nnodes={nodes}: torchrun would wait for {nodes} nodes to join, and the check runs on this one.",
@@ -116,7 +118,7 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
         flags = [*flags, "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
     if not any(f.split("=")[0] in ("--log-dir", "--log_dir") for f in flags):
         flags = [*flags, f"--log-dir={probe / TORCHRUN_LOGS}"]
-    return [sys.executable, "-m", "torch.distributed.run", *flags, *probe_args], launcher
+    return [*prefix, sys.executable, "-m", "torch.distributed.run", *flags, *probe_args], launcher
 
 
 def _words(line: str) -> list[str]:
@@ -133,9 +135,10 @@ def _words(line: str) -> list[str]:
     return words
 
 
-def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str]]:
-    """The launch itself in a line as typed in a terminal or a Slurm script, the folder a ``cd`` moved to, and
-    what the line chains after the launch (``&&``, ``;``, ``||``, ``|``, ``&``), which the check does not run.
+def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], list[str]]:
+    """The launch itself in a line as typed in a terminal or a Slurm script, the folder a ``cd`` moved to,
+    what the line chains after the launch (``&&``, ``;``, ``||``, ``|``, ``&``), which the check does not run,
+    and the ``VAR=value`` assignments in front of it.
 
     ``cd dir && ...`` (or ``;``), leading ``VAR=value`` assignments (``env`` too) and an ``srun ...`` prefix
     are taken off: what follows them is the launch.
@@ -148,17 +151,19 @@ def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str]]:
         head = tokens[:ends[0]]
         command = next((Path(t).name for t in head if not _assignment(t) and t != "env"), "")
         if command in ("torchrun", "srun") or command.startswith("python"):
-            return head, folder, tokens[ends[0]:]  # the launch, then a second command
+            return head, folder, tokens[ends[0]:], []  # the launch, then a second command
         tokens = tokens[ends[0] + 1:]
         if len(head) == 2 and head[0] == "cd":
             moved = Path(head[1]).expanduser()
             folder = str(moved if folder is None or moved.is_absolute() else Path(folder) / moved)
+    assigned = []
     while tokens and (tokens[0] == "env" or _assignment(tokens[0])):
+        assigned += [tokens[0]] if _assignment(tokens[0]) else []
         tokens = tokens[1:]
     if tokens and Path(tokens[0]).name == "srun":
         launch = [i for i, t in enumerate(tokens) if Path(t).name == "torchrun" or Path(t).name.startswith("python")]
         tokens = tokens[launch[0]:] if launch else tokens
-    return tokens, folder, []
+    return tokens, folder, [], assigned
 
 
 def _assignment(word: str) -> bool:
