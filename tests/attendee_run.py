@@ -9,11 +9,13 @@ process it starts is stopped by its process group when the session ends.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,18 +29,33 @@ NICENESS = 10
 
 @dataclass
 class AttendeeRun:
-    process: subprocess.Popen
     folder: Path
     executed: Path
     names: list[str]
     timeout_s: float
+
+    def _file(self, name: str) -> Path:
+        return self.folder / name
+
+    @property
+    def group(self) -> int | None:
+        """The process group of the run (the id of the shell that leads it), once it has started."""
+        text = self._file("pid").read_text().strip() if self._file("pid").exists() else ""
+        return int(text) if text.isdigit() else None
+
+    def finished(self) -> bool:
+        return self._file("rc").exists() and self._file("rc").read_text().strip() != ""
 
 
 _started: AttendeeRun | None = None
 
 
 def start(cell_limit_s: float, timeout_s: float) -> AttendeeRun:
-    """Write the copies of the notebooks that hold exercises and start nbval on them (once per session)."""
+    """Write the copies of the notebooks that hold exercises and start nbval on them (once per session).
+
+    The run is detached (setsid --fork): no child of the test session, so that a test which sums up its own
+    process tree (the device monitor's) does not count the run's kernels.
+    """
     global _started
     if _started is not None:
         return _started
@@ -53,42 +70,53 @@ def start(cell_limit_s: float, timeout_s: float) -> AttendeeRun:
     executed = folder / "executed"
     # The copies sit outside the checkout, so the root conftest (expected outputs, sanitizing, history,
     # keeping the run) is loaded by name; -p no:cacheprovider writes nothing into the checkout.
-    command = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
+    command = ["nice", "-n", str(NICENESS), sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
                "--nbval-cell-timeout", str(cell_limit_s), "-p", "conftest", "-p", "no:cacheprovider",
                "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-q", str(copies)]
-    with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, start_new_session=True,
-                                   preexec_fn=lambda: os.nice(NICENESS),
-                                   env={**os.environ, "WORKSHOP_PROFILE": "cpu", EXECUTED: str(executed)})
-    _started = AttendeeRun(process, folder, executed, sorted(p.name for p in copies.glob("*.ipynb")), timeout_s)
-    return _started
+    run = AttendeeRun(folder, executed, sorted(p.name for p in copies.glob("*.ipynb")), timeout_s)
+    shell = (f"echo $$ > {shlex.quote(str(run._file('pid')))}; {shlex.join(command)} "
+             f"> {shlex.quote(str(run._file('stdout.txt')))} 2> {shlex.quote(str(run._file('stderr.txt')))}; "
+             f"echo $? > {shlex.quote(str(run._file('rc')))}")
+    subprocess.run(["setsid", "--fork", "sh", "-c", shell], cwd=ROOT, check=True,
+                   env={**os.environ, "WORKSHOP_PROFILE": "cpu", EXECUTED: str(executed)})
+    _started = run
+    return run
 
 
 def result(run: AttendeeRun) -> subprocess.CompletedProcess:
     """Wait for the run; nothing else runs by then, so its lower priority no longer slows it."""
-    try:
-        run.process.wait(timeout=run.timeout_s)
-    except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + run.timeout_s
+    while not run.finished() and time.monotonic() < deadline:
+        time.sleep(1)
+    if not run.finished():
         stop(run)
-    return subprocess.CompletedProcess(run.process.args, run.process.returncode,
-                                       (run.folder / "stdout.txt").read_text(), (run.folder / "stderr.txt").read_text())
+    code = int(run._file("rc").read_text()) if run.finished() else -signal.SIGKILL
+    read = lambda name: run._file(name).read_text() if run._file(name).exists() else ""  # noqa: E731
+    return subprocess.CompletedProcess("nbval of the attendee copies", code, read("stdout.txt"), read("stderr.txt"))
 
 
 def stop(run: AttendeeRun | None = None) -> None:
     """Stop the run and everything it started (its kernels, their ranks), by its process group."""
     run = run or _started
-    if run is None or run.process.poll() is not None:
+    if run is None or run.finished():
         return
-    for sent, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+    for _ in range(50):  # the shell writes its id as its first act
+        if run.group is not None:
+            break
+        time.sleep(0.1)
+    if run.group is None:
+        return
+    for sent in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.killpg(run.process.pid, sent)
+            os.killpg(run.group, sent)
         except ProcessLookupError:
             return
-        try:
-            run.process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        for _ in range(100):
+            try:
+                os.killpg(run.group, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
 
 
 def clean_up() -> None:
