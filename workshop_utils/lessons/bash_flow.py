@@ -15,10 +15,11 @@ import subprocess
 
 from .answer_values import show
 from .bash_expansion import basename
-from .bash_reader import LEADING, Command
+from .bash_reader import LEADING, OPENS, Command
 
-_OPENERS = frozenset({"if", "while", "until", "for", "select", "{"})
-_CLOSERS = frozenset({"fi", "done", "}"})  # a case is marked by the reader (Command.in_case), not framed here
+# A case is marked by the reader (Command.in_case), not framed here.
+_OPENERS = frozenset(OPENS) - {"case"}
+_CLOSERS = frozenset(OPENS.values()) - {"esac"}
 _CONSTANT = re.compile(r"[^$`<>|;&()\\]*")  # a word with nothing bash would expand or run
 _LAUNCHERS = re.compile(r"srun|torchrun|python[0-9.]*")
 _PURE_TESTS = frozenset({"-n", "-z", "-eq", "-ne", "-lt", "-le", "-gt", "-ge", "-a", "-o"})  # strings and numbers
@@ -46,6 +47,16 @@ def constant(words: list[str]) -> bool | None:
         return None  # a file, variable or terminal test: this machine's answer is not the cluster's
     said = {"true": True, ":": True, "false": False}.get(words[0]) if len(words) == 1 else _bash_says(" ".join(words))
     return None if said is None else said != negate
+
+
+def errexit_after(words: list[str], errexit: bool) -> bool:
+    """Whether set -e is on after this command: ``set -e``/``-o errexit`` turn it on, ``set +e`` off."""
+    if words[:1] != ["set"]:
+        return errexit
+    flags = " ".join(words[1:])
+    if re.search(r"(^|\s)\+[a-z]*e|\+o errexit", flags):
+        return False
+    return errexit or re.search(r"(^|\s)-[a-z]*e|-o errexit", flags) is not None
 
 
 def _exits(body: list[Command], exiting: set[str]) -> bool:
@@ -128,11 +139,7 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
                 ended = f"after `{show(' '.join(rest))}`, which replaces the batch shell"
             elif errexit and status is False:
                 ended = f"after `{show(' '.join(rest))}` under set -e, which ends the script"
-            elif rest[:1] == ["set"] and any(re.fullmatch(r"-[a-z]*e[a-z]*", w) for w in rest[1:]) or \
-                    rest[:3] == ["set", "-o", "errexit"]:
-                errexit = True
-            elif rest[:1] == ["set"] and any(re.fullmatch(r"\+[a-z]*e[a-z]*", w) for w in rest[1:]) or \
-                    rest[:3] == ["set", "+o", "errexit"]:
-                errexit = False
+            else:
+                errexit = errexit_after(rest, errexit)
         previous, previous_status, before = command.operator, status, words
     return found

@@ -21,7 +21,7 @@ ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\+?=(.*)", re.S)
 ARRAY_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
 # Words after which the next word still starts a command (``then X=1``, ``! cmd``, ``{ cmd``).
 LEADING = frozenset({"!", "time", "then", "else", "elif", "do", "{", "if", "while", "until"})
-_OPENS = {"{": "}", "if": "fi", "while": "done", "until": "done", "for": "done", "select": "done", "case": "esac"}
+OPENS = {"{": "}", "if": "fi", "while": "done", "until": "done", "for": "done", "select": "done", "case": "esac"}
 _REDIRECT = re.compile(r"&>>|&>|<<<|<<-|<<|<>|<&|>&|>>|>\||<|>")
 
 
@@ -200,9 +200,9 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
             defining, words = done, words[:-1]  # function NAME { ...; }: its body is the next group
             return
         elif all(w in LEADING for w in words):
-            if done in _OPENS:
+            if done in OPENS:
                 open_level(done)
-            elif levels and _OPENS.get(levels[-1]["kind"]) == done:
+            elif levels and OPENS.get(levels[-1]["kind"]) == done:
                 close_level()
         words.append(done)
 

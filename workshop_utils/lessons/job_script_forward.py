@@ -9,7 +9,7 @@ import re
 import signal as signals
 
 from .answer_values import Problem, show
-from .bash_flow import constant
+from .bash_flow import constant, errexit_after
 from .bash_expansion import basename, literal, render
 from .bash_reader import ASSIGNMENT, LEADING, Command, shell_commands
 from .job_script import JobRequest, JobSpec, Launch
@@ -52,7 +52,7 @@ def _signal_of(text: str) -> int | None:
     return int(getattr(signals, "SIG" + name)) if hasattr(signals, "SIG" + name) and name.isalnum() else None
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
     try:
         return signals.Signals(number).name
     except ValueError:
@@ -171,9 +171,9 @@ def _pkill_problem(pattern: str, full: bool, exact: bool) -> str | None:
         return None  # not a pattern the check can read: pkill's own regex rules decide
     match = compiled.fullmatch if exact else compiled.search
     hit = [name for name, line in _NOT_TO_SIGNAL if match(line if full else name[:15])]
-    if hit and hit[0] == "python":
-        return (f"pkill {'-f ' if full else ''}{show(pattern)} matches every python process of yours on the node, a "
-                "Jupyter kernel among them, which SIGUSR1 ends")
+    if hit and hit[0] not in ("torchrun", "srun"):
+        return (f"pkill {'-f ' if full else ''}{show(pattern)} matches every {hit[0]} process of yours on the node, "
+                "a Jupyter kernel among them, which SIGUSR1 ends")
     if hit:
         return (f"pkill {'-f ' if full else ''}{show(pattern)} matches {hit[0]}'s own {'command line' if full else 'name'} too: SIGUSR1 "
                 f"ends {hit[0]} (it does not handle it), and the training processes go with it before they "
@@ -218,7 +218,7 @@ def _sender_problem(job: JobRequest, runs: list[Command], warning: int, spec: Jo
                     f"session (and stops at a name that is not a number). {fix}")
         sent, rest, full = _sent_signal(program, args)
         if sent != warning:
-            return (f"{program} sends {_signal_name(sent) if sent > 0 else 'a signal it cannot read'}, and the "
+            return (f"{program} sends {signal_name(sent) if sent > 0 else 'a signal it cannot read'}, and the "
                     f"training loop listens for SIG{spec.warning}. {fix}")
         if program == "kill" and any(re.fullmatch(r"-[0-9]+|0", a) for a in rest):
             return (f"kill {' '.join(a for a in rest if re.fullmatch(r'-[0-9]+|0', a))} signals a whole process "
@@ -305,10 +305,8 @@ def _errexit_problem(job: JobRequest) -> str | None:
     errexit, previous = False, "\n"
     for index, command in enumerate(job.ran):
         words = _words(command)
-        if words[:1] == ["set"] and not command.where:
-            flags = " ".join(words[1:])
-            errexit = (errexit or re.search(r"(^|\s)-[a-z]*e|-o errexit", flags) is not None) and \
-                re.search(r"(^|\s)\+[a-z]*e|\+o errexit", flags) is None
+        if not command.where:
+            errexit = errexit_after(words, errexit)
         guarded = "!" in command.words[:command.words.index(words[0])] if words else True
         if errexit and index > job.launched_at and words[:1] == ["wait"] and not guarded and not command.where \
                 and command.words[0] not in ("while", "until") and command.operator not in ("&&", "||") \

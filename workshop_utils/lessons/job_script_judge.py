@@ -18,7 +18,7 @@ from .bash_expansion import RUNTIME, Shell, basename, literal, render
 from .bash_reader import shell_commands
 from .job_script import (COMMAND_PREFIXES, JOB_SPEC, RDZV_FIX, JobRequest, JobSpec, Launch, Refusal, node_text,
                          read_job_script, torchrun_args, torchrun_option_problem)
-from .job_script_forward import forward_problem
+from .job_script_forward import forward_problem, signal_name
 from .job_script_text import syntax_problem, text_problem
 from .slurm_rules import NO_LIMIT, SIGNAL_EARLY_S, getopt_long, option_table, slurm_signal, time_limit_s, whole
 
@@ -505,7 +505,7 @@ def _time_problem(job: JobRequest, spec: JobSpec) -> str | None:
         return (f"--signal={show(flag)} is not a signal option sbatch reads ([B:]SIGNAL[@SECONDS]). Fix: "
                 "--signal=B:USR1@SECONDS, SECONDS the warning's lead time.")
     if warning.signal != int(getattr(signals, "SIG" + spec.warning)):
-        return (f"--signal={show(flag)} sends {_signal_name(warning.signal)}: the trap and the training loop "
+        return (f"--signal={show(flag)} sends {signal_name(warning.signal)}: the trap and the training loop "
                 f"listen for SIG{spec.warning}. Fix: --signal=B:{spec.warning}@SECONDS, SECONDS the warning's lead "
                 "time.")
     if not warning.to_batch_shell:
@@ -538,13 +538,6 @@ def _longer(spec: JobSpec, lead: int) -> str:
                 "far more than the work")
     shorter = f", or a shorter warning (B:{spec.warning}@60)" if lead > 2 * spec.min_lead_s * 2 else ""
     return f"at least {need} s, e.g. {example}{shorter}"
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signals.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def _command_word(fields: list[str]) -> str:
