@@ -16,7 +16,7 @@ import nbformat
 import pandas as pd
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import workshop_utils as wu
