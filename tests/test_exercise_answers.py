@@ -382,9 +382,9 @@ WRONG = [
     pytest.param("1.2", {"timed": lambda: A[:, :64] @ B[:64, :]}, ["FLOPs, not the"], id="1.2-thin-product-timed"),
     pytest.param("1.2", {"timed": lambda: A + B}, ["no matrix multiply"], id="1.2-no-multiply-timed"),
     pytest.param("1.2", {"timed": ...}, ["not yet solved", "`matmul`"], id="1.2-timed-placeholder"),
-    # Exercise 1.3 on a CPU: the measured rate is the ceiling, so no MFU above 1 passes, whatever 1.2 timed.
+    # Exercise 1.3 on a CPU: an MFU above 1 passes only where the measured rate gives it (see the test below).
     pytest.param("1.3 cpu", {"timings": Timings(10 * TIMINGS.seconds), "matmul_tflops": MATMUL / 10,
-                             "mfu": ACHIEVED / (MATMUL / 10)}, ["MFU is at most 1"], id="1.3-cpu-mfu-above-1"),
+                             "mfu": 1.5 * ACHIEVED / (MATMUL / 10)}, ["above 1"], id="1.3-cpu-mfu-above-the-slow-rate"),
     pytest.param("1.3 cpu", {"n": 16}, ["smaller than the exercise's 1024"], id="1.3-cpu-n-16"),
     pytest.param("1.3 cpu", {"mfu": 1.5}, ["above 1"], id="1.3-cpu-mfu-1.5"),
     # Exercise 1.4 at a second size, where sequence, width and context differ (in the cpu profile all are 128).
@@ -599,6 +599,19 @@ def test_ddp_lab_and_gradients_refuse_none_and_lambdas_they_cannot_read_before_a
     assert wu.check_average_gradients(lambda model: ..., tmp_path) is False
     assert "only `...`" in capsys.readouterr().out
     assert not list(tmp_path.glob("check*")) and not list(tmp_path.glob("gradients*"))
+
+
+@pytest.mark.parametrize("slower", [3.3, 10.0])  # MFU 1.1 and 3.4
+def test_an_mfu_above_1_of_a_rate_timed_on_a_busy_machine_passes_and_says_why(slower, capsys):
+    """The run outpaced the multiply Exercise 1.2 timed (a busy machine slowed it): the division is still right.
+
+    Refusing it made the kit's verdict depend on a stopwatch: CI's runner, busy, measured 1.1x once.
+    """
+    assert CALLS["1.3 cpu"](timings=Timings(slower * TIMINGS.seconds), matmul_tflops=MATMUL / slower,
+                            mfu=ACHIEVED / (MATMUL / slower)) is True
+    said = capsys.readouterr().out.strip()
+    assert "\n" not in said and said.startswith("✓ Exercise 1.3: correct") and "above 100%" in said, said
+    assert "idle machine" in said
 
 
 def test_a_measured_gain_above_amdahls_ceiling_is_said_so(capsys):

@@ -222,7 +222,8 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     inputs those exercises start from (``flops_per_sample`` and ``samples_per_s``; ``n`` and ``timings``),
     the check works both rates out itself and first says when an earlier answer is not right yet, so
     that MFU is judged against the exercise, not against an earlier mistake. MFU is above 0, and at most
-    1 of a data-sheet peak.
+    1 of a data-sheet peak; of a measured rate it can come out above 1 when that rate was timed on a busy
+    machine, which the pass says instead of refusing a right division over a stopwatch.
     """
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
@@ -259,11 +260,6 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                 "fix Exercise 1.2 first.")
     peak = table_peak or measured
     right = achieved / peak
-    if not table_peak and right > 1:
-        raise NotYet(f"✗ {exercise}: the run's {achieved:.3g} TFLOP/s is {right:.1f}x the {measured:.3g} TFLOP/s "
-                     "measured in Exercise 1.2, and MFU is at most 1: that rate is not the device's.",
-                     "rerun Exercise 1.2 timing one n x n by n x n float32 multiply (a, b = torch.randn(n, n, "
-                     "device=device)) on an idle machine, then this cell.")
     if table_peak and not 0 < right <= 1 and flops_per_sample is None:
         raise NotYet(f"✗ {exercise}: `achieved_tflops` = {achieved:.4g} from Exercise 1.1 is not between 0 and "
                      f"{device_name}'s {precision} peak of {table_peak:g} TFLOP/s.",
@@ -290,7 +286,13 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     verdict(value, right, exercise, "mfu", mistakes,
             "MFU = achieved TFLOP/s / peak TFLOP/s (the table's, or the measured matmul rate where it has none).",
             limits=[(value > 0, "MFU is a share of the peak, above 0.", "MFU = achieved TFLOP/s / peak TFLOP/s."),
-                    (value <= 1, "MFU above 1 would be faster than the peak, which no run is.",
+                    (value <= max(1, right), "MFU above 1 would be faster than the peak, which no run is.",
                      "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction between 0 and 1.")])
+    if right > 1:
+        # Only a measured stand-in gets here (a data-sheet peak above was enforced): the arithmetic is right,
+        # and whether the multiply was timed on a busy machine is a stopwatch's matter, so it is said, not refused.
+        return passed(exercise, f"MFU {100 * value:.0f}% of the measured matmul rate: above 100% means the multiply "
+                                f"in Exercise 1.2 ran slower than this machine can, most likely beside other work; "
+                                f"rerun 1.2 and this cell on an idle machine for a rate that is a ceiling")
     source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
     return passed(exercise, f"MFU {100 * value:.1f}% of {source}")
