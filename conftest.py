@@ -110,10 +110,12 @@ _executed: dict = {}
 
 _started = time.monotonic()
 _durations: dict[str, float] = {}
+_file_of: dict[str, str] = {}
 
 
 def pytest_runtest_logreport(report):
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    _file_of[report.nodeid] = report.location[0]
 
 
 def _write_suite_record(session, exitstatus) -> None:
@@ -127,10 +129,17 @@ def _write_suite_record(session, exitstatus) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     counts = {key: len(reporter.stats.get(key, [])) for key in ("passed", "failed", "skipped", "error")}
     slowest = sorted(_durations.items(), key=lambda item: -item[1])[:15]
+    files: dict[str, list] = {}  # where CI's minutes go, file by file: [seconds, tests]
+    for name, seconds in _durations.items():
+        entry = files.setdefault(_file_of.get(name) or name.split("::")[0], [0.0, 0])
+        entry[0] += seconds
+        entry[1] += 1
     write_json({"kind": "test_suite", "seconds": round(time.monotonic() - _started, 1), "exit_status": int(exitstatus),
                 "counts": counts, "marker_expression": session.config.option.markexpr or None,
                 "git_commit": git_commit(), "environment": environment("cpu"),
-                "slowest": [{"test": name, "seconds": round(seconds, 1)} for name, seconds in slowest]}, path)
+                "slowest": [{"test": name, "seconds": round(seconds, 1)} for name, seconds in slowest],
+                "files": [{"file": name, "seconds": round(seconds, 1), "tests": count}
+                          for name, (seconds, count) in sorted(files.items(), key=lambda item: -item[1][0])]}, path)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -81,7 +81,8 @@ def _suite(tmp_path: Path, **changes) -> Path:
     record = {"kind": "test_suite", "seconds": 2217.4, "exit_status": 0, "marker_expression": None,
               "counts": {"passed": 2030, "failed": 0, "skipped": 4, "error": 0}, "git_commit": "abc1234",
               "environment": {"cpu_model": "Some CPU", "cpu_cores": 2, "date": "2026-11-26T20:00:00+00:00"},
-              "slowest": [{"test": "tests/test_notebooks.py::test_main_job", "seconds": 640.2}], **changes}
+              "slowest": [{"test": "tests/test_notebooks.py::test_main_job", "seconds": 640.2}],
+              "files": [{"file": "tests/test_notebooks.py", "seconds": 700.5, "tests": 40}], **changes}
     path = tmp_path / "test-suite.json"
     path.write_text(json.dumps(record))
     return path
@@ -94,6 +95,7 @@ def test_the_test_suites_time_joins_the_page_and_survives_a_new_run(tmp_path):
     page = (target / "RUN.md").read_text()
     assert "37.0 minutes (2,217 s) at commit abc1234 on Some CPU (2 cores)" in page
     assert "2,030 passed, 4 skipped" in page and "| `tests/test_notebooks.py::test_main_job` | 640.2 |" in page
+    assert "| `tests/test_notebooks.py` | 40 | 700.5 |" in page
     reference.keep_as_reference(_run_folder(tmp_path / "again"), target)  # a newer notebook run keeps the suite's time
     assert "37.0 minutes" in (target / "RUN.md").read_text()
 
@@ -123,3 +125,4 @@ def test_make_test_writes_the_record_the_page_reads(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     suite = reference.read_suite_record(record)
     assert suite["counts"]["passed"] == 1 and suite["slowest"][0]["test"].endswith("test_one")
+    assert [(row["file"].endswith("test_tiny.py"), row["tests"]) for row in suite["files"]] == [(True, 1)]

@@ -115,6 +115,10 @@ def _suite_lines(suite: dict) -> list[str]:
              f"({env.get('cpu_cores')} cores), {suite.get('created', '')[:10]}: {outcome or 'no test ran'}. "
              "The slowest tests:", "", "| test | seconds |", "| --- | ---: |"]
     lines += [f"| `{row['test']}` | {row['seconds']:.1f} |" for row in suite.get("slowest", [])]
+    if suite.get("files"):  # records before per-file totals have none
+        lines += ["", "The files that take the most time (setup, test and teardown summed):", "",
+                  "| file | tests | seconds |", "| --- | ---: | ---: |"]
+        lines += [f"| `{row['file']}` | {row['tests']} | {row['seconds']:.1f} |" for row in suite["files"][:12]]
     return lines + [""]
 
 
