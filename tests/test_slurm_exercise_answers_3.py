@@ -80,6 +80,16 @@ RIGHT = {
     "a launch function called with $@": lambda s: s.replace(LAUNCH, "launch() {\n" + LAUNCH).replace(
         EP_END, EP_END + "\n}\nlaunch \"$@\""),
     "#SBATCH --mem=4G": lambda s: s.replace("#SBATCH --output", "#SBATCH --mem=4G\n#SBATCH --output"),
+    # The sixth review's right answers
+    "$(which torchrun)": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", '"$(which torchrun)"')),
+    "$(command -v torchrun)": lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "`command -v torchrun`")),
+    "bash -c with --node-rank=$SLURM_NODEID": lambda s: s.replace(LAUNCH, LAUNCH.replace(
+        "torchrun", "bash -c 'exec torchrun --node-rank=\"$SLURM_NODEID\" \"$@\"' torchrun")),
+    "bash -c reading an exported variable": lambda s: s.replace(LAUNCH, "export RESTARTS=3\n" + LAUNCH.replace(
+        "torchrun", "bash -c 'exec torchrun --max-restarts=${RESTARTS} \"$@\"' torchrun")),
+    "a case arm that matches": around_launch("case x in\n  x)", ";;\nesac"),
+    "trap \"$NAME\" of a set name": lambda s: s.replace("trap forward USR1", 'handler=forward\ntrap "$handler" USR1'),
+    "exec 2>&1 to the job's log": lambda s: s.replace(LAUNCH, "exec 2>&1\n" + LAUNCH),
 }
 
 
@@ -191,6 +201,19 @@ WRONG = {
                                          ["forward", "sends no signal"]),
     "--rdzv_conf=x": (lambda s: s.replace("--rdzv-backend=c10d", "--rdzv-backend=c10d --rdzv_conf=x"),
                       ["--rdzv-conf", "key=value"]),
+    # The sixth review's wrong answers
+    "exec >/dev/null 2>&1": (lambda s: s.replace(LAUNCH, "exec > /dev/null 2>&1\n" + LAUNCH),
+                             ["/dev/null", "job's log away"]),
+    "exec 2>/dev/null": (lambda s: s.replace(LAUNCH, "exec 2>/dev/null\n" + LAUNCH), ["/dev/null"]),
+    "a case arm that never matches": (around_launch("case x in\n  y|z)", ";;\nesac"),
+                                      ["case arm `y|z)`", "never matches", "never runs"]),
+    "for i in ; do": (around_launch("for i in ; do", "done"), ["no words", "zero times"]),
+    'trap "kill -USR1 $!" before the launch': (lambda s: s.replace("trap forward USR1", 'trap "kill -USR1 $!" USR1'),
+                                               ["double quotes", "$! is empty"]),
+    'trap "kill -USR1 $!" after the launch': (lambda s: s.replace("trap forward USR1\n", "").replace(
+        EP_END, EP_END + '\ntrap "kill -USR1 $!" USR1'), ["kill in the trap runs on the batch node only"]),
+    "bash -c reading a variable not exported": (lambda s: s.replace(LAUNCH, "R=3\n" + LAUNCH.replace(
+        "torchrun", "bash -c 'exec torchrun --max-restarts=$R \"$@\"' torchrun")), ["$R", "does not export"]),
 }
 
 

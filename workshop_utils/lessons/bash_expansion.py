@@ -40,6 +40,16 @@ def _first_line(command: str) -> str:
     return f'"$({command} | head -n 1)"'
 
 
+# $(which torchrun), $(command -v torchrun), $(type -P torchrun): the program's path, which runs that program.
+_PATH_LOOKUP = re.compile(r"\s*(?:which|command\s+-v|type\s+-P)\s+([\w.+-]+)\s*")
+
+
+def _substituted(command: str):
+    """A command substitution's part: the program's name where it only looks a program up on PATH."""
+    found = _PATH_LOOKUP.fullmatch(command)
+    return found.group(1) if found else ("subst", command)
+
+
 class Shell:
     """A word's expansion in the batch shell: the script's own variables (assigned before the word is read),
     the values of Slurm's variables that the #SBATCH lines fix, and the pieces known only when the job runs."""
@@ -248,7 +258,7 @@ class Shell:
                 return j
             if after == "(":
                 j = substitution(word, i + 1, [], "")
-                add([("subst", word[i + 2:j - 1] if word[j - 1:j] == ")" else word[i + 2:j])])
+                add([_substituted(word[i + 2:j - 1] if word[j - 1:j] == ")" else word[i + 2:j])])
                 return j
             if after == "{":
                 j = skip_group(word, i + 1)
@@ -302,7 +312,7 @@ class Shell:
                         k = dollar(k, True)
                     elif word[k] == "`":
                         j2 = skip_backtick(word, k)
-                        add([("subst", word[k + 1:j2 - 1])])
+                        add([_substituted(word[k + 1:j2 - 1])])
                         k = j2
                     else:
                         add([word[k]])
@@ -312,7 +322,7 @@ class Shell:
                 i = dollar(i, False)
             elif ch == "`":
                 j = skip_backtick(word, i)
-                add([("subst", word[i + 1:j - 1])])
+                add([_substituted(word[i + 1:j - 1])])
                 i = j
             else:
                 add([ch])

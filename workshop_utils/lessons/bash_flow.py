@@ -75,6 +75,18 @@ def _exits(body: list[Command], exiting: set[str]) -> bool:
     return False
 
 
+def _unmatched_arm(command: Command) -> str | None:
+    """Why a command in a case arm never runs: its patterns, constant like the case's word, never match it."""
+    if command.case_arm is None:
+        return None
+    subject, patterns = command.case_arm
+    if not all(_CONSTANT.fullmatch(w) for w in (subject, *patterns)):
+        return None
+    matches = _bash_says(f"case {subject} in {'|'.join(patterns)}) exit 0;; esac; exit 1")
+    return None if matches is not False else \
+        f"in the case arm `{'|'.join(patterns)})`, which `{show(subject)}` never matches"
+
+
 def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[int, str]:
     """Index -> why bash never runs that top-level command (``errexit``: set -e from the start, as
     ``#!/bin/bash -e`` sets it)."""
@@ -108,7 +120,9 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
                                                                        f"in the else of {condition}")})
                 break
             if word in ("for", "select"):
-                frames.append({"now": None, "else": None})
+                empty = words[k + 2:] == ["in"] and command.operator in (";", "\n")  # for i in ; do
+                frames.append({"now": f"inside `{' '.join(words[k:])}`, a list of no words, which runs its body "
+                                      "zero times" if empty else None, "else": None})
                 break
             if word == "{":  # a group runs as its first command would: `cmd || { ...; exit 1; }` only maybe
                 frames.append({"now": "" if runs is True else None if runs is None else skipped, "else": ""})
@@ -117,7 +131,7 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
             elif word in _CLOSERS and frames:
                 frames.pop()
             k += 1
-        why = ended or next((f["now"] for f in frames if f["now"]), None)
+        why = ended or next((f["now"] for f in frames if f["now"]), None) or _unmatched_arm(command)
         if not why and runs is False:
             why = skipped
         if why:

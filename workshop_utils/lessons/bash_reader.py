@@ -42,7 +42,20 @@ class Command:
     function: str | None = None  # the function whose body holds it: it runs only where that function is called
     definition: int = -1  # which definition of that function (a function defined again replaces its body)
     in_case: bool = False  # in an arm of a case: it runs only when its pattern matches
+    case_arm: tuple | None = None  # (the case's word, the arm's patterns) as written; None where a ;& falls in
     herestring: str | None = None  # the word of its <<< (its standard input, a line of text)
+    discards: bool = False  # its standard output or error goes to /dev/null (exec >/dev/null hides the job's log)
+
+
+def _mark_arm(case: dict, commands: list[Command]) -> None:
+    """Give the commands of the case arm just ended its word and patterns (inner cases marked theirs first)."""
+    arm = case.pop("arm", None)
+    if arm is None:
+        return
+    subject, patterns, start, fallen_into = arm
+    for command in commands[start:]:
+        if command.case_arm is None and not fallen_into and subject is not None:
+            command.case_arm = (subject, patterns)
 
 
 def skip_quote(text: str, i: int) -> int:
@@ -139,6 +152,7 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
     words: list[str] = []
     word, pending, stdin, heredocs, levels, herestring = None, None, None, [], [], None
     stdout_elsewhere, defining = False, None  # defining: the function whose body the next group is
+    discards, output_pending = False, False  # output_pending: the pending redirection is of stdout or stderr
     state = {"andor": 0, "pipe": 0, "piped": False}  # where the current and-or list and pipeline begin
     n = len(text)
 
@@ -163,6 +177,7 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
         if level["kind"] == "(":
             mark(level["start"], "a subshell")
         if level["kind"] == "case":
+            _mark_arm(level, commands)
             for command in commands[level["start"]:]:
                 command.in_case = True
         for command in commands[level["start"]:] if level["function"] else []:
@@ -170,11 +185,12 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
                 command.function, command.definition = level["function"], level["start"]
 
     def end_word():
-        nonlocal word, pending, stdin, words, defining, herestring
+        nonlocal word, pending, stdin, words, defining, herestring, discards
         if word is None:
             return
         done, word = word, None
         if pending is not None:
+            discards = discards or (output_pending and done == "/dev/null")
             if pending in ("<<", "<<-"):
                 heredocs.append((re.sub(r"[\"'\\]", "", done), pending == "<<-"))
             elif pending == "<":
@@ -188,6 +204,7 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
             if case["case"] == "subject":
                 case["case"] = "in"
             elif done == "in":
+                case["subject"] = words[-1] if len(words) == 2 else None
                 case["case"], words = "pattern", []
                 return
         elif case and case["case"] == "pattern":
@@ -207,12 +224,12 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
         words.append(done)
 
     def end_command(operator: str):
-        nonlocal words, stdin, stdout_elsewhere, herestring
+        nonlocal words, stdin, stdout_elsewhere, herestring, discards
         end_word()
         if words:
             commands.append(Command(words, operator, stdin=stdin, stdout_elsewhere=stdout_elsewhere,
-                                    herestring=herestring))
-        words, stdin, stdout_elsewhere, herestring = [], None, False, None
+                                    herestring=herestring, discards=discards))
+        words, stdin, stdout_elsewhere, herestring, discards = [], None, False, None, False
         if operator in ("|", "|&"):
             state["piped"] = True
             return
@@ -270,12 +287,14 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
             if ">" in redirect.group() and redirect.group() not in ("<>",) and descriptor in (None, "1"):
                 stdout_elsewhere = True
             end_word()
+            output_pending = ">" in redirect.group() and redirect.group() != "<>" and descriptor in (None, "1", "2")
             pending, i = redirect.group(), redirect.end()
             continue
         if case and case["case"] == "pattern" and ch in "|()":
             end_word()
             if top("case") is case:  # else the word before was esac, and ch is the shell's own
                 if ch == ")":
+                    case["arm"] = (case.get("subject"), tuple(words), len(commands), case.get("fall", False))
                     case["case"], words = "body", []
                 i += 1
                 continue
@@ -284,7 +303,8 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
         if three == ";;&" or two in (";;", ";&"):
             end_command(";;")
             if case:
-                case["case"] = "pattern"
+                _mark_arm(case, commands)
+                case["case"], case["fall"] = "pattern", two == ";&"
             i += 3 if three == ";;&" else 2
             continue
         if two in ("&&", "||", "|&"):

@@ -132,9 +132,10 @@ def _past_wrappers(words: list[str], i: int) -> int:
     return i
 
 
-def _launch_of(words: list[str], command: Command) -> Launch | None:
+def _launch_of(words: list[str], command: Command, shell: Shell | None = None) -> Launch | None:
     """The command as a torchrun launch (``torchrun``, ``python[3] -m torch.distributed.run``, either after
-    ``srun [options]``), or None when it starts something else."""
+    ``srun [options]``), or None when it starts something else. ``shell`` reads the variables a ``bash -c``
+    text may use: Slurm's and those the script exports."""
     i, env = 0, []
     while i < len(words) and (words[i] in COMMAND_PREFIXES or ASSIGNMENT.fullmatch(words[i])):
         env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
@@ -168,7 +169,7 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
         return None
     head, background = basename(words[i]), command.background
     if head in ("bash", "sh") and words[i + 1:i + 2] == ["-c"] and i + 2 < len(words) and "\x00" not in words[i + 2]:
-        inner = _launch_of(_command_string(words[i + 2], words[i + 4:]) or [], command)  # $0, then "$@"
+        inner = _launch_of(_command_string(words[i + 2], words[i + 4:], shell) or [], command, shell)  # $0, "$@"
         if inner and words[i + 3:i + 4] and words[i + 3].startswith("-"):
             raise Problem(f"bash -c takes the word after its command string as $0, so {show(words[i + 3])} never "
                           "reaches torchrun through \"$@\". Fix: a name for $0 first: bash -c '...' torchrun "
@@ -198,17 +199,29 @@ def _launch_of(words: list[str], command: Command) -> Launch | None:
     return None
 
 
-def _command_string(text: str, positional: list[str]) -> list[str] | None:
-    """The words of ``bash -c TEXT $0 ARGS...`` when TEXT is one simple command of plain words and "$@"."""
+def _command_string(text: str, positional: list[str], shell: Shell | None) -> list[str] | None:
+    """The words of ``bash -c TEXT $0 ARGS...`` when TEXT is one simple command of plain words, "$@" and the
+    variables the inner bash has: Slurm's own for its task (``--node-rank=$SLURM_NODEID``) and exported ones."""
     inner = [c for c in shell_commands(text) if not c.nested]
     if len(inner) != 1:
         return None
     words = []
     for word in inner[0].words:
+        names = re.findall(r"\$\{?([A-Za-z_]\w*)\}?", word)
         if word in ('"$@"', "$@"):
             words += positional
         elif re.fullmatch(r"[\w./:=,+-]+", word):
             words.append(word)
+        elif shell is not None and re.fullmatch(r"(?:[\w./:=,+\"-]|\$\{?[A-Za-z_]\w*\}?)+", word):
+            unexported = [n for n in names if not n.startswith("SLURM_") and n not in shell.exported]
+            if unexported and "torchrun" in text:
+                name = unexported[0]
+                raise Problem(f"the bash -c text reads ${name}, which {'the script sets but ' if name in shell.assigned else ''}"
+                              f"does not export: the bash that srun starts sees it empty. Fix: export {name}, or "
+                              "pass it to that bash as an argument.")
+            if unexported:
+                return None
+            words += shell.fields(word)
         else:
             return None
     return words
@@ -431,6 +444,10 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             raise Problem(f"`{show(' '.join(command.words))}` is outside any function, and local works only inside "
                           "one: bash says \"local: can only be used in a function\" and sets nothing. Fix: a plain "
                           "NAME=value at the script's top level.")
+        if not launches and command.discards and not command.where and \
+                [w for w in command.words if w not in LEADING] == ["exec"]:
+            raise Problem("exec with output to /dev/null throws the rest of the job's log away: the ranks' lines "
+                          "that the check (and you) read go nowhere. Fix: leave that line out, as the template does.")
         if command.words[:2] == ["unset", "-f"] and not command.where:
             for name in command.words[2:]:
                 functions.pop(name, None)
@@ -439,7 +456,7 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             return
         fields = [f for w in command.words for f in shell.fields(w)]
         try:
-            launch = _launch_of(fields, command)
+            launch = _launch_of(fields, command, shell)
         except Problem as problem:
             raise Problem(shell.readable(str(problem))) from None
         if launch:
@@ -469,7 +486,7 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             functions[command.function].append(dataclasses.replace(command, function=None))
         elif index not in unreached:
             run(command)
-        elif not launches and _launch_of([f for w in command.words for f in shell.fields(w)], command):
+        elif not launches and _launch_of([f for w in command.words for f in shell.fields(w)], command, shell):
             raise Problem(f"the torchrun line comes {unreached[index]}: bash never runs it, so the job would start "
                           "nothing. Fix: the launch line at the script's top level, as in the template.")
     return JobRequest(directives, nodes, tasks, cpus, commands, shell, launches, after, ran, functions,

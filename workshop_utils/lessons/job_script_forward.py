@@ -62,13 +62,21 @@ def signal_name(number: int) -> str:
 def _trap_problem(job: JobRequest, warning: int, spec: JobSpec) -> tuple[str | None, int, list[Command]]:
     """(why the batch shell's trap for the warning does nothing, the index in ``job.ran`` where it is set, the
     commands it runs)."""
-    found, where = None, -1
+    found, where, unread = None, -1, None
     for index, command in enumerate(job.ran):
         words = _words(command)
         if words[:1] != ["trap"]:
             continue
         args = [literal(job.shell.parts(w)) for w in words[1:]]
+        raw = words[2:] if args[:1] == ["--"] else words[1:]
         args = args[1:] if args[:1] == ["--"] else args
+        if args[:1] == [None] and len(args) > 1 and None not in args[1:] and \
+                warning in [_signal_of(n) for n in args[1:]]:
+            if 0 <= job.launched_at < index and re.fullmatch(r'"[^"`$\\]*(\$![^"`$\\]*)+"', raw[0]):
+                args[0] = raw[0][1:-1]  # set after the launch, "...$!..." names the launch, as '...$!...' would
+            else:
+                unread = (raw[0], index)  # an action bash expands as it sets the trap: "kill $!" before any &
+                continue
         if not args or None in args or args[0] in ("-p", "-l", "-P"):
             continue
         action, names = (args[0], args[1:]) if len(args) > 1 or _signal_of(args[0]) is None else ("-", args)
@@ -78,6 +86,15 @@ def _trap_problem(job: JobRequest, warning: int, spec: JobSpec) -> tuple[str | N
             found, where = ("elsewhere", command.where, action), index
             continue
         found, where = ("here", "", action), index
+    if found is None and unread:
+        word, index = unread
+        fix = f"Fix: {TEMPLATE_FORWARD} and trap forward USR1, as in the template."
+        if "$!" in word and not word.startswith("'") and index < job.launched_at:
+            return (f"the trap's action {show(word)} is in double quotes, so bash expands $! when it sets the trap, "
+                    "before anything runs in the background: $! is empty then, and at the warning the trap signals "
+                    f"no process. {fix}"), index, []
+        return (f"the trap's action {show(word)} is expanded as bash sets the trap, into what this check cannot "
+                f"read before the job runs. {fix}"), index, []
     if found is None:
         return (f"nothing in the script traps SIG{spec.warning}: its default action ends bash, so the warning would "
                 "end the batch shell and reach no training process. Fix: trap forward USR1, as in the template."), -1, []
