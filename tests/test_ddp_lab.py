@@ -332,7 +332,12 @@ def test_what_has_no_source_is_named_before_any_launch(tmp_path, function):
 ], ids=["solution", "lambda-avg", "divided-by-2", "divided-by-3", "sum", "name-error", "rank-0-only",
         "os-imported-by-the-cell", "system-exit"])
 def test_gradients_averaged_by_hand_are_compared_with_ddp_on_three_ranks(tmp_path, capsys, function, message):
-    if message is None:
+    if message is None and function is not average_gradients:
+        # What these vary is how the function is read, which one world size shows: one launch, not the two.
+        result = wu.check_average_gradients(function, tmp_path, nproc=3)
+        assert result["max_difference"] <= 1e-6 and result["calls"] == 4 and result["world_sizes"] == [3]
+        assert "✓ Exercise 2.1: correct (equal to DDP's on all ranks, on 3 ranks" in capsys.readouterr().out
+    elif message is None:
         result = wu.check_average_gradients(function, tmp_path)
         assert result["max_difference"] <= 1e-6 and result["calls"] == 4
         assert "✓ Exercise 2.1: correct (equal to DDP's on all ranks, on 3 and 4 ranks" in capsys.readouterr().out
