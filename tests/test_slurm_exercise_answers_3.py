@@ -90,6 +90,10 @@ RIGHT = {
     "a case arm that matches": around_launch("case x in\n  x)", ";;\nesac"),
     "trap \"$NAME\" of a set name": lambda s: s.replace("trap forward USR1", 'handler=forward\ntrap "$handler" USR1'),
     "exec 2>&1 to the job's log": lambda s: s.replace(LAUNCH, "exec 2>&1\n" + LAUNCH),
+    "a launch function given the options": lambda s: s.replace(
+        LAUNCH, 'launch() { srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun "$@"; }\nlaunch'),
+    "until wait": lambda s: s.replace(WAIT, "until wait $!; do kill -0 $! 2>/dev/null || break; done"),
+    "a dash in a comment": lambda s: s.replace("set -uo pipefail", "# one node \u2014 two processes\nset -uo pipefail"),
 }
 
 
@@ -214,6 +218,20 @@ WRONG = {
         EP_END, EP_END + '\ntrap "kill -USR1 $!" USR1'), ["kill in the trap runs on the batch node only"]),
     "bash -c reading a variable not exported": (lambda s: s.replace(LAUNCH, "R=3\n" + LAUNCH.replace(
         "torchrun", "bash -c 'exec torchrun --max-restarts=$R \"$@\"' torchrun")), ["$R", "does not export"]),
+    "while wait $!": (lambda s: s.replace(WAIT, "while wait $!; do kill -0 $! 2>/dev/null || break; done"),
+                      ["`while wait $!` ends the loop when wait fails", "138"]),
+    "until ! wait $!": (lambda s: s.replace(WAIT, "until ! wait $!; do kill -0 $! 2>/dev/null || break; done"),
+                        ["ends the loop when wait fails"]),
+    "a launch function given one process": (lambda s: s.replace(
+        LAUNCH, 'launch() { srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun "$@"; }\nlaunch').replace(
+        "--nproc-per-node=2", "--nproc-per-node=1"), ["--nproc-per-node=1"]),
+    "en dashes": (lambda s: s.replace("--nproc-per-node", "\u2013\u2013nproc-per-node"), ["U+2013", "hyphen"]),
+    "an em dash in #SBATCH": (lambda s: s.replace("#SBATCH --time", "#SBATCH \u2014time"), ["line 6", "U+2014"]),
+    "OMP_NUM_THREADS=2": (lambda s: s.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2"),
+                          ["OMP_NUM_THREADS=2 for 2 training processes on 2 core(s)", "4 threads"]),
+    "OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK": (lambda s: s.replace("OMP_NUM_THREADS=1",
+                                                                 "OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK"),
+                                             ["OMP_NUM_THREADS=2"]),
 }
 
 

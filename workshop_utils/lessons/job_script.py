@@ -467,10 +467,14 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             at.append(len(ran) - 1)
             launches.append(launch)
             return
-        called = next((w for w in command.words if w not in COMMAND_PREFIXES), None)
+        at_name = next((k for k, w in enumerate(command.words) if w not in COMMAND_PREFIXES), None)
+        called = None if at_name is None else command.words[at_name]
         if called in functions and depth < 8:
+            given = command.words[at_name + 1:]  # inside the body, "$@" is these words
             for inner in functions[called]:
-                run(dataclasses.replace(inner, where=inner.where or command.where,
+                words = [out for w in inner.words for out in (given if w in ('"$@"', "$@") else [w])] if given \
+                    else inner.words
+                run(dataclasses.replace(inner, words=words, where=inner.where or command.where,
                                         background=inner.background or command.background), depth + 1,
                     passes_args and any("$@" in w for w in command.words))
         elif launches:

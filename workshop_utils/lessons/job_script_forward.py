@@ -305,12 +305,18 @@ def _unset_problem(job: JobRequest, index: int, fix: str) -> str | None:
     return None
 
 
-def _wait_loop_problem(job: JobRequest, index: int, words: list[str], fix: str) -> str | None:
+def _wait_loop_problem(job: JobRequest, index: int, words: list[str], fix: str, negated: bool) -> str | None:
     """Why ``while ! wait ...`` would not end when training does, or waits for nothing; None when it is right."""
     problem = _unset_problem(job, index, fix)
     if problem:
         return problem
     simple = index + 1 < len(job.ran) and job.ran[index + 1].words[:1] == ["do"]  # one command as its condition
+    loop = job.ran[index].words[0]
+    if simple and negated == (loop == "until"):  # while wait, until ! wait: a failing wait ends the loop
+        shown = f"{loop} {'! ' if negated else ''}{' '.join(words)}"
+        return (f"`{show(shown)}` ends the loop when wait fails, and a trapped signal makes it fail (138): at the "
+                "warning the batch shell leaves the loop and reaches its end while training still checkpoints, and "
+                f"Slurm ends the job with it. Wait again while wait fails. {fix}")
     if not simple or any(w in ("break", "exit", "return") for c in _loop_body(job, index) for w in c.words):
         return None
     return ("the loop never ends when training fails: wait returns the failure, then 127 for a process already "
@@ -367,9 +373,11 @@ def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
             return ("the wait loop runs in the background (&): the batch shell goes on to its end at once, and Slurm "
                     f"ends the job with it. {fix}"), -1
         words = _words(command)
+        negated = "!" in raw[:raw.index(words[0])] if words else False  # `!` may count among the leading words
+        negated = negated or words[:1] == ["!"]
         words = words[1:] if words[:1] == ["!"] else words
         if raw[:1] in (["while"], ["until"]) and words[:1] == ["wait"]:
-            return _wait_loop_problem(job, index, words, fix), index
+            return _wait_loop_problem(job, index, words, fix, negated), index
         if raw[:1] in (["while"], ["until"]) and any(_words(c)[:1] == ["wait"] for c in _loop_body(job, index)):
             forever = constant(words) is (raw[0] == "while")  # while true, while :, until false
             if forever and not any(w in ("break", "exit", "return") for c in _loop_body(job, index) for w in c.words):

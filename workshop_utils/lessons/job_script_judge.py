@@ -183,8 +183,9 @@ def _host_problem(parts: list, shell: Shell) -> str | None:
             return None  # the node the batch script runs on, which Slurm makes the job's first node, by its node name
         if (kind == "var" and what == "HOSTNAME") or (
                 kind == "subst" and re.fullmatch(r"\s*hostname( -[sf]| --short| --fqdn)?\s*", what)):
-            return (f"the rendezvous host {shown} is the machine the batch shell runs on, not a name from the job's "
-                    f"node list, which is what the exercise asks for. Fix: {RDZV_FIX}.")
+            return (f"the rendezvous host {shown} is the batch node's own host name, which need not be the name "
+                    "Slurm lists it under, the one the other nodes reach it by; the exercise asks for a name from "
+                    f"the job's node list ($SLURMD_NODENAME is the batch node's). Fix: {RDZV_FIX}.")
         if kind == "subst":
             why = _first_node_problem(what, shell)
             return None if why is None else f"the rendezvous host {shown} {why}. Fix: {RDZV_FIX}."
@@ -468,6 +469,12 @@ def _request_problem(job: JobRequest, args, launch: Launch, spec: JobSpec) -> st
         return (f"--cpus-per-task={cpus} for {nproc} training processes of one thread each (OMP_NUM_THREADS=1): "
                 f"{cpus - need} core(s) would sit idle, held from everyone else. Fix: --cpus-per-task={need}, "
                 "one core per process.")
+    threads_word = job.shell.assigned.get("OMP_NUM_THREADS") if "OMP_NUM_THREADS" in job.shell.exported else None
+    threads = whole(literal(job.shell.parts(threads_word)) or "") if threads_word is not None else None
+    if threads is not None and threads * nproc > cpus:
+        return (f"OMP_NUM_THREADS={threads} for {nproc} training processes on {cpus} core(s): {threads * nproc} "
+                "threads would take turns on them, each process slowed by the others. Fix: export OMP_NUM_THREADS=1, "
+                "one thread per process, as the template does.")
     if launch.srun is not None and not reaches and cpus > 1:
         return (f"srun starts torchrun without --cpus-per-task: Slurm 22.05 to 23.02 do not pass the job's "
                 f"--cpus-per-task on to srun, so there its one task gets one core and the {nproc} training processes "

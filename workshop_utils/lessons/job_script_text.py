@@ -15,6 +15,8 @@ from .answer_values import show
 # Spaces that sbatch (C's isspace) and bash do not split on, though they look like one.
 _ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")
 _LONGEST_WORD = 10_000
+# Dashes that look like a hyphen in slides and PDFs (en, em, minus...), at the start of what would be an option.
+_ODD_DASHES = re.compile("(?:^|[\\s=])([\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z]", re.M)
 
 
 def text_problem(script: str) -> str | None:
@@ -37,6 +39,15 @@ def text_problem(script: str) -> str | None:
         return (f"line {line} holds a U+{ord(odd.group()):04X} space (a non-breaking space, often pasted from a web "
                 "page or PDF): sbatch and bash do not take it for a space, so it sticks to the word beside it. Fix: "
                 "replace it with a plain space.")
+    for found in _ODD_DASHES.finditer(script):
+        line_start = script.rfind("\n", 0, found.start(1)) + 1
+        line = script[line_start:script.find("\n", found.start(1)) % (len(script) + 1)]
+        if line.lstrip().startswith("#") and not line.lstrip().startswith("#SBATCH"):
+            continue  # a comment's dash
+        number = script.count("\n", 0, found.start(1)) + 1
+        return (f"line {number} holds {show(found.group(1))} (U+{ord(found.group(1)[0]):04X}, a dash that looks like "
+                "a hyphen, often pasted from slides or a PDF) where an option starts: sbatch, srun and torchrun take "
+                "only the plain hyphen-minus, so they do not see that option. Fix: type the option's hyphens again.")
     if len(script) > 50 * _LONGEST_WORD or re.search(r"\S{%d}" % (_LONGEST_WORD + 1), script):
         return (f"the script holds a word longer than {_LONGEST_WORD} characters (or is longer than "
                 f"{50 * _LONGEST_WORD}), which no job script needs. Fix: "
