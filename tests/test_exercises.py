@@ -421,7 +421,7 @@ def test_amp_step_names_each_mistake(capsys):
     cases = {
         "no autocast": (amp_variant(precision="fp32"), "float32"),
         "bf16": (amp_variant(precision="bf16"), "bfloat16"),
-        "loss not scaled": (amp_variant(scale=False), "not scaled"),
+        "loss not scaled": (amp_variant(scale=False), "never went through scaler.scale"),
         "optimizer.step instead": (amp_variant(step=False), "without scaler.step"),
         "no scaler at all": (amp_variant(step=False, update=False), "scaler.step was never called"),
         "optimizer.step as well": (amp_variant(extra_step=True), "overflowed changed the weights"),

@@ -25,6 +25,12 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     can agree to many digits, their communication times do not.
     """
     value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
+    try:  # the kit's inputs, as a tensor or numpy scalar too
+        step_s, grad_bytes, world_size, gpus_per_node = (float(step_s), float(grad_bytes), int(world_size),
+                                                         int(gpus_per_node))
+    except (TypeError, ValueError, RuntimeError):
+        raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be numbers.",
+                            "pass the inputs of the exercise's cell.") from None
     if not (step_s > 0 and grad_bytes > 0 and world_size >= 2 and gpus_per_node >= 1):
         raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be positive "
                             "(world_size 2 or more).", "pass the inputs of the exercise's cell.")

@@ -54,7 +54,7 @@ SECOND_GPT = {"parameters": 2_345_678, "layers": 3, "width": 96, "sequence": 200
 def _formula_value(formula, args: dict, exercise: str) -> float:
     try:
         value = formula(*args.values())
-    except Exception as err:  # noqa: BLE001 - the attendee's code: one line naming their line
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): one line, their line
         raise attendee_error(err, formula, exercise, "gpt_flops_per_token") from None
     require_answered(value, exercise, "`gpt_flops_per_token` still returns the placeholder `...`.",
                      "replace the `...` with the formula, run that cell, then this one.")

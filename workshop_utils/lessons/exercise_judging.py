@@ -154,12 +154,16 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
     same = same or (lambda a, b: math.isclose(a, b, rel_tol=rel, abs_tol=abs_tol))
     if same(value, right):
         return
-    matched = []
+    matched, exact = [], []
     for wrong, problem, fix in mistakes:
         if wrong is None or (isinstance(wrong, float) and math.isnan(wrong)):
             continue
         if not same(wrong, right) and same(value, wrong) and problem not in [p for p, _ in matched]:
             matched.append((problem, fix))
+            if math.isclose(value, wrong, rel_tol=1e-9):
+                exact.append((problem, fix))
+    if len(matched) > 1 and len(exact) == 1:
+        matched = exact  # two mistakes land within the tolerance, one of them on the very value: that one
     digits = rounded_digits(value, right)
     more = f"give more significant digits: round to more decimals, or leave `{name}` unrounded."
     if digits is not None and digits >= 2:
@@ -177,7 +181,7 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
         raise NotYet(f"✗ {exercise}: {shown}: {matched[0][0]}", matched[0][1])
     if matched:
         raise NotYet(f"✗ {exercise}: {shown}, which {len(matched)} mistakes give here: "
-                     + " Or: ".join(p for p, _ in matched), " / ".join(f for _, f in matched))
+                     + " Or: ".join(p for p, _ in matched), " / ".join(dict.fromkeys(f for _, f in matched)))
     for holds, problem, fix in limits:
         require(holds, exercise, f"{shown}: {problem}", fix)
     raise NotYet(f"✗ {exercise}: {shown} is not right.", hint)

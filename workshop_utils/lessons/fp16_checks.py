@@ -140,8 +140,9 @@ def _amp_failure(err: Exception, amp_step, scaler: _WatchedScaler, exercise: str
     calls, text = scaler.calls, str(err)
     if isinstance(err, AssertionError):  # GradScaler's own protests at a call out of order
         if calls["scale"] == 0:
-            return NotYet(f"✗ {exercise}: the loss was not scaled.",
-                          "call scaler.scale(loss).backward() instead of loss.backward().")
+            return NotYet(f"✗ {exercise}: the loss never went through scaler.scale, so GradScaler does not know "
+                          "the scale the gradients carry (scaling it by hand does not tell it).",
+                          "call scaler.scale(loss).backward() in place of loss.backward() or a loss you scaled.")
         if calls["step"] == 0:
             return NotYet(f"✗ {exercise}: scaler.update() ran without scaler.step(optimizer) before it.",
                           "call scaler.step(optimizer) instead of optimizer.step().")
@@ -181,7 +182,7 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: boo
         if amp_step is not None:
             try:
                 loss = amp_step(model, images, labels, optimizer, scaler)
-            except Exception as err:  # noqa: BLE001 - the attendee's code: one line naming their line
+            except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): one line
                 raise _amp_failure(err, amp_step, scaler, exercise) from None
         else:
             if zero_grad:
@@ -247,8 +248,9 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
             "compute the output and the loss inside `with wu.autocast('fp16', device):`.")
     require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
             "use autocast with dtype torch.float16 (wu.autocast('fp16', device)): the mode that needs a scaler.")
-    require(scaler.calls["scale"] > 0, exercise, "the loss was not scaled.",
-            "call scaler.scale(loss).backward() instead of loss.backward().")
+    require(scaler.calls["scale"] > 0, exercise, "the loss never went through scaler.scale, so GradScaler does not "
+            "know the scale the gradients carry (scaling it by hand does not tell it).",
+            "call scaler.scale(loss).backward() in place of loss.backward() or a loss you scaled.")
     require(scaler.calls["step"] > 0, exercise, "scaler.step was never called.",
             "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips steps with inf/NaN.")
     require(scaler.calls["update"] > 0, exercise, "scaler.update() was never called.",

@@ -84,7 +84,7 @@ def _timed_workload(timed, n: int, device, exercise: str) -> None:
     try:
         with counter:
             out = timed()
-    except Exception as err:  # noqa: BLE001 - the attendee's code: one line naming their line
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): one line, their line
         raise attendee_error(err, timed, exercise, "matmul") from None
     flops, right = counter.get_total_flops(), 2 * n**3
     if flops != right:
@@ -137,6 +137,13 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
     given = number(seconds, exercise, "seconds", "one number, in seconds")
     require(given > 0, exercise, f"`seconds` = {given:g}: a time must be above 0.",
             "take the median of the timings: wu.time_repeats(...).median.")
+    shape = getattr(timings, "output_shape", None)
+    if shape is not None and tuple(shape) != (n, n):
+        shown = " x ".join(map(str, shape)) or "a single number"
+        raise NotYet(f"✗ {exercise}: `timings` measured a function that returned a {shown} result, not the {n} x {n} "
+                     f"of the exercise's multiply: those seconds belong to another workload (an earlier run of the "
+                     "cell, other a and b).", "run the exercise cell again from the top: make a and b with n, then "
+                                              "time matmul, then compute seconds and matmul_tflops from that timing.")
     if measured is not None:
         median, repeats = float(np.median(measured)), len(measured)
         verdict(given, median, exercise, "seconds", [

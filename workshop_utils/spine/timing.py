@@ -136,6 +136,9 @@ class Timings:
     """Seconds per timed repeat or region (warm-up left out), and the statistics read from them."""
 
     seconds: np.ndarray
+    # The shape of the tensor the timed function returned (time_repeats), None otherwise: what a check reads to
+    # tell which workload these seconds belong to, with no second timing to compare.
+    output_shape: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.seconds)
@@ -221,16 +224,18 @@ def time_repeats(fn: Callable[[], object], repeats: int, warmup: int = 1, device
             before()
         fn()
     _synchronize(device)  # the warm-up's queued work is finished before the first timed call
-    marks = []
+    marks, shape = [], None
     for _ in range(repeats):
         if before is not None:
             before()
             _synchronize(device)
         start = _mark(device)
-        fn()
+        out = fn()
         marks.append((start, _mark(device)))
+        shape = tuple(out.shape) if torch.is_tensor(out) else None
+        del out  # the shape is kept, not the tensor: the next call runs with the memory it had before
     _synchronize(device)
-    return Timings(np.asarray([_seconds(a, b) for a, b in marks], dtype=float))
+    return Timings(np.asarray([_seconds(a, b) for a, b in marks], dtype=float), shape)
 
 
 _STATUS = "/proc/self/status"
