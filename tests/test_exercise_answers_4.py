@@ -111,3 +111,17 @@ def test_2_3_the_kits_inputs_as_tensors_are_read(capsys):
     assert wu.check_ddp_efficiency(0.7673, torch.tensor(0.0123), torch.tensor(4 * 11_689_512.0), world_size=64)
     assert "✓ Exercise 2.3: correct" in capsys.readouterr().out
     one_line_refusal(lambda: wu.check_ddp_efficiency(0.7673, "fast", 1e6), "must be numbers")
+
+
+def test_1_4_a_formula_that_rounds_to_three_significant_digits_passes_at_both_sizes(capsys):
+    def rounded(parameters, layers, width, sequence):
+        return float(f"{6 * parameters + 12 * layers * width * sequence:.3g}")
+
+    assert wu.check_flops_per_token(rounded, GPT_N, TINY, GPT_T, COUNTED)
+    assert "✓ Exercise 1.4: correct" in capsys.readouterr().out
+
+
+def test_a_small_whole_answer_is_no_rounding_of_a_larger_one():
+    from workshop_utils.lessons.exercise_judging import rounded_digits
+
+    assert rounded_digits(30, 32) is None and rounded_digits(1.48e7, 14_765_268) == 3

@@ -191,14 +191,17 @@ def rounded_digits(value: float, right: float) -> int | None:
     """How many significant digits the answer ``value`` keeps, when it is ``right`` rounded to the decimals it was
     written with; None when it is no such rounding. A float drops trailing zeros (0.3 may be 0.2961 to two
     decimals, 0.30), so the most decimals that fit are taken, except for a power of ten: 1 for 0.968 is read
-    as written, no decimal and no digit kept, since that is where "rounded" and "ignored" meet. Nothing is a
+    as written, no decimal and no digit kept, since that is where "rounded" and "ignored" meet. Answers of
+    10,000 and more may be rounded to tens, hundreds...: 1.48e7 keeps three digits of 14,765,268. Nothing is a
     rounding of 0.
     """
     if value == 0 or right == 0 or not math.isfinite(right):
         return None
     power_of_ten = math.isclose(math.log10(abs(value)), round(math.log10(abs(value))), abs_tol=1e-9)
     digits = None
-    for decimals in range(16):
+    # Large answers are rounded left of the point too (1.48e7 for 14,765,268); small whole ones (a batch of
+    # 30 for 32) are no rounding.
+    for decimals in range(-15 if abs(right) >= 1e4 and not power_of_ten else 0, 16):
         # rel 1e-7: a float32 holding the rounded number (np.float32(2.52)) is 2.5199999..., still written as 2.52
         written = math.isclose(value, round(value, decimals), rel_tol=1e-7)
         if written and abs(value - right) <= 0.5 * 10.0**-decimals * (1 + 1e-9):
