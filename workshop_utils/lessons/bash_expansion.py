@@ -64,6 +64,7 @@ class Shell:
         self._evaluating: set[str] = set()
         self.arrays: dict[str, list[str] | tuple[str, str]] = {}  # NAME -> its element words, or ("lines", COMMAND)
         self._vanished = False  # an "${A[@]}" of no elements: the word gives no argument at all
+        self.allexport = False  # set -a: every assignment is exported
 
     def _read(self, command: Command, words: list[str]) -> bool:
         """``read NAME`` / ``mapfile -t NAME`` from a process substitution or here-string of one command:
@@ -105,12 +106,16 @@ class Shell:
         builtin = words[start] if start < len(words) and words[start] in (
             "export", "declare", "typeset", "readonly", "local") else None
         rest = words[start + bool(builtin):]
-        options = [w for w in rest if builtin and w.startswith("-")]
-        rest = [w for w in rest if not (builtin and w.startswith("-"))]
+        options = [w for w in rest if builtin and w.startswith(("-", "+"))]
+        rest = [w for w in rest if not (builtin and w.startswith(("-", "+")))]
         matches = [ASSIGNMENT.fullmatch(w) for w in rest]
         if builtin is None and (not rest or not all(matches)):
             return False
-        exported = builtin == "export" or (builtin in ("declare", "typeset") and any("x" in o for o in options))
+        # export -n and declare +x take the export back; set -a exports every assignment after it
+        unexported = (builtin == "export" and "-n" in options) or (
+            builtin in ("declare", "typeset") and any(o.startswith("+") and "x" in o for o in options))
+        exported = not unexported and (builtin == "export" or self.allexport or (
+            builtin in ("declare", "typeset") and any(o.startswith("-") and "x" in o for o in options)))
         for text, found in zip(rest, matches if take else []):
             name = found.group(1) if found else (text if NAME.fullmatch(text) else None)
             if name is None:
@@ -129,6 +134,8 @@ class Shell:
                 self.arrays.pop(name, None)
             if exported:
                 self.exported.add(name)
+            elif unexported:
+                self.exported.discard(name)
         return True
 
     def unset(self, command: Command) -> bool:

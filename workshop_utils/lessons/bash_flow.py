@@ -75,21 +75,35 @@ def _exits(body: list[Command], exiting: set[str]) -> bool:
     return False
 
 
-def _unmatched_arm(command: Command) -> str | None:
-    """Why a command in a case arm never runs: its patterns, constant like the case's word, never match it."""
-    if command.case_arm is None:
-        return None
-    subject, patterns = command.case_arm
+def _matches(subject: str, patterns: tuple) -> bool | None:
+    """Whether a case's word matches one of an arm's patterns: ``*`` matches any word; constants are asked of bash."""
+    if "*" in patterns:
+        return True
     if not all(_CONSTANT.fullmatch(w) for w in (subject, *patterns)):
         return None
-    matches = _bash_says(f"case {subject} in {'|'.join(patterns)}) exit 0;; esac; exit 1")
-    return None if matches is not False else \
-        f"in the case arm `{'|'.join(patterns)})`, which `{show(subject)}` never matches"
+    return _bash_says(f"case {subject} in {'|'.join(patterns)}) exit 0;; esac; exit 1")
 
 
-def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[int, str]:
+def _unmatched_arm(command: Command) -> str | None:
+    """Why a command in a case arm never runs: its patterns never match the case's word, or an earlier arm's
+    always takes it first."""
+    if command.case_arm is None:
+        return None
+    subject, patterns, earlier = command.case_arm
+    arm = "|".join(patterns)
+    if _matches(subject, patterns) is False:
+        return f"in the case arm `{arm})`, which `{show(subject)}` never matches"
+    taken = next((e for e in earlier or () if _matches(subject, e)), None)
+    return None if taken is None else \
+        f"in the case arm `{arm})`, after the arm `{'|'.join(taken)})`, which takes `{show(subject)}` first"
+
+
+def unreached_commands(commands: list[Command], errexit: bool = False, certain: set | None = None,
+                       repeated: dict | None = None) -> dict[int, str]:
     """Index -> why bash never runs that top-level command (``errexit``: set -e from the start, as
-    ``#!/bin/bash -e`` sets it)."""
+    ``#!/bin/bash -e`` sets it). ``certain``, when given, receives the indices of the commands that run every
+    time the script does: outside any condition, loop body or case arm; ``repeated``, index -> why it runs
+    more than once (a ``for`` over several words)."""
     bodies: dict[str, list[Command]] = {}
     for command in commands:
         if command.function and not command.nested:
@@ -100,7 +114,7 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
         if not more:
             break
         exiting |= more
-    found, frames, ended = {}, [], None
+    found, frames, ended, certain_out = {}, [], None, certain
     previous, previous_status, before = "\n", None, []  # the command before: its operator, status, words
     for index, command in enumerate(commands):
         if command.nested or command.function:
@@ -121,8 +135,13 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
                 break
             if word in ("for", "select"):
                 empty = words[k + 2:] == ["in"] and command.operator in (";", "\n")  # for i in ; do
+                items = words[k + 3:] if words[k + 2:k + 3] == ["in"] and command.operator in (";", "\n") else []
+                times = len(items) if word == "for" and all(_CONSTANT.fullmatch(w) and w.strip("\"'") and
+                                                            not re.search(r"[*?[\s]", w) for w in items) else 0
                 frames.append({"now": f"inside `{' '.join(words[k:])}`, a list of no words, which runs its body "
-                                      "zero times" if empty else None, "else": None})
+                                      "zero times" if empty else None, "else": None,
+                               "times": f"inside `{' '.join(words[k:])}`, which runs its body {times} times"
+                               if times > 1 else None})
                 break
             if word == "{":  # a group runs as its first command would: `cmd || { ...; exit 1; }` only maybe
                 frames.append({"now": "" if runs is True else None if runs is None else skipped, "else": ""})
@@ -131,6 +150,8 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
             elif word in _CLOSERS and frames:
                 frames.pop()
             k += 1
+        if repeated is not None and next((f.get("times") for f in frames if f.get("times")), None):
+            repeated[index] = next(f["times"] for f in frames if f.get("times"))
         why = ended or next((f["now"] for f in frames if f["now"]), None) or _unmatched_arm(command)
         if not why and runs is False:
             why = skipped
@@ -139,6 +160,8 @@ def unreached_commands(commands: list[Command], errexit: bool = False) -> dict[i
             previous, previous_status, before = command.operator, None, words
             continue
         certain = runs is True and not command.where and not command.in_case and all(f["now"] == "" for f in frames)
+        if certain and certain_out is not None and command.operator not in ("&&", "||"):
+            certain_out.add(index)
         rest = words[k:]
         status = constant(rest) if rest and "!" not in words[:k] else None  # set -e ignores a negated command
         if rest[:1] == ["return"]:

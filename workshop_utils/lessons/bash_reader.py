@@ -42,20 +42,27 @@ class Command:
     function: str | None = None  # the function whose body holds it: it runs only where that function is called
     definition: int = -1  # which definition of that function (a function defined again replaces its body)
     in_case: bool = False  # in an arm of a case: it runs only when its pattern matches
-    case_arm: tuple | None = None  # (the case's word, the arm's patterns) as written; None where a ;& falls in
+    case_arm: tuple | None = None  # (the case's word, the arm's patterns, the earlier arms' or None) as written;
+    # None where a ;& falls in
     herestring: str | None = None  # the word of its <<< (its standard input, a line of text)
-    discards: bool = False  # its standard output or error goes to /dev/null (exec >/dev/null hides the job's log)
+    discards: bool = False  # its standard output or error goes to /dev/null or is closed (hides the job's log)
 
 
-def _mark_arm(case: dict, commands: list[Command]) -> None:
-    """Give the commands of the case arm just ended its word and patterns (inner cases marked theirs first)."""
+def _mark_arm(case: dict, commands: list[Command], terminator: str = ";;") -> None:
+    """Give the commands of the case arm just ended its word, its patterns and those of the arms before it that
+    take the word first (inner cases marked theirs first); ``terminator`` ends the arm (;; ;& ;;&)."""
     arm = case.pop("arm", None)
     if arm is None:
         return
     subject, patterns, start, fallen_into = arm
+    earlier = case.setdefault("earlier", [])  # None once a ;& or ;;& lets a later arm run after a match
     for command in commands[start:]:
         if command.case_arm is None and not fallen_into and subject is not None:
-            command.case_arm = (subject, patterns)
+            command.case_arm = (subject, patterns, None if earlier is None else tuple(earlier))
+    if terminator != ";;":
+        case["earlier"] = None
+    elif earlier is not None:
+        earlier.append(patterns)
 
 
 def skip_quote(text: str, i: int) -> int:
@@ -190,7 +197,7 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
             return
         done, word = word, None
         if pending is not None:
-            discards = discards or (output_pending and done == "/dev/null")
+            discards = discards or (output_pending and done in ("/dev/null", "-"))  # >/dev/null, or 1>&- closed
             if pending in ("<<", "<<-"):
                 heredocs.append((re.sub(r"[\"'\\]", "", done), pending == "<<-"))
             elif pending == "<":
@@ -303,7 +310,7 @@ def _scan(text: str, i: int, closing: bool) -> tuple[list[Command], int]:
         if three == ";;&" or two in (";;", ";&"):
             end_command(";;")
             if case:
-                _mark_arm(case, commands)
+                _mark_arm(case, commands, ";;&" if three == ";;&" else two)
                 case["case"], case["fall"] = "pattern", two == ";&"
             i += 3 if three == ";;&" else 2
             continue

@@ -168,6 +168,11 @@ def _launch_of(words: list[str], command: Command, shell: Shell | None = None) -
     if i >= len(words):
         return None
     head, background = basename(words[i]), command.background
+    if head in ("bash", "sh") and words[i + 1:i + 2] == ["-c"] and i + 2 < len(words) and "torchrun" in words[i + 2] \
+            and ("\x00" in words[i + 2] or _command_string(words[i + 2], words[i + 4:], shell) is None):
+        raise Problem("the launch runs through bash -c with a text the check cannot follow: it reads one command of "
+                      "plain words, \"$@\" and the variables the inner bash has (Slurm's, exported ones), in single "
+                      "quotes. Fix: bash -c 'exec torchrun ... \"$@\"' torchrun \"$@\", or the template's launch line.")
     if head in ("bash", "sh") and words[i + 1:i + 2] == ["-c"] and i + 2 < len(words) and "\x00" not in words[i + 2]:
         inner = _launch_of(_command_string(words[i + 2], words[i + 4:], shell) or [], command, shell)  # $0, "$@"
         if inner and words[i + 3:i + 4] and words[i + 3].startswith("-"):
@@ -213,12 +218,17 @@ def _command_string(text: str, positional: list[str], shell: Shell | None) -> li
         elif re.fullmatch(r"[\w./:=,+-]+", word):
             words.append(word)
         elif shell is not None and re.fullmatch(r"(?:[\w./:=,+\"-]|\$\{?[A-Za-z_]\w*\}?)+", word):
-            unexported = [n for n in names if not n.startswith("SLURM_") and n not in shell.exported]
+            own = [n for n in names if n in ("SLURMD_NODENAME", "HOSTNAME")]  # each node's own, read there
+            if own and "rdzv" in word:
+                raise Problem(f"the bash -c text reads ${own[0]} on each node, where it is that node's own name: on "
+                              "two nodes each agent would wait at its own node for the others. Fix: expand the host "
+                              f"in the batch shell: {RDZV_FIX}.")
+            unexported = [n for n in names if not n.startswith("SLURM") and n not in ("HOSTNAME", *shell.exported)]
             if unexported and "torchrun" in text:
                 name = unexported[0]
-                raise Problem(f"the bash -c text reads ${name}, which {'the script sets but ' if name in shell.assigned else ''}"
-                              f"does not export: the bash that srun starts sees it empty. Fix: export {name}, or "
-                              "pass it to that bash as an argument.")
+                sets = "the script sets but does not export" if name in shell.assigned else "nothing exports"
+                raise Problem(f"the bash -c text reads ${name}, which {sets}: the bash that srun starts sees it "
+                              f"empty. Fix: export {name} before the launch.")
             if unexported:
                 return None
             words += shell.fields(word)
@@ -433,7 +443,7 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         known["SLURM_NTASKS_PER_NODE"] = str(tasks)
     shell = Shell(known)
     commands = shell_commands(script)
-    launches, after, functions, ran, at = [], [], {}, [], []
+    launches, after, functions, ran, at, moved = [], [], {}, [], [], []  # moved: shift, set -- before the launch
 
     def run(command: Command, depth: int = 0, passes_args: bool = True):
         """Follow one command as bash runs it; a function's body where the function is called (``passes_args``:
@@ -446,8 +456,15 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
                           "NAME=value at the script's top level.")
         if not launches and command.discards and not command.where and \
                 [w for w in command.words if w not in LEADING] == ["exec"]:
-            raise Problem("exec with output to /dev/null throws the rest of the job's log away: the ranks' lines "
-                          "that the check (and you) read go nowhere. Fix: leave that line out, as the template does.")
+            raise Problem("exec with output to /dev/null (or closed) throws the rest of the job's log away: the "
+                          "ranks' lines that the check (and you) read go nowhere. Fix: leave that line out, as the "
+                          "template does.")
+        if command.words[:1] == ["set"] and not command.where:  # set -a / +a: allexport on or off
+            flags = " ".join(command.words[1:])
+            if re.search(r"(^|\s)\+[a-z]*a|\+o allexport", flags):
+                shell.allexport = False
+            elif re.search(r"(^|\s)-[a-z]*a|-o allexport", flags):
+                shell.allexport = True
         if command.words[:2] == ["unset", "-f"] and not command.where:
             for name in command.words[2:]:
                 functions.pop(name, None)
@@ -460,8 +477,18 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         except Problem as problem:
             raise Problem(shell.readable(str(problem))) from None
         if launch:
+            discarded = command.discards or any(literal(shell.decode(value)) == "/dev/null" for option, value in
+                                                (launch.srun or {}).items() if option in ("--output", "--error"))
+            if discarded:
+                raise Problem("the launch's output goes to /dev/null (or nowhere): the ranks' lines that the check "
+                              "(and you) read never reach the job's log. Fix: no redirection on the launch line, as "
+                              "in the template.")
+            if moved and any("$@" in w for w in command.words):
+                raise Problem(f"`{show(moved[0])}` before the launch changes the script's own arguments, so \"$@\" no "
+                              "longer holds the check's training flags as given (shift drops the first of them, set "
+                              "-- replaces them). Fix: leave the arguments as they are, as the template does.")
             if not passes_args and any("$@" in w for w in command.words):
-                raise Problem(f"the launch sits in a function called without \"$@\": inside it \"$@\" is the "
+                raise Problem("the launch sits in a function called without \"$@\": inside it \"$@\" is the "
                               "function's own arguments, none, so the check's training flags never reach the "
                               "training. Fix: call it with \"$@\", or launch at the script's top level.")
             at.append(len(ran) - 1)
@@ -471,17 +498,28 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         called = None if at_name is None else command.words[at_name]
         if called in functions and depth < 8:
             given = command.words[at_name + 1:]  # inside the body, "$@" is these words
+            substitute = bool(given)
             for inner in functions[called]:
-                words = [out for w in inner.words for out in (given if w in ('"$@"', "$@") else [w])] if given \
+                inner_plain = [w for w in inner.words if w not in LEADING]
+                if inner_plain[:1] == ["shift"] and not inner.where:  # the body's own arguments move on
+                    count = int(inner_plain[1]) if inner_plain[1:2] and inner_plain[1].isdigit() else 1
+                    if any(w in ('"$@"', "$@") for w in given[:count]):
+                        raise Problem(f"`{show(' '.join(inner_plain))}` in {called} drops the first of the script's "
+                                      "arguments that \"$@\" hands it, and with it a training flag of the check's. "
+                                      "Fix: no shift there, or hand the function its own first argument.")
+                    given, substitute = given[count:], True
+                words = [out for w in inner.words for out in (given if w in ('"$@"', "$@") else [w])] if substitute \
                     else inner.words
                 run(dataclasses.replace(inner, words=words, where=inner.where or command.where,
-                                        background=inner.background or command.background), depth + 1,
+                                        background=inner.background or command.background,
+                                        discards=inner.discards or command.discards), depth + 1,
                     passes_args and any("$@" in w for w in command.words))
         elif launches:
             after.append(fields)
 
     errexit = re.match(r"#!\S+(\s+-\w*e\w*)", script) is not None  # #!/bin/bash -e
-    unreached, definitions, defined_at = unreached_commands(commands, errexit), {}, {}
+    certain, repeated = set(), {}
+    unreached, definitions, defined_at = unreached_commands(commands, errexit, certain, repeated), {}, {}
     for index, command in enumerate(commands):
         if command.function:
             if definitions.get(command.function) != command.definition:  # defined again: the new body replaces it
@@ -489,7 +527,16 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
                 defined_at[command.function] = len(ran)
             functions[command.function].append(dataclasses.replace(command, function=None))
         elif index not in unreached:
+            moves_args = [w for w in command.words if w not in LEADING][:1] == ["shift"] or \
+                [w for w in command.words if w not in LEADING][:2] == ["set", "--"]
+            if moves_args and index in certain and not launches:
+                moved.append(" ".join(w for w in command.words if w not in LEADING))
+            count = len(launches)
             run(command)
+            if len(launches) > count and index in repeated:
+                raise Problem(f"the torchrun line comes {repeated[index]}: the job would start that many trainings, "
+                              "side by side on the same cores. Fix: one launch line at the script's top level, as in "
+                              "the template.")
         elif not launches and _launch_of([f for w in command.words for f in shell.fields(w)], command, shell):
             raise Problem(f"the torchrun line comes {unreached[index]}: bash never runs it, so the job would start "
                           "nothing. Fix: the launch line at the script's top level, as in the template.")

@@ -319,6 +319,8 @@ def _wait_loop_problem(job: JobRequest, index: int, words: list[str], fix: str, 
                 f"Slurm ends the job with it. Wait again while wait fails. {fix}")
     if not simple or any(w in ("break", "exit", "return") for c in _loop_body(job, index) for w in c.words):
         return None
+    if words == ["wait"]:
+        return None  # without an operand wait returns 0 once no job is left, whatever the jobs returned
     return ("the loop never ends when training fails: wait returns the failure, then 127 for a process already "
             f"reaped, and the loop asks again until the time limit. Leave it once the process is gone. {fix}")
 
@@ -363,7 +365,7 @@ def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
     """(why the batch shell does not wait for the launch through every trapped signal, the index in ``job.ran``
     of the loop that does)."""
     fix = f"Fix: {TEMPLATE_WAIT}, as in the template."
-    plain = None
+    plain, waits = None, 0
     for index in range(job.launched_at + 1, len(job.ran)):
         command = job.ran[index]
         raw = list(command.words)
@@ -396,8 +398,12 @@ def _wait_problem(job: JobRequest, spec: JobSpec) -> tuple[str | None, int]:
                                 "runs the trap only once sleep has ended: the warning would reach the training "
                                 f"too late. {fix}"), -1
             return None, index
-        if words[:1] == ["wait"] and plain is None:
-            plain = " ".join(words)
+        if words[:1] == ["wait"]:
+            plain, waits = plain or " ".join(words), waits + 1
+    if plain is not None and waits > 1:
+        return (f"the script waits {waits} times in a row (`{show(plain)}` first): each trapped signal ends one wait, "
+                f"so {waits} signals (a warning and a second one, a requeue's) end the batch shell while training "
+                f"still checkpoints. Wait in a loop, for as many signals as come. {fix}"), -1
     if plain is not None:
         return (f"`{show(plain)}` waits once: bash's wait returns as soon as a trapped signal arrives, so after the "
                 "trap the batch shell reaches its end while training still checkpoints, and Slurm ends the job "

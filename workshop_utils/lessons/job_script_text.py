@@ -16,7 +16,8 @@ from .answer_values import show
 _ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")
 _LONGEST_WORD = 10_000
 # Dashes that look like a hyphen in slides and PDFs (en, em, minus...), at the start of what would be an option.
-_ODD_DASHES = re.compile("(?:^|[\\s=])([\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z]", re.M)
+# A soft hyphen (U+00AD) is one too, though no font shows it.
+_ODD_DASHES = re.compile("(?:^|[\\s=])([\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z0-9]", re.M)
 
 
 def text_problem(script: str) -> str | None:
@@ -45,9 +46,11 @@ def text_problem(script: str) -> str | None:
         if line.lstrip().startswith("#") and not line.lstrip().startswith("#SBATCH"):
             continue  # a comment's dash
         number = script.count("\n", 0, found.start(1)) + 1
-        return (f"line {number} holds {show(found.group(1))} (U+{ord(found.group(1)[0]):04X}, a dash that looks like "
-                "a hyphen, often pasted from slides or a PDF) where an option starts: sbatch, srun and torchrun take "
-                "only the plain hyphen-minus, so they do not see that option. Fix: type the option's hyphens again.")
+        code = ord(found.group(1)[0])
+        looks = "an invisible soft hyphen" if code == 0xAD else "a dash that looks like a hyphen"
+        return (f"line {number} holds {show(found.group(1))} (U+{code:04X}, {looks}, often pasted from slides or a "
+                "PDF) where an option starts: sbatch, srun, torchrun and kill take only the plain hyphen-minus, so "
+                "they do not see that option. Fix: type the option's hyphens again.")
     if len(script) > 50 * _LONGEST_WORD or re.search(r"\S{%d}" % (_LONGEST_WORD + 1), script):
         return (f"the script holds a word longer than {_LONGEST_WORD} characters (or is longer than "
                 f"{50 * _LONGEST_WORD}), which no job script needs. Fix: "

@@ -1,0 +1,103 @@
+"""Notebook 06's Exercise 6.1 check, a seventh round: what the review of the sixth round's changes found. Output
+thrown away on the launch line itself, the script's arguments moved before the launch, launches a case arm
+never reaches or a loop starts twice, OMP_NUM_THREADS set on the launch line, exports taken back or made by
+``set -a``, per-node variables read inside ``bash -c``, waits without an operand or twice in a row, and
+invisible or digit-led look-alike dashes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import workshop_utils as wu
+from test_slurm_exercise_answers_2 import SOLVED, WAIT, refused, script
+from workshop_utils.lessons import slurm_exercises as se
+
+TEMPLATE = script()
+LAUNCH = TEMPLATE[TEMPLATE.index("srun --cpus"):TEMPLATE.index("# bash runs")]
+BARE = LAUNCH.rstrip().rstrip("&").rstrip()  # the launch without its &
+STEP = 'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun'
+EXPORTED = 'export EP="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):29500"\n'
+
+
+def through_bash_c(endpoint: str = '"$EP"') -> str:
+    return ("srun --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" bash -c 'torchrun --nnodes=\"$SLURM_JOB_NUM_NODES\" "
+            f"--nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=\"$SLURM_JOB_ID\" "
+            "-m workshop_utils.train \"$@\"' torchrun \"$@\" &\n")
+
+
+@pytest.fixture(autouse=True)
+def no_slurm(monkeypatch):
+    monkeypatch.setenv("WORKSHOP_SLURM", "off")
+    monkeypatch.setattr(se, "submit", lambda *a, **k: pytest.fail("a check submitted a job in a text-only test"))
+
+
+def launch_as(text: str) -> str:
+    return TEMPLATE.replace(LAUNCH, text)
+
+
+RIGHT = {
+    "a function given x and the flags shifts x away": launch_as('run() {\nshift\n' + BARE + '\n}\nrun x "$@" &\n'),
+    "a shift only for a --debug flag": launch_as('if [ "${1:-}" = "--debug" ]; then shift; fi\n' + LAUNCH),
+    "set -a exports the endpoint for bash -c": launch_as("set -a\n" + EXPORTED.replace("export ", "") + "set +a\n"
+                                                         + through_bash_c()),
+    "the launch in the arm that matches first": launch_as("case x in\n  x) " + BARE + " & ;;\n  *) : ;;\nesac\n"),
+    "an arm after ;;& is still tested": launch_as("case x in\n  *) : ;;&\n  x) " + BARE + " & ;;\nesac\n"),
+    "a loop over two words that launches nothing": launch_as("for i in 1 2; do echo $i; done\n" + LAUNCH),
+    "while ! wait with no operand": TEMPLATE.replace(WAIT, "while ! wait; do :; done"),
+    "until wait with no operand": TEMPLATE.replace(WAIT, "until wait; do :; done"),
+    "env OMP_NUM_THREADS=1 on the launch": TEMPLATE.replace(STEP, STEP.replace("torchrun",
+                                                                               "env OMP_NUM_THREADS=1 torchrun")),
+}
+
+
+@pytest.mark.parametrize("text", RIGHT.values(), ids=RIGHT.keys())
+def test_right_answers_pass(text, capsys):
+    assert wu.check_job_script(text)
+    assert "✓ Exercise 6.1: correct" in capsys.readouterr().out
+
+
+WRONG = {
+    "kill with an en dash and a digit": (TEMPLATE.replace("kill -0", "kill \u20130"), ["U+2013"]),
+    "a soft hyphen in an option": (TEMPLATE.replace("--nproc-per-node", "\u00ad\u00adnproc-per-node"),
+                                   ["U+00AD", "invisible soft hyphen"]),
+    "the launch to /dev/null": (launch_as(BARE + " >/dev/null &\n"), ["launch's output goes to /dev/null"]),
+    "the launch &>/dev/null": (launch_as(BARE + " &>/dev/null &\n"), ["/dev/null"]),
+    "srun --output=/dev/null": (launch_as(BARE.replace("srun ", "srun --output=/dev/null ", 1) + " &\n"),
+                                ["/dev/null"]),
+    "exec 1>&- closes the log": (launch_as("exec 1>&-\n" + LAUNCH), ["exec", "closed"]),
+    "a launch function called >/dev/null": (launch_as("run() {\n" + BARE + '\n}\nrun "$@" >/dev/null &\n'),
+                                            ["/dev/null"]),
+    "shift before the launch": (launch_as("shift\n" + LAUNCH), ["`shift` before the launch", "training flags"]),
+    "set -- before the launch": (launch_as("set --\n" + LAUNCH), ["`set --` before the launch"]),
+    "shift in the launch function": (launch_as('run() {\nshift\n' + BARE + '\n}\nrun "$@" &\n'),
+                                     ["`shift` in run", "training flag"]),
+    "an arm after *) that takes the word": (launch_as("case x in\n  *) : ;;\n  x) " + BARE + " & ;;\nesac\n"),
+                                            ["after the arm `*)`", "never runs"]),
+    "an arm after *) of any word": (launch_as('case "${1:-}" in\n  *) : ;;\n  x) ' + BARE + " & ;;\nesac\n"),
+                                    ["after the arm `*)`"]),
+    "a launch in a loop over two words": (launch_as("for i in 1 2; do\n" + BARE + " &\ndone\n"),
+                                          ["runs its body 2 times", "side by side"]),
+    "OMP_NUM_THREADS=2 in front of srun": (TEMPLATE.replace(STEP, "OMP_NUM_THREADS=2 " + STEP), ["4 threads"]),
+    "env OMP_NUM_THREADS=2 torchrun": (TEMPLATE.replace(STEP, STEP.replace("torchrun", "env OMP_NUM_THREADS=2 torchrun")),
+                                       ["OMP_NUM_THREADS=2"]),
+    "srun --export=ALL,OMP_NUM_THREADS=2": (TEMPLATE.replace(STEP, STEP.replace(
+        "srun ", "srun --export=ALL,OMP_NUM_THREADS=2 ")), ["OMP_NUM_THREADS=2"]),
+    "OMP_NUM_THREADS=2,1": (TEMPLATE.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2,1"), ["OMP_NUM_THREADS=2,1"]),
+    "OMP_NUM_THREADS=0": (TEMPLATE.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=0"), ["no thread count"]),
+    "OMP_NUM_THREADS=2 on four cores": (wu.fill_job_script({**SOLVED, "cpus_per_task": 4}).replace(
+        "OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2"), ["OMP_NUM_THREADS=2 for 2 training processes on 4 core(s)"]),
+    "export -n before bash -c": (launch_as(EXPORTED + "export -n EP\n" + through_bash_c()), ["$EP", "not export"]),
+    "declare +x before bash -c": (launch_as(EXPORTED + "declare +x EP\n" + through_bash_c()), ["$EP"]),
+    "$SLURMD_NODENAME inside bash -c": (launch_as(through_bash_c('"$SLURMD_NODENAME:29500"')),
+                                        ["on each node", "own name"]),
+    "$HOSTNAME inside bash -c": (launch_as(through_bash_c('"$HOSTNAME:29500"')), ["$HOSTNAME on each node"]),
+    "bash -c in double quotes": (launch_as(EXPORTED + 'srun bash -c "torchrun --nnodes=$SLURM_JOB_NUM_NODES '
+                                           '-m workshop_utils.train" torchrun "$@" &\n'), ["cannot follow"]),
+    "wait $! twice": (TEMPLATE.replace(WAIT, "wait $!\nwait $!"), ["waits 2 times in a row"]),
+}
+
+
+@pytest.mark.parametrize("text, words", WRONG.values(), ids=WRONG.keys())
+def test_wrong_answers_are_named(text, words):
+    refused(text, *words)
