@@ -116,6 +116,9 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("cd {d} && torchrun --nnodes=1 --nproc-per-node=2 my_train_ddp.py", "torchrun"),
     ("python {s}", "python"),
     ("python3 -u {s}", "python"),
+    # torchrun's own reading: the last of a repeated option, an abbreviation it accepts
+    ("torchrun --nproc-per-node=1 --nproc-per-node=2 {s}", "torchrun"),
+    ("torchrun --nproc-per=2 {s}", "torchrun"),
 ])
 def test_launch_lines_become_probed_commands(tmp_path, command, launcher):
     script = tmp_path / "my_train_ddp.py"
@@ -140,6 +143,10 @@ def test_launch_lines_become_probed_commands(tmp_path, command, launcher):
     ("torchrun --nproc-per-node=2", "names no .py script"),
     ("torchrun --nproc-per-node=2 other.py", "not your lab script"),
     ("", "the command is empty"),
+    ("torchrun --nproc-per-node=2 --nproc-per-node=1 {s}", "--nproc-per-node=1: the lab runs on 2"),
+    ("torchrun --nproc=2 {s}", "ambiguous option"),
+    ("torchrun --nproc-per-node=2 python {s}", "'python', as the training script"),
+    ("torchrun --nproc-per-node=2 --node-rank=1 {s}", "--node-rank=1 on a one-node launch"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"

@@ -48,6 +48,12 @@ RIGHT = {
     "until wait with no operand": TEMPLATE.replace(WAIT, "until wait; do :; done"),
     "env OMP_NUM_THREADS=1 on the launch": TEMPLATE.replace(STEP, STEP.replace("torchrun",
                                                                                "env OMP_NUM_THREADS=1 torchrun")),
+    "an alias srun while scripts expand none": TEMPLATE.replace("set -uo pipefail\n",
+                                                                "set -uo pipefail\nalias srun='echo srun'\n"),
+    "a function torchrun, which srun does not run": TEMPLATE.replace("set -uo pipefail\n",
+                                                                      "set -uo pipefail\ntorchrun() { :; }\n"),
+    "command srun past a function srun": TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nsrun() { :; }\n")
+    .replace(STEP, "command " + STEP),
 }
 
 
@@ -95,7 +101,21 @@ WRONG = {
     "bash -c in double quotes": (launch_as(EXPORTED + 'srun bash -c "torchrun --nnodes=$SLURM_JOB_NUM_NODES '
                                            '-m workshop_utils.train" torchrun "$@" &\n'), ["cannot follow"]),
     "wait $! twice": (TEMPLATE.replace(WAIT, "wait $!\nwait $!"), ["waits 2 times in a row"]),
+    "timeout in front of srun": (TEMPLATE.replace(STEP, "timeout 60 " + STEP), ["timeout", "clock of its own"]),
+    "a function srun": (TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nsrun() { echo hi; }\n"),
+                        ["a function named srun", "nothing trains"]),
+    "an alias srun with expand_aliases": (TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nshopt -s "
+                                                           "expand_aliases\nalias srun='echo srun'\n"),
+                                          ["an alias", "named srun"]),
 }
+
+
+def test_6_3_a_memory_request_in_gib_is_named():
+    usage = {"job": "2", "elapsed_s": 15, "time_limit_s": 600, "cpus": 1, "gpus": 0, "cpu_time_s": 4.65,
+             "max_rss_mib": 832.34375, "source": "a test"}
+    from test_slurm_exercise_answers import refused as refused_by
+
+    refused_by(lambda: wu.check_job_usage(0.31, 0.025, 0.0, 60, 1100 / 1024, usage), "GiB", "in MiB")
 
 
 @pytest.mark.parametrize("text, words", WRONG.values(), ids=WRONG.keys())

@@ -19,6 +19,7 @@ from .ddp_lab_files import (LAB_EXERCISE, LOSS_LINE, PROBE_MODULE, THROUGHPUT, T
                             reported_throughput)
 from .exercise_judging import short
 from .exercises import NotYet, require
+from .job_script import Refusal, torchrun_args
 
 CHAINS = ("&&", ";", "||", "|", "&")  # shell operators that put a second command beside the launch
 
@@ -104,13 +105,28 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
     prefix = ["env", *assigned] if assigned else []
     if launcher == "python":
         return [*prefix, sys.executable, *probe_args], launcher
-    nodes = _flag(flags, ("--nnodes",))
-    require(nodes is None or nodes in ("1", "1:1"), exercise,
+    try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities
+        parsed = torchrun_args([*flags, str(script)])
+    except Refusal as refusal:
+        raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
+                     f"write its options in full: torchrun --nproc-per-node={nproc} {script}.") from None
+    if parsed.training_script != str(script):
+        shown = Path(parsed.training_script).name
+        raise NotYet(f"✗ {exercise}: torchrun runs its first word after the options, {shown!r}, as the training "
+                     f"script, and hands it your file as an argument.",
+                     "name only your script after torchrun's options: torchrun starts it with Python itself."
+                     if shown.startswith("python") else f"write the launch line as torchrun --nproc-per-node={nproc} "
+                                                        f"{script}.")
+    nodes = str(parsed.nnodes)
+    require(nodes in ("1", "1:1"), exercise,
             f"--nnodes={nodes}: torchrun would wait for {nodes} nodes to join, and the check runs on this one.",
             f"leave --nnodes out (or --nnodes=1): --nproc-per-node={nproc} on one node.")
-    given = _nproc_flag(flags)
-    require(given is not None, exercise, "torchrun starts one process unless told how many.",
-            f"add --nproc-per-node={nproc}.")
+    require(int(parsed.node_rank) == 0, exercise,
+            f"--node-rank={parsed.node_rank} on a one-node launch: the ranks would wait for a node 0 that never "
+            "starts, until the time limit.", "leave --node-rank out: one node is node 0.")
+    given = str(parsed.nproc_per_node)
+    require(_nproc_flag(flags) is not None or given != "1", exercise,
+            "torchrun starts one process unless told how many.", f"add --nproc-per-node={nproc}.")
     require(given == str(nproc), exercise, f"--nproc-per-node={given}: the lab runs on {nproc} processes.",
             f"use --nproc-per-node={nproc}.")
     rendezvous = ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--master-port", "--master_port")

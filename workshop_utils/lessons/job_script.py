@@ -121,7 +121,7 @@ class Launch:
     srun_refusal: str | None = None
     env: tuple[str, ...] = ()  # the names set in front of it (A=1 srun ..., env A=1 srun ...), for it alone
     exec_: bool = False  # started with exec, which replaces the batch shell (and its trap) with it
-    wrappers: tuple[str, ...] = ()  # programs between srun and torchrun (nice, timeout...)
+    wrappers: tuple[str, ...] = ()  # programs before srun or between it and torchrun (nice, timeout...)
 
 
 def _past_wrappers(words: list[str], i: int) -> int:
@@ -145,8 +145,9 @@ def _launch_of(words: list[str], command: Command, shell: Shell | None = None) -
         while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
             env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
             i += 1
-    srun, refusal, replaces = None, None, "exec" in words[:i]
+    srun, refusal, replaces, outer = None, None, "exec" in words[:i], i
     i = _past_wrappers(words, i)  # setsid srun ...
+    outer_wrappers = tuple(basename(w) for w in words[outer:i] if basename(w) in _WRAPPERS)
     if i < len(words) and basename(words[i]) == "srun":
         try:
             found, rest = getopt_long(words[i + 1:], SRUN)
@@ -159,7 +160,7 @@ def _launch_of(words: list[str], command: Command, shell: Shell | None = None) -
             srun, refusal, i = {}, str(problem), starts[0]
     wrapped = i
     i = _past_wrappers(words, i)
-    wrappers = tuple(basename(w) for w in words[wrapped:i] if basename(w) in _WRAPPERS)
+    wrappers = outer_wrappers + tuple(basename(w) for w in words[wrapped:i] if basename(w) in _WRAPPERS)
     while i < len(words) and words[i] == "env":  # srun ... env A=1 torchrun
         i += 1
         while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
@@ -444,6 +445,7 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
     shell = Shell(known)
     commands = shell_commands(script)
     launches, after, functions, ran, at, moved = [], [], {}, [], [], []  # moved: shift, set -- before the launch
+    aliases: dict[str, str] = {}  # NAME -> its alias, once shopt -s expand_aliases made a script expand them
 
     def run(command: Command, depth: int = 0, passes_args: bool = True):
         """Follow one command as bash runs it; a function's body where the function is called (``passes_args``:
@@ -459,6 +461,11 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             raise Problem("exec with output to /dev/null (or closed) throws the rest of the job's log away: the "
                           "ranks' lines that the check (and you) read go nowhere. Fix: leave that line out, as the "
                           "template does.")
+        plain = [w for w in command.words if w not in LEADING]
+        if plain[:2] == ["shopt", "-s"] and "expand_aliases" in plain and not command.where:
+            aliases["expand"] = "on"
+        if plain[:1] == ["alias"] and aliases.get("expand") and not command.where:
+            aliases.update((w.split("=", 1)[0], w) for w in plain[1:] if "=" in w)
         if command.words[:1] == ["set"] and not command.where:  # set -a / +a: allexport on or off
             flags = " ".join(command.words[1:])
             if re.search(r"(^|\s)\+[a-z]*a|\+o allexport", flags):
@@ -477,6 +484,14 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         except Problem as problem:
             raise Problem(shell.readable(str(problem))) from None
         if launch:
+            at_head = next((k for k, w in enumerate(command.words)
+                            if w not in COMMAND_PREFIXES and not ASSIGNMENT.fullmatch(w)), len(command.words))
+            head = command.words[at_head] if at_head < len(command.words) else ""
+            bypassed = any(w in ("command", "exec") for w in command.words[:at_head])  # both run the program
+            if (head in functions or head in aliases) and not bypassed:
+                kind = "a function" if head in functions else "an alias (expand_aliases is on)"
+                raise Problem(f"the script defines {kind} named {head}, which the launch line runs in place of the "
+                              f"real {head}: nothing trains. Fix: give it another name, or leave it out.")
             discarded = command.discards or any(literal(shell.decode(value)) == "/dev/null" for option, value in
                                                 (launch.srun or {}).items() if option in ("--output", "--error"))
             if discarded:

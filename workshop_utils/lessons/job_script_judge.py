@@ -41,7 +41,7 @@ def _launch_problem(job: JobRequest, launch: Launch, spec: JobSpec) -> str | Non
                 "and the rendezvous would wait for it until it times out. Fix: srun "
                 f"--cpus-per-task=\"$SLURM_CPUS_PER_TASK\" {launch.launcher} ..., as in the template.")
     if "timeout" in launch.wrappers:
-        return ("timeout in front of torchrun ends it on a clock of its own, before the job's time limit and its "
+        return ("timeout on the launch line ends training on a clock of its own, before the job's time limit and its "
                 "warning, so no checkpoint is written. Fix: leave timeout out: #SBATCH --time limits the job.")
     for name, value in (launch.srun or {}).items():
         why = _SRUN_BREAKS.get(name)
@@ -211,7 +211,8 @@ def _threads_problem(job: JobRequest, nproc: int, cpus: int, spec: JobSpec) -> s
         return None  # unset (torchrun sets 1), or known only when the job runs
     threads, fix = int(counts.group(1)), "Fix: export OMP_NUM_THREADS=1, one thread per process, as the template does."
     if threads == 0:
-        return f"OMP_NUM_THREADS={value.strip()} is no thread count: OpenMP ignores it and starts a thread per core. {fix}"
+        return (f"OMP_NUM_THREADS={value.strip()} is no thread count: OpenMP ignores it and starts a thread per "
+                f"core. {fix}")
     if threads != spec.cores_per_proc:
         crowd = (f": {threads * nproc} threads would take turns on them, each process slowed by the others"
                  if threads * nproc > cpus else "")

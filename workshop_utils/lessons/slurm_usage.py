@@ -108,6 +108,10 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
         (right_time / 3600, "hours: the answer is in seconds.", "multiply by 3600."),
     ], (lambda v: v > 0 and v % 60 == 0, "Slurm's time limits are whole minutes above zero, so seconds that are a "
         "positive multiple of 60.", "60 x ceil(1.5 x elapsed_s / 60)."), "60 x ceil(1.5 x elapsed_s / 60).", rel=0)
+    given = answers["next_memory_mib"]
+    if any(math.isclose(given, right_memory / unit, rel_tol=5e-3) for unit in (1024, 1000)):  # 1.07 for 1100
+        raise NotYet(f"✗ {exercise}: `next_memory_mib` = {given:.4g}: that is GiB (or GB); the request is in MiB.",
+                     "keep MiB: 100 x ceil(1.25 x max_rss_mib / 100).")
     check("next_memory_mib", right_memory, [
         (MEMORY_MARGIN * usage["max_rss_mib"], "not rounded up to whole 100 MiB.",
          "100 x ceil(1.25 x max_rss_mib / 100)."),
