@@ -101,6 +101,9 @@ WRONG = {
     "bash -c in double quotes": (launch_as(EXPORTED + 'srun bash -c "torchrun --nnodes=$SLURM_JOB_NUM_NODES '
                                            '-m workshop_utils.train" torchrun "$@" &\n'), ["cannot follow"]),
     "wait $! twice": (TEMPLATE.replace(WAIT, "wait $!\nwait $!"), ["waits 2 times in a row"]),
+    "the endpoint set in front of srun for bash -c": (launch_as(EXPORTED.replace("export ", "").strip() + " "
+                                                               + through_bash_c()), ["set in front of the launch",
+                                                                                     "export EP"]),
     "timeout in front of srun": (TEMPLATE.replace(STEP, "timeout 60 " + STEP), ["timeout", "clock of its own"]),
     "a function srun": (TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nsrun() { echo hi; }\n"),
                         ["a function named srun", "nothing trains"]),

@@ -170,12 +170,13 @@ def _launch_of(words: list[str], command: Command, shell: Shell | None = None) -
         return None
     head, background = basename(words[i]), command.background
     if head in ("bash", "sh") and words[i + 1:i + 2] == ["-c"] and i + 2 < len(words) and "torchrun" in words[i + 2] \
-            and ("\x00" in words[i + 2] or _command_string(words[i + 2], words[i + 4:], shell) is None):
+            and ("\x00" in words[i + 2] or _command_string(words[i + 2], words[i + 4:], shell, tuple(env)) is None):
         raise Problem("the launch runs through bash -c with a text the check cannot follow: it reads one command of "
                       "plain words, \"$@\" and the variables the inner bash has (Slurm's, exported ones), in single "
                       "quotes. Fix: bash -c 'exec torchrun ... \"$@\"' torchrun \"$@\", or the template's launch line.")
     if head in ("bash", "sh") and words[i + 1:i + 2] == ["-c"] and i + 2 < len(words) and "\x00" not in words[i + 2]:
-        inner = _launch_of(_command_string(words[i + 2], words[i + 4:], shell) or [], command, shell)  # $0, "$@"
+        inner = _launch_of(_command_string(words[i + 2], words[i + 4:], shell, tuple(env)) or [],  # $0, then "$@"
+                           command, shell)
         if inner and words[i + 3:i + 4] and words[i + 3].startswith("-"):
             raise Problem(f"bash -c takes the word after its command string as $0, so {show(words[i + 3])} never "
                           "reaches torchrun through \"$@\". Fix: a name for $0 first: bash -c '...' torchrun "
@@ -205,7 +206,7 @@ def _launch_of(words: list[str], command: Command, shell: Shell | None = None) -
     return None
 
 
-def _command_string(text: str, positional: list[str], shell: Shell | None) -> list[str] | None:
+def _command_string(text: str, positional: list[str], shell: Shell | None, given: tuple = ()) -> list[str] | None:
     """The words of ``bash -c TEXT $0 ARGS...`` when TEXT is one simple command of plain words, "$@" and the
     variables the inner bash has: Slurm's own for its task (``--node-rank=$SLURM_NODEID``) and exported ones."""
     inner = [c for c in shell_commands(text) if not c.nested]
@@ -227,6 +228,10 @@ def _command_string(text: str, positional: list[str], shell: Shell | None) -> li
             unexported = [n for n in names if not n.startswith("SLURM") and n not in ("HOSTNAME", *shell.exported)]
             if unexported and "torchrun" in text:
                 name = unexported[0]
+                if name in given:
+                    raise Problem(f"the bash -c text reads ${name}, set in front of the launch for it alone: bash "
+                                  "passes it on, but the check cannot follow a value set that way. Fix: export "
+                                  f"{name} on a line of its own before the launch.")
                 sets = "the script sets but does not export" if name in shell.assigned else "nothing exports"
                 raise Problem(f"the bash -c text reads ${name}, which {sets}: the bash that srun starts sees it "
                               f"empty. Fix: export {name} before the launch.")
