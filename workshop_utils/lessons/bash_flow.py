@@ -49,14 +49,20 @@ def constant(words: list[str]) -> bool | None:
     return None if said is None else said != negate
 
 
-def errexit_after(words: list[str], errexit: bool) -> bool:
-    """Whether set -e is on after this command: ``set -e``/``-o errexit`` turn it on, ``set +e`` off."""
+def option_after(words: list[str], on: bool, letter: str, name: str) -> bool:
+    """Whether a shell option is on after this command: ``set -LETTER``/``-o NAME`` turn it on, ``set +LETTER``/
+    ``+o NAME`` off (set -e is errexit, set -a allexport)."""
     if words[:1] != ["set"]:
-        return errexit
+        return on
     flags = " ".join(words[1:])
-    if re.search(r"(^|\s)\+[a-z]*e|\+o errexit", flags):
+    if re.search(rf"(^|\s)\+[a-z]*{letter}|\+o {name}", flags):
         return False
-    return errexit or re.search(r"(^|\s)-[a-z]*e|-o errexit", flags) is not None
+    return on or re.search(rf"(^|\s)-[a-z]*{letter}|-o {name}", flags) is not None
+
+
+def errexit_after(words: list[str], errexit: bool) -> bool:
+    """Whether set -e is on after this command."""
+    return option_after(words, errexit, "e", "errexit")
 
 
 def _exits(body: list[Command], exiting: set[str]) -> bool:
@@ -114,7 +120,7 @@ def unreached_commands(commands: list[Command], errexit: bool = False, certain: 
         if not more:
             break
         exiting |= more
-    found, frames, ended, certain_out = {}, [], None, certain
+    found, frames, ended = {}, [], None
     previous, previous_status, before = "\n", None, []  # the command before: its operator, status, words
     for index, command in enumerate(commands):
         if command.nested or command.function:
@@ -150,8 +156,9 @@ def unreached_commands(commands: list[Command], errexit: bool = False, certain: 
             elif word in _CLOSERS and frames:
                 frames.pop()
             k += 1
-        if repeated is not None and next((f.get("times") for f in frames if f.get("times")), None):
-            repeated[index] = next(f["times"] for f in frames if f.get("times"))
+        times = next((f["times"] for f in frames if f.get("times")), None)
+        if repeated is not None and times:
+            repeated[index] = times
         why = ended or next((f["now"] for f in frames if f["now"]), None) or _unmatched_arm(command)
         if not why and runs is False:
             why = skipped
@@ -159,14 +166,14 @@ def unreached_commands(commands: list[Command], errexit: bool = False, certain: 
             found[index] = why
             previous, previous_status, before = command.operator, None, words
             continue
-        certain = runs is True and not command.where and not command.in_case and all(f["now"] == "" for f in frames)
-        if certain and certain_out is not None and command.operator not in ("&&", "||"):
-            certain_out.add(index)
+        sure = runs is True and not command.where and not command.in_case and all(f["now"] == "" for f in frames)
+        if sure and certain is not None and command.operator not in ("&&", "||"):
+            certain.add(index)
         rest = words[k:]
         status = constant(rest) if rest and "!" not in words[:k] else None  # set -e ignores a negated command
         if rest[:1] == ["return"]:
             status = False  # outside a function return fails (and returns nothing)
-        if certain and command.operator not in ("&&", "||", "|", "|&"):
+        if sure and command.operator not in ("&&", "||", "|", "|&"):
             if rest[:1] == ["exit"] or rest[:1] and rest[0] in exiting:
                 ended = f"after `{show(' '.join(rest))}`, which ends the script"
             elif rest[:1] == ["kill"] and "$$" in rest and all(re.fullmatch(r"-(SIG)?(TERM|KILL|INT|HUP|[0-9]+)|\$\$",

@@ -15,7 +15,7 @@ import re
 
 from .answer_values import Problem, show
 from .bash_expansion import Shell, basename, literal
-from .bash_flow import unreached_commands
+from .bash_flow import option_after, unreached_commands
 from .bash_reader import ASSIGNMENT, LEADING, Command, shell_commands
 from .slurm_rules import SRUN, count_problem, directives_and_first_command, getopt_long, node_range, sbatch_options
 
@@ -450,7 +450,8 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
     shell = Shell(known)
     commands = shell_commands(script)
     launches, after, functions, ran, at, moved = [], [], {}, [], [], []  # moved: shift, set -- before the launch
-    aliases: dict[str, str] = {}  # NAME -> its alias, once shopt -s expand_aliases made a script expand them
+    aliases: set[str] = set()  # the names aliased once shopt -s expand_aliases made the script expand them
+    expanding = []  # [True] after shopt -s expand_aliases (a script expands no alias without it)
 
     def run(command: Command, depth: int = 0, passes_args: bool = True):
         """Follow one command as bash runs it; a function's body where the function is called (``passes_args``:
@@ -468,15 +469,11 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
                           "template does.")
         plain = [w for w in command.words if w not in LEADING]
         if plain[:2] == ["shopt", "-s"] and "expand_aliases" in plain and not command.where:
-            aliases["expand"] = "on"
-        if plain[:1] == ["alias"] and aliases.get("expand") and not command.where:
-            aliases.update((w.split("=", 1)[0], w) for w in plain[1:] if "=" in w)
-        if command.words[:1] == ["set"] and not command.where:  # set -a / +a: allexport on or off
-            flags = " ".join(command.words[1:])
-            if re.search(r"(^|\s)\+[a-z]*a|\+o allexport", flags):
-                shell.allexport = False
-            elif re.search(r"(^|\s)-[a-z]*a|-o allexport", flags):
-                shell.allexport = True
+            expanding.append(True)
+        if plain[:1] == ["alias"] and expanding and not command.where:
+            aliases.update(w.split("=", 1)[0] for w in plain[1:] if "=" in w)
+        if not command.where:
+            shell.allexport = option_after(plain, shell.allexport, "a", "allexport")
         if command.words[:2] == ["unset", "-f"] and not command.where:
             for name in command.words[2:]:
                 functions.pop(name, None)
@@ -547,10 +544,9 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
                 defined_at[command.function] = len(ran)
             functions[command.function].append(dataclasses.replace(command, function=None))
         elif index not in unreached:
-            moves_args = [w for w in command.words if w not in LEADING][:1] == ["shift"] or \
-                [w for w in command.words if w not in LEADING][:2] == ["set", "--"]
-            if moves_args and index in certain and not launches:
-                moved.append(" ".join(w for w in command.words if w not in LEADING))
+            plain = [w for w in command.words if w not in LEADING]
+            if (plain[:1] == ["shift"] or plain[:2] == ["set", "--"]) and index in certain and not launches:
+                moved.append(" ".join(plain))
             count = len(launches)
             run(command)
             if len(launches) > count and index in repeated:

@@ -17,7 +17,7 @@ _ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")
 _LONGEST_WORD = 10_000
 # Dashes that look like a hyphen in slides and PDFs (en, em, minus...), at the start of what would be an option.
 # A soft hyphen (U+00AD) is one too, though no font shows it.
-_ODD_DASHES = re.compile("(?:^|[\\s=])([\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z0-9]", re.M)
+_ODD_DASHES = re.compile("(?:^|[\\s=])([\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z0-9]")
 
 
 def text_problem(script: str) -> str | None:
@@ -40,12 +40,10 @@ def text_problem(script: str) -> str | None:
         return (f"line {line} holds a U+{ord(odd.group()):04X} space (a non-breaking space, often pasted from a web "
                 "page or PDF): sbatch and bash do not take it for a space, so it sticks to the word beside it. Fix: "
                 "replace it with a plain space.")
-    for found in _ODD_DASHES.finditer(script):
-        line_start = script.rfind("\n", 0, found.start(1)) + 1
-        line = script[line_start:script.find("\n", found.start(1)) % (len(script) + 1)]
-        if line.lstrip().startswith("#") and not line.lstrip().startswith("#SBATCH"):
-            continue  # a comment's dash
-        number = script.count("\n", 0, found.start(1)) + 1
+    for number, line in enumerate(script.split("\n"), 1):
+        found = _ODD_DASHES.search(line)
+        if found is None or (line.lstrip().startswith("#") and not line.lstrip().startswith("#SBATCH")):
+            continue  # none, or a comment's dash
         code = ord(found.group(1)[0])
         looks = "an invisible soft hyphen" if code == 0xAD else "a dash that looks like a hyphen"
         return (f"line {number} holds {show(found.group(1))} (U+{code:04X}, {looks}, often pasted from slides or a "
