@@ -54,6 +54,20 @@ RIGHT = {
                                                                       "set -uo pipefail\ntorchrun() { :; }\n"),
     "command srun past a function srun": TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nsrun() { :; }\n")
     .replace(STEP, "command " + STEP),
+    # The eighth review's right answers
+    "set -uo allexport exports the endpoint": launch_as("set -uo allexport\n" + EXPORTED.replace("export ", "")
+                                                         + through_bash_c()),
+    "unalias srun": TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nshopt -s expand_aliases\n"
+                                     "alias srun=echo\nunalias srun\n"),
+    "a function srun that passes on to command srun": TEMPLATE.replace(
+        "set -uo pipefail\n", 'set -uo pipefail\nsrun() { command srun "$@"; }\n'),
+    "env -u FOO srun": TEMPLATE.replace(STEP, "env -u FOO " + STEP),
+    "chrt -o 0 srun": TEMPLATE.replace(STEP, "chrt -o 0 " + STEP),
+    "taskset -c 0,1 srun": TEMPLATE.replace(STEP, "taskset -c 0,1 " + STEP),
+    "a dash in an echo string": TEMPLATE.replace("trap forward USR1\n",
+                                                 'trap forward USR1\necho "starting \u2013\u2013nproc-per-node=2"\n'),
+    "a dash in a trailing comment": TEMPLATE.replace('-m workshop_utils.train "$@" &',
+                                                     '-m workshop_utils.train "$@" &  # \u2013\u2013x'),
 }
 
 
@@ -104,6 +118,12 @@ WRONG = {
     "the endpoint set in front of srun for bash -c": (launch_as(EXPORTED.replace("export ", "").strip() + " "
                                                                + through_bash_c()), ["set in front of the launch",
                                                                                      "export EP"]),
+    "set -Ee then false": (launch_as("set -Ee\nfalse\n" + LAUNCH), ["under set -e", "never runs"]),
+    "set -e then command false": (launch_as("set -e\ncommand false\n" + LAUNCH), ["command false"]),
+    "set -e then /bin/false": (launch_as("set -e\n/bin/false\n" + LAUNCH), ["/bin/false"]),
+    "builtin srun": (TEMPLATE.replace(STEP, "builtin " + STEP), ["no bash builtin"]),
+    "a function named wait": (TEMPLATE.replace("trap forward USR1\n", "trap forward USR1\nwait() { :; }\n"),
+                              ["a function named wait"]),
     "timeout in front of srun": (TEMPLATE.replace(STEP, "timeout 60 " + STEP), ["timeout", "clock of its own"]),
     "a function srun": (TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nsrun() { echo hi; }\n"),
                         ["a function named srun", "nothing trains"]),
@@ -119,6 +139,17 @@ def test_6_3_a_memory_request_in_gib_is_named():
     from test_slurm_exercise_answers import refused as refused_by
 
     refused_by(lambda: wu.check_job_usage(0.31, 0.025, 0.0, 60, 1100 / 1024, usage), "GiB", "in MiB")
+    for other, unit in ((1100 * 2**20 / 1e6, "MB"), (1100 * 2**20 / 1e9, "GB"), (1100 * 1024, "KiB"),
+                        (1100 * 2**20, "bytes")):
+        refused_by(lambda other=other: wu.check_job_usage(0.31, 0.025, 0.0, 60, other, usage), f"that is {unit};")
+
+
+def test_6_3_names_only_the_count_this_job_cannot_show(capsys):
+    usage = {"job": "2", "elapsed_s": 100, "time_limit_s": 300, "cpus": 2, "gpus": 0, "cpu_time_s": 150,
+             "max_rss_mib": 1000, "source": "a test"}
+    assert wu.check_job_usage(0.75, 1 / 3, 0.0, 180, 1300, usage, cell="")
+    said = capsys.readouterr().out
+    assert "0 GPUs cannot show a missing x gpus" in said and "CPU cannot show" not in said, said
 
 
 @pytest.mark.parametrize("text, words", WRONG.values(), ids=WRONG.keys())

@@ -40,6 +40,9 @@ def constant(words: list[str]) -> bool | None:
     """Whether the command succeeds, for ``true``, ``false``, ``:`` and tests of constants; None otherwise."""
     negate = words[:1] == ["!"]
     words = words[1:] if negate else words
+    words = words[1:] if words[:1] == ["command"] else words  # command false is false
+    if words[:1] in (["/bin/false"], ["/usr/bin/false"], ["/bin/true"], ["/usr/bin/true"]):
+        words = [basename(words[0]), *words[1:]]
     if not words or words[0] not in ("true", "false", ":", "[", "test", "[[") or \
             not all(_CONSTANT.fullmatch(w) for w in words):
         return None
@@ -54,10 +57,10 @@ def option_after(words: list[str], on: bool, letter: str, name: str) -> bool:
     ``+o NAME`` off (set -e is errexit, set -a allexport)."""
     if words[:1] != ["set"]:
         return on
-    flags = " ".join(words[1:])
-    if re.search(rf"(^|\s)\+[a-z]*{letter}|\+o {name}", flags):
+    flags = " ".join(words[1:])  # letters bundle (-euo), and a bundle's o takes the next word (-uo allexport)
+    if re.search(rf"(^|\s)\+[a-zA-Z]*{letter}|(^|\s)\+[a-zA-Z]*o\s+{name}\b", flags):
         return False
-    return on or re.search(rf"(^|\s)-[a-z]*{letter}|-o {name}", flags) is not None
+    return on or re.search(rf"(^|\s)-[a-zA-Z]*{letter}|(^|\s)-[a-zA-Z]*o\s+{name}\b", flags) is not None
 
 
 def errexit_after(words: list[str], errexit: bool) -> bool:

@@ -105,7 +105,9 @@ _WRAPPERS = {"nice": re.compile(r"-n|-?[0-9]+|--adjustment(=-?[0-9]+)?|-n-?[0-9]
              "apptainer": re.compile(r"exec|--?[a-z-]+(=\S+)?|\S+\.(sif|img|simg)|docker://\S+"),
              "singularity": re.compile(r"exec|--?[a-z-]+(=\S+)?|\S+\.(sif|img|simg)|docker://\S+"),
              "stdbuf": re.compile(r"-[ioe](L|[0-9]+[KMG]?)?|--(input|output|error)=\S+|L|[0-9]+[KMG]?"),
-             "nohup": re.compile(r"(?!)"), "numactl": re.compile(r"-[a-zA-Z]|--[a-z-]+(=\S+)?|[0-9,-]+|all")}
+             "nohup": re.compile(r"(?!)"), "numactl": re.compile(r"-[a-zA-Z]|--[a-z-]+(=\S+)?|[0-9,-]+|all"),
+             "chrt": re.compile(r"-[a-zA-Z]+|--[a-z-]+|[0-9]+"),
+             "taskset": re.compile(r"-[a-zA-Z]+|--[a-z-]+|[0-9a-fx,-]+")}
 
 
 @dataclasses.dataclass
@@ -122,6 +124,9 @@ class Launch:
     env: tuple[str, ...] = ()  # the names set in front of it (A=1 srun ..., env A=1 srun ...), for it alone
     exec_: bool = False  # started with exec, which replaces the batch shell (and its trap) with it
     wrappers: tuple[str, ...] = ()  # programs before srun or between it and torchrun (nice, timeout...)
+
+
+_ENV_TAKES = {"-u", "--unset", "-C", "--chdir", "-S", "--split-string"}  # env's options that take the next word
 
 
 def _past_wrappers(words: list[str], i: int) -> int:
@@ -144,7 +149,7 @@ def _launch_of(words: list[str], command: Command, shell: Shell | None = None) -
         i += 1
         while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
             env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
-            i += 1
+            i += 2 if words[i] in _ENV_TAKES else 1
     srun, refusal, replaces, outer = None, None, "exec" in words[:i], i
     i = _past_wrappers(words, i)  # setsid srun ...
     outer_wrappers = tuple(basename(w) for w in words[outer:i] if basename(w) in _WRAPPERS)
@@ -165,7 +170,7 @@ def _launch_of(words: list[str], command: Command, shell: Shell | None = None) -
         i += 1
         while i < len(words) and (words[i].startswith("-") or ASSIGNMENT.fullmatch(words[i])):
             env += [ASSIGNMENT.fullmatch(words[i]).group(1)] if ASSIGNMENT.fullmatch(words[i]) else []
-            i += 1
+            i += 2 if words[i] in _ENV_TAKES else 1
     if i >= len(words):
         return None
     head, background = basename(words[i]), command.background
@@ -472,6 +477,8 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             expanding.append(True)
         if plain[:1] == ["alias"] and expanding and not command.where:
             aliases.update(w.split("=", 1)[0] for w in plain[1:] if "=" in w)
+        if plain[:1] == ["unalias"] and not command.where:
+            aliases.difference_update(plain[1:])
         if not command.where:
             shell.allexport = option_after(plain, shell.allexport, "a", "allexport")
         if command.words[:2] == ["unset", "-f"] and not command.where:
@@ -489,8 +496,13 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
             at_head = next((k for k, w in enumerate(command.words)
                             if w not in COMMAND_PREFIXES and not ASSIGNMENT.fullmatch(w)), len(command.words))
             head = command.words[at_head] if at_head < len(command.words) else ""
+            if "builtin" in command.words[:at_head]:
+                raise Problem(f"builtin {head}: {head} is no bash builtin, so bash says \"not a shell builtin\" and "
+                              "starts nothing. Fix: leave builtin out.")
             bypassed = any(w in ("command", "exec") for w in command.words[:at_head])  # both run the program
-            if (head in functions or head in aliases) and not bypassed:
+            passes_on = any(head in inner.words and "command" in inner.words[:inner.words.index(head)]
+                            for inner in functions.get(head, []))  # srun() { command srun "$@"; }
+            if (head in functions and not passes_on or head in aliases) and not bypassed:
                 kind = "a function" if head in functions else "an alias (expand_aliases is on)"
                 raise Problem(f"the script defines {kind} named {head}, which the launch line runs in place of the "
                               f"real {head}: nothing trains. Fix: give it another name, or leave it out.")
@@ -556,6 +568,11 @@ def read_job_script(script: str, spec: JobSpec = JOB_SPEC) -> JobRequest:
         elif not launches and _launch_of([f for w in command.words for f in shell.fields(w)], command, shell):
             raise Problem(f"the torchrun line comes {unreached[index]}: bash never runs it, so the job would start "
                           "nothing. Fix: the launch line at the script's top level, as in the template.")
+    shadowed = [name for name in ("wait", "trap", "kill") if name in functions]
+    if shadowed:
+        raise Problem(f"the script defines a function named {shadowed[0]}, which bash runs in place of its own "
+                      f"{shadowed[0]}: the template's trap and wait loop would not do what they say. Fix: give the "
+                      "function another name.")
     return JobRequest(directives, nodes, tasks, cpus, commands, shell, launches, after, ran, functions,
                       at[0] if at else -1, defined_at)
 

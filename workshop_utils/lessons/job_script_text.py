@@ -41,7 +41,9 @@ def text_problem(script: str) -> str | None:
                 "page or PDF): sbatch and bash do not take it for a space, so it sticks to the word beside it. Fix: "
                 "replace it with a plain space.")
     for number, line in enumerate(script.split("\n"), 1):
-        found = _ODD_DASHES.search(line)
+        code_part = re.sub(r"'[^']*'|\"[^\"]*\"", "", line)  # quoted text is data, not options
+        code_part = re.sub(r"(^|\s)#(?!SBATCH).*", "", code_part)  # and a comment is neither
+        found = _ODD_DASHES.search(code_part)
         if found is None or (line.lstrip().startswith("#") and not line.lstrip().startswith("#SBATCH")):
             continue  # none, or a comment's dash
         code = ord(found.group(1)[0])

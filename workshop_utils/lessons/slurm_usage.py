@@ -109,9 +109,11 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
     ], (lambda v: v > 0 and v % 60 == 0, "Slurm's time limits are whole minutes above zero, so seconds that are a "
         "positive multiple of 60.", "60 x ceil(1.5 x elapsed_s / 60)."), "60 x ceil(1.5 x elapsed_s / 60).", rel=0)
     given = answers["next_memory_mib"]
-    if any(math.isclose(given, right_memory / unit, rel_tol=5e-3) for unit in (1024, 1000)):  # 1.07 for 1100
-        raise NotYet(f"✗ {exercise}: `next_memory_mib` = {given:.4g}: that is GiB (or GB); the request is in MiB.",
-                     "keep MiB: 100 x ceil(1.25 x max_rss_mib / 100).")
+    units = [(1 / 1024, "GiB"), (2**20 / 1e9, "GB"), (2**20 / 1e6, "MB"), (1024, "KiB"), (2**20, "bytes")]
+    unit = next((name for factor, name in units if math.isclose(given, right_memory * factor, rel_tol=5e-3)), None)
+    if unit:  # the right request in another unit (1.07 for 1100 MiB in GiB)
+        raise NotYet(f"✗ {exercise}: `next_memory_mib` = {given:.4g}: that is {unit}; the request is in MiB.",
+                     "keep MiB, a bare number: 100 x ceil(1.25 x max_rss_mib / 100).")
     check("next_memory_mib", right_memory, [
         (MEMORY_MARGIN * usage["max_rss_mib"], "not rounded up to whole 100 MiB.",
          "100 x ceil(1.25 x max_rss_mib / 100)."),
@@ -215,8 +217,10 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
     busy = read["cpu_time_s"] / elapsed
     caveat = ""
     if not judged_elsewhere and (cpus == 1 or read["gpus"] == 0):
-        caveat = ("; judged on this job alone, whose 1 CPU or 0 GPUs cannot show a missing / cpus or x gpus: "
-                  "compute each answer from `usage` in one cell, so the check can run it on another job")
+        blind = " and ".join(([f"{cpus:g} CPU cannot show a missing / cpus"] if cpus == 1 else []) +
+                             (["0 GPUs cannot show a missing x gpus"] if read["gpus"] == 0 else []))
+        caveat = (f"; judged on this job alone, whose {blind}: compute each answer from `usage` in one cell, so "
+                  "the check can run it on another job")
     return passed(exercise, f"{100 * busy / cpus:.0f}% of {cpus:g} core(s) busy, "
                             f"{100 * elapsed / read['time_limit_s']:.0f}% of the time limit used; next time ask "
                             f"--time={right_time // 60} --mem={right_memory}M{caveat}")
