@@ -233,6 +233,26 @@ def test_data_wait_leaves_the_copy_to_the_device_out(monkeypatch, tiny_data):
     assert len(waits) == 4 and max(waits) < 0.3
 
 
+def test_data_wait_counts_the_start_of_non_persistent_workers(monkeypatch, tiny_data):
+    """Workers that are not persistent start again every epoch (200-250 ms an epoch, unseen by the data wait)."""
+    from torch.utils.data import DataLoader
+
+    original = DataLoader.__iter__
+
+    def slow_start(self):
+        time.sleep(0.3)  # the workers' fork and imports
+        return original(self)
+
+    loader = wu.make_loader("torch", tiny_data.train_images[:64], tiny_data.train_labels[:64], 16,
+                            torch.device("cpu"), train=True)
+    monkeypatch.setattr(DataLoader, "__iter__", slow_start)
+    for epoch in range(2):
+        waits = []
+        for _ in loader.epoch(epoch):
+            waits.append(loader.last_wait_s)
+        assert len(waits) == 4 and waits[0] >= 0.3 and max(waits[1:]) < 0.3  # the start is the first batch's wait
+
+
 @pytest.mark.parametrize("name, precision, peak", [
     ("NVIDIA H200 NVL", "bf16", 835.5), ("NVIDIA H200", "bf16", 989.4), ("Tesla V100-PCIE-32GB", "fp32", 14.0),
     ("Tesla V100S-PCIE-32GB", "fp32", 16.4), ("Tesla V100-SXM2-32GB", "fp32", 15.7),

@@ -1,6 +1,7 @@
 """torch.profiler around the training loop: traces on disk, a top-operator table, memory per step."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -256,3 +257,47 @@ def test_adamw_reading_its_host_held_step_counters_is_no_host_sync_of_the_loop(t
                             optimizer_kernels=kernels, progress=False, device="cpu")
     run = wu.profile_training(config, corpus, tmp_path, name="gpt-profile", wait=0, warmup=1, active=2, detail=False)
     assert wu.step_breakdown(run)["host_syncs_per_step"] == 0
+
+
+# ---------------------------------------------------------------- timings no profiler slows (CUPTI torn down)
+
+
+def test_importing_the_kit_asks_kineto_to_tear_cupti_down_unless_the_user_said_otherwise():
+    """A profiler session left CUPTI attached, and GPT-2 small timed after three of them ran 1.66x slower (H100):
+    the variable must be set before the kit's first session, i.e. on import, before any notebook cell profiles."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, workshop_utils; print(os.environ.get('TEARDOWN_CUPTI'))"
+    clean = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
+    said = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            .stdout.strip() for env in (clean, {**clean, "TEARDOWN_CUPTI": "0"})]
+    assert said == ["1", "0"]
+
+
+def test_every_profiler_session_of_the_kit_starts_with_the_teardown_set(monkeypatch):
+    import ast
+    import os
+
+    import torch
+
+    package = Path(wu.__file__).parent
+    # No module but spine/timing.py builds a torch.profiler session itself: every other one goes through it.
+    builders = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and (getattr(node.func, "id", None) == "profile"
+                                               or getattr(node.func, "attr", None) == "profile"):
+                builders.append(str(path.relative_to(package)))
+    assert set(builders) <= {"spine/timing.py"}, builders
+    seen, real = [], torch.profiler.profile
+
+    def spy(*args, **kwargs):
+        seen.append(os.environ.get("TEARDOWN_CUPTI"))
+        return real(*args, **kwargs)
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)  # as if a user had removed it after the import
+    monkeypatch.setattr(torch.profiler, "profile", spy)
+    wu.attention_kernels(wu.build_gpt("tiny").eval(), torch.zeros(1, 8, dtype=torch.long))
+    assert seen == ["1"]

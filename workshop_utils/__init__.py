@@ -10,11 +10,18 @@ Names load on first use (PEP 562): ``import workshop_utils`` stays fast, and the
 modules that are also commands (``python -m workshop_utils.data``) run cleanly.
 """
 
+import os
 import sys
 import types
 from importlib import import_module
 
 __version__ = "0.1.0"
+
+# Kineto leaves CUPTI attached to the process after a torch.profiler session unless TEARDOWN_CUPTI=1
+# (pytorch/pytorch#144455): every later kernel launch then pays CUPTI's callbacks, and a step timed after a
+# profiled one is slower for it (GPT-2 small ran 1.66x slower on an H100 after three profiler sessions in one
+# process). Set before anything can start a session, here and in spine.timing.profiler; a value the user set wins.
+os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 # module -> the public names it defines
 _MODULES = {
@@ -144,7 +151,10 @@ _MODULES = {
     ),
     "system.results": (
         "check_output_path", "fresh_folder", "load_results", "new_run_dir", "read_records", "resolve_run_dir",
-        "save_record",
+        "runs_root", "save_record",
+    ),
+    "system.server": (
+        "PeakMemory", "Server", "cpu_cores", "fit_to_server", "this_server",
     ),
     "parallel.sharding": (
         "BYTES_PER_PARAMETER", "ZERO_STAGES", "compare_ddp_fsdp", "held_bytes", "memory_ratio", "plot_held_memory",
@@ -177,7 +187,7 @@ _MODULES = {
         "make_token_loader", "read_token_shards", "stdlib_corpus", "unigram_entropy", "write_token_shard",
     ),
     "spine.timing": (
-        "RegionTimer", "StepTimer", "Timings", "init_cuda", "peak_memory_mib", "time_repeats",
+        "RegionTimer", "StepTimer", "Timings", "init_cuda", "peak_memory_mib", "profiler", "time_repeats",
     ),
     "spine.trainer": (
         "InjectedFailure", "RunResult", "build_optimizer", "deterministic_kernels", "evaluate", "train",

@@ -33,14 +33,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import ProfilerActivity, schedule
 
 from ..spine.data import CifarData
 from ..system.errors import WorkshopError
 from ..system.plotstyle import style
 from ..system.hardware import pick_device
 from .monitor import StepMemory
-from ..spine.timing import PHASES
+from ..spine.timing import PHASES, profiler
 from ..spine.trainer import RunResult, TrainConfig, train
 from .sweeps import Rung, rung_configs, same_as_below
 from ..system.progress import progress_bar
@@ -117,7 +117,7 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
     config = config.replace(name=name, max_steps=wait + warmup + active, warmup_steps=wait + warmup, annotate=True)
     memory = StepMemory(device)
     plan = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
-    with native_noise_filtered(), profile(activities=activities, schedule=plan, profile_memory=detail,
+    with native_noise_filtered(), profiler(activities=activities, schedule=plan, profile_memory=detail,
                                           on_trace_ready=_exporter(chrome_trace),
                                           record_shapes=detail) as prof:
 
@@ -257,7 +257,7 @@ def attention_kernels(model: torch.nn.Module, tokens: torch.Tensor, precision: s
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if tokens.is_cuda else [])
     with native_noise_filtered(), torch.no_grad(), autocast(precision, tokens.device), \
-            profile(activities=activities) as prof:
+            profiler(activities=activities) as prof:
         model(tokens)
     wanted = ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha")
     names = {event.key for event in prof.key_averages()}

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ..spine.timing import RegionTimer
+from ..spine.timing import RegionTimer, profiler
 from ..spine.precision import autocast
 from ..system.hardware import PRECISIONS
 from ..system.errors import WorkshopError, choose
@@ -164,13 +164,13 @@ def _trace_one_backward(model, backward, device, path) -> None:
     """One overlapped backward pass on every rank; rank 0 (``path`` not None) records it with the profiler."""
     from pathlib import Path
 
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     if path is None:
         backward(model, RegionTimer(device))
         return
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profiler(activities=activities) as prof:
         backward(model, RegionTimer(device))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))

@@ -465,15 +465,18 @@ def host_batches(owner, loader):
 
     Only the wait for the batch in host memory is the loader's: the copy to the GPU that follows waits,
     from unpinned memory, for the GPU work queued before it, and that is the model's time, not the data's.
+    Starting the epoch's worker processes is the loader's too (every epoch, unless they are persistent):
+    the first batch's wait includes it.
     """
-    batches = iter(loader)
+    began = time.perf_counter()
+    batches = iter(loader)  # non-persistent workers start here, a fork and an import or two each
     while True:
-        began = time.perf_counter()
         batch = next(batches, None)
         owner.last_wait_s = time.perf_counter() - began
         if batch is None:
             return
         yield batch
+        began = time.perf_counter()
 
 
 class DeviceLoader:

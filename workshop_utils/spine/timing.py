@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import os
 import re
 import time
 from collections.abc import Callable
@@ -353,3 +354,17 @@ def phase_ranges(enabled: bool, device: torch.device) -> Callable[[str], context
                     torch.cuda.nvtx.range_pop()
 
     return phase
+
+
+# Kineto detaches CUPTI when a session ends only with this set (pytorch/pytorch#144455); without it every kernel
+# launched after the first session pays CUPTI's callbacks, so a throughput timed after a profile reads low.
+CUPTI_TEARDOWN = "TEARDOWN_CUPTI"
+
+
+def profiler(**options) -> torch.profiler.profile:
+    """``torch.profiler.profile(**options)`` whose session leaves no profiler behind: CUPTI is torn down when it
+    ends (``TEARDOWN_CUPTI=1``, unless the environment already says otherwise), so steps timed after it run at
+    the speed they would have without it. Every profiler session of the kit starts here."""
+    os.environ.setdefault(CUPTI_TEARDOWN, "1")
+    return torch.profiler.profile(**options)
+
