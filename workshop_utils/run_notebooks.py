@@ -39,6 +39,7 @@ from pathlib import Path
 from .system.results import repo_root, write_json
 from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
 from .system.hardware import wait_passively
+from .system.server import PeakMemory
 from .system.profiles import PROFILE_NAMES, TIME_BUDGET_S, profile_choice
 from .report import write_report
 from .system.results import resolve_run_dir
@@ -141,7 +142,7 @@ def _entry(notebook: Path, profile: str, limit_s: float | None, check: bool) -> 
     """A notebook's line in notebooks.json, before it has run."""
     return {"notebook": notebook.name, "status": "running", "seconds": None, "profile": profile,
             "budget_s": TIME_BUDGET_S[profile], "limit_s": limit_s, "over_budget": False, "check": check,
-            "cell": None, "cell_source": "", "timed_out": False, "error": ""}
+            "cell": None, "cell_source": "", "timed_out": False, "error": "", "peak_memory_mib": None}
 
 
 # A Unix-domain socket path may hold at most 104 bytes (macOS; Linux allows 108). The kernel's five
@@ -186,8 +187,9 @@ def run_one(notebook: Path, run_dir: Path, profile: str, limit_s: float | None =
         deadline = time.monotonic() + limit_s
         extra["timeout_func"] = lambda cell: max(1, math.ceil(deadline - time.monotonic()))
     started = time.perf_counter()
+    peak = PeakMemory()  # of the kernel and all it starts: what a portal's memory limit per attendee must allow
     try:
-        with private_kernel_config() as config:  # IPC sockets, not TCP ports: see private_kernel_config
+        with private_kernel_config() as config, peak:  # IPC sockets, not TCP ports: see private_kernel_config
             papermill.execute_notebook(
                 str(notebook), str(executed), parameters={"profile": profile, "run_dir": str(run_dir)},
                 cwd=str(notebook.parent), kernel_name="python3", progress_bar=True, log_output=False,
@@ -195,6 +197,7 @@ def run_one(notebook: Path, run_dir: Path, profile: str, limit_s: float | None =
     except Exception as err:  # a failed notebook is reported, and the others still run
         entry.update(status="FAILED", **failure_of(executed, err, limit_s))
     entry["seconds"] = round(time.perf_counter() - started, 1)
+    entry["peak_memory_mib"] = round(peak.mib)
     if executed.exists():
         settle_streams(executed)
     entry["over_budget"] = entry["seconds"] > entry["budget_s"]

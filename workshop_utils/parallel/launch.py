@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..system.errors import WorkshopError
+from ..system.server import cpu_cores
 from .failures import RankFailed, RootCause, root_cause
 
 
@@ -46,9 +47,8 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> int:
 
 
 def cpu_threads_per_process(processes_on_this_machine: int) -> int:
-    """Share the cores: more threads than cores makes every rank slower."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // processes_on_this_machine)
+    """Share the cores this server may use (its CPU quota too): more threads than cores makes every rank slower."""
+    return max(1, cpu_cores() // processes_on_this_machine)
 
 
 def check_process_count(nproc_per_node: int, device: str | None) -> None:

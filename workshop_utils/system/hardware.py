@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .errors import WorkshopError, choose
+from .server import cpu_cores
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
@@ -157,14 +158,6 @@ def _driver_version() -> str | None:
         return version.decode() if isinstance(version, bytes) else str(version)
     except Exception:  # no NVML library, or one that does not answer: the version stays unknown
         return None
-
-
-def cpu_cores() -> int:
-    """Cores this process may use (respects Slurm/cgroup CPU binding, unlike os.cpu_count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def wait_passively(env=None) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .errors import WorkshopError, choose
+from .server import fit_to_server
 
 PROFILE_NAMES = ("auto", "cpu", "gpu")
 PROFILE_VARIABLE = "WORKSHOP_PROFILE"
@@ -73,6 +74,10 @@ def resolve_profile(profile: str = "auto") -> str:
     """"auto" becomes $WORKSHOP_PROFILE when set, else "gpu" when a CUDA GPU is visible, else "cpu"."""
     return profile_choice(profile)[0]
 
+
+# What a profile needs of its server rather than a size: pick_settings checks them against this server's limits
+# (system/server.py) before any work, and the main job's measured peaks hold them true (tests/test_notebooks.py).
+NEEDS = ("memory_gib", "gpu_memory_gib")
 
 # The largest whole number torch and numpy hold (int64): a setting beyond it fails deep inside them.
 LARGEST_WHOLE = 2**63 - 1
@@ -135,6 +140,8 @@ def pick_settings(profiles: dict[str, dict], profile: str = "auto", **overrides)
 
     An override is checked against what the profiles hold for it (see ``check_setting``): a negative
     epoch count, a batch size of "64" or 2.5, or a switch set to 1 is a WorkshopError naming it.
+    Then the process is sized to its server (``fit_to_server``: PyTorch's threads, one line on what the
+    server has), and a server below the profile's ``memory_gib`` or ``gpu_memory_gib`` stops here in one line.
     """
     name = resolve_profile(profile)
     settings = dict(profiles[name])
@@ -146,7 +153,8 @@ def pick_settings(profiles: dict[str, dict], profile: str = "auto", **overrides)
             defaults = [settings.get(key), *(p.get(key) for other, p in profiles.items() if other != name)]
             settings[key] = check_setting(key, value, defaults, name)
     settings["profile"] = name
-    print(f"Profile {name!r}: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "profile"))
+    print(f"Profile {name!r}: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k not in ("profile", *NEEDS)))
+    fit_to_server(*(settings.get(key) for key in NEEDS), what=f"This notebook's {name} profile")
     return settings
 
 

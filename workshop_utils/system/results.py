@@ -20,17 +20,52 @@ from pathlib import Path
 from .errors import WorkshopError
 
 
+RUNS_VARIABLE = "WORKSHOP_RUNS"
+
+
+def _own_folder(path: Path | None) -> bool:
+    """Whether ``path`` is a folder this user owns and may write into (not a shared install, not another's)."""
+    try:
+        return path is not None and path.is_dir() and path.stat().st_uid == os.geteuid() \
+            and os.access(path, os.W_OK | os.X_OK)
+    except OSError:
+        return False
+
+
+def runs_root_and_why() -> tuple[Path, str]:
+    """Where run folders go, and why there (for a message): see ``runs_root``."""
+    if os.environ.get(RUNS_VARIABLE):
+        return Path(os.environ[RUNS_VARIABLE]).expanduser(), f"${RUNS_VARIABLE}"
+    checkout, here = repo_root(), Path.cwd()
+    if _own_folder(checkout):
+        return checkout / "runs", "your checkout of the kit"
+    if _own_folder(here):
+        return here / "runs", "your working folder"
+    return Path.home() / "workshop-runs", "your home: neither the kit's folder nor this working folder is yours"
+
+
 def runs_root() -> Path:
-    """Where run folders go: $WORKSHOP_RUNS, else <repo>/runs, else ./runs."""
-    if os.environ.get("WORKSHOP_RUNS"):
-        return Path(os.environ["WORKSHOP_RUNS"])
-    return (repo_root() or Path.cwd()) / "runs"
+    """Where run folders go: this user's own space, never a shared install of the kit.
+
+    $WORKSHOP_RUNS when set (a portal's spawner sets it per attendee); else runs/ in the checkout when the
+    checkout is this user's own (a developer's or instructor's clone: make run, make slides); else runs/ in
+    the working folder when that is this user's own (an attendee's copy of the notebooks); else
+    ~/workshop-runs. On a portal thirty attendees import one install: writing into it would mix their
+    results, or fail for all but its owner.
+    """
+    return runs_root_and_why()[0]
 
 
 def new_run_dir(tag: str | None = None) -> Path:
-    """A fresh, uniquely named folder under ``runs_root()``."""
+    """A fresh, uniquely named folder under ``runs_root()``; a place that cannot be written is one line."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return fresh_folder(runs_root(), f"{stamp}-{tag}" if tag else stamp)
+    root, why = runs_root_and_why()
+    try:
+        return fresh_folder(root, f"{stamp}-{tag}" if tag else stamp)
+    except OSError as err:
+        raise WorkshopError(f"Cannot create a run folder in {path_for_message(root)} ({why}): {err.strerror or err}.",
+                            f"set {RUNS_VARIABLE} to a folder you can write (e.g. export {RUNS_VARIABLE}=$SCRATCH/"
+                            "workshop-runs), or pass run_dir= a folder of your own.") from None
 
 
 def fresh_folder(parent: str | os.PathLike, name: str) -> Path:
