@@ -57,7 +57,9 @@ def fewest_gpus(parameters: float, budget_gib: float, stage: int, precision: str
     return gpus
 
 
-H100_GIB = 80e9 / 2**30  # an 80 GB H100's memory in GiB, 74.5: what the exercise's budget leaves part of
+# An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
+# what the exercise's budget leaves part of.
+H100_GIB = 79.2
 
 
 def _is_infinite(value) -> bool:
@@ -118,7 +120,7 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
     mistakes = [(m, p, f) for m, p, f in mistakes if m != math.inf]
     per_gpu = zero_gib_per_gpu(parameters, value, stage, precision)
     fewer = zero_gib_per_gpu(parameters, value - 1, stage, precision) if value > 1 else math.inf
-    verdict(value, right, exercise, name, mistakes, "the smallest p with kept + sharded / p <= budget.", rel=0,
+    verdict(value, right, exercise, name, mistakes, "the smallest p with kept + sharded / p <= budget.", whole=True,
             limits=[(per_gpu <= budget_gib, f"at {value} GPUs each holds {per_gpu:.1f} GiB, more than the "
                                             f"{budget_gib:g} GiB budget.",
                      "round up (math.ceil): a GPU more, never a fraction less."),
@@ -210,7 +212,7 @@ def check_microbatches(microbatches, stages: int, target: float, exercise: str =
          "bubble = (p-1) / (m+p-1)."),
         (over_m, "that solves (p-1)/m <= target; the bubble is the idle slots over all of them, (p-1)/(m+p-1).",
          "find the smallest m with (p-1) / (m+p-1) <= target."),
-    ], "the smallest m with (p-1) / (m+p-1) <= target.", rel=0, limits=[
+    ], "the smallest m with (p-1) / (m+p-1) <= target.", whole=True, limits=[
         (bubble_fraction(stages, value) <= target + 1e-12,
          f"with m = {value} the bubble is {bubble_fraction(stages, value):.3f}, above {target:g}.",
          "more micro-batches: the bubble is (p-1) / (m+p-1)."),

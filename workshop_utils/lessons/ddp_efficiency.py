@@ -74,14 +74,12 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
          "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth, for each bucket."),
     ]
 
-    def same(a: float, b: float) -> bool:  # the communication time per step each efficiency implies
-        if a <= 0 or b <= 0:
-            return a == b
-        return math.isclose(1 / a - 1, 1 / b - 1, rel_tol=1e-3, abs_tol=1e-12)
+    def communication(efficiency: float) -> float:  # per step, as an efficiency implies it: 1 / e - 1 steps
+        return 1 / efficiency - 1 if efficiency > 0 else math.nan
 
     verdict(value, right, exercise, "efficiency_64", mistakes,
             "efficiency = step / (step + the buckets' ring all-reduce times); "
-            "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.", same=same,
+            "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.", through=communication,
             limits=[(0 < value <= 1, "an efficiency is a fraction between 0 and 1.",
                      "efficiency = step / (step + communication).")])
     passed(exercise, f"{right:.1%} at {world_size} GPUs without overlap, over {link.name.split(',')[0]}")

@@ -109,7 +109,11 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
                              f"{give} a real number (an int or a float).")
             item = value.detach().cpu().reshape(()).item() if kind == "tensor" else value.reshape(()).item()
             converted = float(item)
-        elif isinstance(value, (numbers.Real, decimal.Decimal)):
+        elif isinstance(value, decimal.Decimal):  # nan of either kind, or finite beyond a float: named as such
+            converted = math.nan if value.is_nan() else float(value)
+            if math.isinf(converted) and value.is_finite():
+                raise OverflowError
+        elif isinstance(value, numbers.Real):
             converted = float(value)
         else:
             raise NotYet(f"✗ {exercise}: {expected}, got {described(value)}.",
@@ -141,41 +145,71 @@ def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
     return int(converted)
 
 
-def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint: str, rel: float = 1e-3,
-            abs_tol: float = 0.0, same=None, limits=()) -> None:
-    """Return when ``value`` is ``right``; else ``NotYet`` naming the mistake(s) it matches, or showing the value.
+# The one tolerance of every exercise: an answer within REL of the right value is right (a float32, another order of
+# the same operations), and so is the right value rounded keeping at least SIGNIFICANT significant digits. A count
+# (GPUs, a batch, micro-batches, a Slurm request) is whole: right only when equal.
+REL, SIGNIFICANT, SIGNIFICANT_WORDS = 1e-3, 2, "two significant digits"
 
-    ``mistakes`` holds ``(what that mistake gives, problem, fix)``; one that gives the right value (or
-    nothing, None) is skipped. When two mistakes give ``value`` here, the message names both: naming
-    one would be a guess. ``limits`` holds ``(holds, problem, fix)``: physical bounds, said when no
-    mistake is recognised and one does not hold. ``right`` rounded to the decimals the answer was written
-    with is right too while it keeps two significant digits (``rounded_digits``); to one, it is told so.
+
+def close(value: float, target: float, through=None) -> bool:
+    """``value`` within the tolerance of ``target``; compared ``through`` a function where the exercise's quantity is
+    another one (2.3: the communication time an efficiency implies, where efficiencies near 1 all look alike)."""
+    if through is not None:
+        value, target = through(value), through(target)
+    return math.isclose(value, target, rel_tol=REL, abs_tol=1e-12)
+
+
+def accepted(value: float, right: float, whole: bool = False, through=None) -> bool:
+    """Whether ``value`` passes as ``right`` under the one rule (``REL``, ``SIGNIFICANT``); a count only when equal."""
+    if whole:
+        return value == right
+    return close(value, right, through) or (rounded_digits(value, right) or 0) >= SIGNIFICANT
+
+
+def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint: str, *, whole: bool = False,
+            also=(), through=None, limits=()) -> None:
+    """Return when ``value`` is ``right`` (or one of ``also``) under the one rule; else ``NotYet`` naming the
+    mistake(s) it matches, or showing the value.
+
+    ``mistakes`` holds ``(what that mistake gives, problem, fix)``; one that gives a right value (or
+    nothing, None) is skipped, and one rounded as a right answer may be is that mistake still. When two
+    mistakes give ``value`` here, the message names both: naming one would be a guess. ``limits`` holds
+    ``(holds, problem, fix)``: physical bounds, said when no mistake is recognised and one does not hold.
+    ``also``: values as right as ``right``, the same formula on an earlier answer as the attendee rounded it.
+    A rounding to one significant digit is told so; one that lands on a mistake too asks for more digits.
     """
-    same = same or (lambda a, b: math.isclose(a, b, rel_tol=rel, abs_tol=abs_tol))
-    if same(value, right):
+    rights = [right, *also]
+
+    def hits(a: float, b: float) -> bool:
+        return a == b if whole else close(a, b, through)
+
+    if any(hits(value, r) for r in rights):
         return
     matched, exact = [], []
     for wrong, problem, fix in mistakes:
-        if wrong is None or (isinstance(wrong, float) and math.isnan(wrong)):
+        if wrong is None or (isinstance(wrong, float) and math.isnan(wrong)) or problem in [p for p, _ in matched]:
             continue
-        if not same(wrong, right) and same(value, wrong) and problem not in [p for p, _ in matched]:
+        # a count's mistake in another unit (1.07 GiB for 1,100 MiB) is no count: rounded as any number may be
+        if not any(hits(wrong, r) for r in rights) and accepted(value, wrong, whole and float(wrong).is_integer(),
+                                                                through):
             matched.append((problem, fix))
             if math.isclose(value, wrong, rel_tol=1e-9):
                 exact.append((problem, fix))
     if len(matched) > 1 and len(exact) == 1:
         matched = exact  # two mistakes land within the tolerance, one of them on the very value: that one
-    digits = rounded_digits(value, right)
-    more = f"give more significant digits: round to more decimals, or leave `{name}` unrounded."
-    if digits is not None and digits >= 2:
+    roundings = [] if whole else [d for d in (rounded_digits(value, r) for r in rights) if d is not None]
+    digits = max(roundings, default=None)
+    if digits is not None and digits >= SIGNIFICANT:
         # A rounding can land on a mistake's value (6/39 values lost is 0.15 to two decimals, 6/40 is 0.15):
         # which of the two it is, only more digits tell.
         require(not matched, exercise, f"`{name}` = {value:g} is the right value rounded, and also what a mistake "
-                                       f"gives here ({matched[0][0] if matched else ''}).", more)
+                                       f"gives here ({matched[0][0] if matched else ''}).",
+                f"give more significant digits: round to more decimals, or leave `{name}` unrounded.")
         return
     require(digits is None or matched, exercise,
-            f"`{name}` = {value:g} keeps fewer than two significant digits of the answer, too few to tell the "
-            "right answer from a mistake.", f"give at least two significant digits: round to more decimals, or "
-                                            f"leave `{name}` unrounded.")
+            f"`{name}` = {value:g} keeps fewer than {SIGNIFICANT_WORDS} of the answer, too few to tell the right "
+            "answer from a mistake.", f"give at least {SIGNIFICANT_WORDS}: round to more decimals, or leave `{name}` "
+                                      "unrounded.")
     shown = f"`{name}` = {value:.4g}"
     if len(matched) == 1:
         raise NotYet(f"✗ {exercise}: {shown}: {matched[0][0]}", matched[0][1])
@@ -213,10 +247,16 @@ def rounded_digits(value: float, right: float) -> int | None:
     return digits
 
 
-def same_or_rounded(value: float, right: float, rel: float = 1e-3) -> bool:
-    """Whether an earlier exercise's answer, which a later check builds on, is right: within ``rel``, or rounded
-    keeping at least two significant digits, as ``verdict`` accepts it."""
-    return math.isclose(value, right, rel_tol=rel) or (rounded_digits(value, right) or 0) >= 2
+def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
+    """An earlier exercise's answer that this one builds on: the attendee's own value, as rounded as that exercise's
+    check accepts it against any of its ``rights`` (so that this answer is judged from it), or ``NotYet`` asking to
+    fix that exercise first."""
+    answered_input(given, exercise, earlier, name)
+    value = number(given, exercise, f"{name} ({earlier})")
+    require(any(accepted(value, right) for right in rights), exercise,
+            f"`{name}` = {value:.4g} from {earlier} is not right yet, and this exercise builds on it.",
+            f"fix {earlier} first: its check says what is wrong.")
+    return value
 
 
 def attendee_error(err: BaseException, function, exercise: str, name: str, hint: str | None = None) -> NotYet:

@@ -30,7 +30,6 @@ copies, outputs cleared; a marker out of place stops it with one line naming the
 from __future__ import annotations
 
 import functools
-import math
 from pathlib import Path
 
 from ..system.display import show_verdict
@@ -96,57 +95,6 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
     """Raise ``NotYet`` with the problem and the hint unless ``condition`` holds."""
     if not condition:
         raise NotYet(f"✗ {exercise}: {problem}", hint)
-
-
-# ---------------------------------------------------------------- what the checks share
-
-
-def answered_number(value, exercise: str, name: str) -> float:
-    """``value`` as a float, or ``NotYet`` saying that ``name`` is still the placeholder or is no number."""
-    require_answered(value, exercise, f"`{name}` is still the placeholder `...`.",
-                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
-    require(value is not None, exercise, f"`{name}` is None.", f"assign the number to `{name}`.")
-    try:
-        number = float(value)  # a 0-d tensor or a NumPy scalar converts too
-    except (TypeError, ValueError, RuntimeError):
-        raise NotYet(f"✗ {exercise}: `{name}` should be one number, got a {type(value).__name__}.",
-                     "reduce it to a single number (a tensor: .item()).") from None
-    require(math.isfinite(number), exercise, f"`{name}` is {number}.", "check for a division by zero.")
-    return number
-
-
-def answered_count(value, exercise: str, name: str) -> int:
-    """``value`` as a whole number, or ``NotYet`` (the placeholder, a fraction, no number)."""
-    number = answered_number(value, exercise, name)
-    require(number == int(number), exercise, f"`{name}` = {number:g} is not a whole number.",
-            "a count is whole: round with math.ceil or math.floor, whichever the question asks for.")
-    return int(number)
-
-
-def close(value: float, right: float, rel: float = 1e-3, abs_tol: float = 0.0) -> bool:
-    return math.isclose(value, right, rel_tol=rel, abs_tol=abs_tol)
-
-
-def name_mistake(value: float, right: float, exercise: str, name: str, mistakes, rel: float = 1e-3,
-                 abs_tol: float = 0.0) -> None:
-    """Raise ``NotYet`` naming the first of ``mistakes`` that ``value`` matches, unless ``value`` is ``right``.
-
-    ``mistakes`` holds ``(what that mistake gives, problem, hint)``; a mistake that would give the
-    right value anyway is skipped.
-    """
-    if close(value, right, rel, abs_tol):
-        return
-    for wrong, problem, hint in mistakes:
-        if not close(wrong, right, rel, abs_tol) and close(value, wrong, rel, abs_tol):
-            raise NotYet(f"✗ {exercise}: `{name}` = {value:.4g}: {problem}", hint)
-
-
-def judge(value: float, right: float, exercise: str, name: str, mistakes, hint: str, rel: float = 1e-3,
-          abs_tol: float = 0.0) -> None:
-    """Return when ``value`` is ``right``; otherwise ``NotYet`` naming the mistake it matches, or showing
-    the value (never the answer) and ``hint``."""
-    name_mistake(value, right, exercise, name, mistakes, rel, abs_tol)
-    require(close(value, right, rel, abs_tol), exercise, f"`{name}` = {value:.4g} is not right.", hint)
 
 
 # ---------------------------------------------------------------- the attendees' copies

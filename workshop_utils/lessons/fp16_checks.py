@@ -55,7 +55,7 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
         mistakes.append(((nonzero.half() == 0).double().mean().item(), "you forgot the loss scale.",
                          "multiply by the scale before casting."))
     verdict(value, right, exercise, "lost_fraction", mistakes,
-            "non-zero values whose fp16 cast is 0, divided by the number of non-zero values.", abs_tol=1e-9,
+            "non-zero values whose fp16 cast is 0, divided by the number of non-zero values.",
             limits=[(0 <= value <= 1, "a fraction of the values lies between 0 and 1.",
                      "divide the count of lost values by the count of non-zero values.")])
     return passed(exercise, f"{100 * value:.4f}% of the non-zero gradients become 0 in fp16")

@@ -82,7 +82,7 @@ def _judge_loader(answers, sweep, start, exercise: str) -> tuple[int, float, flo
          "take the row with the highest samples_per_s."),
         (int(sweep.loc[sweep.data_wait_fraction.idxmin()].num_workers), "that is the row that waits least for "
          "data, not the fastest.", "take the row with the highest samples_per_s: the wait is a share of each step."),
-    ], "take the num_workers of the row with the highest samples_per_s.", rel=0)
+    ], "take the num_workers of the row with the highest samples_per_s.", whole=True)
     speedup = number(answers[1], exercise, "measured_speedup", "one number, a ratio")
     right = float(fastest.samples_per_s / start.samples_per_s)
     others = [row for _, row in sweep.iterrows()
@@ -217,6 +217,7 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
     ], "the slope of a least-squares line through (batch_size, peak_memory_mib) of the rows that fit.")
     largest = count(largest_batch, exercise, "largest_batch", "a whole number of samples")
     right = math.floor((limit_mib - intercept) / slope)
+    from_given = math.floor((limit_mib - intercept) / value) if value > 0 else None  # the slope as they rounded it
     verdict(largest, right, exercise, "largest_batch", [
         (math.ceil((limit_mib - intercept) / slope), "rounded up: at that batch the line is above the limit.",
          "round down."),
@@ -224,7 +225,7 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
          "subtract the line's intercept from the limit first."),
         (int(fitted.batch_size.max()), "that is the largest batch of the sweep, not the line's limit.",
          "solve intercept + slope * b <= limit_mib for the largest whole b."),
-    ], "the largest whole batch b with intercept + slope * b <= limit_mib.", rel=0)
+    ], "the largest whole batch b with intercept + slope * b <= limit_mib.", whole=True, also=[from_given])
     return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
 
 

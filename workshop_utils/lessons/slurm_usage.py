@@ -16,8 +16,9 @@ import math
 import sys
 
 from ..system.errors import WorkshopError
-from .answer_values import Problem, kind, kit_failure, number_of, show
-from .exercises import NotYet, exercise_check, judge, name_mistake, passed, require_answered
+from .answer_values import Problem, kind, number_of, show
+from .exercise_judging import checked, number, verdict
+from .exercises import NotYet, passed
 
 USAGE = "Exercise 6.3"
 TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
@@ -55,31 +56,18 @@ def _usage_numbers(usage) -> dict:
     return read
 
 
-def _answer(value, exercise: str, name: str) -> float:
-    """An answer as one number, or ``NotYet`` saying what it is instead (``Unsolved`` for the placeholder)."""
-    require_answered(value, exercise, f"`{name}` is still the placeholder `...`.",
-                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
-    try:
-        return number_of(value)
-    except Problem as problem:
-        raise NotYet(f"✗ {exercise}: `{name}` {problem}.",
-                     f"assign one number to `{name}` (an int, a float, or a tensor's .item()).") from None
-
-
 def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
-    """Each answer against the same arithmetic on ``usage``: the usual mistakes named, then the bounds that any
-    right answer keeps, then the value shown (never the answer) with the formula's hint."""
+    """Each answer against the same arithmetic on ``usage``, by the rule every exercise shares (``verdict``): the usual
+    mistakes named, then the bounds that any right answer keeps, then the value shown (never the answer)."""
     elapsed, cpus, gpus, limit = usage["elapsed_s"], usage["cpus"], usage["gpus"], usage["time_limit_s"]
     busy = usage["cpu_time_s"] / elapsed  # cores kept busy on average
     right_time, right_memory = next_request(usage)
 
-    def check(name, right, mistakes, bounds, hint, rel=1e-3, abs_tol=0.0):
-        value = answers[name]
-        name_mistake(value, right, exercise, name, mistakes, rel, abs_tol)
+    def check(name, right, mistakes, bounds, hint, whole=False):
         inside, why, fix = bounds
-        if not inside(value) and inside(right):
-            raise NotYet(f"✗ {exercise}: `{name}` = {value:.4g}: {why}", fix)
-        judge(value, right, exercise, name, [], hint, rel, abs_tol)
+        value = answers[name]
+        verdict(value, right, exercise, name, mistakes, hint, whole=whole,
+                limits=[(inside(value) or not inside(right), why, fix)])
 
     check("cpu_efficiency", busy / cpus, [
         (busy, "that is the cores kept busy on average; efficiency divides by the cores allocated.",
@@ -98,7 +86,7 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
         (elapsed / 3600, "the job's hours, not its GPU-hours: every GPU it held counts.", "multiply by gpus."),
         (elapsed * gpus / 60, "GPU-minutes: an hour has 3,600 seconds.", "divide elapsed_s x gpus by 3600."),
     ], (lambda v: v >= 0, "a charge is never negative.", "elapsed_s x gpus / 3600."),
-        "elapsed_s x gpus / 3600 (0 for a job without GPUs).", abs_tol=1e-9)
+        "elapsed_s x gpus / 3600 (0 for a job without GPUs).")
     check("next_time_limit_s", right_time, [
         (TIME_MARGIN * elapsed, "not rounded up to whole minutes: Slurm's limits are minutes.",
          "60 x ceil(1.5 x elapsed_s / 60)."),
@@ -107,20 +95,19 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
         (math.ceil(TIME_MARGIN * elapsed / 60), "minutes: the answer is in seconds.", "multiply by 60."),
         (right_time / 3600, "hours: the answer is in seconds.", "multiply by 3600."),
     ], (lambda v: v > 0 and v % 60 == 0, "Slurm's time limits are whole minutes above zero, so seconds that are a "
-        "positive multiple of 60.", "60 x ceil(1.5 x elapsed_s / 60)."), "60 x ceil(1.5 x elapsed_s / 60).", rel=0)
-    given = answers["next_memory_mib"]
+        "positive multiple of 60.", "60 x ceil(1.5 x elapsed_s / 60)."), "60 x ceil(1.5 x elapsed_s / 60).",
+        whole=True)
+    # The right request in another unit (1.07 for 1100 MiB in GiB), as rounded as any answer may be.
     units = [(1 / 1024, "GiB"), (2**20 / 1e9, "GB"), (2**20 / 1e6, "MB"), (1024, "KiB"), (2**20, "bytes")]
-    unit = next((name for factor, name in units if math.isclose(given, right_memory * factor, rel_tol=5e-3)), None)
-    if unit:  # the right request in another unit (1.07 for 1100 MiB in GiB)
-        raise NotYet(f"✗ {exercise}: `next_memory_mib` = {given:.4g}: that is {unit}; the request is in MiB.",
-                     "keep MiB, a bare number: 100 x ceil(1.25 x max_rss_mib / 100).")
     check("next_memory_mib", right_memory, [
         (MEMORY_MARGIN * usage["max_rss_mib"], "not rounded up to whole 100 MiB.",
          "100 x ceil(1.25 x max_rss_mib / 100)."),
         (100 * math.ceil(usage["max_rss_mib"] / 100), "no room to spare: the next run's peak can be higher.",
          "1.25 x the peak, then round up."),
+        *[(right_memory * factor, f"that is {unit}; the request is in MiB.",
+           "keep MiB, a bare number: 100 x ceil(1.25 x max_rss_mib / 100).") for factor, unit in units],
     ], (lambda v: v > 0 and v % 100 == 0, "the request is in whole 100 MiB.",
-        "100 x ceil(1.25 x max_rss_mib / 100)."), "100 x ceil(1.25 x max_rss_mib / 100).", rel=0)
+        "100 x ceil(1.25 x max_rss_mib / 100)."), "100 x ceil(1.25 x max_rss_mib / 100).", whole=True)
 
 
 _RERUNNING = False  # the exercise cell is being run again: a check inside it must not run it once more
@@ -178,40 +165,35 @@ def _run_cell(cell: str, namespace: dict, usage: dict) -> dict | None:
     finally:
         _RERUNNING = False
     try:
-        return {name: number_of(scope.get(name)) for name in ANSWERS}
-    except Problem:
+        return {name: number(scope.get(name), USAGE, name) for name in ANSWERS}
+    except NotYet:
         return None
 
 
-@exercise_check
+@checked
 def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib, usage: dict,
                     exercise: str = USAGE, cell: str | None = None) -> bool:
     """Each answer against the same arithmetic on ``usage``, the usual mistakes named; then, where the exercise
     cell can be run again (``cell``, by default the notebook's latest cell that assigns all five answers), the
     cell's answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
     given = dict(zip(ANSWERS, (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)))
-    try:
-        answers = {name: _answer(value, exercise, name) for name, value in given.items()}
-        read = _usage_numbers(usage)
-        _judge_usage(answers, read, exercise)
-        namespace: dict = {}
-        if cell is None and not _RERUNNING:
-            cell, namespace = _exercise_cell()
-        again = _run_cell(cell, namespace or {}, usage) if isinstance(cell, str) and not _RERUNNING else None
-        judged_elsewhere = False
-        # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
-        # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.
-        if again is not None and all(math.isclose(again[n], answers[n], rel_tol=1e-9, abs_tol=1e-12) for n in ANSWERS):
-            other = _run_cell(cell, namespace or {}, OTHER_JOB)
-            if other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
-                                             for n in ANSWERS):
-                _judge_usage(other, _usage_numbers(OTHER_JOB), f"{exercise} (your cell, run on another job: "
-                                                               f"{OTHER_JOB['cpus']} CPUs, {OTHER_JOB['gpus']} GPUs)")
-                judged_elsewhere = True
-    except WorkshopError:
-        raise
-    except Exception as err:
-        raise kit_failure(exercise, err) from err
+    answers = {name: number(value, exercise, name) for name, value in given.items()}
+    read = _usage_numbers(usage)
+    _judge_usage(answers, read, exercise)
+    namespace: dict = {}
+    if cell is None and not _RERUNNING:
+        cell, namespace = _exercise_cell()
+    again = _run_cell(cell, namespace or {}, usage) if isinstance(cell, str) and not _RERUNNING else None
+    judged_elsewhere = False
+    # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
+    # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.
+    if again is not None and all(math.isclose(again[n], answers[n], rel_tol=1e-9, abs_tol=1e-12) for n in ANSWERS):
+        other = _run_cell(cell, namespace or {}, OTHER_JOB)
+        if other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
+                                         for n in ANSWERS):
+            _judge_usage(other, _usage_numbers(OTHER_JOB), f"{exercise} (your cell, run on another job: "
+                                                           f"{OTHER_JOB['cpus']} CPUs, {OTHER_JOB['gpus']} GPUs)")
+            judged_elsewhere = True
     elapsed, cpus = read["elapsed_s"], read["cpus"]
     right_time, right_memory = next_request(read)
     busy = read["cpu_time_s"] / elapsed

@@ -15,8 +15,7 @@ import torch
 from ..spine.timing import Timings, time_repeats
 from ..system.errors import WorkshopError
 from ..system.hardware import PRECISIONS, peak_tflops
-from .exercise_judging import (answered_input, as_device, attendee_error, checked, described, number, same_or_rounded,
-                               verdict)
+from .exercise_judging import answered_input, as_device, attendee_error, carried, checked, described, number, verdict
 from .exercises import NotYet, passed, require, require_answered
 
 
@@ -161,6 +160,7 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
         right_seconds = given
     value = number(matmul_tflops, exercise, "matmul_tflops", "one number, in TFLOP/s")
     right = 2 * n**3 / right_seconds / 1e12
+    from_given = 2 * n**3 / given / 1e12  # from `seconds` as the attendee rounded it, which passed above
     mistakes = [
         (right / 2, "half the right rate: each multiply-add is two FLOPs.", "count 2 * n**3 FLOPs."),
         (right * 1e12, "that is FLOP/s, not TFLOP/s.", "divide by 1e12."),
@@ -175,7 +175,8 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
     if measured is not None:
         mistakes.append((right / len(measured), f"that divides by the total of the {len(measured)} repeats.",
                          "divide by the median time of one multiply."))
-    verdict(value, right, exercise, "matmul_tflops", mistakes, "TFLOP/s = 2 * n**3 / seconds / 1e12.")
+    verdict(value, right, exercise, "matmul_tflops", mistakes, "TFLOP/s = 2 * n**3 / seconds / 1e12.",
+            also=[from_given])
     if _device_name(device_name, exercise, optional=True):
         peak = peak_tflops(device_name, precision)
         require(peak is None or right <= peak, exercise,
@@ -222,13 +223,14 @@ def _peak_groups(device_name: str, precision: str) -> dict[float, list[str]]:
 @checked
 def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
               exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
-              samples_per_s: float | None = None, n: int | None = None, timings=None) -> bool:
+              samples_per_s: float | None = None, n: int | None = None, timings=None, seconds=None) -> bool:
     """MFU = the achieved rate / the data-sheet peak for ``precision``, or / the measured matmul rate without one.
 
     ``achieved_tflops`` and ``measured_peak_tflops`` are the answers of Exercises 1.1 and 1.2. Given the
-    inputs those exercises start from (``flops_per_sample`` and ``samples_per_s``; ``n`` and ``timings``),
-    the check works both rates out itself and first says when an earlier answer is not right yet, so
-    that MFU is judged against the exercise, not against an earlier mistake. MFU is above 0, and at most
+    inputs those exercises start from (``flops_per_sample`` and ``samples_per_s``; ``n``, ``timings`` and 1.2's
+    ``seconds``), the check first says when an earlier answer is not right yet, so that MFU is judged against
+    the exercise, not against an earlier mistake; an earlier answer that its check accepted rounded carries
+    as it is: MFU from it is right, as MFU from the unrounded rates is. MFU is above 0, and at most
     1 of a data-sheet peak; of a measured rate it can come out above 1 when that rate was timed on a busy
     machine, which the pass says instead of refusing a right division over a stopwatch.
     """
@@ -236,33 +238,32 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     _device_name(device_name, exercise)
     answered_input(achieved_tflops, exercise, "Exercise 1.1", "achieved_tflops")
-    achieved = number(achieved_tflops, exercise, "achieved_tflops (Exercise 1.1)")
+    achieved = exact_achieved = number(achieved_tflops, exercise, "achieved_tflops (Exercise 1.1)")
     if flops_per_sample is not None and samples_per_s is not None:
-        right_achieved = flops_per_sample * samples_per_s / 1e12
-        require(same_or_rounded(achieved, right_achieved), exercise,
-                f"`achieved_tflops` = {achieved:.4g} from Exercise 1.1 is not right yet, and MFU builds on it.",
-                "fix Exercise 1.1 first: its check says what is wrong.")
-        achieved = right_achieved
+        exact_achieved = flops_per_sample * samples_per_s / 1e12
+        achieved = carried(achieved_tflops, [exact_achieved], exercise, "achieved_tflops", "Exercise 1.1")
     table_peak = peak_tflops(device_name, precision)
     if table_peak:  # the measured rate only names a mistake here: an unreadable one names none
         try:
             measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
         except NotYet:
             measured = None
+        exact_measured = measured
     else:
         answered_input(measured_peak_tflops, exercise, "Exercise 1.2", "matmul_tflops")
-        measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
+        measured = exact_measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
         if n is not None and timings is not None:
             answered_input(timings, exercise, "Exercise 1.2", "timings")
             require(isinstance(n, numbers.Integral) and n >= EXERCISE_N["cpu"], exercise,
                     f"n = {n!r} in Exercise 1.2 is smaller than the exercise's {EXERCISE_N['cpu']}, and MFU on this "
                     "device divides by the rate measured there.",
                     "fix Exercise 1.2 first: its check says what is wrong.")
-            right_rate = 2 * n**3 / float(np.median(timed_seconds(timings, exercise))) / 1e12
-            require(same_or_rounded(measured, right_rate), exercise,
-                    f"`matmul_tflops` = {measured:.4g} from Exercise 1.2 is not right yet, and MFU on this device "
-                    "divides by it.", "fix Exercise 1.2 first: its check says what is wrong.")
-            measured = right_rate
+            median = float(np.median(timed_seconds(timings, exercise)))
+            exact_measured = 2 * n**3 / median / 1e12
+            rates = [exact_measured]  # and, as 1.2 accepts it, the rate from `seconds` as the attendee rounded it
+            if seconds is not None:
+                rates.append(2 * n**3 / carried(seconds, [median], exercise, "seconds", "Exercise 1.2") / 1e12)
+            measured = carried(measured_peak_tflops, rates, exercise, "matmul_tflops", "Exercise 1.2")
         require(measured > 0, exercise, f"`matmul_tflops` = {measured:g} from Exercise 1.2 is no rate.",
                 "fix Exercise 1.2 first.")
     peak = table_peak or measured
@@ -290,8 +291,10 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
             mistakes.append((achieved / other_peak,
                              f"that uses the {' and '.join(others)} peak ({other_peak:g} TFLOP/s); this run is "
                              f"{precision}.", f"look up the peak for {precision!r}."))
+    # The attendee's own 1.1 and 1.2, as rounded as those checks accepted them, or the unrounded rates: both right.
     verdict(value, right, exercise, "mfu", mistakes,
             "MFU = achieved TFLOP/s / peak TFLOP/s (the table's, or the measured matmul rate where it has none).",
+            also=[exact_achieved / (table_peak or exact_measured)],
             limits=[(value > 0, "MFU is a share of the peak, above 0.", "MFU = achieved TFLOP/s / peak TFLOP/s."),
                     (value <= max(1, right), "MFU above 1 would be faster than the peak, which no run is.",
                      "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction between 0 and 1.")])
