@@ -19,7 +19,10 @@ from workshop_utils.system.errors import WorkshopError
 from workshop_utils.system.hardware import peak_tflops
 
 PACKAGE = Path(wu.__file__).parent
-CUDA_BRANCH = re.compile(r'type\s*[!=]=\s*["\']cuda["\']|torch\.cuda\.|is_available\(\)|"nccl"|\.is_cuda\b')
+# What makes code GPU-only: a test of the device (``device.type == "cuda"``, ``env["device_type"] == "cuda"``), CUDA's
+# API, NCCL, the device of a process group's collectives (a GPU under NCCL), fp8 (a Hopper or Ada GPU's).
+CUDA_BRANCH = re.compile(r'type["\']?\]?\s*[!=]=\s*["\']cuda["\']|torch\.cuda\.|is_available\(\)|"nccl"|\.is_cuda\b'
+                         r'|collective_device\(\)|float8_|_scaled_mm|check_fp8\(')
 
 
 def cuda_branches(package: Path = PACKAGE) -> set[str]:
@@ -42,7 +45,10 @@ def cuda_branches(package: Path = PACKAGE) -> set[str]:
 
 
 def test_every_cuda_branch_has_a_path_or_a_reason():
-    covered = {entry for path in PATHS for entry in path.covers} | set(gpu_check.ELSEWHERE)
+    from workshop_utils.gpu_check.notebooks import NOTEBOOK_RUNS
+
+    covered = ({entry for path in PATHS for entry in path.covers} | {entry for run in NOTEBOOK_RUNS for entry in run.covers}
+               | set(gpu_check.ELSEWHERE))
     missing = sorted(cuda_branches() - covered)
     assert not missing, f"CUDA-only code no GPU-check path runs (add it to a path's covers, or to ELSEWHERE): {missing}"
 
@@ -54,10 +60,108 @@ def test_every_covered_name_exists():
             assert hasattr(importlib.import_module(f"workshop_utils.{module}"), name), f"{path.name}: {entry}"
 
 
-def test_the_scanner_sees_a_new_cuda_branch(tmp_path):
-    (tmp_path / "fresh.py").write_text("def new_path(device):\n    if device.type == 'cuda':\n        pass\n\n\n"
+@pytest.mark.parametrize("line", ["if device.type == 'cuda': pass", 'if env["device_type"] == "cuda": pass',
+                                  "device = collective_device()", "check_fp8(device)", "x.to(torch.float8_e4m3fn)"])
+def test_the_scanner_sees_a_new_cuda_branch(tmp_path, line):
+    (tmp_path / "fresh.py").write_text(f"def new_path(device):\n    {line}\n    pass\n\n\n"
                                        "def plain(device):\n    return device\n")
     assert cuda_branches(tmp_path) == {"fresh:new_path"}
+
+
+# ---------------------------------------------------------------- what each path reaches
+
+
+def _definitions(package: Path = PACKAGE) -> dict[str, list]:
+    """Every function, class and method of the package by its own name: [(``module:Outer``, its AST node)]."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        module = ".".join(path.relative_to(package).with_suffix("").parts)
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.setdefault(node.name, []).append((f"{module}:{node.name}", node))
+                for item in getattr(node, "body", []) if isinstance(node, ast.ClassDef) else []:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        found.setdefault(item.name, []).append((f"{module}:{node.name}", item))
+            elif isinstance(node, ast.Assign):  # a module's constant: a table of functions, a module to launch
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        found.setdefault(target.id, []).append((f"{module}:{target.id}", node))
+    return found
+
+
+# Names that would reach everything: commands are run as processes (their main, followed below), never called.
+_NOT_FOLLOWED = {"main", "run", "__init__", "__call__", "__enter__", "__exit__"}
+_LAUNCHED = re.compile(r"^workshop_utils\.([\w.]+)$")
+
+
+def _names(tree) -> set[str]:
+    """The names a piece of code uses (called, passed on or looked up as an attribute), and ``module:main`` for every
+    module of the package it starts as a process (``python -m workshop_utils.train``, torchrun's module)."""
+    launched = {f"{m.group(1)}:main" for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                for m in [_LAUNCHED.match(n.value)] if m}
+    return ({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            | {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+            | {n.name.split(".")[-1] for n in ast.walk(tree) if isinstance(n, ast.alias)}) - _NOT_FOLLOWED | launched
+
+
+def reached(roots: set[str], definitions: dict) -> set[str]:
+    """``module:Outer`` of every definition the names ``roots`` lead to, following the names each one uses."""
+    seen, nodes, frontier = set(), set(), set(roots)
+    while frontier:
+        name = frontier.pop()
+        found = definitions.get(name, []) if ":" not in name else [
+            (qualified, node) for qualified, node in definitions.get(name.split(":")[1], []) if qualified == name]
+        for qualified, node in found:
+            if id(node) not in nodes:
+                nodes.add(id(node))
+                seen.add(qualified)
+                frontier |= _names(node)
+    return seen
+
+
+def path_roots(run) -> set[str]:
+    """The names a path's function starts from: its source, and what its closure holds (a demo's part, a part's
+    function)."""
+    import inspect
+    import textwrap
+
+    from workshop_utils.parallel_demos import PARTS
+
+    roots = _names(ast.parse(textwrap.dedent(inspect.getsource(run))))
+    for benchmark in re.findall(r'_load_benchmark\("(\w+)"\)', inspect.getsource(run)):  # a script of benchmarks/
+        roots |= _names(ast.parse((PACKAGE.parent / "benchmarks" / f"{benchmark}.py").read_text()))
+    for cell in run.__closure__ or ():
+        value = cell.cell_contents
+        if isinstance(value, str) and value in PARTS:
+            roots.add(PARTS[value].__name__)
+        for held in (value, getattr(value, "run", None)):
+            if callable(held) and getattr(held, "__name__", "<")[0] != "<":
+                roots |= _names(ast.parse(textwrap.dedent(inspect.getsource(held))))
+    return roots
+
+
+def test_every_path_covers_only_what_it_reaches():
+    """A path that names a branch it never runs hides that branch from the test above (the collectives path named
+    measure_all_reduce, which runs only under notebook 02's all-reduce sweep)."""
+    from workshop_utils.gpu_check.notebooks import NOTEBOOK_RUNS, find_notebook
+
+    definitions = _definitions()
+    unreached = {path.name: sorted(set(path.covers) - reached(path_roots(path.run), definitions)) for path in PATHS}
+    notebooks = PACKAGE.parent / "notebooks"
+    for run in NOTEBOOK_RUNS:
+        cells = json.loads(find_notebook(notebooks, run.prefix).read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        roots = _names(ast.parse("\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))))
+        unreached[f"notebook {run.prefix}"] = sorted(set(run.covers) - reached(roots, definitions))
+    assert not {name: gaps for name, gaps in unreached.items() if gaps}
+
+
+def test_the_reach_of_a_path_tells_a_wrong_cover():
+    from workshop_utils.gpu_check.workloads import two_gpu_demo
+
+    definitions = _definitions()
+    timed = reached(path_roots(two_gpu_demo("collectives-time", max_mib=16)), definitions)
+    assert "parallel.collectives:time_collectives" in timed and "parallel.collectives:measure_all_reduce" not in timed
 
 
 def test_path_names_are_unique_and_every_path_says_what_it_checks():

@@ -239,3 +239,17 @@ def check_cuda_graphs(ctx: Context) -> str:
         raise Failed(f"no CUDA graph was replayed in the profiled steps: {counts}")
     return (f"SimpleCNN, the ladder's CUDA-graphs rung: {counts['graph_launches_per_step']:.0f} graph launches and "
             f"{counts.get('launches_per_step') or 0:.0f} other launches a step")
+
+
+def check_fp8_matmul(ctx: Context) -> str:
+    from ..lessons.numerics import fp8_matmul_benchmark, fp8_support
+
+    reason = fp8_support(ctx.device)
+    if reason:
+        raise Skip(f"no fp8 here: {reason}")
+    table = fp8_matmul_benchmark(ctx.device, size=4096, repeats=10)
+    fp8 = table.loc["fp8 e4m3"]
+    if not fp8["relative error"] < 0.1:
+        raise Failed(f"the fp8 product is {fp8['relative error']:.1e} away from the exact one (relative)")
+    return "4096x4096 matmul: " + "; ".join(f"{name} {row['TFLOP/s']:,.0f} TFLOP/s, relative error {row['relative error']:.1e}"
+                                            for name, row in table.iterrows()) + f"; fp8 {fp8['speed-up vs bf16']:.2f}x bf16"

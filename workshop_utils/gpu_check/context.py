@@ -17,6 +17,15 @@ import torch
 from ..system.hardware import peak_tflops
 
 
+# Where the GPU records are kept, each with its environment (``--reference``).
+REFERENCE_FOLDER = Path("results") / "reference" / "gpu"
+
+
+def slug(text: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` as a file name's part: ``nvidia-h100-80gb-hbm3``."""
+    return "-".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
+
+
 class Skip(Exception):
     """The path cannot run here (a missing package or tool, no GPU in a rehearsal): said, not failed."""
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from .checks import (check_attention_kernel, check_checkpoint_resume, check_compile, check_cuda_events,
                      check_cuda_graphs, check_evaluation_memory, check_fused_adamw, check_grad_scaler, check_loaders,
-                     check_nvml_monitor, check_peak_memory, check_precisions, check_profiler, check_tensorboard)
+                     check_fp8_matmul, check_nvml_monitor, check_peak_memory, check_precisions, check_profiler,
+                     check_tensorboard)
 from .context import GpuPath
+from .one_rank import one_rank_paths
 from .workloads import (check_ddp_lab, check_ddp_nccl, check_gpt_throughput, check_gpu_topology, check_notebook_01,
                         check_notebook_03, check_notebook_04, check_notebook_05, two_gpu_demo)
 
@@ -56,13 +58,14 @@ PATHS: tuple[GpuPath, ...] = (
              "lessons.profiling:nsys_missing", "spine.timing:phase_ranges"), check_profiler, least_s=10),
     GpuPath("torch-compile", "torch.compile of the GPT", ("spine.trainer:TrainingRun",), check_compile, least_s=30),
     GpuPath("cuda-graphs", "the ladder's CUDA-graphs rung (compile mode reduce-overhead), replays counted",
-            ("lessons.sweeps:ladder_rungs", "lessons.profiling:profile_rungs"), check_cuda_graphs, least_s=30),
+            ("spine.trainer:TrainingRun", "lessons.profiling:profile_training", "lessons.profiling:step_breakdown"),
+            check_cuda_graphs, least_s=30),
     GpuPath("gpt-throughput", "benchmarks/gpt_throughput.py: GPT-2 small, sequence 1024, bf16, compiled: "
             "tokens/s and MFU", ("system.benchmark:start_benchmark",), check_gpt_throughput, least_s=60),
     GpuPath("notebook-01", "notebook 01's gpu-profile runs at a few steps: SimpleCNN, ResNet-18, GPT-2 small",
             ("spine.data:build_dataloader",), check_notebook_01, least_s=20),
     GpuPath("notebook-03", "notebook 03's gpu-profile modes at a few steps: ResNet-18 channels_last and GPT-2 small "
-            "in all four; fp8 support", ("lessons.numerics:fp8_support", "lessons.numerics:precision_configs"),
+            "in all four; fp8 support", ("lessons.numerics:fp8_support",),
             check_notebook_03, least_s=30),
     GpuPath("notebook-04", "notebook 04's loader sweep with pinned memory and the GPT ladder, compile rung included",
             ("lessons.sweeps:dataloader_sweep", "lessons.sweeps:gpt_ladder_rungs"), check_notebook_04, least_s=60),
@@ -72,11 +75,13 @@ PATHS: tuple[GpuPath, ...] = (
     GpuPath("gpu-topology", "notebook 06: each GPU's NUMA node, and whether torchrun can bind ranks to it",
             ("lessons.slurm_binding:gpu_numa", "lessons.slurm_binding:numa_binding_problem"), check_gpu_topology,
             least_s=1),
+    GpuPath("fp8-matmul", "notebook 03's fp8 matrix multiply (torch._scaled_mm) against bf16, where the GPU has fp8",
+            ("lessons.numerics:check_fp8", "lessons.numerics:fp8_matmul_benchmark"), check_fp8_matmul),
+    # The two-GPU paths' code on one GPU, each part in a process group of one (one_rank.py says what that cannot show).
+    *one_rank_paths(),
     GpuPath("ddp-nccl", "DDP over NCCL through the training command", ("parallel.launch:launch_training",
-            "parallel.launch:check_process_count", "parallel.launch:node_layout", "parallel.launch:resume_verdict",
-            "parallel.launch:launch_nodes", "parallel.launch:world_sizes_for_this_machine",
-            "spine.distributed:barrier", "spine.distributed:collective_device", "spine.distributed:teardown_distributed",
-            "parallel_demos:demo_world", "parallel_demos:hide_gpus"), check_ddp_nccl, gpus=2),
+            "parallel.launch:check_process_count", "spine.distributed:barrier", "spine.distributed:collective_device",
+            "spine.distributed:teardown_distributed"), check_ddp_nccl, gpus=2),
     GpuPath("fsdp2", "FSDP2 and ZeRO against DDP (notebook 05)", ("parallel.sharding:compare_ddp_fsdp",),
             two_gpu_demo("fsdp", steps=4, batch_size=32, train_size=256), gpus=2),
     GpuPath("tensor-parallel", "the GPT's tensor-parallel plan and FSDP2 per block (notebook 05)",
@@ -86,10 +91,11 @@ PATHS: tuple[GpuPath, ...] = (
             ("parallel.overlap:measure_overlap", "parallel.overlap:_trace_one_backward"),
             two_gpu_demo("ddp-overlap", repeats=3), gpus=2),
     GpuPath("collectives", "notebook 05's collectives timed over NCCL",
-            ("parallel.collectives:measure_all_reduce",), two_gpu_demo("collectives-time", max_mib=16, repeats=3),
+            ("parallel.collectives:time_collectives",), two_gpu_demo("collectives-time", max_mib=16, repeats=3),
             gpus=2),
     GpuPath("distributed-checkpoint", "notebook 05's sharded and asynchronous checkpoints on GPUs",
-            ("parallel.dist_checkpoint:checkpoint_stall",), two_gpu_demo("checkpoint", round_trip_steps=2,
+            ("parallel.dist_checkpoint:checkpoint_stall", "parallel.dist_checkpoint:sharded_round_trip",
+             "parallel.dist_checkpoint:_device"), two_gpu_demo("checkpoint", round_trip_steps=2,
                                                                          stall_steps=4, every=2), gpus=2),
     GpuPath("ddp-lab", "notebook 02's DDP lab on GPUs, one per rank", ("lessons.ddp_lab:lab_device",
             "lessons.ddp_lab:_crash", "lessons.ddp_lab:_gradients", "lessons.ddp_lab:_probe",

@@ -42,7 +42,7 @@ class Verdict:
         return f"{self.SYMBOLS[self.status]} {self.name}{took}: {label}{self.detail}"
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}".strip().rstrip(":")[:300]
 
@@ -99,7 +99,7 @@ def run_paths(paths, ctx: Context, budget_s: float = BUDGET_S, gpus: int | None 
             except Failed as err:
                 status, detail = "failed", str(err)
             except Exception as err:  # any error of the path is its verdict; the check goes on
-                status, detail = "failed", _first_line(err) + _where(err)
+                status, detail = "failed", first_line(err) + _where(err)
             verdict = Verdict(path.name, path.what, status, detail, clock() - began)
             if ctx.on_gpu:
                 torch.cuda.empty_cache()

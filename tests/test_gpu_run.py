@@ -1,0 +1,152 @@
+"""The GPU run (make gpu-run) rehearsed on a CPU with small stand-ins: the check's paths, then each notebook in its
+own process, within one budget, one record; a notebook run without Jupyter as a kernel runs it; the multi-GPU code
+in a process group of one. No session notebook runs here: the main job's one run of each is in test_notebooks.py."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from workshop_utils.gpu_check import PATHS, Context, Failed, GpuPath
+from workshop_utils.gpu_check import gpu_run, notebook_cells, notebooks, one_rank
+from workshop_utils.gpu_check.notebooks import NOTEBOOK_RUNS, NotebookRun
+
+
+def _notebook(path: Path, *sources: str, parameters: str = 'profile = "auto"\nrun_dir = None\n') -> Path:
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": "# a notebook"},
+             {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "outputs": [], "execution_count": None,
+              "source": parameters}]
+    cells += [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": s} for s in sources]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_cells_run_as_a_kernel_runs_them_and_the_first_error_stops_the_notebook(tmp_path, capsys):
+    source = _notebook(
+        tmp_path / "01_demo.ipynb",
+        "print('profile is', profile)",
+        "41 + 1",  # a last bare expression is shown
+        "x = 3\nx * 2;",  # ... unless the line ends with ;
+        "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])",
+        "display('shown by display')",
+        "import sys\nprint('to stderr', file=sys.stderr)\nraise ValueError('the cell broke\\nsecond line')",
+        "print('never')")
+    executed = tmp_path / "out" / "01_demo.ipynb"
+    outcome = notebook_cells.execute(source, executed, {"profile": "gpu", "run_dir": "runs/x"})
+    cells = [c for c in json.loads(executed.read_text())["cells"] if c["cell_type"] == "code"]
+    assert "injected-parameters" in cells[1]["metadata"]["tags"] and "profile = 'gpu'" in cells[1]["source"]
+    outputs = {c["execution_count"]: c["outputs"] for c in cells if c["execution_count"]}
+    assert outputs[3] == [{"output_type": "stream", "name": "stdout", "text": "profile is gpu\n"}]
+    assert outputs[4][0]["output_type"] == "execute_result" and outputs[4][0]["data"]["text/plain"] == "42"
+    assert outputs[5] == []
+    assert [o["output_type"] for o in outputs[6]] == ["execute_result", "display_data"]  # the line's value, the figure
+    assert "image/png" in outputs[6][1]["data"]
+    assert outputs[7][0]["data"]["text/plain"] == "'shown by display'"
+    assert outputs[8][0] == {"output_type": "stream", "name": "stderr", "text": "to stderr\n"}
+    assert outputs[8][-1]["output_type"] == "error" and outputs[8][-1]["ename"] == "ValueError"
+    assert cells[-1]["execution_count"] is None  # not run after the error
+    assert outcome["failed_cell"] == 8 and outcome["error"] == "ValueError: the cell broke"
+    assert "profile is gpu" in capsys.readouterr().out  # passed on to the console as it runs
+
+
+def _paths():
+    return [GpuPath("quick", "a path", ("a:b",), lambda ctx: "measured 1"),
+            GpuPath("notebook-01", "replaced by notebook 01's full run", ("a:b",), lambda ctx: "never"),
+            GpuPath("gpt-throughput", "left out", ("a:b",), lambda ctx: "never"),
+            GpuPath("ddp-one-rank", "a part", ("a:b",), lambda ctx: "one rank")]
+
+
+@pytest.mark.slow
+def test_the_gpu_run_runs_the_kept_paths_then_every_notebook_and_keeps_one_record(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    record = {"metrics": {"samples_per_s": 1234.5, "mfu": 0.25, "parameters": 7, "step_ms_median": 2.0}}
+    _notebook(folder / "01_first.ipynb",
+              "import json, pathlib\nfolder = pathlib.Path(run_dir) / 'results'\nfolder.mkdir(parents=True, exist_ok=True)\n"
+              f"(folder / 'baseline.json').write_text(json.dumps({record!r}))\nprint('trained')")
+    _notebook(folder / "02_second.ipynb", "x = 1", "1 / 0")
+    run_dir = tmp_path / "run"
+    lines = []
+    runs = (NotebookRun("01", 10, replaces=("notebook-01",)), NotebookRun("02", 10), NotebookRun("03", 10))
+    done, written = gpu_run.run_gpu_run(_paths(), Context(torch.device("cpu"), run_dir), 120, "cells",
+                                        {"device_name": "cpu"}, folder, say=lines.append, runs=runs)
+    assert done["kind"] == "gpu_run" and written == [run_dir / "gpu_run.json"]
+    assert [p["name"] for p in done["paths"]] == ["ddp-one-rank", "quick"]  # the one-rank parts first
+    assert set(done["left_out"]) == {"notebook-01", "gpt-throughput"}
+    first, second, third = done["notebooks"]
+    assert first["status"] == "ok" and first["records"] == ["baseline.json"]
+    assert first["headlines"] == {"baseline": {"samples_per_s": 1234.5, "mfu": 0.25, "step_ms_median": 2.0}}
+    assert second["status"] == "FAILED" and second["cell"] == 4 and "ZeroDivisionError" in second["error"]
+    assert third["status"] == "FAILED" and "no notebook 03_" in third["error"]
+    assert (run_dir / "notebooks" / "01_first.ipynb").exists()
+    assert any(line.startswith("✓ notebook 01_first.ipynb") and "1,234 samples/s, MFU 25.0%" in line for line in lines)
+    assert any(line.startswith("✗ notebook 02_second.ipynb") and "cell 4 `1 / 0`" in line for line in lines)
+    assert "notebooks: 1 of 3 ran end to end" in done["summary"] and "2 failed" in done["summary"]
+    kept = gpu_run.keep_as_reference(done, [{**first, "outputs": notebooks.outputs_text(Path(first["executed"]))},
+                                            second], run_dir, root=tmp_path)
+    assert kept.parent == tmp_path / "results" / "reference" / "gpu" and kept.name.startswith("gpu_run-cpu-")
+    assert json.loads((kept / "notebook-01.json").read_text())["outputs"][-1]["outputs"] == "trained\n"
+    assert (kept / "results" / "baseline.json").exists() and (kept / "gpu_run.json").exists()
+
+
+def test_a_notebook_stopped_at_its_limit_names_the_cell_it_was_in(tmp_path, monkeypatch):
+    import subprocess
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    notebook = _notebook(folder / "04_slow.ipynb", "x = 1", "import time\ntime.sleep(600)")
+
+    def stopped_in_cell_4(command, timeout, **options):  # as the executor leaves it: written after every cell
+        executed = Path(command[command.index(str(notebook)) + 1])
+        cells = json.loads(notebook.read_text())["cells"]
+        cells.insert(2, notebook_cells.parameters_cell({"profile": "cpu"}))
+        for number, cell in enumerate(cells[1:4], 1):  # the parameters, the injected ones, x = 1; not the sleep
+            cell["execution_count"] = number
+        executed.parent.mkdir(parents=True, exist_ok=True)
+        executed.write_text(json.dumps({"cells": cells}))
+        raise subprocess.TimeoutExpired(command, timeout)
+
+    monkeypatch.setattr(notebooks.subprocess, "run", stopped_in_cell_4)
+    entry = notebooks.run_notebook(NotebookRun("04", 100), folder, tmp_path / "run", "cpu", 30, "cells")
+    assert entry["status"] == "FAILED" and entry["cell"] == 4
+    assert entry["error"] == "stopped at its time limit of 30 s, in the cell after cell 3 (`x = 1`)"
+
+
+def test_what_does_not_fit_the_budget_is_not_reached_and_said(tmp_path):
+    slow = [GpuPath("slow", "x", ("a:b",), lambda ctx: time.sleep(5) or "late", least_s=0.1)]
+    lines = []
+    done, _ = gpu_run.run_gpu_run(slow, Context(torch.device("cpu"), tmp_path), 1, "cells", {"device_name": "cpu"},
+                                  tmp_path, say=lines.append, runs=(NotebookRun("01", 10),))
+    assert done["paths"][0]["status"] == "not reached" and done["notebooks"][0]["status"] == "not reached"
+    assert any(line.startswith("… notebook 01: not reached") for line in lines)
+
+
+def test_the_plan_leaves_out_what_a_notebook_runs_whole_and_says_why():
+    kept, left_out = gpu_run.plan(PATHS)
+    names = [p.name for p in kept]
+    assert {"notebook-01", "notebook-03", "notebook-04", "notebook-05", "torch-compile", "cuda-graphs", "fp8-matmul",
+            "gpt-throughput"} == set(left_out)
+    assert all(name.endswith("-one-rank") for name in names[:len(one_rank.PARTS)])
+    assert {part.name for part in one_rank.PARTS} <= set(names) and "cuda-events" in names
+    assert {run.prefix for run in NOTEBOOK_RUNS} == {"01", "02", "03", "04", "05"}
+
+
+def test_a_one_rank_part_that_breaks_says_so_in_one_line(tmp_path, monkeypatch):
+    def broken(device, folder):
+        raise Failed("the sharded weights differ")
+
+    monkeypatch.setitem(one_rank.BY_NAME, "pipeline-one-rank",
+                        one_rank.OneRankPart("pipeline-one-rank", "x", ("a:b",), broken, "nothing"))
+    out = tmp_path / "said.json"
+    assert one_rank.main(["pipeline-one-rank", "--device", "cpu", "--out", str(out)]) == 1
+    assert json.loads(out.read_text()) == {"failed": "the sharded weights differ"}
+    assert not torch.distributed.is_initialized()  # the group of one is gone with the part
+
+
+@pytest.mark.slow
+def test_a_one_rank_part_runs_in_a_group_of_one_and_says_what_one_rank_cannot_show(tmp_path):
+    path = next(p for p in one_rank.one_rank_paths() if p.name == "collectives-one-rank")
+    line = path.run(Context(torch.device("cpu"), tmp_path))
+    assert "all-reduce sweep over 3 sizes" in line and line.endswith("it cannot show a link's latency and bandwidth")
