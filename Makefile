@@ -8,6 +8,8 @@
 #   make wheelhouse PY_VERSION=3.12   on a login node: every wheel the kit needs, into wheelhouse/
 #   make install-offline              on the node: .venv from wheelhouse/ alone; then make run / make test
 #   make gpu-check                    on a GPU node: every GPU-only path once, in at most 5 minutes
+# A class on the portal:
+#   make classroom N=4                N attendees at once on a real JupyterHub, each server limited (docs/portal.md)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -148,3 +150,13 @@ gpu-check: $(STAMP)
 .PHONY: attendee
 attendee: $(STAMP)
 	$(PY) -c 'from workshop_utils.lessons.exercises import write_attendee_notebooks as w; w("notebooks", "notebooks/attendee")'
+
+# ---------------------------------------------------------------- a class on the portal
+# N attendees at once on a real JupyterHub (the portal recipe), each server in a cgroup with a CPU quota and a
+# memory limit where this machine allows it (root): notebook 01 and the DDP lab's launch, through real kernels.
+# Its record goes to results/reference/classroom/ (docs/portal.md).
+N ?= 4
+CLASSROOM_FLAGS ?= --cpus 1 --memory 3
+.PHONY: classroom
+classroom: $(STAMP) $(PORTAL_DEPS)
+	$(PY) -m workshop_utils.classroom --attendees $(N) $(CLASSROOM_FLAGS) --record results/reference/classroom

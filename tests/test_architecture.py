@@ -60,8 +60,8 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 def test_every_module_sits_in_a_layer_folder_or_is_an_entry():
     entries = sorted(m for m in MODULES if "." not in m and m not in LAYERS and m)
-    assert entries == ["comm_model", "data", "gpu_check", "parallel_demos", "portal_check", "postmortem", "reference", "report", "run_notebooks",
-                       "train"], \
+    assert entries == ["classroom", "comm_model", "data", "gpu_check", "handout", "parallel_demos", "portal_check",
+                       "postmortem", "reference", "report", "run_notebooks", "train"], \
         "new modules go into system/, spine/, parallel/ or lessons/ (ARCHITECTURE.md); entries are commands"
     for module in MODULES:
         assert module == "" or module in LAYERS or layer_of(module) in LAYERS

@@ -48,9 +48,9 @@ from .kernel import execute
 
 # What was defined here before the check was split into a package; importers keep this one path.
 __all__ = ["EXAMPLE", "KERNEL_DISPLAY_NAME", "KERNEL_NAME", "MAX_TIMEOUT_S", "NOT_A_HUB", "PROXY_PAGE", "REGISTER",
-           "TIMEOUT_S", "Answer", "WorkshopError", "build_parser", "check_hub_address", "check_port", "check_portal",
+           "TIMEOUT_S", "request", "Answer", "WorkshopError", "build_parser", "check_hub_address", "check_port", "check_portal",
            "check_proxy", "check_timeout", "check_token", "check_user_name", "describe", "find_kernel", "hub_version",
-           "main", "run_cells", "server_url"]
+           "kernel_socket", "main", "run_cells", "server_url"]
 
 KERNEL_DISPLAY_NAME = "HPC DL workshop"
 KERNEL_NAME = "hpc-dl-workshop"
@@ -106,7 +106,7 @@ def _fetch(url: str, token: str, method: str = "GET", body: dict | None = None, 
                   str(final_url or ""))
 
 
-def _request(url: str, token: str, method: str = "GET", body: dict | None = None, timeout_s: float = TIMEOUT_S):
+def request(url: str, token: str, method: str = "GET", body: dict | None = None, timeout_s: float = TIMEOUT_S):
     """(status, text) of one HTTP request with the token; no answer from the address is one line."""
     answer = _fetch(url, token, method, body, timeout_s)
     return answer.status, answer.text
@@ -201,25 +201,34 @@ def find_kernel(server: str, token: str, display_name: str = KERNEL_DISPLAY_NAME
     return names[display_name], value.get("default") == names[display_name]
 
 
-def run_cells(server: str, token: str, kernel: str, cells: list[str], timeout_s: float = 120) -> list[str]:
-    """Start ``kernel`` on the server, run ``cells`` one by one through its websocket, shut it down.
+@contextlib.contextmanager
+def kernel_socket(server: str, token: str, kernel: str, path: str | None = None, timeout_s: float = 120):
+    """A started ``kernel``'s websocket, shut down at the end; one line when it does not start or connect.
 
-    Returns each cell's printed output; a cell that raises is one line with its exception.
+    With ``path`` (a notebook's path under the server's root) it is started as JupyterLab starts a notebook's
+    kernel, through the sessions API: in the notebook's folder, so that runs/ lands beside it.
     """
     import websocket  # websocket-client, a dependency of jupyter_server
 
-    answer = _fetch(f"{server}/api/kernels", token, method="POST", body={"name": kernel}, timeout_s=timeout_s,
-                    expected="the Jupyter server's kernels API")
+    if path is None:
+        answer = _fetch(f"{server}/api/kernels", token, method="POST", body={"name": kernel}, timeout_s=timeout_s,
+                        expected="the Jupyter server's kernels API")
+    else:
+        answer = _fetch(f"{server}/api/sessions", token, method="POST", timeout_s=timeout_s,
+                        body={"path": path, "name": path, "type": "notebook", "kernel": {"name": kernel}},
+                        expected="the Jupyter server's sessions API")
     value = json_of(answer)
     if answer.status >= 400:
         raise WorkshopError(f"Kernel {kernel} is registered but does not start: {message_of(answer)}.",
                             f"check its kernel.json (jupyter kernelspec list); {REGISTER}")
-    kernel_id = value.get("id") if isinstance(value, dict) else None
+    record = value.get("kernel") if path is not None and isinstance(value, dict) else value
+    kernel_id = record.get("id") if isinstance(record, dict) else None
     if not isinstance(kernel_id, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", kernel_id):
         raise not_expected(answer, "a started kernel's record", "check that the hub's proxy routes /user/<name>/ "
                                                                 "to the attendee's Jupyter server.")
+    ended = (f"{server}/api/sessions/{value['id']}" if path is not None and isinstance(value.get("id"), str)
+             else f"{server}/api/kernels/{kernel_id}")
     socket_url = "ws" + server[len("http"):] + f"/api/kernels/{kernel_id}/channels"
-    outputs = []
     try:
         try:
             # No redirect followed: the token goes to the hub's address only.
@@ -230,8 +239,7 @@ def run_cells(server: str, token: str, kernel: str, cells: list[str], timeout_s:
                                 f"({scrub(clean(str(err) or type(err).__name__), token)}).",
                                 "check that the proxy passes websockets (configurable-http-proxy does).") from None
         try:
-            for number, code in enumerate(cells, 1):
-                outputs.append(execute(ws, code, number, kernel, timeout_s))
+            yield ws
         finally:
             try:
                 ws.close()
@@ -239,10 +247,18 @@ def run_cells(server: str, token: str, kernel: str, cells: list[str], timeout_s:
                 pass
     finally:
         try:
-            _fetch(f"{server}/api/kernels/{kernel_id}", token, method="DELETE", timeout_s=timeout_s)
+            _fetch(ended, token, method="DELETE", timeout_s=timeout_s)
         except WorkshopError:
             pass  # the kernel's shutdown is a courtesy: the problem already found is the one to tell
-    return outputs
+
+
+def run_cells(server: str, token: str, kernel: str, cells: list[str], timeout_s: float = 120) -> list[str]:
+    """Start ``kernel`` on the server, run ``cells`` one by one through its websocket, shut it down.
+
+    Returns each cell's printed output; a cell that raises is one line with its exception.
+    """
+    with kernel_socket(server, token, kernel, timeout_s=timeout_s) as ws:
+        return [execute(ws, code, number, kernel, timeout_s) for number, code in enumerate(cells, 1)]
 
 
 def check_proxy(server: str, token: str, port: int, expect: str = "", timeout_s: float = TIMEOUT_S) -> int:

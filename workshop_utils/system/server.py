@@ -258,10 +258,10 @@ def fit_to_server(memory_gib: float | None = None, gpu_memory_gib: float | None 
 
 
 def tree_rss_bytes(root=None, include_root: bool = True) -> int:
-    """Resident memory of a process and everything it started (kernels, torchrun's ranks, loader workers).
+    """Memory of a process and everything it started (kernels, torchrun's ranks, loader workers).
 
-    Pages two processes share (PyTorch's libraries) count once per process: an upper bound, which is
-    what a limit has to allow for.
+    Each process's proportional share (PSS, on Linux): a page two ranks share (PyTorch's libraries) counts half
+    in each, as a cgroup charges it once; elsewhere resident memory, which counts it twice (an upper bound).
     """
     import psutil
 
@@ -269,8 +269,9 @@ def tree_rss_bytes(root=None, include_root: bool = True) -> int:
     total = 0
     for process in ([root] if include_root else []) + root.children(recursive=True):
         try:
-            total += process.memory_info().rss
-        except psutil.Error:  # exited between listing and reading
+            info = process.memory_full_info() if hasattr(psutil.Process, "memory_full_info") else None
+            total += getattr(info, "pss", None) or process.memory_info().rss
+        except psutil.Error:  # exited between listing and reading, or not ours to read
             pass
     return total
 

@@ -1,0 +1,147 @@
+"""A class on a real JupyterHub: attendees at once, each in a server with a CPU quota and a memory limit.
+
+The whole class (``python -m workshop_utils.classroom``) runs once here, small: two attendees who run notebook 01
+and the DDP lab's launch at the same moment, and one whose server has less memory than notebook 01 needs, who
+must be told so in one line at its start instead of being killed mid-run. The record the command writes is what
+these tests read. Where this machine cannot write cgroups or make users, the class says so and runs without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from workshop_utils import classroom
+from workshop_utils.classroom import attendee, hub
+from workshop_utils.classroom.cgroups import Cgroups
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT_GIB = 1.0
+
+
+def test_the_exercise_section_is_the_set_up_and_the_section_up_to_its_check():
+    cells = attendee.exercise_section(ROOT / "notebooks" / classroom.LAB_NOTEBOOK, classroom.LAB_MARKER)
+    assert "parameters" in cells[0].metadata.get("tags", [])
+    assert "check" in cells[-1].metadata.get("tags", []) and "check_ddp_lab" in cells[-1].source
+    assert any("exercise" in c.metadata.get("tags", []) and "lab_command" in c.source for c in cells)
+    assert not any("check_average_gradients" in c.source for c in cells)  # 2.1 is another section's
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--attendees", "0"], "a class has 1 to 200 attendees"),
+    (["--memory", "0"], "--memory 0.0: it must be above 0"),
+    (["--set", "epochs"], "is not NAME=VALUE"),
+    (["--attendees", "two"], "invalid int value"),
+])
+def test_bad_arguments_are_one_line_before_anything_starts(argv, expected, capsys, monkeypatch):
+    monkeypatch.setattr(classroom, "make_attendees", lambda *a, **k: pytest.fail("started a class"))
+    with pytest.raises(SystemExit) as stopped:
+        classroom.main(argv)
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and said.count("\n") == 1 and expected in said, said
+
+
+needs_cgroups = pytest.mark.skipif(Cgroups.unavailable() is not None, reason=str(Cgroups.unavailable()))
+
+
+@pytest.mark.slow
+@needs_cgroups
+def test_a_server_past_its_memory_limit_is_counted_as_killed_for_memory_and_stopped_by_id():
+    groups = Cgroups(f"test-classroom-{uuid.uuid4().hex[:6]}")
+    try:
+        folders = groups.make("a", cpu_cores=1.0, memory_bytes=128 * 2**20)
+        hog = subprocess.Popen(["sh", "-c", f'echo $$ > {folders["memory"]}/cgroup.procs; echo $$ > '
+                                            f'{folders["cpu"]}/cgroup.procs; exec "$0" -c "$1"',
+                                sys.executable, "b = bytearray(512 * 2**20); import time; time.sleep(60)"])
+        assert hog.wait(timeout=60) == -9  # the kernel's OOM killer, inside the cgroup only
+        usage = groups.usage("a")
+        assert usage["oom_kills"] >= 1 and 100 <= usage["peak_memory_mib"] <= 129, usage
+        sleeper = subprocess.Popen(["sh", "-c", f'echo $$ > {folders["memory"]}/cgroup.procs; exec sleep 300'])
+        for _ in range(50):
+            if sleeper.pid in groups.pids("a"):
+                break
+            time.sleep(0.1)
+    finally:
+        groups.remove()
+    assert sleeper.wait(timeout=30) != 0 and not any(p.exists() for p in groups.parents.values())
+
+
+@pytest.fixture(scope="module")
+def class_record(tmp_path_factory):
+    if hub.missing_pieces():
+        if not (ROOT / "portal" / "package-lock.json").exists() or subprocess.run(["which", "npm"]).returncode:
+            pytest.skip(hub.missing_pieces())
+        subprocess.run(["npm", "ci", "--prefix", str(ROOT / "portal"), "--no-audit", "--no-fund", "--loglevel=error"],
+                       check=True, timeout=600)
+    folder = tmp_path_factory.mktemp("classroom")
+    done = subprocess.run([sys.executable, "-m", "workshop_utils.classroom", "--attendees", "2", "--no-solo",
+                           "--short-of-memory", str(SHORT_GIB), "--record", str(folder)],
+                          capture_output=True, text=True, timeout=1800)
+    records = list(folder.glob("classroom-*.json"))
+    assert records, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, json.loads(records[0].read_text())
+
+
+@pytest.mark.slow
+def test_two_attendees_at_once_finish_notebook_01_and_the_lab_with_every_check_passing(class_record):
+    done, record = class_record
+    assert done.returncode == 0 and record["passed"], done.stdout[-3000:] + done.stderr[-3000:]
+    assert record["attendees"] == 2 and not record["failures"]
+    for row in record["rows"][:2]:
+        assert [r["notebook"] for r in row["runs"]] == [classroom.NOTEBOOK, classroom.LAB_NOTEBOOK], row
+        assert all(r["ok"] and r["checks"] >= 1 and r["checks_passed"] == r["checks"] for r in row["runs"]), row
+
+
+@pytest.mark.slow
+def test_each_attendees_results_are_in_their_own_folder_and_none_in_the_install(class_record):
+    _, record = class_record
+    for row in record["rows"][:2]:
+        assert row["own_folder"] and row["run_folders"], row
+        assert all(folder.startswith(f"{classroom.HANDOUT}/runs/") for folder in row["run_folders"]), row
+    assert record["records_in_the_install"] == []
+
+
+@pytest.mark.slow
+def test_a_server_short_of_memory_is_told_at_the_notebooks_start_in_one_line_not_killed(class_record):
+    _, record = class_record
+    short = record["rows"][-1]
+    first = short["runs"][0]
+    assert short["memory_limit_gib"] == SHORT_GIB and short["refused_in_one_line"] and short["passed"], short
+    assert first["failed_cell"] is not None and first["failed_cell"] <= 6, first  # at the start, not mid-run
+    assert "needs about" in first["error"] and "\n" not in first["error"] and not short["oom_kills"]
+
+
+@pytest.mark.slow
+def test_the_record_says_how_the_class_ran_and_every_attendees_peak_memory(class_record):
+    _, record = class_record
+    assert record["per_attendee_limits"] == {"cpus": 1.0, "memory_gib": 3.0}
+    assert record["wall_s"] > 0 and record["environment"]["cpu_cores"] >= 1 and record["git_commit"]
+    if Cgroups.unavailable() is None:
+        assert record["cgroups"].startswith("a cgroup per server")
+        assert all(row["peak_memory_mib"] and row["oom_kills"] == 0 for row in record["rows"]), record["rows"]
+    else:
+        assert record["cgroups"].startswith("none: ")
+
+
+@pytest.mark.slow
+def test_nothing_the_class_started_is_left_running(class_record):
+    _, record = class_record
+    names = [row["attendee"] for row in record["rows"]]
+    leftover = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if any(f"JUPYTERHUB_USER={name}".encode() in environ for name in names):
+            leftover.append(pid)
+    assert not leftover
+    assert not any(Path(f"/home/{name}").exists() for name in names)
+    assert subprocess.run(["id", names[0]], capture_output=True).returncode != 0  # the accounts are gone
