@@ -145,3 +145,37 @@ def test_nothing_the_class_started_is_left_running(class_record):
     assert not leftover
     assert not any(Path(f"/home/{name}").exists() for name in names)
     assert subprocess.run(["id", names[0]], capture_output=True).returncode != 0  # the accounts are gone
+
+
+# ------------------------------------------------------------------------------------------------- the handout
+
+@pytest.mark.slow
+def test_the_handout_gives_the_exercises_as_placeholders_and_keeps_an_attendees_own_work(tmp_path, capsys):
+    from workshop_utils.handout import hand_out
+
+    folder = tmp_path / "workshop"
+    written = hand_out(folder)
+    notebooks = sorted(p.name for p in folder.glob("*.ipynb"))
+    assert notebooks == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")) and (folder / "labs").is_dir()
+    copy = (folder / classroom.NOTEBOOK).read_text()
+    assert "### PLACEHOLDER" not in copy and "### BEGIN SOLUTION" not in copy
+    assert copy != (ROOT / "notebooks" / classroom.NOTEBOOK).read_text()  # the solutions are not handed out
+    (folder / classroom.NOTEBOOK).write_text("my work")
+    again = hand_out(folder)
+    assert (folder / classroom.NOTEBOOK).read_text() == "my work" and again == []
+    assert f"kept your own {classroom.NOTEBOOK}" in capsys.readouterr().out.splitlines()[-1]
+    solved = tmp_path / "solutions"
+    hand_out(solved, solutions=True)
+    assert (solved / classroom.NOTEBOOK).read_bytes() == (ROOT / "notebooks" / classroom.NOTEBOOK).read_bytes()
+    assert len(written) == len(notebooks) + 1
+
+
+def test_a_handout_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    from workshop_utils import handout
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as stopped:
+        handout.main([str(blocked / "workshop")])
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and said.count("\n") == 1 and "is a file, not a folder" in said, said

@@ -83,23 +83,23 @@ def cgroup_cpu_limit(folders: dict[str, list[Path]] | None = None) -> float | No
 def cgroup_memory(folders: dict[str, list[Path]] | None = None) -> tuple[int | None, int | None]:
     """(the memory limit in bytes, what the cgroup may still use) of the tightest level, or (None, None).
 
-    What it may still use is the limit less what is charged, page cache that can be dropped (inactive
-    file pages) not counted as charged.
+    What it may still use is the limit less what is charged, the page cache not counted as charged: the kernel
+    drops file pages (PyTorch's libraries read from disk, data files) before it kills anything.
     """
     folders = cgroup_folders() if folders is None else folders
     best: tuple[int | None, int | None] = (None, None)
     for folder in folders.get("memory", []):
-        for limit_file, usage_file, inactive_key in (("memory.max", "memory.current", "inactive_file"),
-                                                     ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                                                      "total_inactive_file")):
+        for limit_file, usage_file, cache_keys in (("memory.max", "memory.current", ("active_file", "inactive_file")),
+                                                   ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                    ("total_active_file", "total_inactive_file"))):
             limit = _read(folder / limit_file)
             if not (limit and limit.isdigit() and int(limit) < _NO_LIMIT):
                 continue
             usage = _read(folder / usage_file)
             stat = dict(line.split(" ", 1) for line in (_read(folder / "memory.stat") or "").splitlines()
                         if " " in line)
-            inactive = int(stat.get(inactive_key, "0")) if stat.get(inactive_key, "0").isdigit() else 0
-            left = int(limit) - int(usage) + inactive if usage and usage.isdigit() else int(limit)
+            cache = sum(int(stat[key]) for key in cache_keys if stat.get(key, "").isdigit())
+            left = int(limit) - int(usage) + cache if usage and usage.isdigit() else int(limit)
             if best[0] is None or int(limit) < best[0]:
                 best = (int(limit), max(0, min(left, int(limit))))
     return best
