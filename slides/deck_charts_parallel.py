@@ -3,6 +3,8 @@ to 512 GPUs, overlap, collectives, sharding, recomputation and checkpoints (see 
 
 from __future__ import annotations
 
+import re
+
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator
 
 from deck_charts import (PALETTE, ChartData, Drawn, bytes_axis, chart, headroom, integer_ticks, label_bars,
@@ -129,8 +131,11 @@ def ddp_predicted_scaling(d: ChartData) -> Drawn:
     ax.yaxis.set_major_locator(FixedLocator([0, 25, 50, 75, 100]))
     ax.yaxis.set_major_formatter(PERCENT)
     legend_right(fig, ax)
-    # The notebook says in its sentence whether the GPU step was measured or estimated (no GPU in the run).
-    estimated = "estimat" in str(d.records["section-ddp-comm-model"].get("text", "")).lower()
+    # The notebook says in its sentence whether the GPU step was measured (here, or on the GPU its record names,
+    # "GPU step measured on one H100 ..., 2026-11-26") or estimated (no GPU in the run, no GPU record).
+    said = str(d.records["section-ddp-comm-model"].get("text", ""))
+    estimated = "estimat" in said.lower()
+    elsewhere = re.search(r"GPU step measured (on one .+?, \d{4}-\d{2}-\d{2})", said)
     parts = []
     for name, step in steps.items():
         if step is None:
@@ -139,6 +144,8 @@ def ddp_predicted_scaling(d: ChartData) -> Drawn:
             parts.append(f"the measured link from this machine's {fmt_ms(step)} step")
         elif estimated:
             parts.append(f"data-sheet links from an estimated {fmt_ms(step)} GPU step (not measured)")
+        elif elsewhere:
+            parts.append(f"data-sheet links from the {fmt_ms(step)} GPU step measured {elsewhere.group(1)}")
         else:
             parts.append(f"data-sheet links from the measured {fmt_ms(step)} step")
     star = f"; the star measured on {d.device('section-ddp-scaling')}" if weak else ""

@@ -103,6 +103,18 @@ class Renderer(CodeDirectives, FigureDirectives):
         reasons = self.quote_rows([row], source) if isinstance(row, dict) else []
         return reasons[0] if reasons else None
 
+    def d_gpu(self, what: str, *args: str) -> str:
+        """What the kit measured on a GPU, with the GPU and the date, or that nothing was (``system.gpu_records``):
+        ``{{gpu mfu}}`` (GPT-2 small), ``{{gpu simplecnn}}`` (per loader), ``{{gpu precision MODEL MODE}}``."""
+        from workshop_utils.system import gpu_records
+
+        sentences = {"mfu": gpu_records.gpt_mfu_sentence, "simplecnn": gpu_records.simplecnn_sentence,
+                     "precision": gpu_records.precision_sentence}
+        if what not in sentences:
+            raise BuildError(f"{self.deck}: {{{{gpu {what}}}}}: no such GPU figure", f"use one of {sorted(sentences)}")
+        self.sources.append("results/reference/gpu/: GPU records")
+        return _html(sentences[what](*args))
+
     def d_has(self, name: str, path: str = "") -> str:  # used only inside {{if}}: never rendered
         return ""
 

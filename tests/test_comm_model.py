@@ -149,24 +149,29 @@ def _one_process_record(device_type="cpu", step_ms=230.0):
 def test_a_cpu_run_predicts_the_gpu_cluster_from_a_stated_gpu_step_not_its_own(tmp_path):
     # A 230 ms CPU step hides any all-reduce: the 64-GPU efficiency it gave (99%) was no GPU's.
     record = _one_process_record()
-    step = wu.cluster_step(record, reference=tmp_path / "none.json")
+    step = wu.cluster_step(record, records=tmp_path)  # no GPU record at all
     expected = 246_183_936 * 64 / (wu.peak_tflops("H100 SXM", "fp32") * 1e12 * 0.05)
     assert step.step_s == pytest.approx(expected) and step.step_s < 0.23 / 10
     assert step.grad_bytes == 4 * 2_474_506
-    assert step.source.startswith("GPU step estimated, not measured") and "5% MFU" in step.source
+    assert step.source.startswith("GPU step estimated, not measured (no GPU record of simplecnn in fp32") \
+        and "5% MFU" in step.source
     cpu_64 = predict_scaling(0.23, step.grad_bytes, [64], LINKS["nvlink4"], LINKS["ib_ndr"]).iloc[0]
     gpu_64 = predict_scaling(step.step_s, step.grad_bytes, [64], LINKS["nvlink4"], LINKS["ib_ndr"]).iloc[0]
     assert gpu_64.efficiency_no_overlap < cpu_64.efficiency_no_overlap
 
 
-def test_a_recorded_gpu_reference_run_is_preferred_and_named(tmp_path):
+def test_notebook_02s_own_gpu_run_is_preferred_and_named(tmp_path):
     reference = _one_process_record("cuda", step_ms=12.5)
-    reference["config"].update(model="resnet18", batch_size=256)
+    reference["config"].update(model="resnet18", batch_size=256, precision="bf16")
     reference["metrics"]["parameters"] = 11_173_962
-    (tmp_path / "ddp-weak-1.json").write_text(json.dumps(reference))
-    step = wu.cluster_step(_one_process_record(), reference=tmp_path / "ddp-weak-1.json")
+    run = tmp_path / "gpu_run-h100-2026-11-25"
+    (run / "results").mkdir(parents=True)
+    (run / "results" / "ddp-weak-1.json").write_text(json.dumps(reference))
+    (run / "gpu_run.json").write_text(json.dumps({"kind": "gpu_run", "profile": "gpu", "created": "2026-11-25",
+                                                  "environment": reference["environment"], "notebooks": []}))
+    step = wu.cluster_step(_one_process_record(), records=tmp_path)
     assert step.step_s == pytest.approx(0.0125) and step.grad_bytes == 4 * 11_173_962
-    assert "reference run (H100, 2026-11-25, resnet18, batch 256)" in step.source
+    assert "measured on one H100, 2026-11-25, by notebook 02's gpu profile (resnet18, bf16, batch 256)" in step.source
 
 
 def test_on_a_gpu_the_measured_step_is_the_input():

@@ -94,17 +94,20 @@ def test_notebook_03s_gpt_runs_bf16_in_full_only_where_the_cpu_computes_it(fake_
     assert ("gpt-bf16: bf16 autocast is emulated" in capsys.readouterr().out) == (cpu == "avx2")
 
 
-def test_the_gpu_figure_comes_from_a_gpu_reference_run_when_one_is_recorded(tmp_path, monkeypatch):
-    from workshop_utils.lessons import numerics
+def test_the_gpu_figure_comes_from_a_gpu_run_when_one_is_recorded(tmp_path, monkeypatch):
+    from workshop_utils.system import gpu_records
 
-    monkeypatch.setattr(numerics, "GPU_REFERENCE", tmp_path)
-    assert "no GPU reference run is recorded" in wu.gpu_reference_speedup()
+    monkeypatch.setattr(gpu_records, "GPU_RECORDS", tmp_path)
+    assert "no GPU run of resnet18 in bf16 is recorded" in wu.gpu_reference_speedup()
     env = {"device_name": "NVIDIA H100 80GB HBM3", "date": "2027-01-02T10:00:00+00:00"}
+    (tmp_path / "gpu_run-x" / "results").mkdir(parents=True)
+    (tmp_path / "gpu_run-x" / "gpu_run.json").write_text(json.dumps({"kind": "gpu_run", "profile": "gpu",
+                                                                      "environment": env, "created": "2027-01-02"}))
     for mode, speed in (("fp32", 1000.0), ("bf16", 3100.0)):
-        (tmp_path / f"resnet18-{mode}-cl.json").write_text(json.dumps({"metrics": {"samples_per_s": speed},
-                                                                      "environment": env}))
-    assert wu.gpu_reference_speedup() == ("on a GPU, resnet18 bf16 ran 3.10x fp32 in the kit's reference run "
-                                          "(NVIDIA H100 80GB HBM3, 2027-01-02, results/reference/gpu/)")
+        (tmp_path / "gpu_run-x" / "results" / f"resnet18-{mode}-cl.json").write_text(json.dumps(
+            {"metrics": {"samples_per_s": speed}, "environment": env}))
+    assert wu.gpu_reference_speedup() == ("on one H100 80GB HBM3, 2027-01-02, notebook 03's gpu profile ran resnet18 "
+                                          "in bf16 at 3.10x fp32's samples/s (results/reference/gpu/)")
 
 
 @pytest.mark.parametrize("kind, bf16_rung", [("avx2", False), ("avx512-bf16", True)])

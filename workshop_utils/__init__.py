@@ -186,6 +186,10 @@ _MODULES = {
         "load_text",
         "make_token_loader", "read_token_shards", "stdlib_corpus", "unigram_entropy", "write_token_shard",
     ),
+    "system.gpu_records": (
+        "GpuFigure", "check_figures", "gpt_mfu_sentence", "gpt_throughput_figures", "gpu_training_record",
+        "notebook_seconds", "precision_sentence", "simplecnn_sentence",
+    ),
     "spine.timing": (
         "RegionTimer", "StepTimer", "Timings", "init_cuda", "peak_memory_mib", "profiler", "time_repeats",
     ),

@@ -87,7 +87,7 @@ def check_precisions(ctx: Context) -> str:
             if mfu is not None and not 0 < mfu <= 1:
                 raise Failed(f"{precision}: MFU {mfu} is outside (0, 1]")
         parts.append(f"{precision} loss {loss:.2f}, {result.metrics['samples_per_s']:,.0f} samples/s")
-    return "SimpleCNN, 6 steps each: " + "; ".join(parts)
+    return f"SimpleCNN, batch {ctx.config().batch_size}, 6 steps each: " + "; ".join(parts)
 
 
 def check_grad_scaler(ctx: Context) -> str:

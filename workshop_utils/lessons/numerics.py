@@ -20,10 +20,8 @@ with ``precision.autocast``; real training always goes through ``trainer.train``
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -34,6 +32,7 @@ from torch import nn
 
 from ..spine.data import CifarData, make_loader
 from ..system.errors import WorkshopError
+from ..system.gpu_records import precision_sentence
 from ..system.hardware import PRECISIONS, check_precision
 from ..spine.timing import time_repeats
 from ..spine.precision import autocast, emulated_on_cpu
@@ -428,20 +427,9 @@ def precision_configs(base, modes=PRECISIONS, cpu_emulated_steps: int = 2) -> li
 # it work; no ResNet-18 step, which takes minutes emulated.
 EMULATED_STEPS = {"simplecnn": 2, "resnet18": 0, "gpt": 2}
 PROBE_TEST_SIZE = 64
-GPU_REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "gpu" / "results"
-
-
 def gpu_reference_speedup(model: str = "resnet18", mode: str = "bf16") -> str:
-    """What a GPU shows for ``mode`` over fp32, from the kit's own GPU reference run, labelled; or that there is none."""
-    try:
-        fast, fp32 = (json.loads((GPU_REFERENCE / f"{model}-{m}-cl.json").read_text()) for m in (mode, "fp32"))
-        ratio = fast["metrics"]["samples_per_s"] / fp32["metrics"]["samples_per_s"]
-        env = fast["environment"]
-        return (f"on a GPU, {model} {mode} ran {ratio:.2f}x fp32 in the kit's reference run "
-                f"({env['device_name']}, {env['date'][:10]}, results/reference/gpu/)")
-    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
-        return (f"no GPU reference run is recorded in this kit yet (results/reference/gpu/), so there is no measured "
-                f"GPU figure for {mode} to show here")
+    """What a GPU measured for ``mode`` against fp32 on ``model``, with the GPU and date; or that nothing was."""
+    return precision_sentence(model, mode)
 
 
 def precision_plan(base, modes_by_model: dict, emulated_steps: dict | None = None) -> list:
@@ -456,11 +444,12 @@ def precision_plan(base, modes_by_model: dict, emulated_steps: dict | None = Non
     for model, modes in modes_by_model.items():
         configs += precision_configs(base.replace(model=model), modes, cpu_emulated_steps=steps.get(model, 0))
     planned = {(c.model, c.precision): c.max_steps for c in configs}
-    cut = sorted({mode for model, modes in modes_by_model.items() for mode in modes
-                  if planned.get((model, mode)) != base.max_steps})
+    cut = sorted({(model, mode) for model, modes in modes_by_model.items() for mode in modes
+                  if planned.get((model, mode)) != base.max_steps}, key=lambda pair: (pair[1] != "bf16", pair))
     if cut:
-        print(f"Cut short or skipped on this CPU: {', '.join(cut)}; "
-              + gpu_reference_speedup(mode="bf16" if "bf16" in cut else cut[0]) + ".")
+        model, mode = cut[0]  # bf16 first: the mode a GPU run of the kit measures on every model
+        print(f"Cut short or skipped on this CPU: {', '.join(sorted({m for _, m in cut}))}; "
+              + gpu_reference_speedup(model, mode) + ".")
     return configs
 
 
