@@ -8,6 +8,7 @@
 #   make wheelhouse PY_VERSION=3.12   on a login node: every wheel the kit needs, into wheelhouse/
 #   make install-offline              on the node: .venv from wheelhouse/ alone; then make run / make test
 #   make gpu-check                    on a GPU node: every GPU-only path once, in at most 5 minutes
+#   make gpu-run                      on a GPU node: the GPU check and every notebook's gpu profile, in at most 8 minutes
 # A class on the portal:
 #   make classroom N=4                N attendees at once on a real JupyterHub, each server limited (docs/portal.md)
 PYTHON ?= python3
@@ -67,8 +68,11 @@ clean-venv:
 # WHEELHOUSE: the wheel folder, on a file system both the login node and the compute nodes see.
 # PY_VERSION, PLATFORM: the compute node's Python (e.g. 3.12) and, when it differs from the login
 #   node's, its platform tag (e.g. manylinux_2_28_aarch64); empty means this machine's.
-# WITH_TORCH=no: the node's image already holds torch and torchvision; they are not downloaded, and
-#   install-offline with SYSTEM_SITE_PACKAGES=yes reuses the image's.
+# WITH_TORCH=no: the node's image already holds PyTorch; install-offline with SYSTEM_SITE_PACKAGES=yes reuses it.
+#   The folder then holds only what that image lacks, as pip decides against IMAGE_PYTHON (the image's python3:
+#   run make on a login node with the same image, or name it; default PYTHON). Measured for Python 3.12, EXTRAS=none:
+#   1.4 MB (1.38 MiB) for an image that lacks only webdataset and braceexpand (with setuptools and the kit's own
+#   wheel), 77 MB (73 MiB) for an image with nothing but PyTorch.
 # EXTRAS: test (what make test needs, the default), notebooks (make run only) or none (the package alone: make gpu-check).
 WHEELHOUSE ?= wheelhouse
 PY_VERSION ?=
@@ -76,6 +80,7 @@ PLATFORM ?=
 WITH_TORCH ?= yes
 EXTRAS ?= test
 SYSTEM_SITE_PACKAGES ?= no
+IMAGE_PYTHON ?= $(PYTHON)
 comma := ,
 SKIP_PACKAGES = $(if $(filter no,$(WITH_TORCH)),torch$(comma)torchvision)
 
@@ -99,13 +104,32 @@ print("setuptools>=64")
 endef
 export REQUIREMENTS_PY
 
-# The site-packages of $(PYTHON) when it runs inside a virtual environment, written as a .pth file into the new one.
+# Of the requirements in $(2), those $(1) (the image's Python) would have to install, as name==version: pip resolves
+# them against what that Python has (a dry run: nothing is installed), so its dependencies come along only if missing.
+define MISSING_PY
+import json, os, subprocess, sys
+python, requirements = sys.argv[1], sys.argv[2]
+done = subprocess.run([*python.split(), "-m", "pip", "install", "--dry-run", "--quiet", "--only-binary=:all:",
+                       "--disable-pip-version-check", "--report", "-", "-r", requirements], capture_output=True, text=True,
+                      env={**os.environ, "PIP_BREAK_SYSTEM_PACKAGES": "1"})  # a dry run changes no system Python
+if done.returncode:
+    sys.exit(f"error: {python} -m pip could not resolve {requirements}: {done.stderr.strip().splitlines()[-1:]}. "
+             "Fix: name the node image's Python with IMAGE_PYTHON=..., one with pip and an index to ask.")
+for item in json.loads(done.stdout)["install"]:
+    print(f"{item['metadata']['name']}=={item['metadata']['version']}")
+print("setuptools>=64")  # the editable install's build backend, fetched into its isolated build environment
+endef
+export MISSING_PY
+
+# The site-packages of $(PYTHON) when it runs inside a virtual environment, written as a .pth file into the new one:
+# site.addsitedir lines, so that the .pth files inside those folders are processed too (plain folder lines are not).
 define PARENT_SITE_PY
 import pathlib, site, subprocess, sys
 if sys.prefix != sys.base_prefix:
     target = subprocess.run([sys.argv[1] + "/bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                             capture_output=True, text=True, check=True).stdout.strip()
-    pathlib.Path(target, "_image_site_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    pathlib.Path(target, "_image_site_packages.pth").write_text(
+        "".join(f"import site; site.addsitedir({folder!r})\n" for folder in site.getsitepackages()))
     print("The image's Python is a virtual environment: its packages are visible from " + sys.argv[1])
 endef
 export PARENT_SITE_PY
@@ -114,10 +138,13 @@ wheelhouse:
 	@mkdir -p $(WHEELHOUSE)
 	$(PYTHON) -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir $(WHEELHOUSE) .
 	$(PYTHON) -c "$$REQUIREMENTS_PY" $(WHEELHOUSE) $(EXTRAS) "$(SKIP_PACKAGES)" > $(WHEELHOUSE)/requirements.txt
-	@echo "Downloading wheels for Python $(or $(PY_VERSION),of this machine) on $(or $(PLATFORM),this machine's platform)$(if $(SKIP_PACKAGES), without $(SKIP_PACKAGES)) into $(WHEELHOUSE)/"
+	$(if $(SKIP_PACKAGES),$(PYTHON) -c "$$MISSING_PY" "$(IMAGE_PYTHON)" $(WHEELHOUSE)/requirements.txt > $(WHEELHOUSE)/missing.txt \
+		&& echo "What $(IMAGE_PYTHON) lacks of the kit's requirements:" && cat $(WHEELHOUSE)/missing.txt)
+	@echo "Downloading wheels for Python $(or $(PY_VERSION),of this machine) on $(or $(PLATFORM),this machine's platform)$(if $(SKIP_PACKAGES), without $(SKIP_PACKAGES) or what $(IMAGE_PYTHON) has) into $(WHEELHOUSE)/"
 	$(PYTHON) -m pip download --disable-pip-version-check --only-binary=:all: --dest $(WHEELHOUSE) \
 		$(if $(PY_VERSION),--python-version $(PY_VERSION)) $(if $(PLATFORM),--platform $(PLATFORM)) \
-		-r $(WHEELHOUSE)/requirements.txt
+		$(if $(SKIP_PACKAGES),--no-deps -r $(WHEELHOUSE)/missing.txt,-r $(WHEELHOUSE)/requirements.txt)
+	@du -sh $(WHEELHOUSE) | sed 's/\t.*/ in the wheel folder/'
 	@echo "Done: copy or keep $(WHEELHOUSE)/ next to this checkout, then on the compute node: make install-offline$(if $(SKIP_PACKAGES), SYSTEM_SITE_PACKAGES=yes)"
 
 # Never reaches for the network: pip sees only $(WHEELHOUSE). The checkout is installed editable, as
@@ -135,14 +162,23 @@ install-offline:
 		$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "HPC DL workshop" >/dev/null; fi
 	touch $(STAMP)
 
-# ---------------------------------------------------------------- the GPU check
-# Every GPU-only code path once, small, within 5 minutes on one GPU (python -m workshop_utils.gpu_check --help).
-# On a GPU node without internet, from wheels made beforehand on a machine with it:
-#   make wheelhouse WITH_TORCH=no EXTRAS=none PY_VERSION=3.12     (the node's Python; about 60 MB)
-#   make install-offline SYSTEM_SITE_PACKAGES=yes EXTRAS=none && make gpu-check
-.PHONY: gpu-check
+# ---------------------------------------------------------------- the GPU check and the GPU run
+# gpu-check: every GPU-only code path once, small, within 5 minutes on one GPU (python -m workshop_utils.gpu_check --help).
+# gpu-run: those paths, the two-GPU paths' code in process groups of one, then notebooks 01-05 end to end at their gpu
+#   profile, within 8 minutes on one H100 (the notebooks' share is an estimate until measured); --reference keeps the
+#   record in results/reference/gpu/. gpu-variants: GPT-2 small's throughput, each change against the previous one.
+# On a GPU node without internet, from wheels made beforehand on a machine with the node's image:
+#   make wheelhouse WITH_TORCH=no EXTRAS=none PY_VERSION=3.12 IMAGE_PYTHON=/path/to/the/image/python3   (1.4 MB)
+#   make install-offline SYSTEM_SITE_PACKAGES=yes EXTRAS=none && make gpu-run
+.PHONY: gpu-check gpu-run gpu-variants
 gpu-check: $(STAMP)
 	$(PY) -m workshop_utils.gpu_check $(GPU_CHECK_FLAGS)
+
+gpu-run: $(STAMP)
+	$(PY) -m workshop_utils.gpu_check --notebooks --reference $(GPU_CHECK_FLAGS)
+
+gpu-variants: $(STAMP)
+	$(PY) benchmarks/gpt_variants.py --profile gpu --reference $(GPU_VARIANTS_FLAGS)
 
 # ---------------------------------------------------------------- attendees' notebooks
 # The copies attendees get: each exercise's solution replaced by its placeholder, outputs cleared,

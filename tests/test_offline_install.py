@@ -102,26 +102,35 @@ def _run(command: list[str], cwd: Path, env: dict, timeout: int = 300) -> subpro
 
 
 @pytest.mark.slow
-def test_wheelhouse_without_torch_holds_the_kit_and_every_other_dependency(tmp_path):
+def test_wheelhouse_for_an_image_with_pytorch_holds_only_what_the_image_lacks(tmp_path):
+    """A node image with PyTorch lacked webdataset and braceexpand alone, yet the folder held every dependency but
+    PyTorch (73 MB), more than a short GPU slot may carry with the kit (64 MiB)."""
     checkout = _checkout_copy(tmp_path / "checkout")
     index = tmp_path / "stand-in-index"
     index.mkdir()
     _wheel_of_installed("setuptools", index)  # builds the kit's own wheel
-    expected = _kit_requirements({"test"}, skip=set())
-    assert {"torch", "torchvision", "numpy", "papermill", "pytest"} <= expected
-    for name in expected:
-        _write_wheel(index, name, "99.0", {})
+    expected = _kit_requirements(set(), skip=set())
+    assert {"torch", "torchvision", "numpy", "webdataset"} <= expected
+    for name in expected:  # webdataset needs braceexpand, as the real one does
+        _write_wheel(index, name, "99.0", {}, "Requires-Dist: braceexpand\n" if name == "webdataset" else "")
+    _write_wheel(index, "braceexpand", "99.0", {})
+    login = {**NO_INDEX, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)}  # the login node's index
+    image = tmp_path / "image"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(image)], check=True)
 
-    _run(["make", "wheelhouse", f"PYTHON={sys.executable}", "WHEELHOUSE=wheels", "WITH_TORCH=no",
-          f"PY_VERSION={sys.version_info.major}.{sys.version_info.minor}"],
-         checkout, {**NO_INDEX, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)})  # the login node's index
+    def wheelhouse(folder: str) -> set[str]:
+        _run(["make", "wheelhouse", f"PYTHON={sys.executable}", f"WHEELHOUSE={folder}", "WITH_TORCH=no", "EXTRAS=none",
+              f"IMAGE_PYTHON={image / 'bin' / 'python'}", f"PY_VERSION={sys.version_info.major}.{sys.version_info.minor}"],
+             checkout, login)
+        return {_normal(p.name.split("-")[0]) for p in (checkout / folder).glob("*.whl")}
 
-    wheels = checkout / "wheels"
-    listed = {_requirement_name(line) for line in (wheels / "requirements.txt").read_text().splitlines()}
-    assert listed == (expected - {"torch", "torchvision"}) | {"setuptools"}
-    downloaded = {_normal(p.name.split("-")[0]) for p in wheels.glob("*.whl")}
-    assert downloaded == listed | {"workshop-utils"}, "the kit's own wheel and exactly its requirements"
-    assert not list(wheels.glob("torch*")), "WITH_TORCH=no must not download PyTorch"
+    # An image with nothing of the kit's: every requirement but PyTorch, with what they need.
+    assert wheelhouse("bare") == (expected - {"torch", "torchvision"}) | {"braceexpand", "setuptools", "workshop-utils"}
+    # An image with PyTorch and everything else but webdataset: webdataset and braceexpand, the build backend, the kit.
+    image_has = sorted((expected - {"webdataset"}) | {"setuptools"})
+    _run([str(image / "bin" / "python"), "-m", "pip", "install", "--isolated", "--no-index", "--find-links", str(index),
+          *image_has], tmp_path, {**NO_INDEX, "PIP_CONFIG_FILE": os.devnull})  # the image's own choice: no site pins
+    assert wheelhouse("lacking") == {"webdataset", "braceexpand", "setuptools", "workshop-utils"}
 
 
 @pytest.mark.slow
@@ -186,3 +195,11 @@ def test_install_offline_on_an_image_whose_python_is_itself_a_virtual_environmen
     kit, torch_file = json.loads(subprocess.run([node / "bin" / "python", "-c", probe], capture_output=True,
                                                 text=True, check=True, cwd=tmp_path).stdout)
     assert Path(kit).is_relative_to(checkout) and Path(torch_file).is_relative_to(sys.prefix)
+    # addsitedir, not a folder a line: the .pth files in the image's folders (its editable installs) are processed too
+    pth = next(node.glob("lib/python3*/site-packages/_image_site_packages.pth")).read_text().splitlines()
+    assert pth and all(line.startswith("import site; site.addsitedir(") for line in pth)
+    image_pth = sorted(Path(sysconfig.get_paths()["purelib"]).glob("*.pth"))
+    processed = subprocess.run([node / "bin" / "python", "-c", "import sys; print(sorted(sys.modules))"],
+                               capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    finders = [p.read_text().split()[1].rstrip(";") for p in image_pth if p.read_text().startswith("import __editable__")]
+    assert all(finder in processed for finder in finders), "the image's own .pth files were not processed"
