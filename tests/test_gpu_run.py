@@ -26,7 +26,7 @@ def _notebook(path: Path, *sources: str, parameters: str = 'profile = "auto"\nru
 def test_cells_run_as_a_kernel_runs_them_and_the_first_error_stops_the_notebook(tmp_path, capsys):
     source = _notebook(
         tmp_path / "01_demo.ipynb",
-        "print('profile is', profile)",
+        "def twice(x):\n    return 2 * x\n\nimport inspect\nprint(inspect.getsource(twice).splitlines()[0], profile)",
         "41 + 1",  # a last bare expression is shown
         "x = 3\nx * 2;",  # ... unless the line ends with ;
         "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])",
@@ -38,7 +38,8 @@ def test_cells_run_as_a_kernel_runs_them_and_the_first_error_stops_the_notebook(
     cells = [c for c in json.loads(executed.read_text())["cells"] if c["cell_type"] == "code"]
     assert "injected-parameters" in cells[1]["metadata"]["tags"] and "profile = 'gpu'" in cells[1]["source"]
     outputs = {c["execution_count"]: c["outputs"] for c in cells if c["execution_count"]}
-    assert outputs[3] == [{"output_type": "stream", "name": "stdout", "text": "profile is gpu\n"}]
+    # a function a cell defines has its source, as in a kernel (a check sends it to other processes)
+    assert outputs[3] == [{"output_type": "stream", "name": "stdout", "text": "def twice(x): gpu\n"}]
     assert outputs[4][0]["output_type"] == "execute_result" and outputs[4][0]["data"]["text/plain"] == "42"
     assert outputs[5] == []
     assert [o["output_type"] for o in outputs[6]] == ["execute_result", "display_data"]  # the line's value, the figure
@@ -48,7 +49,7 @@ def test_cells_run_as_a_kernel_runs_them_and_the_first_error_stops_the_notebook(
     assert outputs[8][-1]["output_type"] == "error" and outputs[8][-1]["ename"] == "ValueError"
     assert cells[-1]["execution_count"] is None  # not run after the error
     assert outcome["failed_cell"] == 8 and outcome["error"] == "ValueError: the cell broke"
-    assert "profile is gpu" in capsys.readouterr().out  # passed on to the console as it runs
+    assert "def twice(x): gpu" in capsys.readouterr().out  # passed on to the console as it runs
 
 
 def _paths():

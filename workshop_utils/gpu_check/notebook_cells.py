@@ -20,6 +20,7 @@ import base64
 import contextlib
 import io
 import json
+import linecache
 import os
 import sys
 import time
@@ -85,15 +86,21 @@ def _figures(outputs: list) -> None:
 
 
 def _run_cell(source: str, namespace: dict, number: int, outputs: list) -> None:
-    """``source`` as a kernel runs it: every statement, then the value of a last bare expression (not after ``;``)."""
-    tree = ast.parse(source, f"<cell {number}>")
+    """``source`` as a kernel runs it: every statement, then the value of a last bare expression (not after ``;``).
+
+    Its text goes into ``linecache`` under the cell's name, as IPython does, so that ``inspect.getsource`` reads a
+    function the cell defines (a check that sends an attendee's function to other processes needs its source).
+    """
+    name = f"<cell {number}>"
+    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+    tree = ast.parse(source, name)
     last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     shown = last is not None and not source.rstrip().endswith(";")
     if shown:
         tree.body.pop()
-    exec(compile(tree, f"<cell {number}>", "exec"), namespace)
+    exec(compile(tree, name, "exec"), namespace)
     if shown:
-        value = eval(compile(ast.Expression(last.value), f"<cell {number}>", "eval"), namespace)
+        value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
         if value is not None:
             outputs.append({"output_type": "execute_result", "execution_count": number, "metadata": {},
                             "data": _bundle(value)})
