@@ -288,7 +288,7 @@ def test_deterministic_runs_restore_the_global_settings(tiny_data):
 
 
 def test_profiler_noise_from_native_code_is_kept_out_of_the_cell(capfd):
-    from workshop_utils.lessons.profiling import native_noise_filtered
+    from workshop_utils.spine.timing import native_noise_filtered
 
     with native_noise_filtered():
         os.write(2, b"ERROR: 1 (pid) gpuGetDeviceCount failed with code 35\n")

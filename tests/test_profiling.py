@@ -40,7 +40,11 @@ def test_top_ops_ranks_real_operators_by_self_time(profiled):
 
 def test_profile_run_trains_exactly_the_scheduled_steps_and_measures_each(profiled):
     assert profiled.result.metrics["steps"] == 4
-    assert profiled.step_memory["step"].tolist() == [1, 2, 3, 4]
+    # the kept steps (after 1 skipped and 1 warm-up), each with the tensors' peak the profiler counted: a step
+    # frees what it allocates, so the peaks are equal (the process's resident size grows under the profiler)
+    assert profiled.step_memory["step"].tolist() == [3, 4]
+    peaks = profiled.step_memory["tensor_peak_mib"]
+    assert (peaks > 0).all() and peaks.max() - peaks.min() < 0.01 * peaks.max()
 
 
 def test_profile_rejects_an_empty_schedule(tiny_data, tmp_path):

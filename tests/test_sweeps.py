@@ -42,7 +42,9 @@ def test_dataloader_sweep_caps_workers_and_skips_pinning_on_cpu(tiny_data, capsy
 
 def test_batch_size_sweep_reports_out_of_memory_instead_of_crashing(tiny_data):
     table = wu.batch_size_sweep(_config(), tiny_data, start=32, largest=128, memory_cap_mib=1e-3)
-    assert table["status"].tolist() == ["out of memory at batch 32"]  # and the sweep stopped there
+    # a cap, not the device, stopped it, and the row says so; the sweep stopped there
+    assert table["status"].tolist() == ["over the 0.001 MiB memory cap at batch 32"]
+    assert wu.stopped_by_memory(table["status"][0])
     assert "memory cap" in table["detail"][0]
 
 

@@ -64,7 +64,7 @@ _MODULES = {
         "RankFailed", "RankFailure", "RootCause", "record_failure", "record_failures", "root_cause",
     ),
     "parallel.dist_checkpoint": (
-        "checkpoint_stall", "full_parameter_checksum", "load_into_one_process", "sharded_round_trip",
+        "checkpoint_stall", "full_parameter_checksum", "load_into_one_process", "sharded_round_trip", "stall_summary",
     ),
     "spine.distributed": (
         "DistInfo", "all_reduce_sum", "collective_device", "gpu_for_local_rank", "rank_device", "read_dist_env",
@@ -102,7 +102,7 @@ _MODULES = {
         "parameter_checksum", "resnet18_cifar", "state_checksum", "unwrap",
     ),
     "lessons.monitor": (
-        "DeviceMonitor", "StepMemory", "monitor_verdict", "plot_monitor",
+        "DeviceMonitor", "StepMemory", "monitor_verdict", "plot_monitor", "stopped_by_memory",
     ),
     "lessons.numerics": (
         "NonFinite", "accuracy_parity", "autocast_dtypes", "capture_gradients", "check_fp8", "dtype_summary",
@@ -112,7 +112,7 @@ _MODULES = {
         "precision_configs", "precision_plan", "gpu_reference_speedup", "smallest_subnormal", "training_batches", "underflow_table",
     ),
     "lessons.precision_sweep": (
-        "plot_precision_batch_sweep", "precision_batch_sweep", "speedup_by_batch",
+        "plot_precision_batch_sweep", "precision_batch_sweep", "speedup_by_batch", "step_memory",
     ),
     "parallel.overlap": (
         "measure_overlap", "overlap_sentence", "overlap_table", "plot_overlap",
@@ -136,8 +136,8 @@ _MODULES = {
         "notebook_profiles", "pick_settings", "profile_choice", "resolve_profile",
     ),
     "lessons.profiling": (
-        "ProfileRun", "attention_kernels", "native_noise_filtered", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown",
-        "profile_rungs", "profile_training", "step_breakdown", "top_ops",
+        "ProfileRun", "attention_kernels", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown",
+        "profile_rungs", "profile_training", "step_breakdown", "tensor_memory_by_step", "top_ops",
     ),
     "lessons.slurm_exercises": (
         "JOB_SCRIPT", "array_tasks", "check_array_sweep", "check_job_script", "check_job_usage", "fill_job_script",
@@ -191,7 +191,8 @@ _MODULES = {
         "notebook_seconds", "precision_sentence", "simplecnn_sentence",
     ),
     "spine.timing": (
-        "RegionTimer", "StepTimer", "Timings", "init_cuda", "peak_memory_mib", "profiler", "time_repeats",
+        "RegionTimer", "StepTimer", "Timings", "init_cuda", "native_noise_filtered", "peak_memory_mib", "profiler",
+        "step_peak_mib", "time_repeats",
     ),
     "spine.trainer": (
         "InjectedFailure", "RunResult", "build_optimizer", "deterministic_kernels", "evaluate", "train",

@@ -216,12 +216,22 @@ def settle_text(text: str) -> str:
     return _OVERWRITTEN.sub("", text.replace("\r\n", "\n"))
 
 
+def _blank(output) -> bool:
+    """A stream left empty, or a display with nothing but empty text (a progress bar's line once it closed)."""
+    if output.get("output_type") == "stream":
+        return not output["text"].strip()
+    data = output.get("data") or {}
+    return output.get("output_type") == "display_data" and set(data) <= {"text/plain"} and \
+        not str(data.get("text/plain", "")).strip()
+
+
 def settle_streams(path: Path) -> None:
     """Keep in an executed copy what a notebook front end shows: a progress bar's refreshes end as its last state.
 
     papermill saves each refresh of a bar as an output of its own, so a saved or shared copy (GitHub,
     nbviewer, runs/.../notebooks/) would show every one as a line. Adjacent outputs of one stream are joined
-    (order against tables and charts kept), the text settled, and what is left blank dropped.
+    (order against tables and charts kept), the text settled, and what is left blank dropped, with the empty
+    line a closed progress bar leaves in a kernel (``system.progress``).
     """
     import nbformat
 
@@ -239,7 +249,7 @@ def settle_streams(path: Path) -> None:
             if output.get("output_type") == "stream":
                 output["text"] = settle_text(output["text"])
         if "outputs" in cell:
-            cell["outputs"] = [o for o in outputs if o.get("output_type") != "stream" or o["text"].strip()]
+            cell["outputs"] = [o for o in outputs if not _blank(o)]
     nbformat.write(notebook, path)
 
 

@@ -41,6 +41,7 @@ class StepMemory:
     def __init__(self, device: torch.device | str | None = None, limit_mib: float | None = None):
         self.device = pick_device(device) if not isinstance(device, torch.device) else device
         self.limit_mib = limit_mib
+        self.over_cap = False  # whether a step went over limit_mib: the stop was the cap's, not the device's
         self.peaks: list[tuple[int, float]] = []
         self.cuda = self.device.type == "cuda"
         reset_peak_memory(self.device)
@@ -59,8 +60,15 @@ class StepMemory:
         peak = self._peak_and_reset()
         self.peaks.append((step, peak))
         if self.limit_mib is not None and peak > self.limit_mib:
+            self.over_cap = True
             raise torch.OutOfMemoryError(
                 f"step {step} needed {peak:,.0f} MiB, more than the {self.limit_mib:,.0f} MiB memory cap")
+
+    def stop_status(self, batch_size: int) -> str:
+        """The row's status for a run this probe watched that ran out of memory: the cap's, or the device's own."""
+        if self.over_cap:
+            return f"over the {self.limit_mib:,g} MiB memory cap at batch {batch_size}"
+        return f"out of memory at batch {batch_size}"
 
     @property
     def max_mib(self) -> float | None:
@@ -68,6 +76,15 @@ class StepMemory:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.peaks, columns=["step", "peak_memory_mib"])
+
+
+MEMORY_STOPS = ("out of memory", "over the")  # how a sweep's status starts when memory ended it: the device, a cap
+
+
+def stopped_by_memory(status) -> bool:
+    """Whether a sweep row's ``status`` says memory ended it: the device's own ("out of memory at batch B") or a
+    cap standing in for it ("over the 600 MiB memory cap at batch B")."""
+    return str(status).startswith(MEMORY_STOPS)
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -166,12 +166,15 @@ def training_batches(data: CifarData, batch_size: int, device: torch.device, ste
 
 
 def grad_scaler_trace(model: nn.Module, batches, device: torch.device, init_scale: float = 2.0**16,
-                      growth_interval: int = 2, lr: float = 0.01) -> pd.DataFrame:
+                      growth_interval: int = 2, lr: float = 1e-3) -> pd.DataFrame:
     """Train ``model`` in fp16 on ``batches`` and record the GradScaler's scale at every step.
 
     To show both of its moves in a few steps, pass an ``init_scale`` large enough for the
     first scaled gradients to overflow (the step is skipped and the scale halved); the scale
-    grows again after ``growth_interval`` clean steps (PyTorch's default is 2000).
+    grows again after ``growth_interval`` clean steps (PyTorch's default is 2000). The small
+    learning rate keeps the gradients near the size the start was derived from: with a larger
+    one a fresh model's gradients grow step after step, every few steps overflow again and the
+    scale only falls, so the trace would never show a growth.
     """
     check_precision("fp16", device)
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval)
@@ -203,9 +206,13 @@ def plot_scale_trace(trace: pd.DataFrame):
         ax.step(trace["step"], np.log2(trace["scale"]), where="post", label="scale used at the step")
         ax.plot(skipped["step"], np.log2(skipped["scale"]), "x", color="#D55E00", ms=9, mew=2,
                 label="overflow: step skipped, scale halved")
-        finding = (f"{len(skipped)} of {len(trace)} steps skipped; scale from 2^{np.log2(trace['scale'].iloc[0]):.0f} "
-                   f"to 2^{np.log2(trace['next scale'].iloc[-1]):.0f}") if len(trace) else "no step recorded"
-        ax.set(xlabel="training step", ylabel="loss scale (log2)", title=f"GradScaler: growth and back-off\n{finding}")
+        grew = int((trace["next scale"] > trace["scale"]).sum()) if len(trace) else 0
+        finding = (f"{len(skipped)} of {len(trace)} steps skipped, {grew} growth(s); scale from "
+                   f"2^{np.log2(trace['scale'].iloc[0]):.0f} to 2^{np.log2(trace['next scale'].iloc[-1]):.0f}"
+                   ) if len(trace) else "no step recorded"
+        moves = " and ".join(name for name, seen in (("back-off", len(skipped)), ("growth", grew)) if seen)
+        ax.set(xlabel="training step", ylabel="loss scale (log2)",
+               title=f"GradScaler: {moves or 'no change'}\n{finding}")
         ax.xaxis.get_major_locator().set_params(integer=True)  # steps and powers of two are whole numbers
         ax.yaxis.get_major_locator().set_params(integer=True)
         ax.legend()
@@ -457,7 +464,9 @@ def mode_table(records: list[dict]) -> pd.DataFrame:
     """The comparison of training records that differ in precision: speed, memory, loss, accuracy, speed-ups.
 
     Speed-ups are relative to the strict-fp32 and the tf32 record of the same model
-    (and memory layout); accuracy differences are in percentage points against fp32. A run cut
+    (and memory layout); accuracy differences are in percentage points against fp32. ``step memory MiB`` is
+    the tensor memory of one training step (``step_memory``, added to a record's metrics by the notebook; empty
+    without it): the same measure in every mode, where a run's own peak would not be. A run cut
     short (a mode the CPU only emulates runs two steps) is a speed probe: its accuracy is left
     blank rather than compared with runs that trained longer.
     """
@@ -466,7 +475,7 @@ def mode_table(records: list[dict]) -> pd.DataFrame:
         c, m = record["config"], record["metrics"]
         rows.append({"model": c["model"], "precision": c["precision"], "channels_last": c["channels_last"],
                      "steps": m["steps"], "samples/s": m["samples_per_s"], "step ms (median)": m["step_ms_median"],
-                     "peak memory MiB": m["peak_memory_mib"], "final train loss": m["final_train_loss"],
+                     "step memory MiB": m.get("step_memory_mib"), "final train loss": m["final_train_loss"],
                      "test acc %": None if m["final_test_acc"] is None else 100 * m["final_test_acc"]})
         if "tokens_per_s" in m:  # the GPT: its loss is nats per token, its accuracy next-token accuracy
             rows[-1].update({"tokens/s": m["tokens_per_s"], "test loss (nats/token)": m["final_test_loss"],

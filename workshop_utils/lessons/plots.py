@@ -7,11 +7,13 @@ than one line is drawn, and the fixed colour of a precision or a ladder rung whe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
+from .monitor import stopped_by_memory
 from ..system.plotstyle import (PALETTE, PRECISION_COLORS, RUNG_COLORS, STYLE, category_colors,
                                 precision_color, rung_color, style)
 
@@ -137,15 +139,21 @@ def plot_bars(labels, values, ylabel: str, title: str, annotate_fmt: str = "{:,.
     return fig
 
 
+def _memory_stop(status: str) -> str:
+    """What stopped a sweep, said of its batch: "ran out of memory" or "went over the 600 MiB memory cap"."""
+    cap = re.match(r"over (the [\d,.]+ MiB memory cap)", str(status))
+    return f"went over {cap.group(1)}" if cap else "ran out of memory"
+
+
 def plot_batch_sweep(table, title: str = "Batch size: throughput and peak memory"):
-    """Throughput and peak memory against batch size, side by side; a batch that ran out of memory is marked.
+    """Throughput and peak memory against batch size, side by side; the batch memory stopped is marked with why.
 
     ``table`` is what ``batch_size_sweep`` returns (or its report section's rows): ``batch_size``,
     ``status``, ``samples_per_s`` and ``peak_memory_mib`` per row.
     """
     rows = table.to_dict("records") if hasattr(table, "to_dict") else list(table)
     ok = [r for r in rows if r.get("status") == "ok" and r.get("samples_per_s")]
-    failed = [r for r in rows if str(r.get("status", "")).startswith("out of memory")]
+    failed = [r for r in rows if stopped_by_memory(r.get("status", ""))]
     with style():
         fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(11, 3.8))
         sizes = [r["batch_size"] for r in ok]
@@ -158,7 +166,7 @@ def plot_batch_sweep(table, title: str = "Batch size: throughput and peak memory
                     label="peak memory")
         for r in failed:
             ax_mem.plot([r["batch_size"]], [r["peak_memory_mib"] or 0], "X", color=PALETTE[3], markersize=11,
-                        label=f"out of memory at batch {r['batch_size']}")
+                        label=r["status"])
         ax_mem.set(xscale="log", xlabel="batch size (samples per step, log scale)", ylabel="peak memory (MiB)",
                    title="Peak memory", ylim=(0, None))
         for ax in (ax_speed, ax_mem):
@@ -168,7 +176,7 @@ def plot_batch_sweep(table, title: str = "Batch size: throughput and peak memory
         if ok:
             best = max(ok, key=lambda r: r["samples_per_s"])
             finding = f"fastest at batch {best['batch_size']} ({best['samples_per_s']:,.0f} samples/s)"
-            finding += f"; batch {failed[0]['batch_size']} ran out of memory" if failed else \
+            finding += f"; batch {failed[0]['batch_size']} {_memory_stop(failed[0]['status'])}" if failed else \
                 f"; memory grew {ok[-1]['peak_memory_mib'] / ok[0]['peak_memory_mib']:.1f}x" \
                 if ok[0].get("peak_memory_mib") and ok[-1].get("peak_memory_mib") else ""
         else:

@@ -3,10 +3,15 @@
 A comparison of fp32, tf32 and bf16 at one batch size answers for that batch size only.
 At a small batch a step is a handful of short kernels, and the time goes to launching them,
 to Python and to the optimizer: faster arithmetic has little to speed up, and bf16 looks no
-better than fp32. As the batch grows the matrix multiplies dominate, and the tensor-core gain
-appears. ``precision_batch_sweep`` trains the same ``TrainConfig`` once per batch size and
-mode (the one training loop, only ``batch_size`` and ``precision`` changed), so the table and
-``plot_precision_batch_sweep``'s chart show where the gain starts and how large it grows.
+better than fp32. As the batch grows the matrix multiplies dominate, and on a GPU with tensor
+cores the gain is expected to appear (the kit has not swept batch sizes on a GPU yet); a CPU
+without bf16 instructions only emulates bf16, and its gap to fp32 can widen instead.
+``precision_batch_sweep`` trains the same ``TrainConfig`` once per batch size and mode (the one
+training loop, only ``batch_size`` and ``precision`` changed), so the table and
+``plot_precision_batch_sweep``'s chart show what a machine does, batch by batch.
+
+``step_memory`` measures, for one configuration, the tensor memory a training step adds at its
+peak: the same way for every precision mode, whatever ran before in the process.
 
 * A mode that runs out of memory ends its own sweep with a row saying so; the others go on.
 * A mode a CPU only emulates (``precision_configs``) runs its few steps or is skipped, and its
@@ -21,17 +26,60 @@ import pandas as pd
 import torch
 
 from ..spine.data import CifarData
-from ..spine.precision import emulated_on_cpu
-from ..spine.trainer import TrainConfig, train
+from ..spine.losses import forward_loss
+from ..spine.models import TOKEN_MODELS, build_model
+from ..spine.precision import autocast, emulated_on_cpu, grad_scaler
+from ..spine.timing import step_peak_mib
+from ..spine.trainer import TrainConfig, build_optimizer, train
 from ..system.errors import WorkshopError
 from ..system.hardware import pick_device
 from ..system.plotstyle import PALETTE, precision_color, style
-from .monitor import StepMemory, is_out_of_memory, release_failed_run
-from .numerics import precision_configs
+from .monitor import StepMemory, is_out_of_memory, release_failed_run, stopped_by_memory
+from .numerics import precision_configs, training_batches
 from ..system.progress import progress_bar
 
 METRICS = ("steps", "samples_per_s", "step_ms_median", "tflops_per_device", "peak_memory_mib")
 REFERENCES = ("fp32", "tf32")  # speed-ups are against these, at the same batch size, where they were run
+
+
+def step_memory(config: TrainConfig, data) -> dict:
+    """The tensor memory one training step of ``config`` adds at its peak, above its model, optimizer state and batch.
+
+    Measured outside the timed runs, on a fresh model and one batch of ``data`` (images, or text for the GPT), after
+    one step that creates the optimizer's state: activations, gradients and the temporaries of autocast and the
+    loss scaler. Counted as ``step_peak_mib`` counts (the allocator on a GPU, PyTorch's tensor tracker on a CPU), so
+    every precision mode is measured the same way: a run's peak resident memory on a CPU also holds what the
+    process's first runs left behind (the first mode run pays the allocator's growth), which is why the modes are
+    not compared on that. Returns ``step_memory_mib`` and ``step_memory_measure`` (what was counted).
+    """
+    device = pick_device(config.device)
+    text = config.model in TOKEN_MODELS
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, size=config.gpt_size if text else None).to(device)
+    if text:
+        model.use_attention(config.attention)
+        from ..spine.text import first_windows
+
+        inputs, targets = first_windows(data.train_tokens, config.sequence_length, config.batch_size, device)
+    else:
+        inputs, targets = training_batches(data, config.batch_size, device, steps=1, seed=config.seed)[0]
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer, scaler = build_optimizer(config, model), grad_scaler(config.precision, device)
+
+    def one_step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(config.precision, device):
+            loss, _ = forward_loss(model, inputs, targets, text)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    one_step()  # creates the optimizer's state, which every later step starts from
+    optimizer.zero_grad(set_to_none=True)  # each step makes its gradients anew: they count as the step's
+    mib, measure = step_peak_mib(one_step, (model, optimizer, inputs, targets), device)
+    return {"step_memory_mib": mib, "step_memory_measure": f"{measure}, one step above the model, its optimizer "
+                                                            "state and the batch"}
 
 
 def precision_batch_sweep(base: TrainConfig, data: CifarData | None, modes=("fp32", "bf16"),
@@ -88,7 +136,7 @@ def precision_batch_sweep(base: TrainConfig, data: CifarData | None, modes=("fp3
             bar.update()
             if failed is not None:
                 out_of_memory.add(mode)
-                rows.append({**row, "status": f"out of memory at batch {size}",
+                rows.append({**row, "status": probe.stop_status(size) if probe else f"out of memory at batch {size}",
                              "peak_memory_mib": probe.max_mib if probe else None, "detail": failed})
                 release_failed_run(device)
                 continue
@@ -163,7 +211,7 @@ def plot_precision_batch_sweep(table: pd.DataFrame, title: str = "Throughput by 
             if not timed.empty:
                 ax.plot(timed["batch_size"], timed["samples_per_s"].astype(float), "o-", color=color,
                         label=f"{mode} (emulated on this CPU)" if emulated else mode)
-            for _, row in part[part["status"].astype(str).str.startswith("out of memory")].iterrows():
+            for _, row in part[part["status"].map(stopped_by_memory)].iterrows():
                 ax.plot([row["batch_size"]], [0], "X", color=color, markersize=11, clip_on=False,
                         label=f"{mode}: {row['status']}")
         sizes = sorted(set(table["batch_size"]))

@@ -11,7 +11,9 @@ throws away ``warmup`` steps (the profiler's own start-up cost), then keeps
   such traces (GPU time by kernel, idle time and its causes, per rank of a distributed run),
   the maintained tool is Holistic Trace Analysis (``pip install HolisticTraceAnalysis``; the
   kit does not install it);
-* the peak memory of every step (``monitor.StepMemory``).
+* the tensor memory of every kept step (``tensor_memory_by_step``): the bytes the profiler saw allocated and
+  not yet freed, at their peak in each step, counted from its own allocation records. A process's resident size
+  would grow step by step under the profiler, which keeps its records in memory.
 
 ``step_breakdown`` reads the kept steps back as one row: the milliseconds of a step spent in
 each of its named phases (data, forward, backward, optimizer; the trainer names them when
@@ -22,11 +24,7 @@ optimization ladder, which shows what bounds each rung.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +37,7 @@ from ..spine.data import CifarData
 from ..system.errors import WorkshopError
 from ..system.plotstyle import style
 from ..system.hardware import pick_device
-from .monitor import StepMemory
-from ..spine.timing import PHASES, profiler
+from ..spine.timing import PHASES, native_noise_filtered, profiler
 from ..spine.trainer import RunResult, TrainConfig, train
 from .sweeps import Rung, rung_configs, same_as_below
 from ..system.progress import progress_bar
@@ -68,43 +65,13 @@ def _exporter(chrome_trace: Path):
     return export
 
 
-# What the profiler's C++ side prints on a machine whose PyTorch was built with CUDA but has no
-# GPU (Kineto probing for devices, CUPTI, allocator notices): true but irrelevant, and an
-# attendee reads "ERROR" as a failure of their cell.
-_NATIVE_NOISE = re.compile(r"gpuGetDeviceCount|cudaGetDeviceCount|CUPTI|ActivityProfiler|^USDT:|"
-                           r"^\[W\d* [^\]]*Allocator\.cpp", re.IGNORECASE)
-
-
-@contextlib.contextmanager
-def native_noise_filtered(noise: re.Pattern = _NATIVE_NOISE):
-    """Hold back what native libraries write to the process's stderr in the block; replay all but the noise.
-
-    Python's own warnings and prints are untouched where they do not go through file
-    descriptor 2 (a notebook), and replayed in order where they do (a terminal).
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            kept = [line for line in sink.read().decode(errors="replace").splitlines()
-                    if line.strip() and not noise.search(line)]
-            if kept:
-                print("\n".join(kept), file=sys.stderr, flush=True)
-
-
 def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = "profile", wait: int = 1,
                      warmup: int = 1, active: int = 3, detail: bool = True) -> ProfileRun:
     """Train for ``wait + warmup + active`` steps under ``torch.profiler`` and export the Chrome trace.
 
     ``detail`` also records every operator's input shapes and allocations (the memory columns,
-    the trace's shapes), which slows the profiled steps further.
+    the trace's shapes, ``step_memory``), which slows the profiled steps further; without it
+    ``step_memory`` is empty.
     """
     if wait < 0 or warmup < 0 or active <= 0:
         raise WorkshopError(f"Profiler schedule wait={wait}, warmup={warmup}, active={active} is not valid.",
@@ -115,21 +82,45 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     # The profiled steps are also the timed ones, so the record's throughput matches the trace.
     config = config.replace(name=name, max_steps=wait + warmup + active, warmup_steps=wait + warmup, annotate=True)
-    memory = StepMemory(device)
     plan = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     with native_noise_filtered(), profiler(activities=activities, schedule=plan, profile_memory=detail,
                                           on_trace_ready=_exporter(chrome_trace),
                                           record_shapes=detail) as prof:
 
-        def on_step(step: int) -> None:
-            memory(step)
-            prof.step()
-
-        result = train(config, data, on_step=on_step)
+        result = train(config, data, on_step=lambda step: prof.step())
     if not chrome_trace.exists():
         raise WorkshopError(f"The profiler wrote no trace: the run stopped before step {wait + warmup + active}.",
                             "use more training images or a smaller batch size.")
-    return ProfileRun(prof, result, chrome_trace, memory.frame(), device)
+    return ProfileRun(prof, result, chrome_trace, tensor_memory_by_step(prof, device, first_step=wait + warmup + 1),
+                      device)
+
+
+def tensor_memory_by_step(prof, device: torch.device, first_step: int = 1) -> pd.DataFrame:
+    """Per kept step of a profile recorded with ``profile_memory=True``: the step's number (``first_step`` for the
+    first kept one) and ``tensor_peak_mib``, the bytes of tensors the profiler saw allocated on ``device`` and not yet
+    freed, at their peak during the step, counted from the start of the kept steps.
+
+    Every allocation and free is one of the profiler's own records, so the figure is the same on every run and
+    grows only when tensors outlive their step (a leak); the process's resident size, by contrast, grows under the
+    profiler as it keeps its records. Empty when the profile recorded no memory.
+    """
+    from torch.autograd import DeviceType
+
+    kinds = (DeviceType.CUDA,) if torch.device(device).type == "cuda" else (DeviceType.CPU, DeviceType.MKLDNN,
+                                                                            DeviceType.IDEEP)
+    events = list(prof.profiler.kineto_results.events()) if prof.profiler is not None else []
+    steps = sorted((e.start_ns(), e.end_ns()) for e in events if e.name().startswith("ProfilerStep#"))
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() in kinds)
+    rows, held, index = [], 0, 0
+    for number, (start, end) in enumerate(steps, start=first_step):
+        peak = held
+        while index < len(memory) and memory[index][0] <= end:
+            held += memory[index][1]
+            if memory[index][0] >= start:
+                peak = max(peak, held)
+            index += 1
+        rows.append({"step": number, "tensor_peak_mib": peak / 2**20})
+    return pd.DataFrame(rows if memory else [], columns=["step", "tensor_peak_mib"])
 
 
 def top_ops(prof, n: int = 10, device: torch.device | None = None) -> pd.DataFrame:
@@ -282,7 +273,9 @@ def profile_rungs(base: TrainConfig, data: CifarData, rungs: list[Rung], run_dir
         graphs = config.compile and config.compile_mode != "default"
         run = profile_training(config.replace(progress=False), data, run_dir, name=f"{config.name}-profile",
                                wait=0, warmup=max(warmup, 2) if graphs else warmup, active=active, detail=False)
-        rows.append({"rung": rung.label, **step_breakdown(run)})
+        # Samples a step: a rung that changes the batch does more work a step, so steps compare per sample.
+        rows.append({"rung": rung.label, "samples_per_step": config.batch_size * config.accumulation_steps,
+                     **step_breakdown(run)})
     return pd.DataFrame(rows)
 
 

@@ -5,9 +5,10 @@ intermediate tensors alive until backward reaches it: activation memory grows wi
 batch. ``torch.utils.checkpoint.checkpoint`` keeps only each block's *input* and runs the
 block's forward a second time during backward to recreate the rest. The result is exactly the
 same; the price is one extra forward pass per step. A forward pass is about a third of the
-arithmetic of forward plus backward, so expect up to about a third more time per step, less
-where the backward pass takes more than twice the forward's time; ``time_ratio`` is what it
-costs on the machine that ran it.
+arithmetic of forward plus backward, so by arithmetic a step takes about a third longer; measured,
+it usually takes longer still (the recomputed blocks allocate their activations again, and small
+operations pay their fixed cost twice: 1.36x to 1.58x on two CPU cores in the kit's runs).
+``time_ratio`` is what it costs on the machine that ran it.
 
 ``measure_recompute`` trains a stack of transformer-style MLP blocks with and without it and
 reports peak memory, step time and the largest gradient difference (which must be zero);
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..spine.timing import memory_in_use_mib, peak_memory_mib, reset_peak_memory, time_repeats
+from ..spine.timing import step_peak_mib, time_repeats
 
 
 class Block(nn.Module):
@@ -96,7 +97,7 @@ def _compare(build, x, loss_of, steps: int, seed: int, device) -> dict:
         step()  # warms up the allocator; its gradients are the ones compared
         grads[recompute] = [p.grad.detach().clone() for p in model.parameters()]
         model.zero_grad(set_to_none=True)
-        peak, memory_measure = _step_peak_mib(step, model, x, device)
+        peak, memory_measure = step_peak_mib(step, (model, x), device)
         # The two steps above were the warm-up: these are timed back to back (CUDA events on a GPU).
         step_s = time_repeats(step, steps, warmup=0, device=device).median
         rows.append({"activation_checkpointing": recompute, "peak_memory_mib": peak, "step_ms": 1e3 * step_s})
@@ -105,31 +106,3 @@ def _compare(build, x, loss_of, steps: int, seed: int, device) -> dict:
             "time_ratio": table.step_ms.iloc[1] / table.step_ms.iloc[0],
             "gradient_max_abs_difference": max((a - b).abs().max().item() for a, b in zip(grads[False], grads[True])),
             "memory_measure": memory_measure}
-
-
-def _step_peak_mib(step, model, x, device) -> tuple[float, str]:
-    """Peak memory of one ``step`` above what the model and its input hold already, and what was measured.
-
-    On a GPU the caching allocator counts every byte. A CPU has no such counter: the process's
-    resident size also moves with whatever else the process does (other threads, malloc's
-    caching), which once turned a 0.3 ratio into 0.87. So on a CPU PyTorch's own tensor
-    tracker (a dispatch mode that sees every tensor each operator creates and when it is
-    freed) counts the tensors, the same number on every run.
-    """
-    try:  # a private module, but the one PyTorch's own memory estimators are built on (2.4 and later)
-        from torch.distributed._tools.mem_tracker import MemTracker
-    except ImportError:  # a build without torch.distributed
-        MemTracker = None
-    if device.type == "cuda" or MemTracker is None:
-        reset_peak_memory(device)
-        before = memory_in_use_mib(device)
-        step()
-        peak, measure = peak_memory_mib(device)
-        return peak - before, measure
-    tracker = MemTracker()
-    tracker.track_external(model, x)
-    with tracker:
-        step()
-    peak = tracker.get_tracker_snapshot("peak")[device]
-    already_held = sum(p.numel() * p.element_size() for p in model.parameters()) + x.numel() * x.element_size()
-    return (peak["Total"] - already_held) / 2**20, "tensor memory (PyTorch's tensor tracker, peak during the step)"

@@ -8,7 +8,7 @@ saves every run's full record there.
 * ``dataloader_sweep``: ``num_workers`` x ``pin_memory``, with the share of each
   step spent waiting for data and Amdahl's bound on what fixing it could gain.
 * ``batch_size_sweep``: 32, 64, ... until memory runs out; the out-of-memory
-  error is caught and reported, never raised. A memory cap makes this work on CPU.
+  error is caught and reported, never raised. A memory cap stands in for the limit on a CPU, and the row says so.
 * ``climb_ladder``: the cumulative optimization ladder, one switch per rung. A rung that switches
   nothing here is not trained again, and a speed-up that the passes do not agree on is not credited.
 """
@@ -105,9 +105,11 @@ def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, larg
                      memory_cap_mib: float | None = None, run_dir=None) -> pd.DataFrame:
     """Double the batch size from ``start`` until ``largest`` or until memory runs out.
 
-    Out of memory (a real one on the GPU, or passing ``memory_cap_mib`` on any device) ends
-    the sweep with a row "out of memory at batch B" instead of an exception. Peak memory is what
-    the training steps needed above what was in use before the run started.
+    Out of memory ends the sweep with a row instead of an exception: "out of memory at batch B" when the
+    device ran out (a GPU), "over the N MiB memory cap at batch B" when a step needed more than
+    ``memory_cap_mib`` (any device: a CPU, where running out would mean swapping). Peak memory is the
+    run's record's (what its training steps added above the memory in use before its model was built);
+    the row memory stopped has the last reading of the per-step probe that watched it.
     """
     device = pick_device(config.device)
     sizes = [b for b in batch_sizes(start, largest) if b <= len(data.train_labels)]
@@ -118,16 +120,18 @@ def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, larg
     for size in sizes:
         probe = StepMemory(device, limit_mib=memory_cap_mib)
         try:
-            metrics = _metrics(_run(config.replace(name=f"batch-{size}", batch_size=size), data, run_dir,
-                                    on_step=probe))
+            result = _run(config.replace(name=f"batch-{size}", batch_size=size), data, run_dir, on_step=probe)
         except Exception as err:
             if not is_out_of_memory(err):
                 raise
-            rows.append({"batch_size": size, "status": f"out of memory at batch {size}",
+            rows.append({"batch_size": size, "status": probe.stop_status(size),
                          "peak_memory_mib": probe.max_mib, "detail": str(err).splitlines()[0][:160]})
             break
+        metrics = _metrics(result)
         status = "ok" if metrics["samples_per_s"] else "not timed: no step left after warm-up"
-        rows.append({"batch_size": size, "status": status, **metrics, "peak_memory_mib": probe.max_mib})
+        # The run's own peak, as every training record measures it; the probe's per-step reading serves the cap.
+        rows.append({"batch_size": size, "status": status, **metrics,
+                     "peak_memory_mib": result.metrics["peak_memory_mib"]})
     release_failed_run(device)
     return pd.DataFrame(rows)
 

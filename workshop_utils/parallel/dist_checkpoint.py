@@ -7,9 +7,13 @@ shards in parallel (``__<rank>_0.distcp``) and rank 0 adds a small ``.metadata``
 maps every tensor to where its pieces are; on loading, each rank reads just the pieces it
 needs, so a checkpoint saved by 2 ranks loads on 1, 4 or 8 (resharding).
 
-``dcp.save`` blocks training until the bytes are written. ``dcp.async_save`` only copies
-the state to host memory ("staging"), returns a future and writes in a background thread,
-so training continues during the write. ``checkpoint_stall`` measures the difference.
+``dcp.save`` blocks training until the bytes are written. ``dcp.async_save`` blocks while it
+copies the state into new host buffers ("staging"; its first call in a process also starts its
+writer), returns a future and writes in a background thread, so training continues during the
+write (PyTorch's asynchronous-checkpoint recipe: the copy is its main cost; the writer thread
+shares the process with training). It gains where the write takes longer than the copy: large
+states, shared file systems. ``checkpoint_stall`` measures both, save by save, and
+``stall_summary`` says in one sentence what a measurement shows.
 
 Reading is safe: DCP itself unpickles ``.metadata`` with plain ``pickle`` and the non-tensor
 values (the optimizer's hyperparameters) with ``torch.load(weights_only=False)``, either of
@@ -25,6 +29,7 @@ import collections
 import functools
 import io
 import pathlib
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -149,8 +154,11 @@ def checkpoint_stall(folder, model_name: str = "simplecnn", steps: int = 12, eve
                      seed: int = 0, device=None, data_root=None) -> dict:
     """The same training run three times: no checkpoints, ``dcp.save`` every ``every`` steps, ``dcp.async_save``.
 
-    Per mode: the loop's wall time and the time the loop was blocked inside checkpoint calls
-    (for async: staging, plus waiting for the previous save to finish before starting the next).
+    Per mode: the loop's wall time and the time the loop was blocked inside checkpoint calls (for async:
+    staging, plus waiting for the previous save to finish before starting the next), per save and for the
+    first save apart from the later ones (the first ``async_save`` of a process also sets up its writer);
+    for async, how long each background write took after its call returned (``background_write_ms``);
+    and the state's size per rank (what each save copies or writes).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -161,11 +169,11 @@ def checkpoint_stall(folder, model_name: str = "simplecnn", steps: int = 12, eve
     # would interleave and hang both. So it gets a group of its own, gloo, which also serves NCCL jobs.
     group = dist.new_group(backend="gloo")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rows = []
+    rows, state_mib = [], 0.0
     for mode in ("none", "sync", "async"):
         run = _ShardedRun(model_name, seed, device, batch_size, data_root)
         run.step(0)  # warm-up, not timed
-        pending, blocked, saves = None, 0.0, 0
+        pending, blocked, saves, per_save, writes = None, 0.0, 0, [], []
         dist.barrier()
         started = time.perf_counter()
         for step in range(1, steps + 1):
@@ -174,14 +182,20 @@ def checkpoint_stall(folder, model_name: str = "simplecnn", steps: int = 12, eve
                 sync()
                 began = time.perf_counter()
                 target = str(Path(folder) / f"{mode}-step{step}")
+                state = _state(run.model, run.optimizer)
+                state_mib = _local_mib(state)
                 if mode == "sync":
-                    dcp.save(_state(run.model, run.optimizer), checkpoint_id=target)
+                    dcp.save(state, checkpoint_id=target)
                 else:
                     if pending is not None:
                         pending.result()  # one save in flight at a time: host memory for one copy
-                    pending = dcp.async_save(_state(run.model, run.optimizer), checkpoint_id=target,
-                                             process_group=group)
-                blocked += time.perf_counter() - began
+                    pending = dcp.async_save(state, checkpoint_id=target, process_group=group)
+                    writes.append(_finish_time(pending))
+                returned = time.perf_counter()
+                if writes:
+                    writes[-1]["returned"] = returned
+                per_save.append(returned - began)
+                blocked += returned - began
                 saves += 1
         sync()
         loop_s = time.perf_counter() - started
@@ -191,16 +205,89 @@ def checkpoint_stall(folder, model_name: str = "simplecnn", steps: int = 12, eve
             tail_s = time.perf_counter() - began  # the last write, finishing after training
         else:
             tail_s = 0.0
-        timing = torch.tensor([loop_s, blocked, tail_s], dtype=torch.float64, device=device)
+        for write in writes:
+            write["finished"].wait(timeout=60)
+        # each background write's time after its call returned
+        written = [max(0.0, write["done"] - write["returned"]) for write in writes if write["done"] is not None]
+        timing = torch.tensor([loop_s, blocked, tail_s, *per_save, *written], dtype=torch.float64, device=device)
         dist.all_reduce(timing, op=dist.ReduceOp.MAX)  # the job goes at the pace of its slowest rank
+        per_save_ms = [1e3 * t for t in timing[3:3 + len(per_save)].tolist()]
+        written_ms = [1e3 * t for t in timing[3 + len(per_save):].tolist()]
         rows.append({"mode": mode, "saves": saves, "loop_s": timing[0].item(), "blocked_s": timing[1].item(),
                      "blocked_ms_per_save": 1e3 * timing[1].item() / saves if saves else 0.0,
+                     "first_save_blocked_ms": per_save_ms[0] if per_save_ms else None,
+                     "later_saves_blocked_ms": (sum(per_save_ms[1:]) / len(per_save_ms[1:])
+                                                if len(per_save_ms) > 1 else None),
+                     "background_write_ms": sum(written_ms) / len(written_ms) if written_ms else None,
                      "write_after_loop_s": timing[2].item()})
     baseline = rows[0]["loop_s"]
     for row in rows:
         row["slowdown_s"] = row["loop_s"] - baseline
     return {"kind": "checkpoint_stall", "model": model_name, "world_size": dist.get_world_size(), "steps": steps,
-            "every": every, "rows": rows}
+            "every": every, "state_mib_per_rank": state_mib, "rows": rows}
+
+
+def _local_mib(state) -> float:
+    """The bytes of this rank's tensors in a (possibly sharded) state dict, in MiB: what one save copies or writes."""
+    total = 0
+    stack = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, torch.Tensor):
+            local = item.to_local() if hasattr(item, "to_local") else item
+            total += local.numel() * local.element_size()
+    return total / 2**20
+
+
+def _finish_time(future) -> dict:
+    """A dict that gets ``done``, the time ``future`` finished, set by the thread that finishes it; ``finished`` is
+    set then (a future's waiters can wake before its callbacks have run)."""
+    stamp = {"done": None, "finished": threading.Event()}
+
+    def finished(_):
+        stamp["done"] = time.perf_counter()
+        stamp["finished"].set()
+
+    future.add_done_callback(finished)
+    return stamp
+
+
+def stall_summary(record: dict) -> str:
+    """What a ``checkpoint_stall`` measurement shows, in two or three sentences, from its numbers alone."""
+    rows = {row["mode"]: row for row in record.get("rows", [])}
+    sync, async_ = rows.get("sync"), rows.get("async")
+    if not sync or not async_ or not sync.get("saves") or not async_.get("saves"):
+        return "No save was timed in both modes: nothing to compare."
+
+    def later(row):  # a save after the first: both modes' first calls pay one-off set-up
+        value = row.get("later_saves_blocked_ms")
+        return value if value is not None else row["blocked_ms_per_save"]
+
+    copy, write = later(async_), later(sync)
+    split = async_.get("later_saves_blocked_ms") is not None
+    when = "After the first save, " if split else "Per save, "
+    size = record.get("state_mib_per_rank")
+    state = f"this state ({size:,.1f} MiB per rank)" if size else "this state"
+    blocked_for = "" if split else " (its copy of the state, and on its first call the set-up of its writer)"
+    written = async_.get("background_write_ms")
+    behind = (f" Its write then ran {written:,.0f} ms a save in a background thread while training went on."
+              if written else "")
+    if copy < write:
+        said = (f"{when}dcp.async_save blocked training {copy:,.0f} ms a save, the copy of {state} into host "
+                f"memory, where dcp.save blocked {write:,.0f} ms for the whole write.")
+    else:
+        said = (f"{when}dcp.async_save blocked training {copy:,.0f} ms a save{blocked_for}, no less than "
+                f"dcp.save's {write:,.0f} ms: writing {state} here cost no more than copying it into host memory, "
+                "so there was no write to hide. Asynchronous saving gains where the write takes longer than the "
+                "copy: large states, shared file systems.")
+    first = async_.get("first_save_blocked_ms")
+    setup = (f" Its first call blocked {first:,.0f} ms: it also starts the writer, once per process."
+             if first is not None and async_.get("later_saves_blocked_ms") is not None else "")
+    return said + behind + setup
 
 
 def load_into_one_process(folder, model) -> torch.nn.Module:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..spine.data import SYNTHETIC_HEADLINE, SYNTHETIC_SHOWN, note_synthetic_banner_shown, synthetic_banner_shown
 from ..system.errors import WorkshopError
 from ..system.server import cpu_cores
 from .failures import RankFailed, RootCause, root_cause
@@ -147,6 +149,8 @@ def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: f
             output.append(line)
             if echo:
                 print(line, flush=True)
+                if SYNTHETIC_HEADLINE in line:  # a rank showed the banner here: later launches say it in one line
+                    note_synthetic_banner_shown()
         return [p.wait() for p in processes.values()], output
     finally:  # normal end, error or a user pressing stop: no process outlives the cell
         for process in processes.values():
@@ -155,6 +159,8 @@ def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: f
 
 def _job_env(threads: int) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    if synthetic_banner_shown():  # the ranks then say "synthetic" in one line, not the nine of the banner
+        env[SYNTHETIC_SHOWN] = "1"
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # a kernel started inside a job must not pass its own rank on
     return env
@@ -212,8 +218,8 @@ def launch_torchrun(module: str, args: list[str], nproc: int = 1, *, max_restart
     check_process_count(nproc, device)
     port = check_port_free(port) if port is not None else free_port()
     if echo:  # the line a reader would type; the run adds a --log-dir of its own for the error files
-        print("$ torchrun " + " ".join(torchrun_command(module, args, nproc, port=port,
-                                                        max_restarts=max_restarts)[3:]), flush=True)
+        print("$ torchrun " + shlex.join(torchrun_command(module, args, nproc, port=port,
+                                                          max_restarts=max_restarts)[3:]), flush=True)
     env = _job_env(threads or cpu_threads_per_process(nproc))
     if device == "cpu":
         # CPU ranks on a GPU node must not see the GPUs: library code (Adam's step, checkpoint writers)
@@ -328,7 +334,7 @@ def launch_nodes(nnodes: int = 2, nproc_per_node: int = 1, *, port: int | None =
                     for n in range(nnodes)}
         if echo:
             for label, command in commands.items():
-                print(f"{label}$ torchrun " + " ".join(command[3:]), flush=True)
+                print(f"{label}$ torchrun " + shlex.join(command[3:]), flush=True)
         started = time.perf_counter()
         env = _job_env(threads or cpu_threads_per_process(nnodes * nproc_per_node))
         envs = {label: {**env, "CUDA_VISIBLE_DEVICES": visible}

@@ -304,6 +304,37 @@ SYNTHETIC_BANNER = """
 """
 
 
+# In the environment of processes the kit launches (torchrun ranks) once their launcher has shown the banner.
+SYNTHETIC_SHOWN = "WORKSHOP_SYNTHETIC_SHOWN"
+_banner_shown = False
+
+
+SYNTHETIC_HEADLINE = "NO CIFAR-10 FOUND"  # the banner's first words, and the one-line form's
+
+
+def note_synthetic_banner_shown() -> None:
+    """The banner reached this process's output (a launched rank printed it, the launcher relayed it)."""
+    global _banner_shown
+    _banner_shown = True
+
+
+def synthetic_banner_shown() -> bool:
+    """Whether this process, or the one that launched it, has shown the synthetic-data banner."""
+    return _banner_shown or bool(os.environ.get(SYNTHETIC_SHOWN))
+
+
+def announce_synthetic(roots) -> None:
+    """The banner on stderr, once: again in the same process, or in a process the kit launched from one that showed
+    it (a notebook's torchrun ranks), it is one line, so that a launch's output does not repeat nine lines a run."""
+    global _banner_shown
+    if synthetic_banner_shown():
+        print("NO CIFAR-10 FOUND: SYNTHETIC stand-in data, as the banner above says; accuracies are not CIFAR-10's.",
+              file=sys.stderr, flush=True)
+        return
+    print(SYNTHETIC_BANNER.format(where=", ".join(map(str, roots))[:66]), file=sys.stderr, flush=True)
+    _banner_shown = True
+
+
 def load_data(
     root: str | os.PathLike | None = None,
     train_size: int | None = None,
@@ -340,7 +371,7 @@ def load_data(
     if data is None:
         data = make_synthetic_cifar(train_size or 50_000, test_size or 10_000, seed)
         if not quiet:
-            print(SYNTHETIC_BANNER.format(where=", ".join(map(str, roots))[:66]), file=sys.stderr, flush=True)
+            announce_synthetic(roots)
     data = data.first(train_size, test_size)
     if not quiet:
         print(f"Data: {data.describe()}")
