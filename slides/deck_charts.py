@@ -25,7 +25,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator
 
-from deck_labels import device_words, fmt_bytes, fmt_sig
+from deck_labels import device_words, fmt_bytes, fmt_sig, table_rows
 
 SLIDE = (1280, 720)  # Marp's slide, in CSS pixels
 CONTENT_WIDTH = 1152  # the slide less the theme's 64 px padding on either side
@@ -235,7 +235,7 @@ def headroom(ax, factor: float = 1.25, horizontal: bool = False) -> None:
 
 
 def rows_of(record: dict) -> list[dict]:
-    return [row for row in record.get("table") or [] if isinstance(row, dict)]
+    return table_rows(record)
 
 
 def number(value) -> float | None:

@@ -7,7 +7,7 @@ from matplotlib.ticker import FixedLocator, MaxNLocator
 
 from deck_charts import (PALETTE, ChartData, Drawn, chart, headroom, integer_ticks, label_bars, legend_above,
                          legend_over, number, rows_of, thousands)
-from deck_labels import fmt_count, fmt_ratio, fmt_sig, human
+from deck_labels import fmt_count, fmt_ratio, fmt_sig, human, memory_stop_label
 
 # A fixed colour per rung of the ladder, as the package's charts have them (workshop_utils.system.plotstyle): the
 # bf16 rung is bf16's green on both ladders.
@@ -145,9 +145,9 @@ def batch_size_sweep(d: ChartData) -> Drawn:
     headroom(ax, 1.2)
     for i, (row, value) in enumerate(zip(rows, values)):
         if value is None:
-            status = "out of memory" if str(row.get("status", "")).startswith("out of memory") else "not run"
-            ax.annotate(status.replace(" of ", " of\n"), (i, 0), xytext=(0, 6), textcoords="offset points",
-                        ha="center", va="bottom", color=PALETTE[3])
+            status = memory_stop_label(row.get("status", "")) or "not run"
+            ax.annotate(status.replace(" of ", " of\n").replace(" the ", " the\n"), (i, 0), xytext=(0, 6),
+                        textcoords="offset points", ha="center", va="bottom", color=PALETTE[3])
     ax.set_xticks(range(len(rows)), labels)
     ax.set_xlabel("batch size (samples per step)")
     ax.set_ylabel("samples/s")

@@ -55,10 +55,16 @@ class CodeDirectives:
         return f"```{lang}\n{code.rstrip()}\n```\n<p class=\"source\">{_html(caption)}</p>"
 
     @staticmethod
-    def excerpt(text: str, start: str | None, until: str | None, max_lines: int, lang: str = "") -> str:
+    def excerpt(text: str, start: str | None, until: str | None, max_lines: int, lang: str = "",
+                shows: str | None = None) -> str:
         """The lines from the first containing ``start`` to the first containing ``until``, dedented; for Python and
         shell, an excerpt that ``until`` would end inside a statement runs on to the statement's end, and one longer
-        than ``max_lines`` is cut at the last whole statement that fits."""
+        than ``max_lines`` is cut at the last whole statement that fits.
+
+        ``shows``: the call the slide is about. The excerpt then ends with the whole statement holding the first line
+        that contains it (what follows is left to the source), and a statement that does not fit in ``max_lines``
+        is a LookupError, never an excerpt that stops before its point.
+        """
         lines = text.splitlines()
         if start:
             hits = [i for i, line in enumerate(lines) if start in line]
@@ -76,6 +82,19 @@ class CodeDirectives:
             if not whole_code(_dedent(lines[:end]), lang):
                 end = hits[0] + 1
         lines = _dedent(lines[:end]).splitlines()
+        if shows:
+            hits = [i for i, line in enumerate(lines) if shows in line]
+            if not hits:
+                raise LookupError(f"no line containing {shows!r}, the call the slide is about")
+            stop = hits[0] + 1
+            while stop < len(lines) and not whole_code("\n".join(lines[:stop]), lang):
+                stop += 1
+            if stop > max_lines:
+                raise LookupError(f"{shows!r} ends on line {stop} of the excerpt, after max_lines={max_lines}: "
+                                  "start the excerpt later (start=...) or allow more lines")
+            if stop < len(lines):
+                return "\n".join(lines[:stop] + ["# ... (continues in the source)"])
+            return "\n".join(lines)
         if len(lines) > max_lines:
             # Cut at the last whole statement that fits, never inside a call or after a line continuation.
             keep = next((k for k in range(max_lines, 0, -1) if whole_code("\n".join(lines[:k]), lang)), max_lines)
@@ -84,7 +103,7 @@ class CodeDirectives:
 
     # code --------------------------------------------------------------------------------------------
 
-    def d_code(self, target: str, start=None, until=None, max_lines="14", drop_docstring="yes") -> str:
+    def d_code(self, target: str, start=None, until=None, max_lines="14", drop_docstring="yes", shows=None) -> str:
         """Source of a function or class of the package: ``module:qualname``."""
         module_name, _, qualname = target.partition(":")
         try:
@@ -97,27 +116,28 @@ class CodeDirectives:
         if drop_docstring == "yes":
             source = re.sub(r'(\n\s+)("""|\'\'\')(?:.|\n)*?\2[ \t]*\n', r"\n", source, count=1)
         try:
-            code = self.excerpt(source, start, until, int(max_lines), "python")
+            code = self.excerpt(source, start, until, int(max_lines), "python", shows)
         except LookupError as err:
             return self.notice(f"code {target}: {err}", "the package changed: fix the directive in the deck")
         path = Path(inspect.getsourcefile(obj)).resolve().relative_to(REPO)
         self.sources.append(f"{path}:{qualname}")
         return self.fence(code, "python", f"{path} · {qualname}")
 
-    def d_file(self, path: str, start=None, until=None, max_lines="14", lang="") -> str:
+    def d_file(self, path: str, start=None, until=None, max_lines="14", lang="", shows=None) -> str:
         """Lines of a file of the repository (a job script, a config)."""
         full = REPO / path
         if not full.is_file():
             return self.notice(f"file {path} not found", "it belongs to the repository: check the checkout")
         lang = lang or {"sbatch": "bash", "sh": "bash", "py": "python"}.get(full.suffix[1:], "")
         try:
-            code = self.excerpt(full.read_text(), start, until, int(max_lines), lang)
+            code = self.excerpt(full.read_text(), start, until, int(max_lines), lang, shows)
         except LookupError as err:
             return self.notice(f"file {path}: {err}", "the file changed: fix the directive in the deck")
         self.sources.append(path)
         return self.fence(code, lang, path)
 
-    def d_cell(self, notebook: str, contains: str, start=None, until=None, max_lines="14", optional="no") -> str:
+    def d_cell(self, notebook: str, contains: str, start=None, until=None, max_lines="14", optional="no",
+               shows=None) -> str:
         """The first code cell of notebook ``NN_*.ipynb`` whose source contains ``contains``."""
         matches = sorted((REPO / "notebooks").glob(f"{notebook}_*.ipynb"))
         if not matches:
@@ -129,9 +149,10 @@ class CodeDirectives:
             source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
             if cell["cell_type"] == "code" and contains in source:
                 try:
-                    code = self.excerpt(source, start, until, int(max_lines), "python")
-                except LookupError:
-                    break
+                    code = self.excerpt(source, start, until, int(max_lines), "python", shows)
+                except LookupError as err:
+                    return self.notice(f"cell of {matches[0].name} containing {contains!r}: {err}",
+                                       "the notebook changed: fix the directive in the deck")
                 name = f"notebooks/{matches[0].name}"
                 self.sources.append(f"{name} cell {index}")
                 return self.fence(code, "python", f"{name} · cell {index}")

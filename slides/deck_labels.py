@@ -107,3 +107,28 @@ def device_words(env: dict) -> str:
     cores = env.get("cpu_cores")
     extra = f", {cores} cores" if kind == "cpu" and cores else ""
     return f"{env.get('device_name', '?')} ({kind}{extra})"
+
+
+_CAP_IN_TEXT = re.compile(r"\ba cap of ([\d,.]+) MiB")
+_OVER_CAP = re.compile(r"over the ([\d,.]+) MiB memory cap")
+
+
+def table_rows(record: dict) -> list[dict]:
+    """A record's table rows. A run that a memory cap stopped says "over the N MiB memory cap at batch B"; a record
+    written before the kit said so (its status "out of memory at batch B", its text "a cap of N MiB") is read the
+    same way: a cap standing in for the limit is never shown as memory running out."""
+    rows = [row for row in record.get("table") or [] if isinstance(row, dict)]
+    cap = _CAP_IN_TEXT.search(str(record.get("text", "")))
+    if cap is None:
+        return rows
+    return [{**row, "status": f"over the {cap.group(1)} MiB memory cap" + str(row["status"])[len("out of memory"):]}
+            if str(row.get("status", "")).startswith("out of memory") else row for row in rows]
+
+
+def memory_stop_label(status) -> str | None:
+    """The short label of a row memory stopped: "out of memory" (the device's) or "over the N MiB cap"; None else."""
+    text = str(status)
+    cap = _OVER_CAP.match(text)
+    if cap:
+        return f"over the {cap.group(1)} MiB cap"
+    return "out of memory" if text.startswith("out of memory") else None

@@ -43,4 +43,14 @@ def io_note(record: dict) -> list[str]:
     return [measured, lesson]
 
 
-NOTES = {"io": io_note}
+def checkpoint_note(record: dict) -> list[str]:
+    """The blocking save against the asynchronous one: what was measured, and when asynchronous saving gains."""
+    from workshop_utils.parallel.dist_checkpoint import stall_summary
+
+    rows = [row for row in record.get("table") or [] if isinstance(row, dict)]
+    if not any(row.get("mode") == "async" for row in rows):
+        return []
+    return [stall_summary({"rows": rows})]
+
+
+NOTES = {"io": io_note, "beyond-checkpoint": checkpoint_note}

@@ -8,9 +8,11 @@ came from an older run or the reference run is listed (``fallbacks``) and said i
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import deck_charts
@@ -20,10 +22,81 @@ from deck_figures import FigureDirectives
 from deck_notes import NOTES
 from deck_quotes import THROUGHPUT
 from deck_results import PATH_PART, REPO, RUN_FIRST, BuildError, Results, Source, _date, _device, _lookup
+from deck_labels import table_rows
 from deck_tables import curate
 
 DIRECTIVE = re.compile(r"\{\{(\w+)((?:[^{}]|\{[^{}]*\})*)\}\}")
 RESULTS_MARK = "\x00results\x00"  # {{results}} is filled in last, once the deck's fallbacks are known
+
+
+@functools.lru_cache(maxsize=1)
+def checkout_commit() -> str | None:
+    """The commit of the checkout the code excerpts are read from, short; None outside a git checkout."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+_NOT_PROSE = re.compile(r"\s*(?:$|#|\||<|```|---|[-*+] |\d+[.)] |\{\{)")  # blank, heading, table, HTML, fence, rule,
+# a list item's start, a directive: lines that never continue the sentence above them
+
+
+def join_soft_breaks(markdown: str) -> str:
+    """Markdown whose paragraphs and list items are each one line: Marp renders every line break of a paragraph
+    as a hard break, so a sentence wrapped in a deck's source would break mid-sentence on the slide. Code fences,
+    HTML, tables and speaker notes (HTML comments) keep their lines."""
+    lines = markdown.split("\n")
+    head = 0
+    if lines and lines[0].strip() == "---":  # the front matter (Marp's settings, one a line) stays as it is
+        head = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), 0) + 1
+    out: list[str] = lines[:head]
+    fenced = comment = False
+    prose = False  # whether the line above is prose that the next line may continue
+    for line in lines[head:]:
+        stripped = line.strip()
+        if comment:
+            out.append(line)
+            comment = "-->" not in line
+            continue
+        if stripped.startswith("```"):
+            fenced = not fenced
+            out.append(line)
+            prose = False
+            continue
+        if fenced:
+            out.append(line)
+            continue
+        if stripped.startswith("<!--"):
+            out.append(line)
+            comment = "-->" not in stripped
+            prose = False
+            continue
+        if prose and not _NOT_PROSE.match(line):
+            out[-1] = f"{out[-1].rstrip()} {stripped}"
+            continue
+        out.append(line)
+        prose = bool(stripped) and not _NOT_PROSE.match(line) or bool(re.match(r"\s*(?:[-*+] |\d+[.)] )", line))
+    return "\n".join(out)
+
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(])")
+
+
+def whole_sentences(text: str, limit: int) -> str:
+    """The leading sentences of ``text`` that fit in ``limit`` characters, at least the first one: a slide never shows
+    a sentence cut off with "…", and the report keeps the rest."""
+    text = text.strip().rstrip(";,").strip()
+    kept = ""
+    for sentence in SENTENCE_END.split(text):
+        if kept and len(kept) + 1 + len(sentence) > limit:
+            break
+        kept = f"{kept} {sentence}" if kept else sentence
+    return kept
 
 
 def html_table(rendered) -> str:
@@ -137,9 +210,8 @@ class Renderer(CodeDirectives, FigureDirectives):
         fine = [self.provenance(f"section {key}", source, record.get("environment"))]
         parts, quoted = [], []  # quoted: the rows whose throughput the slide shows (deck_quotes)
         if _yes(text) and record.get("text"):
-            words = record["text"]
-            parts.append(f'<p class="small">{_html(words if len(words) <= 320 else words[:317] + "…")}</p>')
-        rows_data = record.get("table") or []
+            parts.append(f'<p class="small">{_html(whole_sentences(record["text"], 420))}</p>')
+        rows_data = table_rows(record)
         if _yes(table) and rows_data:
             rendered = curate(key, rows_data, int(rows) if rows else None)
             parts.append(html_table(rendered))
@@ -183,8 +255,7 @@ class Renderer(CodeDirectives, FigureDirectives):
                                f"run `{RUN_FIRST}` first")
         items = []
         for record, source in found[:int(limit)]:
-            words = record.get("text", "")
-            words = words if len(words) <= 200 else words[:197] + "…"
+            words = whole_sentences(record.get("text", ""), 220)
             where = self.provenance(f"section {record['name']}", source, record.get("environment"))
             items.append(f"<li><strong>{_html(record.get('title', record['name']))}</strong><br>"
                          f'<span class="small">{_html(words)}</span> '
@@ -254,6 +325,11 @@ class Renderer(CodeDirectives, FigureDirectives):
                 "reference results": "reference results"}[primary.kind]
         line = (f"Results: {what} <code>{_html(primary.label)}</code>, measured on {_html(_device(env))}, "
                 f"{_html(_date(env))}")
+        if primary.commit:
+            line += f", at commit <code>{_html(primary.commit)}</code>"
+        checkout = checkout_commit()
+        if checkout and checkout != primary.commit:
+            line += f"; code read from this checkout, commit <code>{_html(checkout)}</code>"
         if env.get("device_type") == "cpu":
             line += " — a CPU run: speeds show the method, not GPU performance"
         if self.fallbacks and self.deck == "handout":
@@ -287,7 +363,7 @@ class Renderer(CodeDirectives, FigureDirectives):
                 raise BuildError(f"{self.deck}: {{{{{kind}{rest}}}}}: {err}", "see slides/README.md") from None
 
         text = DIRECTIVE.sub(expand, text)
-        return text.replace(RESULTS_MARK, self.results_line())
+        return join_soft_breaks(text.replace(RESULTS_MARK, self.results_line()))
 
     def _conditionals(self, text: str) -> str:
         """``{{if RECORD}}...{{else}}...{{end}}``: keep the branch that matches the results."""

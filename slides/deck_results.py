@@ -75,11 +75,19 @@ class Source:
     def environment(self) -> dict:
         return _environment(self.records.values())
 
+    @property
+    def commit(self) -> str | None:
+        """The commit the folder's records were measured at (the one most of them name), short; None if unrecorded."""
+        commits = [str(r["git_commit"])[:7] for r in self.records.values()
+                   if isinstance(r.get("git_commit"), str) and re.fullmatch(r"[0-9a-f]{7,40}", r["git_commit"])]
+        return max(sorted(set(commits)), key=commits.count) if commits else None
+
     def describe(self, env: dict | None = None) -> str:
         env = env or self.environment
+        at = f" at commit {self.commit}" if self.commit else ""
         if self.kind == "reference results":
-            return f"the reference run of {_date(env)}, {_device(env)}"
-        return f"run {self.folder.name} of {_date(env)}, {_device(env)}"
+            return f"the reference run of {_date(env)}{at}, {_device(env)}"
+        return f"run {self.folder.name} of {_date(env)}{at}, {_device(env)}"
 
     def figure(self, name: str) -> Path | None:
         path = self.folder / "figures" / f"{name}.png"

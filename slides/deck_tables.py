@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from deck_labels import human
+from deck_labels import human, memory_stop_label
 
 MAX_COLUMNS = 6
 MAX_ROWS = 8
@@ -52,7 +52,13 @@ STEP_MS = Column("step_ms_median", "Step time, median (ms)", "3g")
 DATA_WAIT = Column("data_wait_fraction", "Waiting for data (%)", "pct1")
 MFU = Column("mfu", "MFU (%)", "pct1", "MFU: achieved FLOP/s as a share of the device's published peak for the "
                                       "precision in use.")
-PEAK_MEMORY = Column("peak_memory_mib", "Peak memory (MiB)", "0")
+PEAK_MEMORY = Column("peak_memory_mib", "Peak memory (MiB)", "0",
+                     "Peak memory: what a run's training steps added above the memory in use before it started: the "
+                     "allocator's peak on a GPU; on a CPU the process's resident memory, which also moves with what "
+                     "ran before in the process.")
+STEP_MEMORY_NOTE = ("Step memory: the tensor memory one training step adds at its peak, above the model, its optimizer "
+                    "state and the batch; the allocator's count on a GPU, PyTorch's tensor tracker on a CPU: the same "
+                    "measure for every row.")
 
 def _one_baseline_per_column(rows: list[dict]) -> list[dict]:
     """The I/O section holds two experiments, each with its own baseline in one ratio column: the storage layouts
@@ -85,7 +91,7 @@ TABLES: dict[str, Table] = {
     # Throughput stays in report.md: the speed-up says the same, and the accuracy gap needs its spread beside it.
     "precision-modes": Table((Column("model", "Model", "text"), Column("precision", "Precision", "text"),
                               Column("speed-up vs fp32", "Speed-up vs. fp32 (×)", "2"),
-                              Column(("peak memory MiB", "peak_memory_mib"), "Peak memory (MiB)", "0"),
+                              Column("step memory MiB", "Step memory (MiB)", "0", STEP_MEMORY_NOTE),
                               Column("acc vs fp32 (points)", "Accuracy vs. fp32 (points)", "1"),
                               Column("fp32 seed spread (points)", "fp32's own seed spread (points)", "1",
                                      "A gap no larger than fp32's seed spread (fp32 trained again with another seed) "
@@ -138,7 +144,7 @@ TABLES: dict[str, Table] = {
                           Column("hidden_share", "Hidden (%)", "pct0"))),
     "precision-gpt": Table((Column("precision", "Precision", "text"), Column("tokens/s", "Throughput (tokens/s)", "0"),
                             Column("speed-up vs fp32", "Speed-up vs. fp32 (×)", "2"),
-                            Column("peak memory MiB", "Peak memory (MiB)", "0"),
+                            Column("step memory MiB", "Step memory (MiB)", "0", STEP_MEMORY_NOTE),
                             Column("test loss (nats/token)", "Test loss (nats/token)", "3g"))),
     "gpt-ladder-breakdown": Table((Column("rung", "Rung", "text"), Column("step_ms", "Step (ms)", "3g"),
                                    Column("data_ms", "Data (ms)", "3g"), Column("forward_ms", "Forward (ms)", "3g"),
@@ -168,6 +174,7 @@ TABLES: dict[str, Table] = {
                           Column("total_mib", "Total (MiB)", "1"))),
     "beyond-tensor-parallel": Table((Column("split", "Split", "text"), Column("world_size", "Ranks", "int"),
                                      Column("max_abs_difference", "Largest difference", "sci"),
+                                     Column("max_grad_difference", "Largest gradient difference", "sci"),
                                      Column("communicated_mib", "Communicated (MiB)", "3g"),
                                      Column("weights_per_rank", "Weights per rank", "text"))),
     "beyond-pipeline": Table((Column("microbatches", "Micro-batches", "int"),
@@ -177,10 +184,12 @@ TABLES: dict[str, Table] = {
                               Column("bubble_formula", "Idle share, (p−1)/(m+p−1) (%)", "pct0"))),
     "beyond-recompute": Table((Column("model", "Model", "text"),
                                Column("activation_checkpointing", "Activation checkpointing", "yesno"),
-                               PEAK_MEMORY, Column("step_ms", "Step time (ms)", "3g"))),
+                               Column("peak_memory_mib", "Step memory (MiB)", "0", STEP_MEMORY_NOTE),
+                               Column("step_ms", "Step time (ms)", "3g"))),
     "beyond-checkpoint": Table((Column("mode", "Checkpoint", "text"), Column("saves", "Saves", "int"),
                                 Column("blocked_ms_per_save", "Training blocked per save (ms)", "3g"),
-                                Column("write_after_loop_s", "Still writing after the loop (s)", "3g"),
+                                Column("later_saves_blocked_ms", "Blocked, saves after the first (ms)", "3g"),
+                                Column("background_write_ms", "Written in the background (ms)", "3g"),
                                 Column("slowdown_s", "Total slowdown (s)", "3g"))),
 }
 
@@ -224,11 +233,12 @@ def format_cell(value, fmt: str = "auto") -> str:
     if fmt == "unit":
         return re.split(r",\s|\s\(", str(value))[0]
     if fmt == "status":
+        return memory_stop_label(value) or str(value)
+    if fmt == "short":  # a long operator name loses its leading namespaces ("autograd::engine::"), never its end
         text = str(value)
-        return "out of memory" if text.startswith("out of memory") else text
-    if fmt == "short":
-        text = str(value)
-        return text if len(text) <= 42 else text[:40] + "…"
+        while len(text) > 42 and re.search(r"::|: ", text):
+            text = re.split(r"::|: ", text, maxsplit=1)[1]
+        return text
     if isinstance(value, (list, tuple)):
         return " × ".join(str(v) for v in value)
     if not isinstance(value, (int, float)) or fmt == "text":

@@ -67,14 +67,15 @@ def _figure(path: Path, color=(70, 130, 180)) -> None:
     image.save(path)
 
 
-def copy_sections(source: Path, target: Path, env: dict, keep=lambda record: True) -> Path:
-    """A run folder with the chosen records of ``source`` (real shapes), stamped with ``env``, and their figures."""
+def copy_sections(source: Path, target: Path, env: dict, keep=lambda record: True, commit: str = "0000000") -> Path:
+    """A run folder with the chosen records of ``source`` (real shapes), stamped with ``env`` and ``commit``, and their
+    figures."""
     (target / "results").mkdir(parents=True, exist_ok=True)
     for path in sorted((source / "results").glob("*.json")):
         record = json.loads(path.read_text())
         if not keep(record):
             continue
-        record["environment"] = env
+        record["environment"], record["git_commit"] = env, commit
         (target / "results" / path.name).write_text(json.dumps(record))
         for figure in record.get("figures") or []:
             _figure(target / figure)
@@ -89,14 +90,14 @@ def notebook_of(record: dict) -> int | None:
 def three_folders_once(tmp_path_factory):
     base = tmp_path_factory.mktemp("folders")
     runs = base / "runs"
-    reference = copy_sections(REFERENCE, base / "reference", _env("2026-01-01", "ref-cpu"))
+    reference = copy_sections(REFERENCE, base / "reference", _env("2026-01-01", "ref-cpu"), commit="1111111")
     for figure in (REFERENCE / "figures").glob("*.png"):
         shutil.copy(figure, reference / "figures" / figure.name)
     # The older run lacks notebook 05 (it failed there) and the baseline record.
     copy_sections(REFERENCE, runs / "20260201-090000", _env("2026-02-01", "old-cpu"),
-                  lambda r: notebook_of(r) in (1, 2, 3, 4) and r.get("name") != "baseline")
+                  lambda r: notebook_of(r) in (1, 2, 3, 4) and r.get("name") != "baseline", commit="2222222")
     copy_sections(REFERENCE, runs / "20260301-090000-profiling", _env("2026-03-01", "new-cpu"),
-                  lambda r: notebook_of(r) == 4)
+                  lambda r: notebook_of(r) == 4, commit="3333333")
     (runs / "20260302-000000").mkdir()  # a run that recorded nothing yet is passed over
     return base
 
@@ -146,15 +147,15 @@ def test_each_section_comes_from_the_newest_run_that_has_it(three_folders):
     # notebook 04 ran on its own last: its section is the newest run's, with no fallback note
     assert "new-cpu" in slides[0] and "not in the newest run" not in slides[0].split("</p>", 1)[1]
     # notebook 03 is only in the older complete run
-    assert "not in the newest run: from run 20260201-090000 of 2026-02-01, old-cpu (cpu)" in slides[1]
+    assert "not in the newest run: from run 20260201-090000 of 2026-02-01 at commit 2222222, old-cpu (cpu)" in slides[1]
     # notebook 05 failed in the older run and was not run since: the reference, said in small print
-    assert "not in the newest run: from the reference run of 2026-01-01, ref-cpu (cpu)" in slides[2]
+    assert "not in the newest run: from the reference run of 2026-01-01 at commit 1111111, ref-cpu (cpu)" in slides[2]
     assert 'class="fineprint"' in slides[2]
     assert 'class="from"' in slides[3]  # a value from the reference is marked where it stands
     assert renderer.fallbacks == [
-        "03_optimization: section precision-modes from run 20260201-090000 of 2026-02-01, old-cpu (cpu)",
-        "03_optimization: section beyond-fsdp from the reference run of 2026-01-01, ref-cpu (cpu)",
-        "03_optimization: values of baseline from the reference run of 2026-01-01, ref-cpu (cpu)"]
+        "03_optimization: section precision-modes from run 20260201-090000 of 2026-02-01 at commit 2222222, old-cpu (cpu)",
+        "03_optimization: section beyond-fsdp from the reference run of 2026-01-01 at commit 1111111, ref-cpu (cpu)",
+        "03_optimization: values of baseline from the reference run of 2026-01-01 at commit 1111111, ref-cpu (cpu)"]
     assert "3 item(s) in this deck come from an older run or the reference run" in slides[0]
 
 
@@ -668,8 +669,8 @@ def test_a_value_directive_takes_a_row_from_the_newest_folder_holding_it(three_f
                                           '{{value section-ddp-scaling "table[mode=weak,max:world_size].efficiency" '
                                           'fmt=".0%"}} {{value section-ladder "table[rung=no such rung].rung"}}')
     assert re.match(r"\d+\.\d\d \d+%<sup", text)  # the ladder is the newest run's; the scaling an older run's
-    assert renderer.fallbacks == ["x: values of section-ddp-scaling from run 20260201-090000 of 2026-02-01, "
-                                  "old-cpu (cpu)"]
+    assert renderer.fallbacks == ["x: values of section-ddp-scaling from run 20260201-090000 of 2026-02-01 at commit "
+                                  "2222222, old-cpu (cpu)"]
     assert renderer.missing == ["x: value section-ladder.table[rung=no such rung].rung (run `make run` first)"]
 
 
