@@ -22,12 +22,22 @@ KERNEL := hpc-dl-workshop
 
 install: $(STAMP)
 
+# A .venv that install-offline made is made again the same way when pyproject.toml changes (a git pull): from the
+# wheel folder, with the settings it recorded (the image's packages included), never from the internet.
+# (Through a variable: a recipe line naming $$(MAKE) itself would run even under make -n.)
+OFFLINE_SETTINGS := $(VENV)/.offline-install
+OFFLINE_AGAIN = $(MAKE) --no-print-directory install-offline
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null
-	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "HPC DL workshop" >/dev/null
-	touch $(STAMP)
+	@if [ -f $(OFFLINE_SETTINGS) ]; then \
+		echo "$(VENV) was installed offline: installing it again from the wheel folder ($$(cat $(OFFLINE_SETTINGS)))"; \
+		$(OFFLINE_AGAIN) $$(cat $(OFFLINE_SETTINGS)); \
+	else \
+		$(PYTHON) -m venv $(VENV) && \
+		$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' && \
+		$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null && \
+		$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "HPC DL workshop" >/dev/null && \
+		touch $(STAMP); \
+	fi
 
 # Marp CLI, pinned by slides/package-lock.json. Without npm the slide tests skip and say why.
 SLIDES_DEPS := slides/node_modules/.package-lock.json
@@ -160,6 +170,7 @@ install-offline:
 	if $(PY) -c 'import ipykernel' 2>/dev/null; then \
 		$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (workshop)" >/dev/null && \
 		$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "HPC DL workshop" >/dev/null; fi
+	echo "WHEELHOUSE=$(WHEELHOUSE) SYSTEM_SITE_PACKAGES=$(SYSTEM_SITE_PACKAGES) EXTRAS=$(EXTRAS) PYTHON=$(PYTHON)" > $(OFFLINE_SETTINGS)
 	touch $(STAMP)
 
 # ---------------------------------------------------------------- the GPU check and the GPU run

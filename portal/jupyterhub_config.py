@@ -1,4 +1,4 @@
-"""What a workshop portal's JupyterHub needs for this kit (README, "On a Jupyter portal").
+"""What a workshop portal's JupyterHub needs for this kit (docs/portal.md).
 
 Load it from the site's own configuration, which keeps what is the site's: how users log in (its
 authenticator) and where their servers run (batchspawner's SlurmSpawner on a cluster):
