@@ -6,6 +6,7 @@ not checked, only that the script runs end to end and writes what the report rea
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from datetime import datetime
@@ -26,6 +27,9 @@ TINY = {
     "annotation_overhead": (dict(train_images=64, test_images=16, steps=3, warmup_steps=1, batch_samples=16), []),
     "gpt_throughput": (dict(gpt_size="tiny", batch_sequences=2, sequence_tokens=32, steps=3, warmup_steps=1,
                             train_sequences=16, validation_sequences=4, lr=1e-3, compile=False), ["--modes", "fp32"]),
+    "gpt_variants": (dict(gpt_size="tiny", batch_sequences=2, sequence_tokens=32, steps=3, warmup_steps=1,
+                          validation_sequences=4, lr=1e-3, compile=False, budget_s=600),
+                     ["--rungs", "before", "fused qkv", "max count"]),
     "loader_paths": (dict(train_images=256, batch_samples=32, timed_batches=3), []),
     "optimization_ladder": (dict(train_images=128, test_images=32, steps=3, warmup_steps=1, batch_samples=16,
                                  profiled_steps=1), ["--no-compile"]),
@@ -91,8 +95,17 @@ def test_every_benchmark_writes_the_one_layout(name, tmp_path, monkeypatch):
     if name == "gpt_throughput":  # tokens, not images: the second workload's own units
         (row,) = record["rows"]
         assert row["precision"] == "fp32" and row["tokens_per_s"] > 0 and row["timed_steps"] == 2
-        assert record["summary"]["parameters"] == 842_496 and record["summary"]["tokens_per_step"] == 2 * 32
+        assert record["summary"]["parameters"] == 840_960 and record["summary"]["tokens_per_step"] == 2 * 32
         assert record["summary"]["fp32_mfu"] is None  # a CPU has no data-sheet peak: unknown, never guessed
+    if name == "gpt_variants":  # each change against the one before, the earlier model rebuilt for rung 0
+        rows = {row["change"]: row for row in record["rows"]}
+        assert list(rows) == ["before", "fused qkv", "max count"]
+        assert rows["before"]["parameters"] == 840_960 + 4 * 3 * 128  # three layers with biases, as it was
+        assert rows["fused qkv"]["parameters"] == rows["max count"]["parameters"] == 840_960
+        assert rows["before"]["vs_previous"] is None and rows["max count"]["vs_previous"] == pytest.approx(
+            rows["max count"]["tokens_per_s"] / rows["fused qkv"]["tokens_per_s"])
+        assert all(math.isfinite(row["final_train_loss"]) for row in rows.values())
+        assert record["summary"]["kit_model_tokens_per_s"] == pytest.approx(rows["max count"]["tokens_per_s"])
     if name == "optimization_ladder":  # beside its speeds, what bounds each rung that ran
         ran = [row["rung"] for row in record["rows"] if row["samples_per_s"] is not None]
         breakdown = record["tables"]["breakdown"]

@@ -51,7 +51,7 @@ TINY, GPT_N, GPT_T, COUNTED = wu.GPT_SIZES["tiny"], 842_496, 128, 5_701_632.0
 FLOPS_PER_TOKEN = 6 * GPT_N + 12 * 4 * 128 * 128
 STEP_S, GRAD_BYTES = 0.05, 4 * 11.2e6
 SMALL = wu.GPT_SIZES["gpt2-small"]
-FREE = 0.8 * 40 * 2**30 - 16 * 124_475_904  # notebook 02's node: 4 GPUs of 40 GiB
+FREE = 0.8 * 40 * 2**30 - 16 * 124_448_256  # notebook 02's node: 4 GPUs of 40 GiB
 PARAMETERS, BUDGET = 7e9, 35  # notebook 05's Exercise 5.1
 NDR = wu.LINKS["ib_ndr"]
 

@@ -2,6 +2,7 @@
 its clock stops it inside the budget, two-GPU paths are listed on one GPU; and the third audit's fixes."""
 
 import ast
+import functools
 import importlib
 import json
 import re
@@ -71,6 +72,7 @@ def test_the_scanner_sees_a_new_cuda_branch(tmp_path, line):
 # ---------------------------------------------------------------- what each path reaches
 
 
+@functools.lru_cache(maxsize=None)
 def _definitions(package: Path = PACKAGE) -> dict[str, list]:
     """Every function, class and method of the package by its own name: [(``module:Outer``, its AST node)]."""
     found = {}
@@ -104,6 +106,9 @@ def _names(tree) -> set[str]:
             | {n.name.split(".")[-1] for n in ast.walk(tree) if isinstance(n, ast.alias)}) - _NOT_FOLLOWED | launched
 
 
+_USES: dict[int, set[str]] = {}  # a definition's names, read once per node: the package is walked for every path
+
+
 def reached(roots: set[str], definitions: dict) -> set[str]:
     """``module:Outer`` of every definition the names ``roots`` lead to, following the names each one uses."""
     seen, nodes, frontier = set(), set(), set(roots)
@@ -115,7 +120,9 @@ def reached(roots: set[str], definitions: dict) -> set[str]:
             if id(node) not in nodes:
                 nodes.add(id(node))
                 seen.add(qualified)
-                frontier |= _names(node)
+                if id(node) not in _USES:
+                    _USES[id(node)] = _names(node)
+                frontier |= _USES[id(node)]
     return seen
 
 
@@ -154,6 +161,20 @@ def test_every_path_covers_only_what_it_reaches():
         roots = _names(ast.parse("\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))))
         unreached[f"notebook {run.prefix}"] = sorted(set(run.covers) - reached(roots, definitions))
     assert not {name: gaps for name, gaps in unreached.items() if gaps}
+
+
+def test_a_path_the_gpu_run_leaves_to_a_notebook_is_one_that_notebook_reaches_whole():
+    """The GPU run leaves out a check's path when a notebook's full run covers it: every branch that path covers must
+    then be reached from the notebook's own cells."""
+    from workshop_utils.gpu_check.notebooks import NOTEBOOK_RUNS, find_notebook
+
+    definitions, by_name = _definitions(), {path.name: path for path in PATHS}
+    for run in NOTEBOOK_RUNS:
+        cells = json.loads(find_notebook(PACKAGE.parent / "notebooks", run.prefix).read_text())["cells"]
+        reach = reached(_names(ast.parse("\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code"))),
+                        definitions)
+        gaps = {name: sorted(set(by_name[name].covers) - reach) for name in run.replaces}
+        assert not {name: gap for name, gap in gaps.items() if gap}, f"notebook {run.prefix}"
 
 
 def test_the_reach_of_a_path_tells_a_wrong_cover():

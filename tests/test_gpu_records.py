@@ -101,3 +101,21 @@ def test_the_decks_show_what_the_gpu_records_hold_named_with_gpu_and_date(tmp_pa
     assert "the one H100" not in every and "at an MFU of 20%" not in every
     with pytest.raises(build.BuildError, match="no such GPU figure"):
         build.Renderer(results, "00_overview").render("{{gpu nothing}}")
+
+
+def test_the_guide_and_the_preflight_page_give_each_notebooks_gpu_time_as_the_kit_knows_it():
+    """Measured by a GPU run when one is kept (then named so), else the GPU run's estimate, said to be one."""
+    from workshop_utils.gpu_check.notebooks import NOTEBOOK_RUNS
+
+    root = GPU_RECORDS.parents[2]
+    guide, preflight = (root / "slides" / "INSTRUCTOR.md").read_text(), (root / "docs" / "preflight.md").read_text()
+    measured = gpu_records.notebook_seconds()
+    for run in NOTEBOOK_RUNS:
+        row = next(line for line in guide.splitlines() if line.startswith("| ") and f"`{run.prefix}_" in line)
+        gpu_column = row.rstrip(" |").split("|")[-1]
+        if run.prefix in measured:
+            assert f"{measured[run.prefix].value:.0f} s" in gpu_column and measured[run.prefix].date in guide
+        else:
+            assert gpu_column.strip() == f"≈ {run.estimate_s} s (estimate; budget 300 s)", row
+            assert f"{run.prefix} ≈ {run.estimate_s} s" in preflight
+    assert "estimates, not yet measured" in guide or measured

@@ -55,8 +55,7 @@ def test_cells_run_as_a_kernel_runs_them_and_the_first_error_stops_the_notebook(
 def _paths():
     return [GpuPath("quick", "a path", ("a:b",), lambda ctx: "measured 1"),
             GpuPath("notebook-01", "replaced by notebook 01's full run", ("a:b",), lambda ctx: "never"),
-            GpuPath("gpt-throughput", "left out", ("a:b",), lambda ctx: "never"),
-            GpuPath("ddp-one-rank", "a part", ("a:b",), lambda ctx: "one rank")]
+            GpuPath("gpt-throughput", "left out", ("a:b",), lambda ctx: "never")]
 
 
 @pytest.mark.slow
@@ -74,7 +73,7 @@ def test_the_gpu_run_runs_the_kept_paths_then_every_notebook_and_keeps_one_recor
     done, written = gpu_run.run_gpu_run(_paths(), Context(torch.device("cpu"), run_dir), 120, "cells",
                                         {"device_name": "cpu"}, folder, say=lines.append, runs=runs)
     assert done["kind"] == "gpu_run" and written == [run_dir / "gpu_run.json"]
-    assert [p["name"] for p in done["paths"]] == ["ddp-one-rank", "quick"]  # the one-rank parts first
+    assert [p["name"] for p in done["paths"]] == ["quick"]
     assert set(done["left_out"]) == {"notebook-01", "gpt-throughput"}
     first, second, third = done["notebooks"]
     assert first["status"] == "ok" and first["records"] == ["baseline.json"]
@@ -127,11 +126,29 @@ def test_what_does_not_fit_the_budget_is_not_reached_and_said(tmp_path):
 def test_the_plan_leaves_out_what_a_notebook_runs_whole_and_says_why():
     kept, left_out = gpu_run.plan(PATHS)
     names = [p.name for p in kept]
-    assert {"notebook-01", "notebook-03", "notebook-04", "notebook-05", "torch-compile", "cuda-graphs", "fp8-matmul",
-            "gpt-throughput"} == set(left_out)
-    assert all(name.endswith("-one-rank") for name in names[:len(one_rank.PARTS)])
-    assert {part.name for part in one_rank.PARTS} <= set(names) and "cuda-events" in names
+    replaced = {name for run in NOTEBOOK_RUNS for name in run.replaces}
+    assert set(left_out) == replaced | set(notebooks.LEFT_OUT) and not set(names) & set(left_out)
+    assert names[:len(one_rank.PARTS)] == [part.name for part in one_rank.PARTS]  # the newest evidence first
+    assert {"cuda-events", "peak-memory", "gpt-evaluation", "gpu-topology"} <= set(names)
     assert {run.prefix for run in NOTEBOOK_RUNS} == {"01", "02", "03", "04", "05"}
+
+
+def test_the_one_rank_parts_share_one_process_and_each_keeps_its_verdict(tmp_path, monkeypatch):
+    parts = [p for p in one_rank.one_rank_paths()][:3]
+    launched = []
+
+    def one_launch(names, ctx, timeout_s):  # the first part passes, the second fails, the process ends before the third
+        launched.append(names)
+        return ({names[0]: {"line": "it ran", "seconds": 2.0}, names[1]: {"failed": "wrong", "seconds": 1.0}},
+                "exit status -11: Segmentation fault")
+
+    monkeypatch.setattr(one_rank, "_launch", one_launch)
+    lines = []
+    verdicts = one_rank.run_group(parts, Context(torch.device("cpu"), tmp_path), 100, say=lines.append)
+    assert launched == [[p.name for p in parts]]
+    assert [v.status for v in verdicts] == ["ok", "failed", "failed"] and verdicts[0].seconds == 2.0
+    assert "it cannot show" in verdicts[0].detail and "Segmentation fault" in verdicts[2].detail
+    assert len(lines) == 3
 
 
 def test_a_one_rank_part_that_breaks_says_so_in_one_line(tmp_path, monkeypatch):
@@ -142,7 +159,8 @@ def test_a_one_rank_part_that_breaks_says_so_in_one_line(tmp_path, monkeypatch):
                         one_rank.OneRankPart("pipeline-one-rank", "x", ("a:b",), broken, "nothing"))
     out = tmp_path / "said.json"
     assert one_rank.main(["pipeline-one-rank", "--device", "cpu", "--out", str(out)]) == 1
-    assert json.loads(out.read_text()) == {"failed": "the sharded weights differ"}
+    said = json.loads(out.read_text())["pipeline-one-rank"]
+    assert said["failed"] == "the sharded weights differ" and said["seconds"] >= 0
     assert not torch.distributed.is_initialized()  # the group of one is gone with the part
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..system.results import git_commit, repo_root, write_json
 from ..system.profiles import TIME_BUDGET_S
+from . import one_rank
 from .context import REFERENCE_FOLDER, Context, slug
 from .notebooks import LEFT_OUT, NOTEBOOK_RUNS, pick_executor, run_notebook, verdict_line
 from .runner import Verdict, run_paths, summary_line
@@ -33,7 +34,7 @@ def plan(paths, runs=NOTEBOOK_RUNS) -> tuple[list, dict]:
     replaced = {name: f"notebook {run.prefix}'s full run covers it" for run in runs for name in run.replaces}
     left_out = {**replaced, **LEFT_OUT}
     kept = [p for p in paths if p.name not in left_out]
-    kept.sort(key=lambda p: not p.name.endswith("-one-rank"))
+    kept.sort(key=lambda p: p.name not in one_rank.BY_NAME)
     return kept, {p.name: left_out[p.name] for p in paths if p.name in left_out}
 
 
@@ -65,7 +66,10 @@ def run_gpu_run(paths, ctx: Context, budget_s: float, executor: str, env: dict, 
     for name, why in left_out.items():
         say(f"– {name}: left out: {why}")
     started = time.monotonic()
-    verdicts = run_paths(kept, ctx, paths_budget, say=say)
+    grouped = [p for p in kept if p.name in one_rank.BY_NAME]  # one process for them all: one start-up, not seven
+    verdicts = one_rank.run_group(grouped, ctx, paths_budget, say=say)
+    verdicts += run_paths([p for p in kept if p not in grouped], ctx, paths_budget - (time.monotonic() - started),
+                          say=say)
     entries = []
     for run in runs:
         left = budget_s - (time.monotonic() - started)

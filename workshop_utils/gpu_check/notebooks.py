@@ -38,17 +38,21 @@ class NotebookRun:
 
 
 NOTEBOOK_RUNS: tuple[NotebookRun, ...] = (
-    # Every notebook sizes itself to its server (pick_settings), the GPUs' free memory included.
-    NotebookRun("01", 70, covers=("system.server:_gpus",), replaces=("notebook-01",)),
+    # Every notebook sizes itself to its server (pick_settings), the GPUs' free memory included. 01 trains, checkpoints
+    # and resumes (deterministically too), with TensorBoard's scalars.
+    NotebookRun("01", 55, covers=("system.server:_gpus",),
+                replaces=("notebook-01", "checkpoint-resume", "tensorboard-gpu-scalar")),
     # On one GPU its launches run CPU ranks beside the GPU (hide_gpus), its cluster prediction starts from this GPU's step.
-    NotebookRun("02", 75, covers=("lessons.cluster_step:cluster_step", "parallel.launch:launch_nodes",
+    NotebookRun("02", 90, covers=("lessons.cluster_step:cluster_step", "parallel.launch:launch_nodes",
                                   "parallel.launch:node_layout", "parallel.launch:resume_verdict",
                                   "parallel.launch:world_sizes_for_this_machine", "parallel_demos:demo_world",
                                   "parallel_demos:hide_gpus")),
-    NotebookRun("03", 85, covers=("lessons.numerics:precision_configs",), replaces=("notebook-03", "fp8-matmul")),
-    NotebookRun("04", 110, covers=("lessons.profiling:profile_rungs", "lessons.sweeps:ladder_rungs"),
-                replaces=("notebook-04", "torch-compile", "cuda-graphs")),
-    NotebookRun("05", 45, replaces=("notebook-05",)),
+    NotebookRun("03", 75, covers=("lessons.numerics:precision_configs",),
+                replaces=("notebook-03", "fp8-matmul", "precision-modes", "grad-scaler")),
+    NotebookRun("04", 165, covers=("lessons.profiling:profile_rungs", "lessons.sweeps:ladder_rungs"),
+                replaces=("notebook-04", "torch-compile", "cuda-graphs", "attention-kernel", "fused-optimizers",
+                          "device-loaders", "nvml-monitor", "profiler-cuda-nvtx")),
+    NotebookRun("05", 55, replaces=("notebook-05",)),
 )
 # Left out of the GPU run for a reason other than a notebook: said in its record.
 LEFT_OUT = {"gpt-throughput": "GPT-2 small's throughput is measured at length by the variants command "

@@ -142,30 +142,67 @@ BY_NAME = {part.name: part for part in PARTS}
 TIMEOUT_S = 120  # one part, start-up included
 
 
+def _launch(names: list[str], ctx: Context, timeout_s: float) -> tuple[dict, str]:
+    """Run the parts ``names`` in one process group of one, in a process of its own; what each said, and the
+    process's last line of output (for a process that ended before a part said anything)."""
+    out = ctx.folder / "one_rank" / f"{names[0]}{'-and-more' if len(names) > 1 else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "workshop_utils.gpu_check.one_rank", *names, "--device", ctx.device.type,
+               "--folder", str(out.parent), "--out", str(out)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        last = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()][-1:]
+        ending = f"exit status {done.returncode}: {last[0][:300]}" if last else f"exit status {done.returncode}"
+    except subprocess.TimeoutExpired:
+        ending = f"the process did not end within {timeout_s:.0f} s (a collective waiting for ever?)"
+    said = json.loads(out.read_text()) if out.exists() else {}
+    return said, ending
+
+
+def _verdict_detail(part: OneRankPart, said: dict) -> str:
+    return f"{said['line']}; {NOTHING_SENT}it cannot show {part.cannot_show}"
+
+
 def _in_own_process(part: OneRankPart) -> Callable[[Context], str]:
     def run(ctx: Context) -> str:
-        out = ctx.folder / "one_rank" / f"{part.name}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "workshop_utils.gpu_check.one_rank", part.name, "--device", ctx.device.type,
-                   "--folder", str(out.parent / part.name), "--out", str(out)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise Failed(f"the process did not end within {TIMEOUT_S} s (a collective waiting for ever?)") from None
-        said = json.loads(out.read_text()) if out.exists() else {}
-        if "line" in said:
-            return f"{said['line']}; {NOTHING_SENT}it cannot show {part.cannot_show}"
-        last = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()][-1:] or ["no output"]
-        raise Failed(said.get("failed") or f"exit status {done.returncode}: {last[0][:300]}")
+        said, ending = _launch([part.name], ctx, TIMEOUT_S)
+        mine = said.get(part.name, {})
+        if "line" in mine:
+            return _verdict_detail(part, mine)
+        raise Failed(mine.get("failed") or ending)
 
     return run
 
 
 def one_rank_paths() -> tuple[GpuPath, ...]:
-    """The parts as GPU-check paths (one GPU each, started in their own process)."""
+    """The parts as GPU-check paths (one GPU each, each started in a process of its own)."""
     return tuple(GpuPath(p.name, f"{p.what}, in a process group of one", p.covers, _in_own_process(p), least_s=15)
                  for p in PARTS)
+
+
+def run_group(paths, ctx: Context, budget_s: float, say=print) -> list:
+    """The one-rank ``paths`` in one process (one start-up, one group), each with its own verdict: the GPU run's way,
+    where every second of a short GPU slot counts. A part the process never reached says why."""
+    from .runner import Verdict
+
+    names = [p.name for p in paths]
+    if not names:
+        return []
+    said, ending = _launch(names, ctx, max(1.0, min(budget_s, TIMEOUT_S * len(names))))
+    verdicts = []
+    for path in paths:
+        part, mine = BY_NAME[path.name], said.get(path.name, {})
+        if "line" in mine:
+            verdict = Verdict(path.name, path.what, "ok", _verdict_detail(part, mine), mine["seconds"])
+        elif "failed" in mine:
+            verdict = Verdict(path.name, path.what, "failed", mine["failed"], mine["seconds"])
+        else:
+            verdict = Verdict(path.name, path.what, "not reached" if "did not end" in ending else "failed",
+                              f"the group of one ended before this part: {ending}")
+        verdicts.append(verdict)
+        say(verdict.line())
+    return verdicts
 
 
 def _group(device: torch.device) -> None:
@@ -180,30 +217,40 @@ def _group(device: torch.device) -> None:
 
 
 def main(argv=None) -> int:
+    import time
+
     import torch.distributed as dist
 
     from .runner import first_line
 
     parser = argparse.ArgumentParser(prog="python -m workshop_utils.gpu_check.one_rank", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=list(BY_NAME))
+    parser.add_argument("parts", nargs="+", choices=list(BY_NAME), metavar="PART")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--folder", default=None, help="for the part's files (default: a temporary folder)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--folder", default=None, help="for the parts' files (default: a temporary folder)")
+    parser.add_argument("--out", required=True, help="JSON file: what each part said, written after each")
     args = parser.parse_args(argv)
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     folder = Path(args.folder or tempfile.mkdtemp(prefix="one-rank-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    said = {}
     try:
         _group(device)
-        said = {"line": BY_NAME[args.part].run(device, folder)}
-    except Exception as err:  # the part's verdict, for the check to show in one line
-        said = {"failed": str(err) if isinstance(err, Failed) else first_line(err)}
+        for name in args.parts:
+            began = time.perf_counter()
+            try:
+                (folder / name).mkdir(parents=True, exist_ok=True)
+                said[name] = {"line": BY_NAME[name].run(device, folder / name)}
+            except Exception as err:  # the part's verdict, for the check to show in one line; the next part runs
+                said[name] = {"failed": str(err) if isinstance(err, Failed) else first_line(err)}
+            said[name]["seconds"] = round(time.perf_counter() - began, 1)
+            Path(args.out).write_text(json.dumps(said))
+    except Exception as err:  # the group itself did not form: every part says so
+        said = {name: {"failed": f"no process group of one: {first_line(err)}", "seconds": 0.0} for name in args.parts}
+        Path(args.out).write_text(json.dumps(said))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    Path(args.out).write_text(json.dumps(said))
-    return 0 if "line" in said else 1
+    return 0 if all("line" in s for s in said.values()) else 1
 
 
 if __name__ == "__main__":

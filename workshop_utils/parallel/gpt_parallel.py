@@ -7,8 +7,9 @@
   policy gathers and computes in bf16 (half the traffic) while the stored shards, the gradients
   that are reduced and the optimizer stay fp32.
 * **Tensor parallelism** (``split_gpt``): inside each block, Megatron-LM's plan through PyTorch's
-  ``parallelize_module``: queries, keys, values and the MLP's first layer column-wise (each rank
-  computes its heads and its quarter of the hidden features), both output projections row-wise
+  ``parallelize_module``: the fused query, key and value layer and the MLP's first layer column-wise
+  (each rank computes its heads, whose queries, keys and values sit together in the fused layer's rows,
+  and its share of the hidden features), both output projections row-wise
   (their partial sums meet in one all-reduce each). Two all-reduces per block per forward; the
   embeddings and norms stay whole on every rank.
 
@@ -31,7 +32,7 @@ from ..system.errors import WorkshopError, choose
 from .sharding import held_bytes
 
 # Which layers of a block split which way (names inside spine.gpt.Block).
-COLUMNWISE = ("attn.q", "attn.k", "attn.v", "mlp.fc")
+COLUMNWISE = ("attn.qkv", "mlp.fc")  # attn.qkv's rows are head by head: a contiguous share is whole heads
 ROWWISE = ("attn.proj", "mlp.proj")
 
 

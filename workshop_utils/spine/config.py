@@ -62,8 +62,8 @@ class TrainConfig:
 
     name: str = setting("run", "label of the result record and the progress bar", WHAT)
     model: str = setting("simplecnn", "network", WHAT, choices=MODELS)
-    gpt_size: str = setting("tiny", "size of model gpt: tiny (842,496 parameters, for CPUs) or gpt2-small "
-                                    "(124,475,904: GPT-2 small, to fill a GPU)", WHAT, choices=tuple(GPT_SIZES))
+    gpt_size: str = setting("tiny", "size of model gpt: tiny (840,960 parameters, for CPUs) or gpt2-small "
+                                    "(124,448,256: GPT-2 small, to fill a GPU)", WHAT, choices=tuple(GPT_SIZES))
     sequence_length: int | None = setting(None, "tokens per training sequence, model gpt only (default: the size's "
                                                 "context, 128 tiny, 1024 gpt2-small; at most that)", WHAT, minimum=1)
     precision: str = setting("fp32", "fp32 (TF32 off), tf32, fp16 (+ GradScaler) or bf16", WHAT, choices=PRECISIONS)

@@ -54,22 +54,22 @@ GPT_SIZES = {
 
 
 class CausalSelfAttention(nn.Module):
-    """Queries, keys and values from three layers, not GPT-2's one fused layer: split column-wise
-    for tensor parallelism, each rank's slice of each is whole heads (a slice of a fused layer
-    would hand rank 0 all the queries and half the keys). The head count follows from the
-    width the layers give, so the same code runs on a rank's heads."""
+    """Queries, keys and values from one fused layer without biases (one large matrix multiply instead of three),
+    its output features ordered head by head, each head's query, key and value side by side: a column-wise split
+    for tensor parallelism then hands each rank whole heads (GPT-2's order, all queries then all keys, would hand
+    rank 0 the queries and half the keys). The head count follows from the width the layer gives, so the same
+    code runs on a rank's heads."""
 
     def __init__(self, width: int, heads: int):
         super().__init__()
         self.head_width = width // heads
-        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+        self.qkv = nn.Linear(width, 3 * width, bias=False)  # rows: (head, query|key|value, feature)
         self.proj = nn.Linear(width, width)
         self.fused = True  # False: the unfused reference below (GPT.use_attention)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
-        q, k, v = (layer(x).view(batch, length, -1, self.head_width).transpose(1, 2)
-                   for layer in (self.q, self.k, self.v))
+        q, k, v = self.qkv(x).view(batch, length, -1, 3, self.head_width).transpose(1, 2).unbind(3)
         if self.fused:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # what the fused kernel computes, written out: the (length x length) matrix stored per head
@@ -144,8 +144,13 @@ class GPT(nn.Module):
         logits = self.logits(tokens)
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
-        return loss, (logits.detach().argmax(-1) == targets).sum()
+        flat, wanted = logits.flatten(0, -2).float(), targets.flatten()
+        loss = F.cross_entropy(flat, wanted)
+        # A next token is right when its logit is the row's largest: a comparison with the maximum the loss's
+        # log-softmax takes anyway (compiled, one pass over the logits serves both), not an argmax's index search.
+        with torch.no_grad():
+            right = (flat.gather(1, wanted[:, None]).squeeze(1) >= flat.amax(1)).sum()
+        return loss, right
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[1]
@@ -154,6 +159,10 @@ class GPT(nn.Module):
                                 f"{self.size.context}.", f"use sequences of at most {self.size.context} tokens.")
         positions = torch.arange(length, device=tokens.device)
         x = self.wte(tokens) + self.wpe(positions)
+        if bf16_autocast(tokens.device.type):
+            # The residual stream in bf16, as the blocks' outputs are under autocast: half the bytes every
+            # residual add and layer norm reads and writes (fp32 adds would promote it back at each block).
+            x = x.to(torch.bfloat16)
         for block in self.blocks:
             # use_reentrant=False: the variant PyTorch recommends, which works with FSDP2 and DTensors too.
             x = checkpoint(block, x, use_reentrant=False) if self.recompute_blocks and self.training else block(x)
@@ -170,6 +179,17 @@ class GPT(nn.Module):
     def non_embedding_parameters(self) -> int:
         """Parameters outside the token and position tables (Kaplan et al.'s N)."""
         return sum(p.numel() for p in self.parameters()) - self.wte.weight.numel() - self.wpe.weight.numel()
+
+
+def bf16_autocast(device_type: str) -> bool:
+    """Whether autocast to bf16 is on for ``device_type`` here (the calls changed in PyTorch 2.4)."""
+    if device_type not in ("cpu", "cuda"):  # the meta device (shapes only) has no autocast
+        return False
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16
+    if device_type == "cpu":
+        return torch.is_autocast_cpu_enabled() and torch.get_autocast_cpu_dtype() == torch.bfloat16
+    return torch.is_autocast_enabled() and torch.get_autocast_gpu_dtype() == torch.bfloat16
 
 
 def build_gpt(size: str = "tiny") -> GPT:

@@ -6,7 +6,7 @@
   3x3 stem and no max-pool, so 32x32 images are not shrunk away in the first
   layer. Heavy enough in convolutions for mixed precision to show its worth.
 * ``gpt``: a GPT-2-style decoder sized by name (``gpt.GPT_SIZES``: ``tiny``,
-  842,496 parameters, for CPUs; ``gpt2-small``, 124,475,904, to fill a GPU).
+  840,960 parameters, for CPUs; ``gpt2-small``, 124,448,256, to fill a GPU).
 """
 
 from __future__ import annotations
