@@ -148,7 +148,7 @@ def test_the_one_rank_parts_share_one_process_and_each_keeps_its_verdict(tmp_pat
     assert launched == [[p.name for p in parts]]
     assert [v.status for v in verdicts] == ["ok", "failed", "failed"] and verdicts[0].seconds == 2.0
     assert "it cannot show" in verdicts[0].detail and "Segmentation fault" in verdicts[2].detail
-    assert len(lines) == 3
+    assert len(lines) == 4 and lines[0].startswith("3 parts in one process group of one (cpu): ")
 
 
 def test_a_one_rank_part_that_breaks_says_so_in_one_line(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +190,10 @@ def run_group(paths, ctx: Context, budget_s: float, say=print) -> list:
     names = [p.name for p in paths]
     if not names:
         return []
+    began = time.monotonic()
     said, ending = _launch(names, ctx, max(1.0, min(budget_s, TIMEOUT_S * len(names))))
+    say(f"{len(names)} parts in one process group of one ({ctx.device.type}): {time.monotonic() - began:.1f} s in all, "
+        f"the process's start-up included")
     verdicts = []
     for path in paths:
         part, mine = BY_NAME[path.name], said.get(path.name, {})
@@ -217,8 +221,6 @@ def _group(device: torch.device) -> None:
 
 
 def main(argv=None) -> int:
-    import time
-
     import torch.distributed as dist
 
     from .runner import first_line
