@@ -27,8 +27,6 @@ import time
 import traceback
 from pathlib import Path
 
-from ..run_notebooks import settle_text
-
 
 def _text(source) -> str:
     return "".join(source) if isinstance(source, list) else source
@@ -121,7 +119,9 @@ def execute(notebook: Path, executed: Path, parameters: dict) -> dict:
     namespace = {"__name__": "__main__"}
     number, started, outcome = 0, time.perf_counter(), {"failed_cell": None, "error": ""}
     executed.parent.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("MPLBACKEND", "Agg")  # no display; figures are saved from the cell's open ones
+    os.environ["MPLBACKEND"] = "Agg"  # no display (an image may name a Jupyter one): figures are saved from each cell
+    from ..run_notebooks import settle_text  # after the backend is set: it imports what may import matplotlib
+
     for cell in cells:
         if cell["cell_type"] != "code" or not _text(cell["source"]).strip():
             continue
