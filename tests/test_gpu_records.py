@@ -119,3 +119,13 @@ def test_the_guide_and_the_preflight_page_give_each_notebooks_gpu_time_as_the_ki
             assert gpu_column.strip() == f"≈ {run.estimate_s} s (estimate; budget 300 s)", row
             assert f"{run.prefix} ≈ {run.estimate_s} s" in preflight
     assert "estimates, not yet measured" in guide or measured
+
+
+def test_the_guide_shows_the_gpu_figures_beside_the_cpu_ones_as_the_records_hold_them():
+    root = GPU_RECORDS.parents[2]
+    guide = " ".join((root / "slides" / "INSTRUCTOR.md").read_text().split())  # its lines joined
+    cpu = {name: json.loads((root / "results" / "reference" / "results" / f"{name}.json").read_text())["metrics"]
+           for name in ("baseline", "gpt")}
+    assert f"trained at {cpu['baseline']['samples_per_s']:,.0f} samples/s" in guide
+    assert f"tiny GPT at {cpu['gpt']['tokens_per_s']:,.0f} tokens/s" in guide
+    assert gpu_records.simplecnn_sentence() in guide and gpu_records.gpt_mfu_sentence() in guide
