@@ -286,3 +286,13 @@ def test_every_chart_is_shown_inline_as_jupyterlab_shows_it(main_run, notebook):
             missing.append(f"cell {index}: {cell.source.splitlines()[0][:60]}")
     assert charts, "each notebook draws at least one chart"
     assert not missing, f"charts drawn but not shown inline: {missing}"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_each_notebook_stays_within_the_memory_its_profile_asks_of_a_server(main_run, notebook):
+    """A portal sizes attendees' servers by ``memory_gib``: the run's peak (the kernel and all it started) must fit."""
+    need = notebook_profiles(notebook)[PROFILE].get("memory_gib")
+    peak = main_run.log[notebook.name]["peak_memory_mib"]
+    assert need is not None, f"{notebook.name}'s {PROFILE} profile says nothing of the memory it needs (memory_gib)"
+    assert 0 < peak <= need * 1024, f"{notebook.name} peaked at {peak} MiB, above its memory_gib={need}"

@@ -22,6 +22,7 @@ Exit status: 0 passed, 1 failed, 2 bad arguments or a machine that cannot host a
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -199,7 +200,7 @@ def _record(people, short, results, cgroups, clock, marker, wall, solo_seconds, 
     return {
         "kind": "classroom", "date": date.today().isoformat(), "git_commit": git_commit(),
         "attendees": len(class_rows), "passed": not failures, "failures": failures,
-        "wall_s": wall, "solo_wall_s": solo_seconds,
+        "wall_s": wall, "solo_wall_s": solo_seconds, "load_average_after": [round(x, 1) for x in os.getloadavg()],
         "slowdown_vs_alone": round(wall / solo_seconds, 2) if solo_seconds else None,
         "per_attendee_limits": {"cpus": cpus, "memory_gib": memory_gib},
         "cgroups": "none: " + no_cgroups if no_cgroups else "a cgroup per server (CPU quota and memory limit)",
