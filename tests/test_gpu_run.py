@@ -169,3 +169,22 @@ def test_a_one_rank_part_runs_in_a_group_of_one_and_says_what_one_rank_cannot_sh
     path = next(p for p in one_rank.one_rank_paths() if p.name == "collectives-one-rank")
     line = path.run(Context(torch.device("cpu"), tmp_path))
     assert "all-reduce sweep over 3 sizes" in line and line.endswith("it cannot show a link's latency and bandwidth")
+
+
+def test_with_papermill_a_notebook_runs_as_the_main_job_runs_it(tmp_path, monkeypatch):
+    from workshop_utils import run_notebooks
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _notebook(folder / "03_modes.ipynb", "x = 1")
+    seen = []
+
+    def run_one(notebook, run_dir, profile, limit_s=None, check=False):  # the main job's own runner, its arguments
+        seen.append((notebook.name, profile, limit_s, (run_dir / "notebooks").is_dir()))
+        return {"status": "ok", "seconds": 12.5, "cell": None, "cell_source": "", "error": ""}
+
+    monkeypatch.setattr(run_notebooks, "run_one", run_one)
+    entry = notebooks.run_notebook(NotebookRun("03", 75), folder, tmp_path / "run", "gpu", 200, "papermill")
+    assert seen == [("03_modes.ipynb", "gpu", 200, True)]
+    assert entry["status"] == "ok" and entry["executor"] == "papermill" and entry["estimate_s"] == 75
+

@@ -173,6 +173,7 @@ def run_notebook(run: NotebookRun, folder: Path, run_dir: Path, profile: str, li
         return {"notebook": run.prefix, "status": "FAILED", "error": f"no notebook {run.prefix}_*.ipynb in {folder}",
                 "seconds": 0.0}
     before = _records(run_dir)
+    (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)  # papermill writes the executed copy there, unasked
     if executor == "papermill":
         from ..run_notebooks import run_one
 
