@@ -272,3 +272,21 @@ def test_attendees_of_the_same_name_starting_at_the_same_second_get_a_folder_eac
     with multiprocessing.get_context("spawn").Pool(6) as pool:
         folders = pool.map(_new_run_dir_in, [str(tmp_path)] * 12)
     assert len(set(folders)) == 12 and all(Path(f).is_dir() and not any(Path(f).iterdir()) for f in folders)
+
+
+def test_the_gpus_a_server_sees_are_listed_with_their_free_memory_and_a_short_one_stops_early(monkeypatch):
+    import torch
+
+    free = {0: (2 * 2**30, 10 * 2**30), 1: (9 * 2**30, 10 * 2**30)}  # another tenant holds most of GPU 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: free[index])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H100 80GB HBM3 MIG 1g.10gb")
+    found = server.this_server()
+    assert [(g.index, round(g.free_gib), round(g.total_gib)) for g in found.gpus] == [(0, 2, 10), (1, 9, 10)]
+    assert found.line().endswith("GPU 0 NVIDIA H100 80GB HBM3 MIG 1g.10gb, 2 of 10 GiB free; "
+                                 "GPU 1 NVIDIA H100 80GB HBM3 MIG 1g.10gb, 9 of 10 GiB free")
+    assert server.fit_to_server(gpu_memory_gib=8, quiet=True).gpus  # GPU 1 has room
+    with pytest.raises(WorkshopError) as caught:
+        server.fit_to_server(gpu_memory_gib=12, quiet=True)
+    assert "needs about 12 GiB of GPU memory" in str(caught.value) and "9.0 GiB free" in str(caught.value)
