@@ -125,7 +125,7 @@ def ddp_predicted_scaling(d: ChartData) -> Drawn:
     sizes = sorted({r["world_size"] for r in rows if r["world_size"] > 1})
     integer_ticks(ax.xaxis, sizes)
     ax.xaxis.set_minor_locator(FixedLocator([]))
-    ax.set_xlabel("processes (GPUs), log scale")
+    ax.set_xlabel("processes (GPUs where predicted), log scale")
     ax.set_ylabel("weak-scaling efficiency")
     ax.set_ylim(0, 105)
     ax.yaxis.set_major_locator(FixedLocator([0, 25, 50, 75, 100]))
@@ -274,7 +274,7 @@ def activation_checkpointing(d: ChartData) -> Drawn:
     rows = rows_of(d.records["section-beyond-recompute"])
     models = list(dict.fromkeys(r.get("model", "") for r in rows))
     fig, (mem_ax, time_ax) = d.figure(ncols=2)
-    for ax, key, label in ((mem_ax, "peak_memory_mib", "peak memory (MiB)"), (time_ax, "step_ms", "step time (ms)")):
+    for ax, key, label in ((mem_ax, "peak_memory_mib", "step memory (MiB)"), (time_ax, "step_ms", "step time (ms)")):
         for k, (flag, name) in enumerate(((False, "activations stored"), (True, "recomputed in backward"))):
             values = [number(next((r.get(key) for r in rows if r.get("model", "") == m
                                    and bool(r["activation_checkpointing"]) is flag), None)) or 0 for m in models]

@@ -92,6 +92,7 @@ def monitor(d: ChartData) -> Drawn | None:
     util_ax.yaxis.set_major_locator(FixedLocator([0, 25, 50, 75, 100]))
     util_ax.set_ylabel("utilisation (%)")
     mem_ax.plot(times, [number(r.get("memory_used_mib")) for r in rows], color=PALETTE[2])
+    mem_ax.set_ylim(0, None)  # from zero: a swing of a quarter does not fill the axis
     mem_ax.set_ylabel("memory used (MiB)")
     thousands(mem_ax.yaxis)
     for ax in (util_ax, mem_ax):
@@ -172,7 +173,7 @@ def _ladder(d: ChartData, key: str, value_key: str, unit: str) -> Drawn:
     ax.grid(axis="y", visible=False)
     thousands(ax.xaxis)
     skipped = len(rows_of(d.records[key])) - len(rows)
-    note = f"; {skipped} rung(s) without a measurement here (the table's notes say why)" if skipped else ""
+    note = f"; {skipped} rung(s) not measured here (report.md says why)" if skipped else ""
     return Drawn(fig, f"measured on {d.device()}; × against the first rung{note}")
 
 

@@ -95,7 +95,10 @@ TABLES: dict[str, Table] = {
                               Column("acc vs fp32 (points)", "Accuracy vs. fp32 (points)", "1"),
                               Column("fp32 seed spread (points)", "fp32's own seed spread (points)", "1",
                                      "A gap no larger than fp32's seed spread (fp32 trained again with another seed) "
-                                     "is noise, not an effect of the precision."))),
+                                     "is noise, not an effect of the precision."),
+                              Column("note", "Note", "footnote")),
+                             derive=lambda rows: [{**row, "note": f"{row['precision']}, {row['note']}"}
+                                                  if row.get("note") else row for row in rows]),
     "precision-numerics": Table((Column("gradients", "Gradients", "text"), Column("loss scale", "Loss scale", "text"),
                                  Column("flushed to zero %", "Become zero (%)", "3g"),
                                  Column("subnormal (imprecise) %", "Subnormal, imprecise (%)", "3g"),

@@ -192,9 +192,9 @@ def test_a_rung_with_the_settings_of_the_rung_below_is_not_trained_and_gets_no_r
     table = wu.climb_ladder(base, tiny_data, ladder).set_index("rung")
     assert trained == ["ladder-0-baseline", "ladder-2-channels_last"]
     unchanged = table.loc["tuned DataLoader"]
-    assert unchanged["note"] == "same settings as the rung below"
+    assert unchanged["note"] == "same settings as the rung before it"
     assert unchanged[["samples_per_s", "vs_previous", "vs_baseline"]].isna().all()
-    assert wu.speedup_text(unchanged) == "same settings as the rung below"
+    assert wu.speedup_text(unchanged) == "same settings as the rung before it"
     assert table.loc["channels_last", "vs_previous"] == pytest.approx(1.5)  # against the baseline, the rung that ran
     assert not table.loc["tuned DataLoader", "compiled"]
 

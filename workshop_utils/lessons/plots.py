@@ -96,8 +96,9 @@ def plot_step_times(record_or_times, title: str = "Step time"):
         median, p90 = np.median(times), np.percentile(times, 90)
         ax.axvline(median, color="k", ls="--", label=f"median {median:.1f} ms")
         ax.axvline(p90, color="k", ls=":", label=f"90th percentile {p90:.1f} ms")
-        tail = (f"median {median:.1f} ms; " + ("a long tail: some steps stall" if p90 > 1.5 * median
-                                               else "a narrow spread: steady steps"))
+        tail = (f"median {median:.1f} ms; " + ("90th percentile over 1.5x the median: a long tail, some steps stall"
+                                               if p90 > 1.5 * median else
+                                               "90th percentile within 1.5x the median: most steps steady"))
         ax.set(xlabel="step time (ms)", ylabel="steps (count)", title=f"{title}\n{tail}")
         ax.legend()
         fig.tight_layout()

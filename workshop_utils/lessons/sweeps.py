@@ -37,7 +37,7 @@ METRICS = ("samples_per_s", "step_ms_median", "data_wait_fraction", "mfu")
 LADDER_METRICS = ("samples_per_s", "step_ms_median", "step_ms_p90", "data_wait_fraction", "peak_memory_mib",
                   "tflops_per_device", "mfu", "device_name", "final_test_acc", "warmup_s")
 # warmup_s: the untimed first steps, where torch.compile and CUDA-graph capture spend their time, shown apart
-SAME_AS_BELOW = "same settings as the rung below"
+SAME_AS_BELOW = "same settings as the rung before it"
 NO_MEASURABLE_CHANGE = "no measurable change"
 
 

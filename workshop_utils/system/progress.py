@@ -17,6 +17,19 @@ def in_notebook() -> bool:
     return "ipykernel" in sys.modules
 
 
+def in_kernel() -> bool:
+    """Whether code runs in a live Jupyter kernel that can show a display (not a process that merely imported
+    ipykernel, such as a test run)."""
+    if not in_notebook():
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
 class NotebookLine:
     """A file for tqdm in a Jupyter kernel: each write shows the bar's latest state in one output, updated in
     place; once the bar clears itself the output is empty (nothing on stderr, no blank strip)."""
@@ -53,9 +66,8 @@ def progress_bar(iterable=None, **options):
     notebook's own output line in a Jupyter kernel)."""
     from tqdm import tqdm
 
-    notebook = in_notebook()
-    options.setdefault("leave", not notebook)
-    if notebook and options.get("file", sys.stderr) in (sys.stderr, None):
+    options.setdefault("leave", not in_notebook())
+    if in_kernel() and options.get("file", sys.stderr) in (sys.stderr, None):
         options["file"] = NotebookLine()
         options.setdefault("ncols", 100)  # a display has no terminal width to ask
     else:
