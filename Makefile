@@ -1,7 +1,7 @@
 # The commands of the README. Each creates .venv and installs the package on first use.
 #   make run        executes every notebook in notebooks/ into a new runs/<timestamp>/ folder and writes its report
-#   make test       runs the whole test suite, the full tier CI runs: every notebook executed once (minutes)
-#   make test-fast  the edit-test loop, about two minutes: unit tests only, no notebook, torchrun, Slurm or slides
+#   make test       runs the whole test suite, the full tier CI runs: every notebook executed once (36 min on 2 cores: results/reference/RUN.md)
+#   make test-fast  the edit-test loop: unit tests only, no notebook, torchrun, Slurm or slides
 #   make test-loaded  the notebook tier with every core busy with other work beside it (a busy CI runner)
 #   make slides     builds the instructor's decks (HTML and PDF) from the newest run folder
 # Compute nodes without internet (docs/offline-install.md):

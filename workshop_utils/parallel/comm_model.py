@@ -284,6 +284,11 @@ def plot_all_reduce(rows: list[dict], link: Link | None = None, title: str | Non
     return fig
 
 
+def _percent(value: float) -> str:
+    """A share in percent as people write it: "230%", "4.7%", "0.31%" (never "2.3e+02%")."""
+    return f"{value:,.0f}%" if abs(value) >= 10 else f"{value:.2g}%"
+
+
 def plot_predicted_vs_measured(predicted, measured=None, title: str = "Predicted weak-scaling efficiency"):
     """Share of each step lost to communication against world size: both overlap bounds, measured points beside.
 
@@ -319,8 +324,8 @@ def plot_predicted_vs_measured(predicted, measured=None, title: str = "Predicted
         if groups:
             last = groups[-1][1].sort_values("world_size").iloc[-1]
             finding = (f"\n{groups[-1][0]}, {last.world_size:.0f} processes: "
-                       f"{lost_pct(last.efficiency_no_overlap):.2g}% of each step lost, "
-                       f"{lost_pct(last.efficiency_overlap):.2g}% with overlap")
+                       f"{_percent(lost_pct(last.efficiency_no_overlap))} of each step lost, "
+                       f"{_percent(lost_pct(last.efficiency_overlap))} with overlap")
         ax.set(xlabel="processes (log scale)", ylabel="step time lost to communication (log scale)",
                title=f"{title}{finding}")
         fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
