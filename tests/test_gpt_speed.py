@@ -55,7 +55,7 @@ def test_a_column_slice_of_the_fused_layer_is_whole_heads(world):
 def test_the_loss_falls_alike_with_the_bf16_residual_stream(corpus, one_thread):
     """Rounding the residual stream to bf16 must not change what the model learns on a short run."""
     def curve(precision):
-        config = wu.TrainConfig(model="gpt", batch_size=8, sequence_length=64, max_steps=40, warmup_steps=1,
+        config = wu.TrainConfig(model="gpt", batch_size=8, sequence_length=64, max_steps=25, warmup_steps=1,
                                 optimizer="adamw", lr=3e-3, test_size=16, precision=precision, seed=0, progress=False,
                                 device="cpu")
         result = wu.train(config, corpus)
@@ -63,7 +63,7 @@ def test_the_loss_falls_alike_with_the_bf16_residual_stream(corpus, one_thread):
 
     (fp32, fp32_test), (bf16, bf16_test) = curve("fp32"), curve("bf16")
     for steps in (fp32, bf16):  # from about ln(256) = 5.5 nats at the start to the unigram plateau and below
-        assert steps[0] > 5 and sum(steps[-10:]) / 10 < 3.5
+        assert steps[0] > 5 and sum(steps[-8:]) / 8 < 3.6
     assert fp32_test < 3.4 and abs(bf16_test - fp32_test) < 0.15
     gaps = sorted(abs(a - b) for a, b in zip(fp32, bf16))
     assert gaps[len(gaps) // 2] < 0.15  # step by step, the same curve within bf16's rounding (a spike may differ)
