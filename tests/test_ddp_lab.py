@@ -1,8 +1,10 @@
 """Notebook 02's DDP lab and exercises: the solution passes, each common mistake gets its own line.
 
-The mistakes are small edits of the solution script, written here into tmp_path; each one is run
-under torchrun by the checker (marked slow). The parsing of launch lines, the attendee's copy and
-the 64-GPU check are pure Python.
+The mistakes are small edits of the solution script (or functions, for Exercise 2.1), written here into
+tmp_path and run under torchrun by the checker as two nodes on this machine (marked slow). Each launch is the
+cost, so one launch judges several: the lab's findings give each part of a run its first mistake (the data,
+the model, the checkpoint, the output, the end), and Exercise 2.1's functions that return run one after
+another in one launch. The parsing of launch lines, the attendee's copy and the 64-GPU check are pure Python.
 """
 
 import ast
@@ -17,9 +19,15 @@ import torch.distributed as dist
 import pytest
 
 import workshop_utils as wu
-from workshop_utils.lessons.ddp_lab import (LAB_EXERCISE, lab_command, lab_folder, placeholders_left,
-                                            solution_text)
+from workshop_utils.lessons import ddp_lab
+from workshop_utils.lessons.ddp_lab import (LAB_EXERCISE, judge_average_gradients, lab_folder, placeholders_left,
+                                            read_launch_line, solution_text)
+from workshop_utils.lessons import ddp_lab_files
+from workshop_utils.lessons.ddp_lab_files import LIMIT_FACTOR, note_progress, run_nodes, what_ran
+from workshop_utils.lessons.ddp_lab_gradients import function_source, shipped_globals
+from workshop_utils.lessons.ddp_lab_judging import findings
 from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.system.errors import WorkshopError
 
 LAB = Path(__file__).resolve().parent.parent / "notebooks" / "labs" / "ddp_lab"
 SMALL = ("--samples", "256")  # 128 samples per rank, 4 steps an epoch: the launch is the cost
@@ -106,32 +114,25 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     assert not list(tmp_path.glob("check*")), "nothing was launched"
 
 
-@pytest.mark.parametrize("command, launcher", [
-    ("torchrun --nproc-per-node=2 {s}", "torchrun"),
-    ("!torchrun --nproc_per_node 2 {s} --epochs 2", "torchrun"),
-    ("python -m torch.distributed.run --standalone --nproc-per-node=2 {s}", "torchrun"),
+@pytest.mark.parametrize("command, script_args", [
+    ("torchrun --nproc-per-node=2 {s}", []),
+    ("!torchrun --nproc_per_node 2 {s} --epochs 2", ["--epochs", "2"]),
+    ("python -m torch.distributed.run --standalone --nproc-per-node=2 {s}", []),
+    # torch.distributed.launch passes LOCAL_RANK in the environment only with --use-env: then it is torchrun
+    ("python -m torch.distributed.launch --use-env --nproc-per-node=2 {s}", []),
     # as typed in a terminal or a Slurm script: srun, variables, a cd first
-    ("srun --ntasks=1 torchrun --nproc-per-node=2 {s}", "torchrun"),
-    ("OMP_NUM_THREADS=1 torchrun --nproc-per-node=2 {s}", "torchrun"),
-    ("cd {d} && torchrun --nnodes=1 --nproc-per-node=2 my_train_ddp.py", "torchrun"),
-    ("python {s}", "python"),
-    ("python3 -u {s}", "python"),
+    ("srun --ntasks=1 torchrun --nproc-per-node=2 {s}", []),
+    ("OMP_NUM_THREADS=1 torchrun --nproc-per-node=2 {s}", []),
+    ("cd {d} && torchrun --nnodes=1 --nproc-per-node=2 my_train_ddp.py", []),
     # torchrun's own reading: the last of a repeated option, an abbreviation it accepts
-    ("torchrun --nproc-per-node=1 --nproc-per-node=2 {s}", "torchrun"),
-    ("torchrun --nproc-per=2 {s}", "torchrun"),
+    ("torchrun --nproc-per-node=1 --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
+    ("torchrun --nproc-per=2 {s}", []),
 ])
-def test_launch_lines_become_probed_commands(tmp_path, command, launcher):
+def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"
-    argv, found = lab_command(command.format(s=script, d=tmp_path), script, 2, tmp_path / "probe", ["--out-dir", "x"],
-                              LAB_EXERCISE)
-    # The launch runs in this Python; a VAR=value in front reaches it through env, as the shell would set it.
-    assert found == launcher and argv[:argv.index(sys.executable)] in ([], ["env", "OMP_NUM_THREADS=1"])
-    at = argv.index("workshop_utils.lessons.ddp_lab")
-    assert argv[at - 1] == "-m" and argv[at + 1:at + 4] == ["--probe", str(tmp_path / "probe"), str(script)]
-    assert argv[-2:] == ["--out-dir", "x"]
-    assert ("torch.distributed.run" in argv) == (launcher == "torchrun")
-    if "--standalone" in command or launcher == "python":
-        assert not any(a.startswith("--master-port") for a in argv)
+    launch = read_launch_line(command.format(s=script, d=tmp_path), script, 2)
+    assert launch.script_args == script_args
+    assert launch.assigned == ({"OMP_NUM_THREADS": "1"} if "OMP" in command else {})
 
 
 @pytest.mark.parametrize("command, message", [
@@ -147,11 +148,28 @@ def test_launch_lines_become_probed_commands(tmp_path, command, launcher):
     ("torchrun --nproc=2 {s}", "ambiguous option"),
     ("torchrun --nproc-per-node=2 python {s}", "'python', as the training script"),
     ("torchrun --nproc-per-node=2 --node-rank=1 {s}", "--node-rank=1 on a one-node launch"),
+    # The launcher torchrun replaced passes --local-rank=<n> as an argument, and the lab's script stops on it.
+    ("python -m torch.distributed.launch --nproc-per-node=2 {s}", "passes --local-rank=<n> to the script"),
+    ("python3 -m torch.distributed.launch --nproc_per_node=2 {s} --epochs 2", "unrecognized arguments: --local-rank"),
+    # python starts one process, with none of torchrun's variables: said before anything starts
+    ("python {s}", "`python` starts one process and sets none of torchrun's variables"),
+    ("python3 -u {s} --epochs 2", "one process would train alone, not the lab's 2"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"
-    with pytest.raises(NotYet, match=message):
-        lab_command(command.format(s=script), script, 2, tmp_path, [], LAB_EXERCISE)
+    with pytest.raises(NotYet, match=re.escape(message)) as caught:
+        read_launch_line(command.format(s=script), script, 2, LAB_EXERCISE)
+    assert "\n" not in str(caught.value) and " Fix: " in str(caught.value)
+
+
+@pytest.mark.slow  # one Python process that imports torch
+def test_the_lab_script_stops_on_the_argument_torch_distributed_launch_passes(tmp_path):
+    """What the refusal says of the script, shown by the script itself (its own argparse, before any rank starts)."""
+    import subprocess
+
+    script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
+    done = subprocess.run([sys.executable, str(script), "--local-rank=0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "unrecognized arguments: --local-rank=0" in done.stderr
 
 
 # ---------------------------------------------------------------- Exercise 2.3 (no launch)
@@ -323,35 +341,76 @@ def test_what_has_no_source_is_named_before_any_launch(tmp_path, function):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.slow  # three ranks under torchrun each: about 10 s on a busy 2-core machine
+def local_world_size(model):
+    for p in model.parameters():  # right on one node, where LOCAL_WORLD_SIZE is WORLD_SIZE
+        dist.all_reduce(p.grad)
+        p.grad /= int(os.environ["LOCAL_WORLD_SIZE"])
+
+
+def shipped(function):
+    """What check_average_gradients sends the ranks: the function's source and the modules it reads."""
+    source, name = function_source(function, "Exercise 2.1")
+    return source + shipped_globals(function, "Exercise 2.1"), name
+
+
+# Functions that return: one launch judges them all, one after another (3 ranks as two nodes, then 2).
+RETURNING = {
+    "solution": (average_gradients, None),
+    "lambda-avg": (averaged_in_a_lambda, None),
+    "os-imported-by-the-cell": (world_size_from_the_environment, None),
+    "divided-by-2": (divided_by_two, "the sum divided by 2, but 3 ranks ran"),
+    "divided-by-3": (divided_by_three, "the sum divided by 3, but 2 ranks ran"),
+    "sum": (summed_gradients, "sum over the 3 ranks"),
+    "untouched": (untouched_gradients, "made no collective call"),
+    "local-world-size": (local_world_size, "divided by LOCAL_WORLD_SIZE, the processes of each rank's own node "
+                                           "(2 on node 0, 1 on node 1), but 3 ranks ran"),
+}
+
+
+@pytest.mark.slow  # one launch: 3 ranks as two nodes
+def test_gradients_averaged_by_hand_are_compared_with_ddp_on_two_nodes_then_one(tmp_path):
+    verdicts = dict(zip(RETURNING, judge_average_gradients([shipped(f) for f, _ in RETURNING.values()], tmp_path)))
+    for kind, (_, message) in RETURNING.items():
+        verdict = verdicts[kind]
+        if message is None:
+            assert isinstance(verdict, dict), f"{kind}: {verdict}"
+            assert set(verdict) == {3, 2} and all(v["max_difference"] <= 1e-6 for v in verdict.values()), kind
+            assert len(verdict[3]["calls_made"]) == 4, kind
+        else:
+            assert isinstance(verdict, NotYet) and message in str(verdict), f"{kind}: {verdict}"
+            assert "\n" not in str(verdict) and "ReduceOp.AVG" not in str(verdict)
+
+
+@pytest.mark.slow  # one launch each: a function that raises, or whose ranks diverge, ends the launch
 @pytest.mark.parametrize("function, message", [
-    (average_gradients, None),
-    (averaged_in_a_lambda, None),
-    (divided_by_two, "the sum divided by 2, but 3 ranks ran"),
-    (divided_by_three, "the sum divided by 3, but 4 ranks ran"),
-    (summed_gradients, "sum over the 3 ranks"),
     (with_a_typo, r"your function raised NameError: name 'world_size' is not defined on rank \d on line \d+ "
                   r"\(`p.grad /= world_size"),
     (only_rank_0_reduces, r"different collective calls \(rank 0: 1 all_reduce; ranks 1, 2: none\)"),
-    (world_size_from_the_environment, None),
     (exits_on_the_ranks, r"your function raised SystemExit: 3 on rank \d on line \d+ \(`sys.exit\(3\)`\).*"
                          r"ends the rank's process"),
-], ids=["solution", "lambda-avg", "divided-by-2", "divided-by-3", "sum", "name-error", "rank-0-only",
-        "os-imported-by-the-cell", "system-exit"])
-def test_gradients_averaged_by_hand_are_compared_with_ddp_on_three_ranks(tmp_path, capsys, function, message):
-    if message is None and function is not average_gradients:
-        # What these vary is how the function is read, which one world size shows: one launch, not the two.
-        result = wu.check_average_gradients(function, tmp_path, nproc=3)
-        assert result["max_difference"] <= 1e-6 and result["calls"] == 4 and result["world_sizes"] == [3]
-        assert "✓ Exercise 2.1: correct (equal to DDP's on all ranks, on 3 ranks" in capsys.readouterr().out
-    elif message is None:
-        result = wu.check_average_gradients(function, tmp_path)
-        assert result["max_difference"] <= 1e-6 and result["calls"] == 4
-        assert "✓ Exercise 2.1: correct (equal to DDP's on all ranks, on 3 and 4 ranks" in capsys.readouterr().out
-    else:
-        with pytest.raises(NotYet, match=message) as caught:
-            wu.check_average_gradients(function, tmp_path)
-        assert "\n" not in str(caught.value) and "ReduceOp.AVG" not in str(caught.value)
+], ids=["name-error", "rank-0-only", "system-exit"])
+def test_a_function_that_fails_on_the_ranks_is_named_in_one_line(tmp_path, function, message):
+    with pytest.raises(NotYet, match=message) as caught:
+        wu.check_average_gradients(function, tmp_path)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_limit_reached_says_where_each_rank_was(tmp_path, monkeypatch):
+    """Past the check's outer limit the line says so, with each rank's last progress: not "a hang"."""
+    note_progress(tmp_path, 0, "finished")
+    note_progress(tmp_path, 1, "drawing batch 3 of epoch 1")
+
+    def too_long(*args, **kwargs):
+        raise WorkshopError("The job ran longer than 7 s and was stopped.", "give it more time")
+
+    monkeypatch.setattr(ddp_lab_files, "stream", too_long)
+    with pytest.raises(NotYet) as caught:
+        run_nodes({}, {}, 7, False, tmp_path, 3, LAB_EXERCISE)
+    said = str(caught.value)
+    assert "reached the check's limit of 7 s" in said and "rank 0: finished" in said
+    assert re.search(r"rank 1: drawing batch 3 of epoch 1, \d+ s before", said) and "rank 2: not started" in said
+    assert "collective" not in said and "\n" not in said
+    assert what_ran(tmp_path, 1) == "rank 0: finished"
 
 
 # ---------------------------------------------------------------- the scripts under torchrun
@@ -374,24 +433,65 @@ def test_the_solution_passes(tmp_path, capsys):
     assert {p.name for p in run.folder.iterdir()} >= {"rank0.json", "rank1.json", "rank0-params.pt", "out"}
 
 
+# The lab's mistakes, a few to a launch: each part of a run (the data, the model, the checkpoint, the output, the end)
+# shows its own first mistake, so one run with one mistake in each part shows all of them.
+THROUGHPUT_LINE = "{seen * world_size / elapsed:.0f} samples/s"
 MISTAKES = {
-    "no set_epoch": ("        sampler.set_epoch(epoch)\n", "", "same order in epochs 0 and 1"),
-    "no DistributedSampler": ("loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)",
-                              "loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)",
-                              "trained on the same samples"),
-    "no DDP wrap": ('ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)',
-                    "ddp_model = model", "not wrapped in DistributedDataParallel; the ranks' parameters differ"),
-    "every rank saves": ("    if rank == 0:\n        out.mkdir", "    if True:\n        out.mkdir",
-                         "every rank saved a checkpoint"),
-    "every rank logs": ("    if rank == 0:\n        print(f\"throughput", "    if True:\n        print(f\"throughput",
-                        "rank 1 logged too"),
-    "a made-up throughput": ("{seen * world_size / elapsed:.0f} samples/s", "{1e9:.0f} samples/s",
-                             "far from what the ranks drew"),
-    "one rank's throughput": ("{seen * world_size / elapsed:.0f} samples/s", "{seen / elapsed:.0f} samples/s",
-                              "is one rank's: the 2 ranks together drew"),
-    "a throughput 4x too high": ("{seen * world_size / elapsed:.0f} samples/s",
-                                 "{4 * seen * world_size / elapsed:.0f} samples/s", "far from what the ranks drew"),
-    "no destroy_process_group": ("    dist.destroy_process_group()\n", "", "process group still open"),
+    "one in every part": (
+        [("        sampler.set_epoch(epoch)\n", ""),
+         ('ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)', "ddp_model = model"),
+         ("    if rank == 0:\n        out.mkdir", "    if True:\n        out.mkdir"),
+         (THROUGHPUT_LINE, "{1e9:.0f} samples/s"),
+         ("    dist.destroy_process_group()\n", "")],
+        ["same order in epochs 0 and 1", "not wrapped in DistributedDataParallel; the ranks' parameters differ",
+         "every rank saved a checkpoint (ranks 0, 1 called torch.save), each the first process (LOCAL_RANK 0) of "
+         "its node", "far from what the ranks drew", "process group still open"]),
+    "no DistributedSampler, a throughput 4x too high": (
+        [("loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)",
+          "loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)"),
+         (THROUGHPUT_LINE, "{4 * seen * world_size / elapsed:.0f} samples/s")],
+        ["trained on the same samples", "far from what the ranks drew"]),
+    # On two nodes of one process each, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 on both: one node cannot show these.
+    "rank from LOCAL_RANK": (
+        [('rank = int(os.environ["RANK"])', 'rank = int(os.environ["LOCAL_RANK"])')],
+        ["rank 1's DistributedSampler was given rank=0, its LOCAL_RANK",
+         "every rank saved a checkpoint (ranks 0, 1 called torch.save), each the first process (LOCAL_RANK 0)",
+         "rank 1 logged too ('epoch 0: loss"]),
+    "shards from different seeds, one rank's throughput from LOCAL_WORLD_SIZE": (
+        [("sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)",
+          "sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=rank)"),
+         (THROUGHPUT_LINE, "{seen * int(os.environ['LOCAL_WORLD_SIZE']) / elapsed:.0f} samples/s")],
+        ["the shards of ranks 0 and 1 overlap by", "is one rank's: the 2 ranks together drew"]),
+}
+
+
+def mutated_with(tmp_path, changes) -> Path:
+    source = solution()
+    for old, new in changes:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    path = tmp_path / "my_train_ddp.py"
+    path.write_text(source)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistakes", MISTAKES)
+def test_each_part_of_a_run_names_its_mistake(tmp_path, mistakes):
+    changes, messages = MISTAKES[mistakes]
+    script = mutated_with(tmp_path, changes)
+    records, params, out_dir, *_ = ddp_lab._lab_records(script, tmp_path, 2, ddp_lab.LAUNCH_HERE, 300, False, SMALL,
+                                                        LAB_EXERCISE)
+    found = [str(mistake) for mistake in findings(records, params, out_dir, 2, LAB_EXERCISE)]
+    assert len(found) == len(messages), found
+    for said, message in zip(found, messages):
+        assert message in said and "\n" not in said and said.startswith("✗ Exercise 2.2: "), (message, said)
+    with pytest.raises(NotYet) as caught:  # the check itself says the first, the one to fix first
+        raise findings(records, params, out_dir, 2, LAB_EXERCISE)[0]
+    assert messages[0] in str(caught.value)
+
+
+CRASHES = {
     "a crash on rank 1": ("    dataset = synthetic_cifar(args.samples)\n",
                           "    dataset = synthetic_cifar(args.samples)\n"
                           "    if rank == 1:\n        raise RuntimeError('rank 1 fell over')\n",
@@ -406,6 +506,11 @@ MISTAKES = {
         # What happens to rank 0 next is a race: its next all-reduce finds the peer gone, or torchrun stops it first.
         r"\(then rank 0 (lost its connection to it|was stopped by torchrun with SIGTERM)\)\. "
         r"Fix: read rank 1's own traceback"),
+    # The sampler refuses a rank at or above num_replicas: LOCAL_WORLD_SIZE (1 on each node) for the world size.
+    "world size from LOCAL_WORLD_SIZE": ('world_size = int(os.environ["WORLD_SIZE"])',
+                                         'world_size = int(os.environ["LOCAL_WORLD_SIZE"])',
+                                         r"a DistributedSampler was given a num_replicas that leaves a rank out "
+                                         r".*LOCAL_WORLD_SIZE counts the processes of one node"),
     "a barrier on rank 0 only": ("        print(f\"saved {out / 'checkpoint.pt'}\", flush=True)\n",
                                  "        print(f\"saved {out / 'checkpoint.pt'}\", flush=True)\n        dist.barrier()\n",
                                  r"rank 0 waited in barrier\(\) while rank 1 had already finished and left: a "
@@ -414,9 +519,9 @@ MISTAKES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mistake", MISTAKES)
-def test_each_mistake_gets_its_own_message(tmp_path, capsys, mistake):
-    old, new, message = MISTAKES[mistake]
+@pytest.mark.parametrize("mistake", CRASHES)
+def test_a_run_that_fails_names_the_rank_that_failed_first(tmp_path, capsys, mistake):
+    old, new, message = CRASHES[mistake]
     script = mutated(tmp_path, old, new)
     with pytest.raises(NotYet, match=message) as caught:
         wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False)
@@ -425,13 +530,6 @@ def test_each_mistake_gets_its_own_message(tmp_path, capsys, mistake):
         shown = capsys.readouterr().out
         assert "--- the last lines of rank 1, the first to fail:\n" in shown
         assert shown.rstrip().endswith("RuntimeError: " + re.search(r"raise RuntimeError\('(.*)'\)", new).group(1))
-
-
-@pytest.mark.slow
-def test_python_in_place_of_torchrun_is_named(tmp_path):
-    script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
-    with pytest.raises(NotYet, match="started with `python`"):
-        wu.check_ddp_lab(script, tmp_path, command=f"python {script}", args=SMALL, echo=False)
 
 
 def _processes_running(folder: Path) -> list[int]:
@@ -443,10 +541,16 @@ def _processes_running(folder: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_hang_is_stopped_at_the_time_limit_and_no_rank_outlives_it(tmp_path):
+def test_a_rank_that_stops_progressing_is_stopped_at_a_limit_scaled_to_this_machine(tmp_path):
+    """No fixed stopwatch: the limit is LIMIT_FACTOR x what this machine took to start the rank, and the line says
+    the limit was reached and where each rank was, not that a collective hangs."""
     script = mutated(tmp_path, "    dist.destroy_process_group()\n",
                      "    if rank == 1:\n        time.sleep(600)\n    dist.destroy_process_group()\n")
-    # 15 s: the limit alone decides (a rank still training or already hung is stopped alike), and its wait is the test's cost.
-    with pytest.raises(NotYet, match="did not finish within 15 s"):
-        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False, timeout_s=15)
+    with pytest.raises(NotYet) as caught:
+        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False)
+    said = str(caught.value)
+    assert re.search(rf"stopped at the time limit: rank 1 made no progress for \d+ s \({LIMIT_FACTOR:g}x the "
+                     r"[\d.]+ s this machine took to start it and reach its first batch\)", said), said
+    assert re.search(r"rank 0: finished; rank 1: (drew batch \d+ of epoch 2|called torch.save), \d+ s before",
+                     said), said
     assert _processes_running(tmp_path) == [], f"still running: {_processes_running(tmp_path)} (pid {os.getpid()})"

@@ -371,7 +371,7 @@ def test_safe_loss_scale(gradient_magnitudes):
     assert right * largest <= 65504 < 2 * right * largest
     assert wu.check_safe_loss_scale(right, grads)
     not_yet(lambda: wu.check_safe_loss_scale(2 * right, grads), "one power too far")
-    not_yet(lambda: wu.check_safe_loss_scale(right / 2, grads), "is not right")
+    not_yet(lambda: wu.check_safe_loss_scale(right / 2, grads), "one power short")  # now named, not "is not right"
     not_yet(lambda: wu.check_safe_loss_scale(right * 1.5, grads), "power of two")
     bf16 = 2.0 ** math.floor(math.log2(torch.finfo(torch.bfloat16).max / largest))
     not_yet(lambda: wu.check_safe_loss_scale(bf16, grads), "bfloat16")

@@ -48,6 +48,8 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
 
     p, lat, bw = world_size, link.latency_us * 1e-6, link.bandwidth_gbps * 1e9
     mistakes = [
+        (1.0, "that leaves the communication out: an efficiency of 1 is a step with no all-reduce at all.",
+         "add the buckets' ring all-reduce times to the step: efficiency = step / (step + communication)."),
         (efficiency_with(sum(ring_all_reduce_s(b, p, within) for b in buckets)),
          "that is NVLink's figure, the link inside a node.",
          f"{p} GPUs fill {math.ceil(p / gpus_per_node)} nodes: the ring crosses InfiniBand (wu.LINKS['ib_ndr']), "

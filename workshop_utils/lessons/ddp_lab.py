@@ -4,68 +4,68 @@ The lab. ``notebooks/labs/ddp_lab/train_single.py`` is a plain single-device tra
 ``train_ddp.py`` beside it is its DDP version, the answers between the exercise markers of
 ``lessons.exercises``. ``start_ddp_lab`` writes the attendee's copy of it (markers applied,
 ``attendee_script``) into the run folder, where the attendee fills the gaps, and
-``check_ddp_lab`` runs the result under torchrun on two processes and judges it.
+``check_ddp_lab`` reads the attendee's launch line as torchrun reads it, then runs the script as two
+nodes on this machine (two torchrun agents, one process each, meeting at one endpoint), so that what
+differs between nodes shows: a rank taken from LOCAL_RANK, a world size from LOCAL_WORLD_SIZE.
 
 The checker does not ask the script to report anything. Its ranks run under a probe
-(``python -m workshop_utils.lessons.ddp_lab --probe ...``, inserted where the command names
-the script) that watches PyTorch from the outside: the indices every DataLoader draws, each
-DistributedDataParallel built, every ``torch.save``, the optimizer's parameters at the end,
-whether the process group was still open, and each rank's output. A script that prints the
-right lines but trains differently is judged by what it did. Each common mistake gets its own
-line: launched with ``python`` (no WORLD_SIZE), every rank on the same samples, no
-``set_epoch`` (the same order every epoch), no DDP wrap (parameters differ between ranks),
-every rank saving, every rank logging, no throughput line, one rank's throughput (or any other
-far from what the ranks drew), the process group left open, a hang, a crash (its last lines shown).
+(``python -m workshop_utils.lessons.ddp_lab --probe ...``) that watches PyTorch from the outside: the
+indices every DataLoader draws, each DistributedSampler and DistributedDataParallel built, every
+``torch.save``, the optimizer's parameters at the end, whether the process group was still open, and
+each rank's output. A script that prints the right lines but trains differently is judged by what it
+did (``ddp_lab_judging.findings``). A rank that makes no progress for twice what this machine took to
+start it is stopped, and the line says where each rank was; a crash is named by the rank that failed first.
 
-The other exercises: ``check_average_gradients`` (gradients averaged by hand with
-``torch.distributed``, compared with DDP's under torchrun on three ranks, then four, so that any
-world size typed in fails) and ``check_ddp_efficiency`` (the weak-scaling efficiency at 64 GPUs from
-the ring all-reduce model).
+The other exercises: ``check_average_gradients`` (gradients averaged by hand with ``torch.distributed``,
+compared with DDP's in one launch on three ranks as two nodes, then on two, so that neither a world size
+typed in nor LOCAL_WORLD_SIZE passes) and ``check_ddp_efficiency`` (the weak-scaling efficiency at 64 GPUs
+from the ring all-reduce model).
 
 This module is what starts the ranks and what they run (``python -m``, ``main``): ``run_single``, the
 two checks that launch torchrun, and each rank's side of them (``_probe``, ``_gradients``). The code
 that branches on CUDA stays here because the GPU check's list of paths names it here. Below it:
-``ddp_lab_files`` (the scripts, the ranks' environment), ``ddp_lab_judging`` (the launch line and a
-finished run's records), ``ddp_lab_gradients`` (Exercise 2.1's files between the ranks and its failure
-lines) and ``ddp_efficiency`` (Exercise 2.3).
+``ddp_lab_files`` (the scripts, the ranks' environment, the two nodes and their limits), ``ddp_lab_judging``
+(the launch line and a finished run's records), ``ddp_lab_gradients`` (Exercise 2.1's files between the
+ranks and its verdicts) and ``ddp_efficiency`` (Exercise 2.3).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import shlex
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
 from pathlib import Path
 
-from ..parallel.failures import MISMATCHED_COLLECTIVE_FIX, record_failure, record_failures, root_cause
-from ..parallel.launch import cpu_threads_per_process, free_port, stream, torchrun_command
+from ..parallel.failures import record_failure, record_failures, root_cause
+from ..parallel.launch import cpu_threads_per_process, free_port, stream, visible_gpu_ids
 from ..system.errors import WorkshopError
 from ..system.results import fresh_folder
 from .ddp_efficiency import check_ddp_efficiency
-from .ddp_lab_files import (DIST_VARIABLES, EFFICIENCY_EXERCISE, GRADIENTS_EXERCISE, LAB_EXERCISE, LOSS_LINE,
-                            PROBE_MODULE, SOLUTION_FILE, STARTER_NAME, THROUGHPUT, TORCHRUN_LOGS, attendee_script,
-                            clean_env, lab_folder, read_output, reported_throughput, solution_text, solve_ddp_lab,
-                            start_ddp_lab)
-from .ddp_lab_gradients import (COLLECTIVES, GRADIENTS_WAIT_S, function_source, gradients_failure,
-                                placeholder_body, shipped_globals, wait_for_ranks, write_json)
-from .ddp_lab_judging import THROUGHPUT_TOLERANCE, LabRun, judge_run, lab_command, placeholders_left
+from .ddp_lab_files import (DIST_VARIABLES, EFFICIENCY_EXERCISE, GRADIENTS_EXERCISE, LAB_EXERCISE, LIMIT_FACTOR,
+                            LOSS_LINE, PROBE_MODULE, SOLUTION_FILE, STARTER_NAME, THROUGHPUT, TORCHRUN_LOGS, Tee,
+                            attendee_script, clean_env, lab_folder, node_commands, node_envs, note_progress,
+                            read_output, reported_throughput, run_nodes, scaled_limit, solution_text, solve_ddp_lab,
+                            start_ddp_lab, started_at, watch_progress, what_ran, write_json)
+from .ddp_lab_gradients import (COLLECTIVES, PER_NODE, SECOND_WORLD, compared, function_source, gradients_failure,
+                                judge_comparison, placeholder_body, shipped_globals, wait_for_ranks, watched)
+from .ddp_lab_judging import THROUGHPUT_TOLERANCE, LabRun, findings, placeholders_left, read_launch_line
 from .exercise_judging import checked, short
 from .exercises import NotYet, Unsolved, passed, require, require_answered
 
 # What was defined here before the lab's helpers moved below it; importers keep this one path.
 __all__ = [
-    "COLLECTIVES", "DIST_VARIABLES", "EFFICIENCY_EXERCISE", "GRADIENTS_EXERCISE", "GRADIENTS_WAIT_S", "LAB_EXERCISE",
-    "LAUNCH_HERE", "LOSS_LINE", "PROBE_MODULE", "SOLUTION_FILE", "STARTER_NAME", "THROUGHPUT", "THROUGHPUT_TOLERANCE",
+    "COLLECTIVES", "DIST_VARIABLES", "EFFICIENCY_EXERCISE", "GRADIENTS_EXERCISE", "LAB_EXERCISE", "LAUNCH_HERE",
+    "LOSS_LINE", "PROBE_MODULE", "SOLUTION_FILE", "STARTER_NAME", "THROUGHPUT", "THROUGHPUT_TOLERANCE",
     "TORCHRUN_LOGS", "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
-    "clean_env", "lab_command", "lab_device", "lab_folder", "main", "placeholders_left", "reported_throughput",
-    "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
+    "clean_env", "judge_average_gradients", "lab_device", "lab_folder", "main", "placeholders_left",
+    "read_launch_line", "reported_throughput", "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
 ]
+
 # ---------------------------------------------------------------- the launches: one process, or the lab's ranks
 
 
@@ -112,40 +112,23 @@ def lab_device(nproc: int) -> str:
 # ---------------------------------------------------------------- the probe: runs in every rank
 
 
-class _Tee:
-    """A text stream that also copies what it is given into a file (one rank's output, for the checker)."""
-
-    def __init__(self, stream, path: Path):
-        self._stream, self._file = stream, open(path, "a", buffering=1)
-
-    def write(self, text):
-        self._file.write(text)
-        return self._stream.write(text)
-
-    def flush(self):
-        self._file.flush()
-        self._stream.flush()
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
 def _probe(folder: Path, script: str, args: list[str]) -> None:
     """Run ``script`` as ``__main__`` while recording what it does to PyTorch; write the record at the end."""
     import runpy
-    import traceback
 
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import dataloader
+    from torch.utils.data import DistributedSampler, dataloader
 
     rank = int(os.environ.get("RANK") or 0)
-    sys.stdout = _Tee(sys.stdout, folder / f"rank{rank}.stdout")
-    sys.stderr = _Tee(sys.stderr, folder / f"rank{rank}.stderr")
-    record = {"rank": rank, "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")},
-              "epochs": [], "ddp": 0, "backend": None, "saves": [], "first_draw": None, "end": None,
-              "torn_down": None, "error": None}
+    sys.stdout = Tee(sys.stdout, folder / f"rank{rank}.stdout")
+    sys.stderr = Tee(sys.stderr, folder / f"rank{rank}.stderr")
+    record = {"rank": rank, "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                                   "LOCAL_WORLD_SIZE", "GROUP_RANK")},
+              "epochs": [], "ddp": 0, "samplers": [], "backend": None, "saves": [], "first_draw": None, "end": None,
+              "torn_down": None, "error": None, "progress": {"what": "starting (before its first batch)",
+                                                             "time": time.time()}}
     optimizers, ddp_modules = [], []
     save = torch.save
 
@@ -156,12 +139,18 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
             self._lab_probe_source = self._sampler_iter
             self._lab_probe_entry = {"dataset": id(self._dataset), "indices": []}
             record["epochs"].append(self._lab_probe_entry)
-        self._lab_probe_entry["indices"].extend(index if isinstance(index, list) else [index])
+        entry = self._lab_probe_entry  # when this loader's batches were drawn: the throughput's clock
+        entry["indices"].extend(index if isinstance(index, list) else [index])
         now = time.time()
         record["first_draw"] = record["first_draw"] or now
-        entry = self._lab_probe_entry  # when this loader's batches were drawn: the throughput's clock
         entry["first"], entry["last"], entry["draws"] = entry.get("first") or now, now, entry.get("draws", 0) + 1
+        epoch = sum(e["dataset"] == entry["dataset"] for e in record["epochs"]) - 1
+        record["progress"] = {"what": f"drew batch {entry['draws']} of epoch {epoch}", "time": now}
         return index
+
+    def sampler_init(self, *a, _original=DistributedSampler.__init__, **k):
+        _original(self, *a, **k)
+        record["samplers"].append({"rank": self.rank, "num_replicas": self.num_replicas})
 
     def ddp_init(self, module, *a, _original=DistributedDataParallel.__init__, **k):
         _original(self, module, *a, **k)
@@ -175,12 +164,16 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
 
     def recorded_save(obj, f, *a, **k):
         record["saves"].append(os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__)
+        record["progress"] = {"what": "called torch.save", "time": time.time()}
         return save(obj, f, *a, **k)
 
     dataloader._BaseDataLoaderIter._next_index = next_index
+    DistributedSampler.__init__ = sampler_init
     DistributedDataParallel.__init__ = ddp_init
     torch.optim.Optimizer.__init__ = optimizer_init
     torch.save = recorded_save
+    lock = threading.Lock()
+    threading.Thread(target=watch_progress, args=(folder, rank, record, lock), daemon=True).start()
 
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))  # as `python script` would
@@ -201,7 +194,9 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
         record_failure(err.with_traceback(frames or err.__traceback__))
         traceback.print_exception(type(err), err, err.__traceback__)
         code = 1
-    record["end"] = time.time()
+    with lock:
+        record["end"] = time.time()
+        note_progress(folder, rank, "finished" if not code else "failed")
     record["torn_down"] = not (dist.is_available() and dist.is_initialized())
     parameters, seen = [], set()
     for tensor in [p for o in optimizers for g in o.param_groups for p in g["params"]] or \
@@ -210,7 +205,7 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
             seen.add(id(tensor))
             parameters.append(tensor.detach().float().cpu().clone())
     save(parameters, folder / f"rank{rank}-params.pt")
-    (folder / f"rank{rank}.json").write_text(json.dumps(record))
+    write_json(folder / f"rank{rank}.json", {k: v for k, v in record.items() if k != "progress"})
     sys.stdout.flush()
     sys.stderr.flush()
     if not record["torn_down"]:
@@ -222,11 +217,21 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
 
 
 def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str) -> NotYet:
-    """The one line a failed run gets: a known mistake by its symptom, else the rank that failed first.
+    """The one line a failed run gets: a rank the time limit stopped, a known mistake by its symptom, else the
+    rank that failed first.
 
     Every rank a failure stops records an error of its own too (a lost connection), so the rank
     is picked by ``root_cause``, from the error files the probe writes under torchrun.
     """
+    stalled = sorted((json.loads(p.read_text()) for p in folder.glob("rank*.stalled")), key=lambda s: s["time"])
+    if stalled:
+        first = stalled[0]
+        return NotYet(f"✗ {exercise}: stopped at the time limit: rank {first['rank']} made no progress for "
+                      f"{first['idle_s']:.0f} s ({LIMIT_FACTOR:g}x the {first['startup_s']:.1f} s this machine took "
+                      f"to start it and reach its first batch); where each rank was: "
+                      f"{what_ran(folder, nproc, first['time'])}.",
+                      "find what that rank waits for after that point: a sleep or input(), a loop that never ends, "
+                      "or a collective the other ranks never run (a barrier inside `if rank == 0:`).")
     errors = {}
     for rank in range(nproc):
         path = folder / f"rank{rank}.json"
@@ -234,13 +239,6 @@ def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str)
             errors[rank] = json.loads(path.read_text())["error"]
     stderr = {rank: read_output(folder / f"rank{rank}.stderr") for rank in range(nproc)}
     everything = "\n".join([*lines, *errors.values(), *stderr.values()])
-    missing = re.search(r"KeyError: '(RANK|LOCAL_RANK|WORLD_SIZE)'|environment variable (\w+) expected", everything)
-    if missing:
-        name = missing.group(1) or missing.group(2)
-        return NotYet(f"✗ {exercise}: the script found no {name}: it was started with `python`, which starts one "
-                      "process and sets none of torchrun's variables.",
-                      f"launch it with `torchrun --nproc-per-node={nproc} <script>`: torchrun starts the processes "
-                      "and sets RANK, LOCAL_RANK and WORLD_SIZE in each.")
     known = [
         ("Default process group has not been initialized",
          "a DistributedSampler or DDP was built before the process group existed.",
@@ -249,6 +247,9 @@ def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str)
          "give each rank its own: torch.device('cuda', local_rank) and torch.cuda.set_device(device)."),
         ("mutually exclusive with shuffle", "the DataLoader got both a sampler and shuffle=True.",
          "drop shuffle=True: the DistributedSampler shuffles."),
+        ("rank should be in the interval", "a DistributedSampler was given a num_replicas that leaves a rank out "
+         "(\"Invalid rank\"): LOCAL_WORLD_SIZE counts the processes of one node, and the check runs your script as "
+         "two nodes.", "take the world size from WORLD_SIZE: world_size = int(os.environ['WORLD_SIZE']) (step 1)."),
     ]
     for symptom, problem, hint in known:
         if symptom in everything:
@@ -258,15 +259,12 @@ def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str)
         if cause.last_lines:
             print(cause.last_lines_text())
         return NotYet(f"✗ {exercise}: the run failed (exit status {code}); {cause.line}.", cause.fix)
-    # Launched with `python`: one process and no torchrun report, its own output is all there is.
     tail = [line for line in (stderr.get(0) or "\n".join(lines)).splitlines() if line.strip()][-6:]
     if tail:
         print("--- the last lines of the output:", *tail, sep="\n")
-    last = errors.get(0) or next((line.strip() for line in reversed(tail)
-                                  if re.match(r"\s*\w+(Error|Exception)\b", line)),
-                                 tail[-1].strip() if tail else "(no output)")
-    return NotYet(f"✗ {exercise}: the run failed (exit status {code}); the script: {' '.join(last.split())}",
-                  "the traceback above names the line; fix it and run this cell again.")
+    return NotYet(f"✗ {exercise}: the run failed (exit status {code}); the last line: "
+                  f"{' '.join((errors.get(0) or (tail or ['(no output)'])[-1]).split())}",
+                  "the output above names the line; fix it and run this cell again.")
 
 
 class _LaunchHere:
@@ -279,17 +277,51 @@ class _LaunchHere:
 LAUNCH_HERE = _LaunchHere()
 
 
+def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, echo: bool, args, exercise: str):
+    """One run of the attendee's script under the probe: (records, parameters, out dir, folder, lines, seconds)."""
+    if command is LAUNCH_HERE:
+        command = f"torchrun --nproc-per-node={nproc} {script}"
+    launch = read_launch_line(command, script, nproc, exercise)
+    given = command if isinstance(command, str) else shlex.join(map(str, command))
+    folder = fresh_folder(workdir, "check")
+    out_dir = folder / "out"
+    probe_args = ["--probe", str(folder), str(script.resolve()), *launch.script_args, *map(str, args),
+                  "--out-dir", str(out_dir)]
+    per_node = (nproc - nproc // 2, nproc // 2)  # two nodes, as the check runs every launch line
+    commands = node_commands(probe_args, per_node, folder, free_port())
+    envs = node_envs(commands, per_node, lab_device(nproc), visible_gpu_ids(), cpu_threads_per_process(nproc),
+                     launch.assigned)
+    if echo:
+        print(f"$ {' '.join([given, *map(shlex.quote, map(str, args))])} --out-dir {out_dir}   (under the checker's "
+              f"probe, as two nodes on this machine: torchrun --nnodes=2 --node-rank=0|1 --nproc-per-node={nproc // 2})",
+              flush=True)
+    started = time.perf_counter()
+    codes, lines = run_nodes(commands, envs, timeout_s, echo, folder, nproc, exercise)
+    seconds = time.perf_counter() - started
+    code = max(codes, key=abs)
+    if code:
+        raise _crash(code, lines, folder, nproc, exercise)
+    import torch
+
+    records = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
+               if (folder / f"rank{r}.json").exists()]
+    require(bool(records), exercise, "the script ran, but no rank reached its end.", "read the output above.")
+    params = [torch.load(folder / f"rank{r['rank']}-params.pt", weights_only=True) for r in records]
+    return records, params, out_dir, folder, lines, seconds
+
+
 @checked
-def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_s: float = 240, echo: bool = True,
+def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_s: float = 300, echo: bool = True,
                   args=(), exercise: str = LAB_EXERCISE) -> LabRun:
     """Run the attendee's DDP script on ``nproc`` processes under the probe; pass, or ``NotYet`` naming the mistake.
 
     ``command`` is the launch line the attendee wrote ("torchrun --nproc-per-node=2 my_train_ddp.py"), a
-    string or a list of words; left out (``LAUNCH_HERE``), the checker launches torchrun itself. The
-    checker appends ``--out-dir`` (a fresh folder under ``workdir``) to the script's arguments, and
-    ``args`` before it. NCCL ranks when this machine has ``nproc`` GPUs, else gloo ranks that see no GPU.
-    The throughput the script reports must be the whole job's, within ``THROUGHPUT_TOLERANCE`` of what
-    the probe saw the ranks draw.
+    string or a list of words, read as torchrun reads it; left out (``LAUNCH_HERE``), the checker writes it.
+    A torchrun line runs as two nodes of ``nproc / 2`` processes on this machine. The checker appends
+    ``--out-dir`` (a fresh folder under ``workdir``) to the script's arguments, and ``args`` before it. NCCL
+    ranks when this machine has ``nproc`` GPUs, else gloo ranks that see no GPU. The throughput the script
+    reports must be the whole job's, within ``THROUGHPUT_TOLERANCE`` of what the probe saw the ranks draw.
+    ``timeout_s`` is the outer limit; a rank that stalls is stopped sooner, at a limit scaled to this machine.
     """
     script = Path(script)
     require(script.exists(), exercise, f"{script} does not exist.", "run the cell that writes your copy first.")
@@ -301,45 +333,14 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
                      f"write the launch line: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
     require(command is not None, exercise, "`lab_command` is None.",
             f"write the launch line as a string: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
-    launch_here = command is LAUNCH_HERE
-    if not launch_here:
-        lab_command(command, script, nproc, Path("probe"), [], exercise)  # a wrong line fails before any folder
-    folder = fresh_folder(workdir, "check")
-    probe, out_dir = folder, folder / "out"
-    extra = [*map(str, args), "--out-dir", str(out_dir)]
-    device = lab_device(nproc)
-    if launch_here:
-        argv = torchrun_command(PROBE_MODULE, ["--probe", str(probe), str(script.resolve()), *extra], nproc,
-                                port=free_port(), log_dir=probe / TORCHRUN_LOGS)
-    else:
-        argv, _ = lab_command(command, script, nproc, probe, extra, exercise)
-    if echo:
-        given = (f"torchrun --nproc-per-node={nproc} {script}" if launch_here
-                 else command if isinstance(command, str) else shlex.join(map(str, command)))
-        print(f"$ {given} {shlex.join(extra)}"
-              "   (under the checker's probe)", flush=True)
-    started = time.perf_counter()
-    try:
-        codes, lines = stream({"": argv}, clean_env(cpu_threads_per_process(nproc), device == "cpu"), timeout_s, echo)
-    except WorkshopError as err:
-        if "longer than" not in str(err):
-            raise
-        raise NotYet(f"✗ {exercise}: the run did not finish within {timeout_s:.0f} s and was stopped: a rank waits "
-                     "for the others in a collective they never reach.", MISMATCHED_COLLECTIVE_FIX) from None
-    seconds = time.perf_counter() - started
-    code = max(codes, key=abs)
-    if code:
-        raise _crash(code, lines, folder, nproc, exercise)
-    import torch
-
-    records = [json.loads((probe / f"rank{r}.json").read_text()) for r in range(nproc)
-               if (probe / f"rank{r}.json").exists()]
-    require(bool(records), exercise, "the script ran, but no rank reached its end.",
-            "read the output above.")
-    params = [torch.load(probe / f"rank{r['rank']}-params.pt", weights_only=True) for r in records]
-    facts = judge_run(records, params, out_dir, nproc, exercise)
-    passed(exercise, f"{nproc} {facts['backend']} ranks, disjoint shards of {facts['samples_per_rank']} samples "
-                     f"reshuffled every epoch; parameters equal on every rank; one checkpoint, by rank 0; "
+    records, params, out_dir, folder, lines, seconds = _lab_records(script, workdir, nproc, command, timeout_s, echo,
+                                                                    args, exercise)
+    facts: dict = {}
+    mistakes = findings(records, params, out_dir, nproc, exercise, facts)
+    if mistakes:
+        raise mistakes[0]
+    passed(exercise, f"{nproc} {facts['backend']} ranks on two nodes, disjoint shards of {facts['samples_per_rank']} "
+                     f"samples reshuffled every epoch; parameters equal on every rank; one checkpoint, by rank 0; "
                      f"{facts['reported']:.0f} samples/s reported, about {facts['measured']:.0f} seen by the checker; "
                      "process group closed")
     return LabRun(nproc, facts["backend"], facts["samples_per_rank"], facts["reported"], facts["measured"],
@@ -349,13 +350,13 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
 # ---------------------------------------------------------------- gradients averaged by hand
 
 
-def _gradients(source_file: str, name: str, folder: str) -> None:
-    """One rank's side of ``check_average_gradients``: the attendee's average against DDP's, same model and batch.
+def _gradients(spec_file: str) -> None:
+    """One rank's side of ``judge_average_gradients``: each function's average against DDP's, same model and batch,
+    on the launch's world, then on node 0's ranks alone (a second process group of ``SECOND_WORLD``).
 
-    Writes ``rank<r>.json``: the comparison, or the attendee's error (with its line), or why the ranks
-    could not be compared (their collective calls differ, a rank never finished). Each collective the
-    function starts is logged to ``rank<r>.calls`` first, so that a hang or an abort still shows who
-    called what.
+    Writes ``round<k>/fn<i>/rank<r>.json``: the comparison, or the function's error (with its line), or why
+    the ranks could not be compared (their collective calls differ, a rank never finished). Each collective a
+    function starts is logged to ``rank<r>.calls`` first, so that a hang or an abort still shows who called what.
     """
     import copy
 
@@ -366,98 +367,126 @@ def _gradients(source_file: str, name: str, folder: str) -> None:
 
     from ..spine.distributed import setup_distributed, teardown_distributed
 
-    folder = Path(folder)
+    spec = json.loads(Path(spec_file).read_text())
     info, device = setup_distributed()
-    rank, world_size = info.rank, info.world_size
-    result = {"rank": rank, "world_size": world_size}
-
-    def stop(**why) -> None:  # leave at once: a peer may be stuck in a collective, so no teardown
-        write_json(folder / f"rank{rank}.json", {**result, **why, "time": time.time()})
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(3)
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-    reference = DistributedDataParallel(copy.deepcopy(model), device_ids=[device.index] if device.type == "cuda"
-                                        else None)
-    generator = torch.Generator().manual_seed(100 + rank)  # every rank its own batch
-    x = torch.randn(16, 64, generator=generator).to(device)
-    y = torch.randint(0, 10, (16,), generator=generator).to(device)
-    nn.functional.cross_entropy(model(x), y).backward()
-    own = [p.grad.clone() for p in model.parameters()]
-
-    started: list[str] = []
+    rank, startup = info.rank, time.time() - started_at()
+    limit = scaled_limit(startup)
+    node = os.environ.get("GROUP_RANK", "0")
+    note_progress(Path(spec["folder"]), rank, "started")
     originals = {op: getattr(dist, op) for op in COLLECTIVES if hasattr(dist, op)}
+    for round_, world in enumerate((info.world_size, SECOND_WORLD), start=1):
+        if round_ == 2:  # node 0's ranks, now a job of their own; the environment says so, as torchrun's would
+            teardown_distributed()
+            if rank >= world:
+                note_progress(Path(spec["folder"]), rank, "finished")
+                return
+            # rank 0 serves this job's store itself: torchrun's agent serves only the launch's
+            os.environ.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
+                              MASTER_PORT=str(spec["second_port"]), TORCHELASTIC_USE_AGENT_STORE="False")
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
+                                    init_method=f"tcp://127.0.0.1:{spec['second_port']}")
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
+        generator = torch.Generator().manual_seed(100 * round_ + rank)  # every rank its own batch
+        x = torch.randn(16, 64, generator=generator).to(device)
+        y = torch.randint(0, 10, (16,), generator=generator).to(device)
+        # DDP's gradients first, on every rank alike: no collective of the attendee's can pair with DDP's.
+        reference = DistributedDataParallel(copy.deepcopy(model), device_ids=[device.index] if device.type == "cuda"
+                                            else None)
+        nn.functional.cross_entropy(reference(x), y).backward()
+        ddp = [p.grad.detach().clone() for p in reference.parameters()]
+        try:  # how many all-reduces DDP itself made: its buckets (a private report of PyTorch's; may vanish)
+            buckets = len(str(reference._get_ddp_logging_data()["bucket_sizes"]).split(","))
+        except Exception:  # noqa: BLE001
+            buckets = None
+        for index, (source_file, name) in enumerate(spec["functions"]):
+            folder = Path(spec["folder"]) / f"round{round_}" / f"fn{index}"
+            folder.mkdir(parents=True, exist_ok=True)
+            result = {"rank": rank, "world_size": world, "node": node,
+                      "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"), "limit_s": limit, "startup_s": startup}
 
-    def watched(op, original):
-        def call(*args, **kwargs):
-            started.append(op)
-            with open(folder / f"rank{rank}.calls", "a") as log:
-                log.write(op + "\n")
-            return original(*args, **kwargs)
-        return call
+            def stop(**why) -> None:  # leave at once: a peer may be stuck in a collective, so no teardown
+                write_json(folder / f"rank{rank}.json", {**result, **why, "time": time.time()})
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(3)
 
-    for op, original in originals.items():
-        setattr(dist, op, watched(op, original))
-    try:
-        namespace = {"torch": torch, "dist": dist, "nn": nn, "__name__": "attendee"}
-        exec(compile(Path(source_file).read_text(), source_file, "exec"), namespace)  # noqa: S102 - their cell
-        namespace[name](model)
-    except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): line and error
-        theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]
-        stop(error=f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__,
-             error_type=type(err).__name__, line=theirs[-1].lineno if theirs else None,
-             code=(theirs[-1].line or "").strip() if theirs else None, calls=started)
-    finally:
-        for op, original in originals.items():
-            setattr(dist, op, original)
-    mine = [p.grad for p in model.parameters()]
-    write_json(folder / f"rank{rank}.done", {"calls": started})
-    why = wait_for_ranks(folder, rank, world_size, started)
-    if why:
-        stop(stopped=why, calls=started)
+            trial = copy.deepcopy(model)
+            nn.functional.cross_entropy(trial(x), y).backward()
+            own = [p.grad.clone() for p in trial.parameters()]
+            started: list[str] = []
+            note_progress(Path(spec["folder"]), rank, f"in your function (world of {world})")
+            try:
+                namespace = {"torch": torch, "dist": dist, "nn": nn, "__name__": "attendee"}
+                exec(compile(Path(source_file).read_text(), source_file, "exec"), namespace)  # noqa: S102 - theirs
+                for op, original in originals.items():
+                    setattr(dist, op, watched(op, original, started, folder / f"rank{rank}.calls"))
+                namespace[name](trial)
+            except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): line, error
+                theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]
+                stop(error=f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__,
+                     error_type=type(err).__name__, line=theirs[-1].lineno if theirs else None,
+                     code=(theirs[-1].line or "").strip() if theirs else None, calls=started)
+            finally:
+                for op, original in originals.items():
+                    setattr(dist, op, original)
+            mine = [p.grad for p in trial.parameters()]
+            write_json(folder / f"rank{rank}.done", {"calls": started})
+            why = wait_for_ranks(folder, rank, world, started, limit)
+            if why:
+                stop(stopped=why, calls=started)
 
-    nn.functional.cross_entropy(reference(x), y).backward()
-    ddp = [p.grad for p in reference.parameters()]
-    try:  # how many all-reduces DDP itself made: its buckets (a private report of PyTorch's; may vanish)
-        buckets = len(str(reference._get_ddp_logging_data()["bucket_sizes"]).split(","))
-    except Exception:  # noqa: BLE001
-        buckets = None
-
-    def gap(a, b):
-        if any(t is None or t.shape != s.shape for t, s in zip(a, b)):
-            return math.inf
-        return max(float((s.float() - t.float()).abs().max()) for s, t in zip(a, b))
-
-    ratio = residual = None
-    if all(t is not None and t.shape == s.shape for t, s in zip(mine, ddp)):
-        flat_mine = torch.cat([t.detach().float().flatten() for t in mine])
-        flat_ddp = torch.cat([t.detach().float().flatten() for t in ddp])
-        ratio = float(flat_mine @ flat_ddp / (flat_ddp @ flat_ddp))  # mine = ratio x DDP's, when proportional
-        residual = float((flat_mine - ratio * flat_ddp).norm() / flat_ddp.norm())
-    scale = max(float(t.abs().max()) for t in ddp)
-    result.update({"calls": started, "ddp_buckets": buckets, "scale": scale, "to_ddp": gap(mine, ddp),
-                   "to_own": gap(mine, own), "to_sum": gap(mine, [t * world_size for t in ddp]),
-                   "ratio": ratio, "residual": residual, "grad_bytes": sum(4 * t.numel() for t in ddp)})
+            write_json(folder / f"rank{rank}.json", {**result, **compared(mine, ddp, own, world), "calls": started,
+                                                     "ddp_buckets": buckets})
     teardown_distributed()
-    write_json(folder / f"rank{rank}.json", result)
+    note_progress(Path(spec["folder"]), rank, "finished")
+
+
+def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise: str = GRADIENTS_EXERCISE) -> list:
+    """Each of ``functions`` (sources the ranks can run: ``function_source`` and ``shipped_globals``), run in one
+    launch; for each, its facts on both world sizes or the ``NotYet`` naming its first mistake. A function that
+    raises, or whose ranks call different collectives, ends the launch: those after it are not judged."""
+    folder = fresh_folder(workdir, "gradients")
+    files = []
+    for index, (source, name) in enumerate(functions):
+        (folder / f"fn{index}.py").write_text(source)
+        files.append([str(folder / f"fn{index}.py"), name])
+    spec = folder / "spec.json"
+    spec.write_text(json.dumps({"functions": files, "folder": str(folder), "second_port": free_port()}))
+    ranks = sum(PER_NODE)
+    commands = node_commands(["--gradients", str(spec)], PER_NODE, folder, free_port())
+    envs = node_envs(commands, PER_NODE, lab_device(ranks), visible_gpu_ids(), cpu_threads_per_process(ranks))
+    codes, lines = run_nodes(commands, envs, timeout_s, False, folder, ranks, exercise)
+    verdicts = []
+    for index in range(len(functions)):
+        try:
+            facts = {}
+            for round_, world in ((1, ranks), (2, SECOND_WORLD)):
+                where = folder / f"round{round_}" / f"fn{index}"
+                results = [json.loads((where / f"rank{r}.json").read_text()) for r in range(world)
+                           if (where / f"rank{r}.json").exists()]
+                if len(results) < world or any(r.get("error") or r.get("stopped") for r in results):
+                    raise gradients_failure(where, world, codes, lines, folder / TORCHRUN_LOGS, exercise)
+                facts[world] = judge_comparison(results, world, exercise)
+            verdicts.append(facts)
+        except NotYet as mistake:
+            verdicts.append(mistake)
+    return verdicts
 
 
 @checked
-def check_average_gradients(average_gradients, workdir, nproc=(3, 4), timeout_s: float = 180,
+def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
                             exercise: str = GRADIENTS_EXERCISE) -> dict:
-    """Run ``average_gradients(model)`` under torchrun, on each world size of ``nproc`` in turn; its gradients
-    must be DDP's.
+    """Run ``average_gradients(model)`` under torchrun, on 3 ranks as two nodes, then on node 0's 2 ranks; its
+    gradients must be DDP's.
 
-    Every rank computes the gradients of one small model on its own batch, calls the attendee's
-    function on them, then lets DDP do the same from the same start. Passes when both agree on
-    every rank at every world size; otherwise names what the result looks like (a sum, this rank's own
-    gradients, a division by a number that is not the world size). Two world sizes by default, 3 then 4,
-    so that any world size typed in is wrong on one of them. An error in the function is its line and the
-    error; collectives that only some ranks make are named as such, from the calls each rank started.
-    The ranks run the function's source with the modules it reads from the notebook (``import os`` in its
-    cell); a function or variable of the notebook it reads is named before any launch.
+    Every rank computes the gradients of one small model on its own batch, calls the attendee's function on
+    them, and compares them with DDP's on the same model and batch. Passes when both agree on every rank at
+    both world sizes; otherwise names what the result looks like (a sum, this rank's own gradients, a division
+    by a number typed in, or by LOCAL_WORLD_SIZE, the processes of one node). An error in the function is its
+    line and the error; collectives that only some ranks make are named as such, from the calls each rank
+    started. The ranks run the function's source with the modules it reads from the notebook (``import os`` in
+    its cell); a function or variable of the notebook it reads is named before any launch.
     """
     require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
                      "define the function in the exercise cell and run it.")
@@ -468,62 +497,19 @@ def check_average_gradients(average_gradients, workdir, nproc=(3, 4), timeout_s:
         raise Unsolved(f"… {exercise}: not yet solved: `average_gradients` still has only `...` in its body.",
                        "for every parameter: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
     source += shipped_globals(average_gradients, exercise)
-    sizes = [int(nproc)] if isinstance(nproc, int) else [int(n) for n in nproc]
-    results = {size: _gradients_on(source, name, workdir, size, timeout_s, exercise) for size in sizes}
-    first = results[sizes[0]]
+    facts = judge_average_gradients([(source, name)], workdir, timeout_s, exercise)[0]
+    if isinstance(facts, NotYet):
+        raise facts
+    first = facts[sum(PER_NODE)]
     calls, buckets = first["calls_made"], first["ddp_buckets"]
     kinds = Counter(calls)
     made = f"{len(calls)} all-reduce call(s)" if set(kinds) == {"all_reduce"} else \
         f"{len(calls)} collective call(s) ({', '.join(f'{n} {op}' for op, n in kinds.items())})"
-    ranks = " and ".join(map(str, sizes))
-    passed(exercise, f"equal to DDP's on all ranks, on {ranks} ranks; your function made {made}" +
+    passed(exercise, f"equal to DDP's on all ranks, on {sum(PER_NODE)} ranks as two nodes ({PER_NODE[0]} + "
+                     f"{PER_NODE[1]} processes), then on {SECOND_WORLD}; your function made {made}" +
            (f", DDP made {buckets}: it packs the gradients into buckets" if buckets else ""))
     return {"calls": kinds.get("all_reduce", 0), "collectives": len(calls), "ddp_buckets": buckets,
-            "max_difference": max(r["max_difference"] for r in results.values()), "world_sizes": sizes}
-
-
-def _gradients_on(source: str, name: str, workdir, nproc: int, timeout_s: float, exercise: str) -> dict:
-    """One launch of Exercise 2.1's function on ``nproc`` ranks: what it made, or ``NotYet`` naming the mistake."""
-    folder = fresh_folder(workdir, "gradients")
-    source_file = folder / "average_gradients.py"
-    source_file.write_text(source)
-    device = lab_device(nproc)
-    argv = torchrun_command(PROBE_MODULE, ["--gradients", str(source_file), name, str(folder)],
-                            nproc, port=free_port(), log_dir=folder / TORCHRUN_LOGS)
-    try:
-        codes, lines = stream({"": argv}, clean_env(cpu_threads_per_process(nproc), device == "cpu"), timeout_s,
-                              echo=False)
-    except WorkshopError as err:
-        if "longer than" not in str(err):
-            raise
-        raise NotYet(f"✗ {exercise}: the ranks did not finish within {timeout_s:.0f} s: one waits in a collective "
-                     "the others never join.", "call the same all-reduces, in the same order, on every rank.") from None
-    results = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
-               if (folder / f"rank{r}.json").exists()]
-    if any(codes) or len(results) < nproc or any(r.get("error") or r.get("stopped") for r in results):
-        raise gradients_failure(folder, nproc, codes, lines, exercise)
-    worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own", "to_sum")}
-    tolerance = 1e-5 * max(1.0, max(r["scale"] for r in results))
-    calls = results[0]["calls"]
-    if worst["to_ddp"] > tolerance:
-        require(bool(calls), exercise, "your function made no collective call: every rank kept its own gradients.",
-                "all-reduce each parameter's .grad: dist.all_reduce(p.grad).")
-        require(worst["to_sum"] > tolerance, exercise,
-                f"your gradients are the sum over the {nproc} ranks, {nproc} times DDP's.",
-                "divide by dist.get_world_size() after the all-reduce: DDP averages.")
-        require(worst["to_own"] > tolerance, exercise, "the gradients are still each rank's own.",
-                "write the all-reduced result back into p.grad (dist.all_reduce works in place).")
-        ratios = [r["ratio"] for r in results if r["ratio"] is not None and r["residual"] is not None
-                  and r["residual"] < 1e-4]
-        if len(ratios) == nproc and max(ratios) - min(ratios) < 1e-4 * max(1.0, abs(ratios[0])) and ratios[0] > 0:
-            divisor = nproc / ratios[0]
-            require(not (abs(divisor - round(divisor)) < 1e-3 and round(divisor) != nproc), exercise,
-                    f"your gradients are the sum divided by {round(divisor)}, but {nproc} ranks ran: a world size "
-                    "typed in is right only on that many ranks.",
-                    "divide by dist.get_world_size(), which is right on any number of ranks.")
-        require(False, exercise, f"your gradients differ from DDP's by up to {worst['to_ddp']:.2g} on {nproc} ranks.",
-                "every parameter's gradient: summed over the ranks, divided by the world size.")
-    return {"calls_made": calls, "ddp_buckets": results[0]["ddp_buckets"], "max_difference": worst["to_ddp"]}
+            "max_difference": max(f["max_difference"] for f in facts.values()), "world_sizes": sorted(facts)[::-1]}
 
 
 # ---------------------------------------------------------------- the entry the ranks run
@@ -531,16 +517,15 @@ def _gradients_on(source: str, name: str, workdir, nproc: int, timeout_s: float,
 
 @record_failures  # the probe records the script's own failure; this records the probe's and the gradients'
 def main(argv=None) -> None:
-    """``--probe FOLDER SCRIPT [ARGS...]`` or ``--gradients SOURCE NAME FOLDER``: what a rank of a check runs."""
+    """``--probe FOLDER SCRIPT [ARGS...]`` or ``--gradients SPEC``: what a rank of a check runs."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) >= 3 and argv[0] == "--probe":
         _probe(Path(argv[1]), argv[2], argv[3:])
-    elif len(argv) == 4 and argv[0] == "--gradients":
-        _gradients(*argv[1:])
+    elif len(argv) == 2 and argv[0] == "--gradients":
+        _gradients(argv[1])
     else:
-        print("usage: python -m workshop_utils.lessons.ddp_lab --probe FOLDER SCRIPT [ARGS...] | "
-              "--gradients SOURCE NAME FOLDER  (started by check_ddp_lab and check_average_gradients)",
-              file=sys.stderr)
+        print("usage: python -m workshop_utils.lessons.ddp_lab --probe FOLDER SCRIPT [ARGS...] | --gradients SPEC  "
+              "(started by check_ddp_lab and check_average_gradients)", file=sys.stderr)
         raise SystemExit(2)
 
 

@@ -1,5 +1,6 @@
 """The DDP lab's files and settings: where its scripts are, the attendee's copy, the finished script,
-the environment the ranks start in, and the throughput line a run prints.
+the environment the ranks start in, the two nodes they run as, their time limits, and the throughput line
+a run prints.
 
 Both the checks that launch ranks (``ddp_lab``) and the judging of what the ranks did
 (``ddp_lab_judging``) read these, so they sit below both.
@@ -7,13 +8,20 @@ Both the checks that launch ranks (``ddp_lab``) and the judging of what the rank
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
+from ..parallel.launch import stream
 from ..system.errors import WorkshopError
 from ..system.results import repo_root
-from .exercises import attendee_source
+from .exercises import NotYet, attendee_source
 
 LAB_EXERCISE = "Exercise 2.2"
 GRADIENTS_EXERCISE = "Exercise 2.1"
@@ -28,6 +36,13 @@ DIST_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTE
 THROUGHPUT = re.compile(r"(\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*(?:samples|images|imgs?|examples)\s*"
                         r"(?:/\s*s(?:ec(?:ond)?)?\b|per\s+s(?:ec(?:ond)?)?\b)", re.IGNORECASE)
 LOSS_LINE = re.compile(r"\bloss\b", re.IGNORECASE)
+STARTED = "WORKSHOP_CHECK_STARTED"  # when the check started the ranks (time.time()), in every rank's environment
+# A rank that makes no progress for LIMIT_FACTOR times what this machine took to start it (import PyTorch, join
+# the process group, reach its work), and at least LIMIT_FLOOR_S, is stopped: a busy machine gets more time.
+LIMIT_FACTOR, LIMIT_FLOOR_S = 2.0, 10.0
+STALLED_EXIT = 124  # a rank the time limit stopped (as `timeout` exits)
+OUTER_LIMIT_FIX = ("a rank that never got going: on a very busy machine, run the check again (or pass a larger "
+                   "timeout_s); otherwise the lines above show where it waits.")
 
 
 # ---------------------------------------------------------------- the lab's files
@@ -103,3 +118,164 @@ def reported_throughput(lines) -> float | None:
 def read_output(path: Path) -> str:
     """A file a rank writes (its output, its record), or "" when the rank never got to write it."""
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+# ---------------------------------------------------------------- two nodes on this machine, and their limits
+
+
+def node_commands(module_args: list[str], per_node: tuple[int, ...], folder: Path, port: int) -> dict[str, list[str]]:
+    """One torchrun agent per node, all on this machine: ``--nnodes``, each its own ``--node-rank``, one rendezvous
+    endpoint (127.0.0.1:``port``), as ``srun torchrun`` starts them on a cluster; ranks numbered node by node, so
+    that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ as they do on two machines."""
+    return {f"[node {k}] ": [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(per_node)}",
+                             f"--node-rank={k}", f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
+                             f"--master-port={port}", "--max-restarts=0", f"--log-dir={folder / TORCHRUN_LOGS}",
+                             "-m", PROBE_MODULE, *module_args] for k, n in enumerate(per_node)}
+
+
+def node_envs(commands: dict, per_node: tuple[int, ...], device: str, visible: list[str] | None, threads: int,
+              assigned: dict | None = None) -> dict[str, dict]:
+    """Each agent's environment: its own GPUs where the ranks run on GPUs (NCCL refuses two ranks on one), none
+    otherwise; the time the check started them; and what the attendee's line sets in front of the launch."""
+    env = {**clean_env(threads, hide_gpus=device == "cpu"), STARTED: repr(time.time()), **(assigned or {})}
+    ids = visible if visible is not None else [str(i) for i in range(sum(per_node))]
+    first = [sum(per_node[:k]) for k in range(len(per_node))]
+    return {label: env if device == "cpu" else {**env, "CUDA_VISIBLE_DEVICES": ",".join(ids[start:start + n])}
+            for label, start, n in zip(commands, first, per_node)}
+
+
+def scaled_limit(startup_s: float) -> float:
+    """How long a rank may make no progress: ``LIMIT_FACTOR`` x what this machine took to start it."""
+    return max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s)
+
+
+def started_at() -> float:
+    """When the check started this rank (its ``STARTED``), or now outside a check."""
+    try:
+        return float(os.environ[STARTED])
+    except (KeyError, ValueError):
+        return time.time()
+
+
+def note_progress(folder: Path, rank: int, what: str, **more) -> None:
+    """What this rank is doing now, for the check to say where each rank was if a limit is reached."""
+    partial = folder / f"rank{rank}.progress.partial"
+    partial.write_text(json.dumps({"what": what, "time": time.time(), **more}))
+    partial.replace(folder / f"rank{rank}.progress")
+
+
+def what_ran(folder: Path, ranks: int, at: float | None = None) -> str:
+    """Where each rank was, from its progress: "rank 0: finished; rank 1: after its training loop, 41 s ago"."""
+    at = at or time.time()
+    said = []
+    for rank in range(ranks):
+        path = folder / f"rank{rank}.progress"
+        note = json.loads(path.read_text()) if path.exists() else None
+        said.append(f"rank {rank}: " + ("not started (no output from it yet)" if note is None else
+                                        note["what"] if note["what"] == "finished" else
+                                        f"{note['what']}, {at - note['time']:.0f} s before"))
+    return "; ".join(said)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` where another process may read it at any moment: whole, or not at all."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
+class Tee:
+    """A text stream that also copies what it is given into a file (one rank's output, for the checker)."""
+
+    def __init__(self, stream, path: Path):
+        self._stream, self._file = stream, open(path, "a", buffering=1)
+
+    def write(self, text):
+        self._file.write(text)
+        return self._stream.write(text)
+
+    def flush(self):
+        self._file.flush()
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def watch_progress(folder: Path, rank: int, record: dict, lock: threading.Lock) -> None:
+    """This rank's progress, for the check; a rank that makes none for ``scaled_limit`` of what this machine took to
+    start it and reach its first batch stops itself (exit ``STALLED_EXIT``), saying where it was."""
+    launched, said = started_at(), None
+    while True:
+        time.sleep(0.25)
+        with lock:
+            if record["end"] is not None:
+                return
+            progress = dict(record["progress"])
+            if progress != said:
+                note_progress(folder, rank, **progress)
+                said = progress
+        if record["first_draw"] is None:
+            continue
+        startup = record["first_draw"] - launched
+        idle = time.time() - progress["time"]
+        if idle > scaled_limit(startup):
+            write_json(folder / f"rank{rank}.stalled", {"rank": rank, "what": progress["what"], "idle_s": idle,
+                                                        "startup_s": startup, "time": time.time()})
+            sys.stdout.flush()
+            os._exit(STALLED_EXIT)
+
+
+def run_nodes(commands: dict, envs: dict, timeout_s: float, echo: bool, folder: Path, ranks: int,
+               exercise: str) -> tuple[list[int], list[str]]:
+    """Both agents, their output streamed; past the check's outer limit, one line saying where each rank was."""
+    ended = threading.Event()
+    threading.Thread(target=_end_with_the_first_failed_node, args=(folder, ended), daemon=True).start()
+    try:
+        return stream(commands, None, timeout_s, echo, envs)
+    except WorkshopError as err:
+        if "longer than" not in str(err):
+            raise
+        raise NotYet(f"✗ {exercise}: the run reached the check's limit of {timeout_s:.0f} s and was stopped: "
+                     f"{what_ran(folder, ranks)}.", OUTER_LIMIT_FIX) from None
+    finally:
+        ended.set()
+
+
+def _end_with_the_first_failed_node(folder: Path, ended: threading.Event, grace_s: float = 5) -> None:
+    """Stop every agent once one has exited and the others still run ``grace_s`` later, as a cluster ends a job whose
+    task failed: an agent whose ranks all succeeded waits at torchrun's exit barrier, minutes, for the others."""
+    import psutil
+
+    first_exit, agents = None, {}
+    while not ended.wait(0.5):
+        # known by their command line while they run (an agent that exited has none left to read)
+        agents.update({p.pid: p for p in psutil.Process().children() if str(folder) in " ".join(_cmdline(p))})
+        gone = [p for p in agents.values() if _status(p) in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)]
+        first_exit = first_exit or (time.time() if gone else None)
+        if gone and len(gone) < len(agents) and time.time() - first_exit > grace_s:
+            running = [agent for agent in agents.values() if agent not in gone]
+            # SIGTERM, then SIGKILL: an agent blocked in its exit barrier's store call runs no signal handler
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                for agent in running:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(agent.pid, sig)  # the agent and what it started: its own session
+                if ended.wait(grace_s):
+                    return
+            return
+
+
+def _cmdline(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # noqa: BLE001 - a process that ended or that this user may not read has none to show
+        return []
+
+
+def _status(process) -> str:
+    try:
+        return process.status()
+    except Exception:  # noqa: BLE001 - gone already
+        return "dead"
+
+

@@ -1,7 +1,8 @@
 """Exercise 2.1's machinery around the ranks: the attendee's function as source the ranks can run
 (with the modules it reads from its notebook; a helper or variable of the notebook named before launch),
-the files through which the ranks wait for each other, and the one line for a run that ended in no
-comparison (an error in the function, collectives only some ranks made, a rank that never finished).
+the files through which the ranks wait for each other, and the one line for each world size a function ran
+on: its comparison with DDP's gradients, or why there was none (an error in the function, collectives only
+some ranks made, a rank that never finished).
 
 What each rank runs, and the check that launches them, are in ``ddp_lab``.
 """
@@ -12,6 +13,7 @@ import ast
 import dis
 import inspect
 import json
+import math
 import sys
 import textwrap
 import time
@@ -19,14 +21,17 @@ from collections import Counter
 from pathlib import Path
 
 from ..parallel.failures import root_cause
-from .ddp_lab_files import TORCHRUN_LOGS
+from .ddp_lab_files import LIMIT_FACTOR
 from .exercise_judging import short
 from .exercises import NotYet, require
 
 # What a rank's side of check_average_gradients watches: every collective the attendee's function starts.
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier")
-GRADIENTS_WAIT_S = 60  # how long a rank that finished waits for the others to finish the function too
+# The world sizes the function runs on, in one launch: 3 ranks as two nodes (2 processes on node 0, 1 on node 1:
+# WORLD_SIZE 3, LOCAL_WORLD_SIZE 2 or 1), then node 0's 2 ranks as a job of their own. No world size typed in,
+# and no LOCAL_WORLD_SIZE, is right on both.
+PER_NODE, SECOND_WORLD = (2, 1), 2
 
 
 def placeholder_body(source: str) -> bool:
@@ -118,18 +123,42 @@ def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> s
         kind = "function" if inspect.isroutine(value) or inspect.isclass(value) else "variable"
         fix = (f"define `{name}` inside average_gradients (a def inside the def works), or write its code there"
                if kind == "function" else
-               f"compute it inside average_gradients (the world size: dist.get_world_size())")
+               "compute it inside average_gradients (the world size: dist.get_world_size())")
         raise NotYet(f"✗ {exercise}: `average_gradients` {'calls' if kind == 'function' else 'uses'} `{name}`, a "
                      f"{kind} of your notebook, which the ranks do not have: they run only the function's own "
                      "source, with torch, dist, nn and the modules it uses.", fix + ".")
     return "".join(f"\ntry:\n    {line}\nexcept ImportError:\n    pass\n" for line in lines)
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` where another process may read it at any moment: whole, or not at all."""
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(data))
-    partial.replace(path)
+def watched(op: str, original, started: list[str], log: Path):
+    """``original``, the collective ``op``, logging each call first (in ``started`` and to ``log``): a rank that then
+    hangs or aborts still shows who called what."""
+    def call(*args, **kwargs):
+        started.append(op)
+        with open(log, "a") as file:
+            file.write(op + "\n")
+        return original(*args, **kwargs)
+    return call
+
+
+def compared(mine, ddp, own, world: int) -> dict:
+    """The attendee's gradients ``mine`` against DDP's (and this rank's ``own``, and their sum over ``world``): the
+    largest gaps, and, when ``mine`` is a multiple of DDP's, the factor (its ``ratio``, and the ``residual``)."""
+    import torch
+
+    def gap(a, b):
+        if any(t is None or t.shape != s.shape for t, s in zip(a, b)):
+            return math.inf
+        return max(float((s.float() - t.float()).abs().max()) for s, t in zip(a, b))
+
+    ratio = residual = None
+    if all(t is not None and t.shape == s.shape for t, s in zip(mine, ddp)):
+        flat_mine = torch.cat([t.detach().float().flatten() for t in mine])
+        flat_ddp = torch.cat([t.detach().float().flatten() for t in ddp])
+        ratio = float(flat_mine @ flat_ddp / (flat_ddp @ flat_ddp))  # mine = ratio x DDP's, when proportional
+        residual = float((flat_mine - ratio * flat_ddp).norm() / flat_ddp.norm())
+    return {"scale": max(float(t.abs().max()) for t in ddp), "to_ddp": gap(mine, ddp), "to_own": gap(mine, own),
+            "to_sum": gap(mine, [t * world for t in ddp]), "ratio": ratio, "residual": residual}
 
 
 def started_calls(folder: Path, rank: int) -> list[str]:
@@ -145,15 +174,16 @@ def _stopped(path: Path) -> bool:
     return bool(record.get("error") or record.get("stopped"))
 
 
-def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str]) -> str | None:
+def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str], limit_s: float) -> str | None:
     """After this rank's function returned: None once every rank's did with the same calls, else why not.
 
-    Before DDP's reference runs its own all-reduces, every rank must be done with the attendee's: a
-    collective only some ranks started would otherwise pair with DDP's, and abort the run or corrupt it.
-    A rank still inside a collective that this rank will never call ("mismatch") is told apart from a
-    rank that has not got there yet by the calls it started.
+    Before the next function, or the next world size, every rank must be done with the attendee's collectives:
+    one that only some ranks started would otherwise pair with the next ones, and abort the run or corrupt
+    it. A rank still inside a collective that this rank will never call ("mismatch") is told apart from a
+    rank that has not got there yet by the calls it started; one that has not finished within ``limit_s``
+    (scaled to this machine by the caller) is a "timeout".
     """
-    deadline = time.time() + GRADIENTS_WAIT_S
+    deadline = time.time() + limit_s
     while True:
         done = {r: json.loads((folder / f"rank{r}.done").read_text()) for r in range(world_size)
                 if (folder / f"rank{r}.done").exists()}
@@ -179,8 +209,9 @@ def _collective_summary(calls: dict[int, list[str]]) -> str:
     return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {text}" for text, r in groups.items())
 
 
-def gradients_failure(folder: Path, nproc: int, codes, lines, exercise: str) -> NotYet:
-    """The one line for a run of the attendee's function that did not end in a comparison on every rank."""
+def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exercise: str) -> NotYet:
+    """The one line for a run of the attendee's function that did not end in a comparison on every rank of one
+    world size (``folder``: that world size's files; ``logs``: torchrun's error files)."""
     from ..parallel.failures import LOST_PEER
 
     records = {r: json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
@@ -213,11 +244,48 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, exercise: str) -> 
                       hint)
     if "timeout" in stopped:
         late = [str(r) for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
-        return NotYet(f"✗ {exercise}: rank(s) {', '.join(late)} did not finish your function within "
-                      f"{GRADIENTS_WAIT_S} s.",
+        timed = next(r for r in records.values() if r.get("stopped") == "timeout")
+        return NotYet(f"✗ {exercise}: stopped at the time limit: rank(s) {', '.join(late)} had not finished your "
+                      f"function after {timed['limit_s']:.0f} s ({LIMIT_FACTOR:g}x the {timed['startup_s']:.1f} s "
+                      "this machine took to start the ranks), while the others had.",
                       "the function should take milliseconds: look for a loop that never ends.")
-    cause = root_cause(lines, nproc, folder / TORCHRUN_LOGS)
+    cause = root_cause(lines, nproc, logs)
     print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
     return NotYet(f"✗ {exercise}: the ranks failed outside your function: "
                   f"{cause.line if cause else (lines or ['(no output)'])[-1].strip()}",
                   "the lines above show the error.")
+
+
+def judge_comparison(results: list[dict], world: int, exercise: str) -> dict:
+    """The function's gradients on every rank of one world size against DDP's: the facts of a pass, or ``NotYet``
+    naming what they look like (a sum, each rank's own, a division by another count: a number typed in, or
+    LOCAL_WORLD_SIZE, the processes of one node)."""
+    worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own", "to_sum")}
+    tolerance = 1e-5 * max(1.0, max(r["scale"] for r in results))
+    calls = results[0]["calls"]
+    if worst["to_ddp"] > tolerance:
+        require(bool(calls), exercise, "your function made no collective call: every rank kept its own gradients.",
+                "all-reduce each parameter's .grad: dist.all_reduce(p.grad).")
+        require(worst["to_sum"] > tolerance, exercise,
+                f"your gradients are the sum over the {world} ranks, {world} times DDP's.",
+                "divide by dist.get_world_size() after the all-reduce: DDP averages.")
+        require(worst["to_own"] > tolerance, exercise, "the gradients are still each rank's own.",
+                "write the all-reduced result back into p.grad (dist.all_reduce works in place).")
+        # sum / d = ratio x average: each rank's divisor d = world / ratio, where the gradients are proportional
+        divisors = {r["rank"]: world / r["ratio"] for r in results if r["ratio"] and r["residual"] is not None
+                    and r["residual"] < 1e-4 and r["ratio"] > 0}
+        whole = len(divisors) == len(results) and all(abs(d - round(d)) < 1e-3 for d in divisors.values())
+        if whole and all(round(divisors[r["rank"]]) == int(r["local_world_size"]) for r in results):
+            sizes = sorted({(r["node"], int(r["local_world_size"])) for r in results})
+            raise NotYet(f"✗ {exercise}: your gradients are the sum divided by LOCAL_WORLD_SIZE, the processes of "
+                         f"each rank's own node ({', '.join(f'{n} on node {node}' for node, n in sizes)}), but "
+                         f"{world} ranks ran on the nodes together.",
+                         "divide by dist.get_world_size() (or WORLD_SIZE), which counts every node's ranks.")
+        if whole and len({round(d) for d in divisors.values()}) == 1:
+            divisor = round(next(iter(divisors.values())))
+            require(divisor == world, exercise, f"your gradients are the sum divided by {divisor}, but {world} ranks "
+                    "ran: a world size typed in is right only on that many ranks.",
+                    "divide by dist.get_world_size(), which is right on any number of ranks.")
+        raise NotYet(f"✗ {exercise}: your gradients differ from DDP's by up to {worst['to_ddp']:.2g} on {world} ranks.",
+                     "every parameter's gradient: summed over the ranks, divided by the world size.")
+    return {"calls_made": calls, "ddp_buckets": results[0]["ddp_buckets"], "max_difference": worst["to_ddp"]}

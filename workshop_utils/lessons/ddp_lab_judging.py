@@ -1,27 +1,30 @@
-"""Reading and judging one run of the DDP lab: the attendee's launch line, then what the probe recorded
-on every rank (the samples each drew, the parameters each ended with, the checkpoint, each rank's output).
+"""Reading and judging one run of the DDP lab: the attendee's launch line, as torchrun itself reads it, then what
+the probe recorded on every rank (the samples each drew, the parameters each ended with, the checkpoint, each
+rank's output).
 
-``judge_run`` meets the mistakes in the order an attendee makes them, so the first line it raises is
-the one to fix first; a run that crashed is judged in ``ddp_lab``, which knows the crash's ranks.
+``findings`` judges a finished run one part at a time (the data, the model, the checkpoint, the output, the
+end), the first mistake of each part, in the order an attendee makes them: the first is the one to fix first,
+and one run shows every part's. A run that crashed is judged in ``ddp_lab``, which knows the crash's ranks.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
+import contextlib
+import io
 import os
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..parallel.launch import free_port
-from .ddp_lab_files import (LAB_EXERCISE, LOSS_LINE, PROBE_MODULE, THROUGHPUT, TORCHRUN_LOGS, read_output,
-                            reported_throughput)
+from .ddp_lab_files import LAB_EXERCISE, LOSS_LINE, THROUGHPUT, read_output, reported_throughput
 from .exercise_judging import short
 from .exercises import NotYet, require
-from .job_script import Refusal, torchrun_args
 
 CHAINS = ("&&", ";", "||", "|", "&")  # shell operators that put a second command beside the launch
+TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
 
 
 @dataclass
@@ -39,6 +42,15 @@ class LabRun:
     lines: list[str] = field(repr=False, default_factory=list)
 
 
+@dataclass
+class LaunchLine:
+    """The attendee's torchrun line as the check runs it: the script's own arguments, and the ``VAR=value`` words
+    in front of it (set for the launch, as the shell would)."""
+
+    script_args: list[str]
+    assigned: dict[str, str]
+
+
 def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
     """Lines that still hold the placeholder ``...``."""
     try:
@@ -49,9 +61,26 @@ def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
     return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value is Ellipsis})
 
 
-def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str], exercise: str
-                ) -> tuple[list[str], str]:
-    """The attendee's launch line turned into the one the checker runs (probe inserted); and its launcher."""
+def torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
+    """``args`` as torchrun's own parser reads them (with ``--use-env``, which ``torch.distributed.launch`` adds to
+    it); ``ValueError`` with torchrun's message where it would stop."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    if launch:
+        parser.add_argument("--use-env", "--use_env", default=False, action="store_true")
+
+    def refuse(message=None, *_):
+        raise ValueError(message or "stopped")
+
+    parser.error, parser.exit = refuse, lambda status=0, message=None: refuse(message)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return parser.parse_args(args)
+
+
+def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXERCISE) -> LaunchLine:
+    """The attendee's launch line, read before anything starts: as a shell splits it, then as torchrun reads its
+    options. One line names what would not launch the lab as asked."""
     example = f"f\"torchrun --nproc-per-node={nproc} {{lab_file}}\""
     require(isinstance(command, (str, list, tuple)), exercise,
             f"`lab_command` = {short(repr(command), 40)} cannot be read as a command line: it must be a text "
@@ -62,8 +91,7 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
     except (ValueError, TypeError) as err:
         raise NotYet(f"✗ {exercise}: the command cannot be read as a command line ({err}).",
                      f"write it as one string, e.g. {example}.") from None
-    require(bool(tokens), exercise, "the command is empty.",
-            f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+    require(bool(tokens), exercise, "the command is empty.", f"write the launch line, e.g. {example}.")
     redirect = next((t for t in tokens if set(t) <= set("<>&|0123456789") and ("<" in t or ">" in t)), None)
     require(redirect is None, exercise, f"the command redirects ({redirect}): the check reads the ranks' output "
                                         "itself and runs the launch without a shell.",
@@ -79,44 +107,44 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
             f"make it the launch line only, e.g. {example}, without &&, ;, || or |; run anything else in a cell "
             "of its own.")
     require(bool(tokens), exercise, "the command has no launch line after its prefixes.",
-            f"write the launch line, e.g. f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+            f"write the launch line, e.g. {example}.")
     first = Path(tokens[0]).name
-    if first == "torchrun":
-        launcher, rest = "torchrun", tokens[1:]
-    elif first.startswith("python") or tokens[0] == sys.executable:
-        if tokens[1:3] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
-            launcher, rest = "torchrun", tokens[3:]
-        else:
-            launcher, rest = "python", tokens[1:]
-    else:
-        raise NotYet(f"✗ {exercise}: the command starts with {tokens[0]!r}.",
-                     f"start it with torchrun: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
-    scripts = [i for i, t in enumerate(rest) if t.endswith(".py")]
-    require(bool(scripts), exercise, "the command names no .py script.",
+    module = tokens[2] if tokens[1:2] == ["-m"] and len(tokens) > 2 else None
+    python = first.startswith("python") or tokens[0] == sys.executable
+    require(first == "torchrun" or python, exercise, f"the command starts with {tokens[0]!r}.",
+            f"start it with torchrun: {example}.")
+    require(first == "torchrun" or module in TORCH_LAUNCHERS, exercise,
+            f"`{first}` starts one process and sets none of torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE): "
+            f"one process would train alone, not the lab's {nproc}.",
+            f"launch it with torchrun, which starts the processes and sets those variables in each: {example}.")
+    launcher, rest = (module or "torchrun"), tokens[1 if first == "torchrun" else 3:]
+    require(any(t.endswith(".py") for t in rest), exercise, "the command names no .py script.",
             f"put your script's path after the launcher's options: torchrun --nproc-per-node={nproc} {script}.")
-    at = scripts[0]
-    named = Path(rest[at]).expanduser()
-    named = named if named.is_absolute() or folder is None else Path(folder).expanduser() / named
-    require(named.resolve() == script.resolve(), exercise, f"the command runs {rest[at]}, not your lab script.",
-            f"name the file you edited: {script}.")
-    flags, args = rest[:at], rest[at + 1:]
-    probe_args = ["-m", PROBE_MODULE, "--probe", str(probe), str(script), *args, *extra]
-    # VAR=value in front of the launch: set for it, as the shell would (env runs the rest with them).
-    prefix = ["env", *assigned] if assigned else []
-    if launcher == "python":
-        return [*prefix, sys.executable, *probe_args], launcher
+
+    def yours(word: str) -> bool:
+        named = Path(word).expanduser()
+        return (named if named.is_absolute() or folder is None else Path(folder).expanduser() / named).resolve() \
+            == script.resolve()
+
     try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities
-        parsed = torchrun_args([*flags, str(script)])
-    except Refusal as refusal:
+        parsed = torchrun_reads(rest, launch=launcher == "torch.distributed.launch")
+    except ValueError as refusal:
         raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
                      f"write its options in full: torchrun --nproc-per-node={nproc} {script}.") from None
-    if parsed.training_script != str(script):
+    if not yours(parsed.training_script):
         shown = Path(parsed.training_script).name
+        if shown.endswith(".py"):
+            raise NotYet(f"✗ {exercise}: the command runs {parsed.training_script}, not your lab script.",
+                         f"name the file you edited: {script}.")
         raise NotYet(f"✗ {exercise}: torchrun runs its first word after the options, {shown!r}, as the training "
                      f"script, and hands it your file as an argument.",
                      "name only your script after torchrun's options: torchrun starts it with Python itself."
-                     if shown.startswith("python") else f"write the launch line as torchrun --nproc-per-node={nproc} "
-                                                        f"{script}.")
+                     if shown.startswith("python") else f"write the launch line as {example}.")
+    require(launcher != "torch.distributed.launch" or parsed.use_env, exercise,
+            "torch.distributed.launch (the launcher torchrun replaced) passes --local-rank=<n> to the script as an "
+            "argument; the lab's script takes no such argument, and its argparse would stop every rank "
+            "(\"unrecognized arguments: --local-rank=0\").",
+            f"launch with torchrun, which sets LOCAL_RANK in each process's environment instead: {example}.")
     nodes = str(parsed.nnodes)
     require(nodes in ("1", "1:1"), exercise,
             f"--nnodes={nodes}: torchrun would wait for {nodes} nodes to join, and the check runs on this one.",
@@ -124,17 +152,13 @@ def lab_command(command, script: Path, nproc: int, probe: Path, extra: list[str]
     require(int(parsed.node_rank) == 0, exercise,
             f"--node-rank={parsed.node_rank} on a one-node launch: the ranks would wait for a node 0 that never "
             "starts, until the time limit.", "leave --node-rank out: one node is node 0.")
-    given = str(parsed.nproc_per_node)
-    require(_nproc_flag(flags) is not None or given != "1", exercise,
-            "torchrun starts one process unless told how many.", f"add --nproc-per-node={nproc}.")
-    require(given == str(nproc), exercise, f"--nproc-per-node={given}: the lab runs on {nproc} processes.",
+    flags = rest[:rest.index(parsed.training_script)]
+    require(any(f.startswith("--nproc") for f in flags), exercise, "torchrun starts one process unless told how many.",
+            f"add --nproc-per-node={nproc}.")
+    require(str(parsed.nproc_per_node) == str(nproc), exercise,
+            f"--nproc-per-node={parsed.nproc_per_node}: the lab runs on {nproc} processes.",
             f"use --nproc-per-node={nproc}.")
-    rendezvous = ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--master-port", "--master_port")
-    if not any(f.split("=")[0] in rendezvous for f in flags):
-        flags = [*flags, "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
-    if not any(f.split("=")[0] in ("--log-dir", "--log_dir") for f in flags):
-        flags = [*flags, f"--log-dir={probe / TORCHRUN_LOGS}"]
-    return [*prefix, sys.executable, "-m", "torch.distributed.run", *flags, *probe_args], launcher
+    return LaunchLine(list(parsed.training_script_args), assigned)
 
 
 def _words(line: str) -> list[str]:
@@ -151,7 +175,7 @@ def _words(line: str) -> list[str]:
     return words
 
 
-def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], list[str]]:
+def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], dict[str, str]]:
     """The launch itself in a line as typed in a terminal or a Slurm script, the folder a ``cd`` moved to,
     what the line chains after the launch (``&&``, ``;``, ``||``, ``|``, ``&``), which the check does not run,
     and the ``VAR=value`` assignments in front of it.
@@ -167,14 +191,16 @@ def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], l
         head = tokens[:ends[0]]
         command = next((Path(t).name for t in head if not _assignment(t) and t != "env"), "")
         if command in ("torchrun", "srun") or command.startswith("python"):
-            return head, folder, tokens[ends[0]:], []  # the launch, then a second command
+            return head, folder, tokens[ends[0]:], {}  # the launch, then a second command
         tokens = tokens[ends[0] + 1:]
         if len(head) == 2 and head[0] == "cd":
             moved = Path(head[1]).expanduser()
             folder = str(moved if folder is None or moved.is_absolute() else Path(folder) / moved)
-    assigned = []
+    assigned = {}
     while tokens and (tokens[0] == "env" or _assignment(tokens[0])):
-        assigned += [tokens[0]] if _assignment(tokens[0]) else []
+        if _assignment(tokens[0]):
+            name, _, value = tokens[0].partition("=")
+            assigned[name] = value
         tokens = tokens[1:]
     if tokens and Path(tokens[0]).name == "srun":
         launch = [i for i, t in enumerate(tokens) if Path(t).name == "torchrun" or Path(t).name.startswith("python")]
@@ -187,26 +213,15 @@ def _assignment(word: str) -> bool:
     return "=" in word and not word.startswith("-") and word.split("=")[0].isidentifier()
 
 
-def _flag(flags: list[str], names: tuple[str, ...]) -> str | None:
-    for i, flag in enumerate(flags):
-        name, _, value = flag.partition("=")
-        if name in names:
-            return value or (flags[i + 1] if i + 1 < len(flags) else "")
-    return None
+# ---------------------------------------------------------------- what the ranks did
 
 
-def _nproc_flag(flags: list[str]) -> str | None:
-    return _flag(flags, ("--nproc-per-node", "--nproc_per_node"))
-
-
-def _training_epochs(record: dict) -> list[list[int]]:
-    """The epochs of the loader that drew the most samples (the training loader), in order."""
-    by_dataset: dict[int, list[list[int]]] = {}
+def _training_entries(record: dict) -> list[dict]:
+    """The probe's entries (one per epoch) of the loader that drew the most samples, in order."""
+    by_dataset: dict[int, list[dict]] = {}
     for entry in record["epochs"]:
-        by_dataset.setdefault(entry["dataset"], []).append(entry["indices"])
-    if not by_dataset:
-        return []
-    return max(by_dataset.values(), key=lambda epochs: sum(map(len, epochs)))
+        by_dataset.setdefault(entry["dataset"], []).append(entry)
+    return max(by_dataset.values(), key=lambda entries: sum(len(e["indices"]) for e in entries), default=[])
 
 
 def _state_dict(obj):
@@ -226,14 +241,6 @@ def _state_dict(obj):
 # The reported throughput must be within this factor of what the probe saw: one rank's rate (1/nproc of the
 # job's, at most 1/2) and any rate counted twice (at least 2x) lie outside it, the right one within a few percent.
 THROUGHPUT_TOLERANCE = 1.4
-
-
-def _training_entries(record: dict) -> list[dict]:
-    """The probe's entries (one per epoch) of the loader that drew the most samples, in order."""
-    by_dataset: dict[int, list[dict]] = {}
-    for entry in record["epochs"]:
-        by_dataset.setdefault(entry["dataset"], []).append(entry)
-    return max(by_dataset.values(), key=lambda entries: sum(len(e["indices"]) for e in entries), default=[])
 
 
 def _measured_throughput(records: list[dict]) -> tuple[float, float]:
@@ -257,38 +264,36 @@ def _measured_throughput(records: list[dict]) -> tuple[float, float]:
     return at_least, max(at_least, drawn / max(1e-9, span))
 
 
-def _judge_throughput(reported: float, measured: tuple[float, float], nproc: int, exercise: str) -> None:
-    """The throughput line (step 7) is the whole job's rate: every rank's samples over the loop's time."""
-    low, high = measured
-
-    def near(rate: float) -> bool:
-        return low / THROUGHPUT_TOLERANCE <= rate <= high * THROUGHPUT_TOLERANCE
-
-    if near(reported):
-        return
-    require(not near(reported * nproc), exercise,
-            f"the reported throughput, {reported:.0f} samples/s, is one rank's: the {nproc} ranks together drew "
-            f"about {high:.0f} samples/s.",
-            "count every rank's samples: seen * world_size / elapsed (step 7).")
-    raise NotYet(f"✗ {exercise}: the reported throughput, {reported:.0f} samples/s, is far from what the ranks drew: "
-                 f"{reported / high:.2g}x their about {high:.0f} samples/s.",
-                 "count every rank's samples once, over the training loop's time: seen * world_size / elapsed.")
+def _local_firsts(records: list[dict], ranks: list[int]) -> str:
+    """", each the first process (LOCAL_RANK 0) of its node: ..." when ``ranks`` are exactly those, on 2+ nodes."""
+    firsts = sorted(r["rank"] for r in records if r["env"].get("LOCAL_RANK") == "0")
+    if len(firsts) < 2 or sorted(ranks) != firsts:
+        return ""
+    return (", each the first process (LOCAL_RANK 0) of its node: a test that lets every rank through, or a "
+            "`rank` read from LOCAL_RANK, which is 0 on every node")
 
 
-def judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exercise: str) -> dict:
-    """Every verification of a finished run, in the order an attendee meets the mistakes."""
-    import torch
-
-    facts: dict = {}
-    world = records[0]["env"].get("WORLD_SIZE")
-    require(world is not None, exercise, "the script ran without WORLD_SIZE: it was started with `python`, so one "
-            "process trained alone.", f"launch it with `torchrun --nproc-per-node={nproc} <script>`.")
-    require(len(records) == nproc and world == str(nproc), exercise,
-            f"{len(records)} process(es) ran (WORLD_SIZE={world}), the lab needs {nproc}.",
-            f"launch with torchrun --nproc-per-node={nproc}.")
-
-    # The data: a shard per rank, reshuffled every epoch.
-    epochs = [_training_epochs(r) for r in records]
+def _data(records, params, out_dir, nproc, exercise, facts) -> None:
+    """A shard per rank (the sampler given the global rank and world size), reshuffled every epoch."""
+    for r in records:
+        env, rank = r["env"], r["rank"]
+        for sampler in r.get("samplers", []):
+            if sampler["rank"] != rank:
+                local = str(sampler["rank"]) == env.get("LOCAL_RANK")
+                raise NotYet(f"✗ {exercise}: rank {rank}'s DistributedSampler was given rank={sampler['rank']}"
+                             + (", its LOCAL_RANK: torchrun numbers the processes from 0 on every node, so on two "
+                                "nodes two ranks read the same shard (the check runs your script as two nodes)."
+                                if local else f", but it is rank {rank}: two ranks read the same shard."),
+                             "take the global rank from RANK: rank = int(os.environ['RANK']) for the sampler, the "
+                             "logging and the checkpoint; LOCAL_RANK only picks the GPU (step 1).")
+            if sampler["num_replicas"] != int(env["WORLD_SIZE"]):
+                local = str(sampler["num_replicas"]) == env.get("LOCAL_WORLD_SIZE")
+                raise NotYet(f"✗ {exercise}: rank {rank}'s DistributedSampler was given num_replicas="
+                             f"{sampler['num_replicas']}" + (", LOCAL_WORLD_SIZE, the processes of one node" if local
+                                                             else "") + f"; the job has {env['WORLD_SIZE']} ranks, "
+                             "so the shards overlap.", "take the world size from WORLD_SIZE: world_size = "
+                                                       "int(os.environ['WORLD_SIZE']), every node's ranks (step 1).")
+    epochs = [[e["indices"] for e in _training_entries(r)] for r in records]
     for rank, mine in enumerate(epochs):
         require(bool(mine) and len(mine[0]) > 0, exercise, f"rank {rank} drew no samples from a DataLoader.",
                 "train from a DataLoader over the dataset (step 3).")
@@ -308,7 +313,9 @@ def judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exer
             "call sampler.set_epoch(epoch) at the start of every epoch (step 5), with shuffle=True in the sampler.")
     facts["samples_per_rank"] = len(epochs[0][0])
 
-    # The model: wrapped in DDP, so that every rank ends with the same parameters.
+
+def _model(records, params, out_dir, nproc, exercise, facts) -> None:
+    """Wrapped in DDP, so that every rank ends with the same parameters."""
     require(all(params) and len({len(p) for p in params}) == 1, exercise,
             "no parameters to compare: no torch.optim optimizer (and no DDP model) was found.",
             "train with a torch.optim optimizer over the model's parameters.")
@@ -324,11 +331,16 @@ def judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exer
             "run the forward pass through the DDP model (ddp_model(images)), not the plain one.")
     facts["backend"] = records[0]["backend"]
 
-    # The checkpoint: one file, by rank 0, holding the trained weights.
+
+def _checkpoint(records, params, out_dir, nproc, exercise, facts) -> None:
+    """One file, by rank 0, holding the trained weights."""
+    import torch
+
     savers = [r["rank"] for r in records if r["saves"]]
     require(not [r for r in savers if r != 0], exercise,
-            f"every rank saved a checkpoint (ranks {', '.join(map(str, savers))} called torch.save).",
-            "save on rank 0 alone: if rank == 0: torch.save(...) (step 8).")
+            f"every rank saved a checkpoint (ranks {', '.join(map(str, savers))} called torch.save)"
+            f"{_local_firsts(records, savers)}.", "save where the global rank is 0: rank = int(os.environ['RANK']); "
+                                                  "if rank == 0: torch.save(...) (steps 1 and 8).")
     require(savers == [0], exercise, "no checkpoint was written.",
             "save the model on rank 0 into args.out_dir (step 8).")
     files = sorted(p for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
@@ -344,8 +356,7 @@ def judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exer
         raise NotYet(f"✗ {exercise}: the checkpoint cannot be read as weights ({type(err).__name__}).",
                      "save model.state_dict(), not the model object.") from None
     state = _state_dict(loaded)
-    require(state is not None, exercise, "the checkpoint holds no state dict.",
-            "save model.state_dict() (step 8).")
+    require(state is not None, exercise, "the checkpoint holds no state dict.", "save model.state_dict() (step 8).")
     require(not any(k.startswith("module.") for k in state), exercise,
             "the checkpoint's keys start with 'module.': it holds the DDP wrapper's state dict.",
             "save the plain model's: model.state_dict() or ddp_model.module.state_dict().")
@@ -355,22 +366,61 @@ def judge_run(records: list[dict], params: list, out_dir: Path, nproc: int, exer
             "save after the training loop, the model you trained.")
     facts["checkpoint"] = files[0]
 
-    # The output: rank 0 alone logs, and reports a throughput that is near what ran.
+
+def _output(records, params, out_dir, nproc, exercise, facts) -> None:
+    """Rank 0 alone logs, and reports the whole job's throughput, near what the ranks drew."""
     outputs = [read_output(out_dir.parent / f"rank{r}.stdout") for r in range(nproc)]
-    for rank in range(1, nproc):
-        chatty = [line for line in outputs[rank].splitlines() if THROUGHPUT.search(line) or LOSS_LINE.search(line)]
-        if chatty:
-            raise NotYet(f"✗ {exercise}: rank {rank} logged too ({chatty[0].strip()!r}).",
-                         "print on rank 0 alone: if rank == 0: print(...) (steps 6 and 7).")
+    chatty = {rank: [line for line in outputs[rank].splitlines() if THROUGHPUT.search(line) or LOSS_LINE.search(line)]
+              for rank in range(1, nproc)}
+    loggers = [rank for rank, lines in chatty.items() if lines]
+    if loggers:
+        raise NotYet(f"✗ {exercise}: rank {loggers[0]} logged too ({chatty[loggers[0]][0].strip()!r})"
+                     f"{_local_firsts(records, [0, *loggers])}.",
+                     "print where the global rank is 0: if rank == 0: print(...), rank from RANK (steps 6 and 7).")
     reported = reported_throughput(outputs[0].splitlines())
     require(reported is not None, exercise, "rank 0 printed no throughput.",
             "print e.g. f\"throughput: {seen * world_size / elapsed:.0f} samples/s\" on rank 0 (step 7).")
-    measured = _measured_throughput(records)
-    _judge_throughput(reported, measured, nproc, exercise)
-    facts["reported"], facts["measured"] = reported, measured[1]
+    low, high = _measured_throughput(records)
 
-    # The end: the process group closed.
+    def near(rate: float) -> bool:
+        return low / THROUGHPUT_TOLERANCE <= rate <= high * THROUGHPUT_TOLERANCE
+
+    if not near(reported):
+        require(not near(reported * nproc), exercise,
+                f"the reported throughput, {reported:.0f} samples/s, is one rank's: the {nproc} ranks together drew "
+                f"about {high:.0f} samples/s.", "count every rank's samples: seen * world_size / elapsed, world_size "
+                                                "from WORLD_SIZE (LOCAL_WORLD_SIZE counts one node's) (step 7).")
+        raise NotYet(f"✗ {exercise}: the reported throughput, {reported:.0f} samples/s, is far from what the ranks "
+                     f"drew: {reported / high:.2g}x their about {high:.0f} samples/s.",
+                     "count every rank's samples once, over the training loop's time: seen * world_size / elapsed.")
+    facts["reported"], facts["measured"] = reported, high
+
+
+def _end(records, params, out_dir, nproc, exercise, facts) -> None:
+    """The process group closed."""
     open_ranks = [str(r["rank"]) for r in records if not r["torn_down"]]
     require(not open_ranks, exercise, f"the script ended with the process group still open (rank(s) "
             f"{', '.join(open_ranks)}).", "end with dist.destroy_process_group() (step 9).")
-    return facts
+
+
+PARTS = (_data, _model, _checkpoint, _output, _end)
+
+
+def findings(records: list[dict], params: list, out_dir: Path, nproc: int, exercise: str,
+             facts: dict | None = None) -> list[NotYet]:
+    """The first mistake of each part of a finished run, in the order an attendee meets them; [] when it is right.
+
+    ``facts`` collects what the passing line says (the backend, the shard, the checkpoint, the throughputs).
+    """
+    facts = {} if facts is None else facts
+    world = records[0]["env"].get("WORLD_SIZE")
+    require(len(records) == nproc and world == str(nproc), exercise,
+            f"{len(records)} process(es) ran (WORLD_SIZE={world}), the lab needs {nproc}.",
+            f"launch with torchrun --nproc-per-node={nproc}.")
+    found = []
+    for part in PARTS:
+        try:
+            part(records, params, out_dir, nproc, exercise, facts)
+        except NotYet as mistake:
+            found.append(mistake)
+    return found

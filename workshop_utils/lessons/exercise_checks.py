@@ -1,46 +1,30 @@
-"""The checks of the notebooks' exercises: each judges the answer against what the exercise asks.
+"""The checks of the notebooks' exercises, importable from one place; the GPT's two (Exercises 1.4 and 2.4) live here.
 
-A check takes the attendee's answer and the inputs the exercise names, works the right answer out
-itself from those inputs (never a number typed in, never from another answer of the attendee's), and
-either prints one ✓ line or raises ``NotYet`` with what is wrong and a hint. Where a common mistake
-gives a predictable value (a forgotten 1e12, the wrong peak, a percentage for a fraction), the message
-names that mistake; where two mistakes give the same value there, it names both. Where the measured
-data cannot tell a mistake from the right answer, the attendee writes a function and the check also
-runs it on a constructed case where they differ (Exercise 4.1).
-
-Every check reads its answers strictly: an int, a float, a NumPy scalar or a one-element tensor or
-array is a number; text, lists, None, booleans, NaN and infinities are not, and get one line saying
-what is expected. An exception in the attendee's code is one line naming their line and the error;
-an exception inside a check itself is a defect of the kit (``KitDefect``), also one line, its cause
-chained for whoever debugs it.
-
-The checks live beside the notebook they serve: ``tflops_checks`` (01), ``fp16_checks`` (03),
-``measurement_checks`` (04), ``beyond_dp_checks`` (05), on the reading and judging of
-``exercise_judging``. The GPT's two stay here, since they span notebooks 01 and 02 (Exercises 1.4
-and 2.4); every check is importable from here, as ``wu``'s table and the tests expect.
+A check takes the attendee's answer and the inputs the exercise names, works the right answer out itself (never
+a number typed in; from an earlier exercise's answer only as that exercise's check accepted it), and prints one
+✓ line or raises ``NotYet``: what is wrong, naming the mistake a predictable value gives (both, where two give
+it), and a hint. Where the data cannot tell a mistake from the right answer, the attendee writes a function and
+the check also runs it where they differ (4.1's sweep, 1.4's second GPT). Answers are read strictly and judged
+by one tolerance (``exercise_judging``); an exception in the attendee's code is one line naming their line, one
+inside a check a one-line ``KitDefect``. The others live beside their notebook: ``tflops_checks`` (01),
+``fp16_checks`` (03), ``measurement_checks`` (04), ``beyond_dp_checks`` (05).
 """
 
 from __future__ import annotations
 
 from ..spine.gpt import GPTSize, flops_per_token_closed_form
-from .beyond_dp_checks import (check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus,
-                               fewest_microbatches, zero_gib_per_gpu)
-from .exercise_judging import (LARGEST_COUNT, KitDefect, attendee_error, checked, count, described, number,
-                               short, verdict)
+from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus
+from .exercise_judging import KitDefect, attendee_error, checked, count, described, number, verdict
 from .exercises import NotYet, passed, require, require_answered
 from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale
-from .measurement_checks import (LOADER_ANSWERS, check_batch_memory, check_loader_choice, check_next_fix,
-                                 constructed_loader_sweep, memory_line)
-from .tflops_checks import check_achieved_tflops, check_matmul_tflops, check_mfu, timed_seconds
+from .measurement_checks import check_batch_memory, check_loader_choice, check_next_fix, constructed_loader_sweep
+from .tflops_checks import check_achieved_tflops, check_matmul_tflops, check_mfu
 
-# What was defined here before the checks moved beside their notebooks; importers keep this one path.
-__all__ = [
-    "LARGEST_COUNT", "LOADER_ANSWERS", "KitDefect", "activation_bytes_per_sequence", "attendee_error",
-    "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus", "check_flops_per_token",
-    "check_fsdp_traffic", "check_loader_choice", "check_lost_fraction", "check_matmul_tflops", "check_mfu",
-    "check_micro_batch_plan", "check_microbatches", "check_next_fix", "check_safe_loss_scale", "checked",
-    "constructed_loader_sweep", "count", "fewest_gpus", "fewest_microbatches", "largest_micro_batch",
-    "loss_bytes_per_sequence", "memory_line", "number", "short", "timed_seconds", "verdict", "zero_gib_per_gpu",
+__all__ = [  # every check, and what the tests read of them, from this one path
+    "KitDefect", "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus",
+    "check_flops_per_token", "check_fsdp_traffic", "check_loader_choice", "check_lost_fraction", "check_matmul_tflops",
+    "check_mfu", "check_micro_batch_plan", "check_microbatches", "check_next_fix", "check_safe_loss_scale",
+    "constructed_loader_sweep", "fewest_gpus", "activation_bytes_per_sequence", "largest_micro_batch",
 ]
 
 # ---------------------------------------------------------------- the GPT: FLOPs per token, micro-batches

@@ -98,6 +98,8 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
         (2 * right, f"one power too far: {2 * right:g} x {largest:.3g} = {2 * right * largest:,.6g}, which the cast "
                     f"rounds to inf (only values below {overflow:,.0f} round to {limit:,.0f}, the largest finite).",
          "round log2 down (math.floor), not up."),
+        (right / 2, f"one power short: twice that, {right:g} x {largest:.3g} = {right * largest:,.6g}, still fits "
+                    f"below {limit:,.0f}.", "take the largest power that fits: 2 ** floor(log2(max / largest)), nothing less."),
     ], "the largest k with 2**k * largest <= finfo(float16).max, i.e. 2 ** floor(log2(max / largest)).")
     return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
                             f"{value * largest:,.0f}, below {limit:,.0f}")

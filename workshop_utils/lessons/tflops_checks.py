@@ -173,7 +173,8 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
          "count 2 * n**3 FLOPs."),
     ]
     if measured is not None:
-        mistakes.append((right / len(measured), f"that divides by the total of the {len(measured)} repeats.",
+        mistakes.append((2 * n**3 / float(measured.sum()) / 1e12, f"that divides by the total of the "
+                                                                   f"{len(measured)} repeats.",
                          "divide by the median time of one multiply."))
     verdict(value, right, exercise, "matmul_tflops", mistakes, "TFLOP/s = 2 * n**3 / seconds / 1e12.",
             also=[from_given])
