@@ -347,6 +347,18 @@ def local_world_size(model):
         p.grad /= int(os.environ["LOCAL_WORLD_SIZE"])
 
 
+def role_world_size(model):
+    for p in model.parameters():  # the role's world size: every rank of the job, as WORLD_SIZE
+        dist.all_reduce(p.grad)
+        p.grad /= int(os.environ["ROLE_WORLD_SIZE"])
+
+
+def group_world_size(model):
+    for p in model.parameters():  # the number of nodes (agents), not of ranks
+        dist.all_reduce(p.grad)
+        p.grad /= int(os.environ["GROUP_WORLD_SIZE"])
+
+
 def shipped(function):
     """What check_average_gradients sends the ranks: the function's source and the modules it reads."""
     source, name = function_source(function, "Exercise 2.1")
@@ -364,6 +376,9 @@ RETURNING = {
     "untouched": (untouched_gradients, "made no collective call"),
     "local-world-size": (local_world_size, "divided by LOCAL_WORLD_SIZE, the processes of each rank's own node "
                                            "(2 on node 0, 1 on node 1), but 3 ranks ran"),
+    # torchrun's other counts: the role's world size is the world's; the nodes' count is not
+    "role-world-size": (role_world_size, None),
+    "group-world-size": (group_world_size, "the sum divided by 2, but 3 ranks ran"),
 }
 
 

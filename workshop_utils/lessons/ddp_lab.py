@@ -46,24 +46,20 @@ from ..parallel.launch import cpu_threads_per_process, free_port, stream, visibl
 from ..system.errors import WorkshopError
 from ..system.results import fresh_folder
 from .ddp_efficiency import check_ddp_efficiency
-from .ddp_lab_files import (DIST_VARIABLES, EFFICIENCY_EXERCISE, GRADIENTS_EXERCISE, LAB_EXERCISE, LIMIT_FACTOR,
-                            LOSS_LINE, PROBE_MODULE, SOLUTION_FILE, STARTER_NAME, THROUGHPUT, TORCHRUN_LOGS, Tee,
+from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, LIMIT_FACTOR, TORCHRUN_LOGS, Tee,
                             attendee_script, clean_env, lab_folder, node_commands, node_envs, note_progress,
                             read_output, reported_throughput, run_nodes, scaled_limit, solution_text, solve_ddp_lab,
                             start_ddp_lab, started_at, watch_progress, what_ran, write_json)
 from .ddp_lab_gradients import (COLLECTIVES, PER_NODE, SECOND_WORLD, compared, function_source, gradients_failure,
                                 judge_comparison, placeholder_body, shipped_globals, wait_for_ranks, watched)
-from .ddp_lab_judging import THROUGHPUT_TOLERANCE, LabRun, findings, placeholders_left, read_launch_line
+from .ddp_lab_judging import LabRun, findings, placeholders_left, read_launch_line
 from .exercise_judging import checked, short
 from .exercises import NotYet, Unsolved, passed, require, require_answered
 
-# What was defined here before the lab's helpers moved below it; importers keep this one path.
-__all__ = [
-    "COLLECTIVES", "DIST_VARIABLES", "EFFICIENCY_EXERCISE", "GRADIENTS_EXERCISE", "LAB_EXERCISE", "LAUNCH_HERE",
-    "LOSS_LINE", "PROBE_MODULE", "SOLUTION_FILE", "STARTER_NAME", "THROUGHPUT", "THROUGHPUT_TOLERANCE",
-    "TORCHRUN_LOGS", "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
-    "clean_env", "judge_average_gradients", "lab_device", "lab_folder", "main", "placeholders_left",
-    "read_launch_line", "reported_throughput", "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
+__all__ = [  # the lab's public names, from this one path (wu's table, the GPU check, the tests)
+    "LAB_EXERCISE", "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
+    "judge_average_gradients", "lab_device", "lab_folder", "main", "placeholders_left", "read_launch_line",
+    "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
 ]
 
 # ---------------------------------------------------------------- the launches: one process, or the lab's ranks
@@ -381,8 +377,9 @@ def _gradients(spec_file: str) -> None:
                 note_progress(Path(spec["folder"]), rank, "finished")
                 return
             # rank 0 serves this job's store itself: torchrun's agent serves only the launch's
-            os.environ.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
-                              MASTER_PORT=str(spec["second_port"]), TORCHELASTIC_USE_AGENT_STORE="False")
+            os.environ.update(WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                              GROUP_RANK="0", GROUP_WORLD_SIZE="1", MASTER_PORT=str(spec["second_port"]),
+                              TORCHELASTIC_USE_AGENT_STORE="False")
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                                     init_method=f"tcp://127.0.0.1:{spec['second_port']}")
         torch.manual_seed(0)
