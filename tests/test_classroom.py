@@ -21,6 +21,7 @@ import pytest
 from workshop_utils import classroom
 from workshop_utils.classroom import attendee, hub
 from workshop_utils.classroom.cgroups import Cgroups
+from workshop_utils.system.errors import WorkshopError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_GIB = 1.0
@@ -36,9 +37,18 @@ def test_the_exercise_section_is_the_set_up_and_the_section_up_to_its_check():
 
 @pytest.mark.parametrize("argv, expected", [
     (["--attendees", "0"], "a class has 1 to 200 attendees"),
-    (["--memory", "0"], "--memory 0.0: it must be above 0"),
+    (["--memory", "0"], "--memory 0.0: a server's memory limit must be from 0.125"),
     (["--set", "epochs"], "is not NAME=VALUE"),
     (["--attendees", "two"], "invalid int value"),
+    (["--cpus", "inf"], "--cpus inf: each server's CPU quota must be from 0.01 core"),
+    (["--cpus", "1e300"], "--cpus 1e+300: each server's CPU quota"),
+    (["--cpus", "0.0001"], "--cpus 0.0001: each server's CPU quota"),
+    (["--memory", "inf"], "--memory inf: a server's memory limit must be from 0.125 to 1024 GiB"),
+    (["--short-of-memory", "-1"], "--short-of-memory -1.0: a server's memory limit"),
+    (["--short-of-memory", "nan"], "--short-of-memory nan: a server's memory limit"),
+    (["--short-of-memory", "0"], "--short-of-memory 0.0: a server's memory limit"),
+    (["--short-of-memory", "5", "--memory", "3"], "--short-of-memory 5.0 is not short of the class's --memory 3.0"),
+    (["--record", "/proc/cpuinfo"], "--record /proc/cpuinfo is a file, not a folder"),
 ])
 def test_bad_arguments_are_one_line_before_anything_starts(argv, expected, capsys, monkeypatch):
     monkeypatch.setattr(classroom, "make_attendees", lambda *a, **k: pytest.fail("started a class"))
@@ -156,18 +166,20 @@ def test_the_handout_gives_the_exercises_as_placeholders_and_keeps_an_attendees_
     folder = tmp_path / "workshop"
     written = hand_out(folder)
     notebooks = sorted(p.name for p in folder.glob("*.ipynb"))
-    assert notebooks == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")) and (folder / "labs").is_dir()
+    assert notebooks == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
     copy = (folder / classroom.NOTEBOOK).read_text()
     assert "### PLACEHOLDER" not in copy and "### BEGIN SOLUTION" not in copy
     assert copy != (ROOT / "notebooks" / classroom.NOTEBOOK).read_text()  # the solutions are not handed out
-    (folder / classroom.NOTEBOOK).write_text("my work")
+    mine = json.loads(copy)
+    mine["cells"].append({"cell_type": "markdown", "id": "mine", "metadata": {}, "source": "my notes"})
+    (folder / classroom.NOTEBOOK).write_text(json.dumps(mine))
     again = hand_out(folder)
-    assert (folder / classroom.NOTEBOOK).read_text() == "my work" and again == []
+    assert json.loads((folder / classroom.NOTEBOOK).read_text()) == mine and again == []
     assert f"kept your own {classroom.NOTEBOOK}" in capsys.readouterr().out.splitlines()[-1]
     solved = tmp_path / "solutions"
     hand_out(solved, solutions=True)
     assert (solved / classroom.NOTEBOOK).read_bytes() == (ROOT / "notebooks" / classroom.NOTEBOOK).read_bytes()
-    assert len(written) == len(notebooks) + 1
+    assert len(written) == len(notebooks)
 
 
 def test_a_handout_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
@@ -179,3 +191,43 @@ def test_a_handout_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
         handout.main([str(blocked / "workshop")])
     said = capsys.readouterr().err
     assert stopped.value.code == 2 and said.count("\n") == 1 and "is a file, not a folder" in said, said
+
+
+def test_a_handout_folder_given_empty_or_as_an_unknown_users_home_is_one_line(capsys):
+    from workshop_utils import handout
+
+    for argv, expected in (([""], "The handout folder is empty"), (["~nosuchuser-here/x"], "no such user's home"),
+                           (["--from", "/proc/cpuinfo"], "is not a folder of notebooks")):
+        with pytest.raises(SystemExit) as stopped:
+            handout.main(argv)
+        said = capsys.readouterr().err
+        assert stopped.value.code == 2 and said.count("\n") == 1 and expected in said, (argv, said)
+
+
+@pytest.mark.slow
+def test_what_a_full_disk_cut_short_is_never_kept_as_an_attendees_work(tmp_path, monkeypatch, capsys):
+    from workshop_utils import handout
+    from workshop_utils.lessons import exercises
+
+    real, calls = exercises.attendee_notebook, []
+
+    def disk_fills_up(source, out):
+        calls.append(source)
+        if len(calls) == 3:
+            Path(out).write_text('{"cel')  # half a file, as a full disk leaves it
+            raise OSError(28, "No space left on device", str(out))
+        return real(source, out)
+
+    monkeypatch.setattr(exercises, "attendee_notebook", disk_fills_up)
+    folder = tmp_path / "workshop"
+    with pytest.raises(WorkshopError, match="No space left on device"):
+        handout.hand_out(folder)
+    assert len(list(folder.glob("*.ipynb"))) == 2 and not list(folder.glob(".*"))  # whole ones only
+    monkeypatch.setattr(exercises, "attendee_notebook", real)
+    (folder / "04_profiling_optimization.ipynb").write_text("")  # a file that is no notebook
+    (folder / "05_beyond_data_parallel.ipynb").mkdir()  # nor is a folder
+    handout.hand_out(folder)
+    said = capsys.readouterr().out
+    assert "set aside what was no notebook: 04_profiling_optimization.ipynb, 05_beyond_data_parallel.ipynb" in said
+    assert all(handout._is_notebook(p) for p in folder.glob("0*.ipynb"))
+    assert len(list(folder.glob("*.not-a-notebook-*"))) == 2

@@ -93,11 +93,48 @@ def test_jupyterhubs_limits_count_where_no_cgroup_enforces_them(monkeypatch):
     monkeypatch.setenv("MEM_LIMIT", str(6 * 2**30))
     found = server.this_server(gpus=False)
     assert server.cpu_cores() == 2 and found.cores == 2 and found.cores_source == "JupyterHub's cpu_limit"
-    assert found.memory_gib == 6 and found.memory_source == "JupyterHub's mem_limit"
-    assert found.line().startswith("this server: 2 cores (JupyterHub's cpu_limit), 6.0 GiB free of a 6.0 GiB "
-                                   "JupyterHub's mem_limit, no GPU")
-    monkeypatch.setenv("CPU_LIMIT", "not a number")
-    assert server.cpu_cores() == 64
+    # Nothing counts this kernel against a limit no cgroup enforces: what it holds already is not free.
+    held = server.tree_rss_bytes() / 2**30
+    assert found.memory_limit_gib == 6 and abs(found.memory_gib - (6 - held)) < 0.05 and held > 0.01
+    assert found.memory_source == "JupyterHub's mem_limit"
+    assert found.line() == (f"this server: 2 cores (JupyterHub's cpu_limit), {found.memory_gib:.1f} GiB free "
+                            "of its 6.0 GiB (JupyterHub's mem_limit), no GPU")
+    with pytest.raises(WorkshopError, match="needs about 6.2 GiB"):  # the limit itself, not the limit plus the kernel
+        server.fit_to_server(memory_gib=6.2, quiet=True)
+    for garbage in ("not a number", "2G", "-1", "0", "nan", "inf"):
+        monkeypatch.setenv("CPU_LIMIT", garbage)
+        monkeypatch.setenv("MEM_LIMIT", garbage)
+        found = server.this_server(gpus=False)
+        assert server.cpu_cores() == 64 and found.memory_source != "JupyterHub's mem_limit"
+        assert f"CPU_LIMIT={garbage!r} is not a positive number: left out" in found.line()
+        assert f"MEM_LIMIT={garbage!r} is not a positive number: left out" in found.line()
+
+
+def test_slurms_memory_per_cpu_counts_with_the_cpus_it_was_given(monkeypatch):
+    monkeypatch.setattr(server, "cgroup_memory", lambda folders=None: (None, None))
+    monkeypatch.setenv("SLURM_MEM_PER_CPU", "1024")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "3")
+    found = server.this_server(gpus=False)
+    assert found.memory_limit_gib == 3 and found.memory_source == "Slurm's --mem-per-cpu"
+
+
+def test_a_quota_above_one_core_but_below_the_cores_is_named_with_its_size(monkeypatch):
+    monkeypatch.setattr(server, "cgroup_cpu_limit", lambda folders=None: 1.5)
+    monkeypatch.setattr(server, "affinity_cores", lambda: 2)
+    found = server.this_server(gpus=False)
+    assert found.cores == 2 and found.cpu_quota == 1.5
+    assert found.line().startswith("this server: 2 cores (CPU quota of 1.5 cores)")
+    monkeypatch.setattr(server, "cgroup_cpu_limit", lambda folders=None: 0.01)
+    assert "everything runs about 100x slower" in server.this_server(gpus=False).line()
+
+
+@pytest.mark.parametrize("need", ["3", "3 GiB", [3], 0, -1, float("nan"), float("-inf"), True, False])
+def test_a_profiles_own_memory_need_that_is_no_number_of_gib_is_one_line(need):
+    with pytest.raises(WorkshopError) as caught:
+        wu.pick_settings({"cpu": dict(epochs=1, memory_gib=need), "gpu": dict(epochs=1)}, "cpu")
+    assert "memory_gib=" in str(caught.value) and "is not a number of GiB above 0" in str(caught.value)
+    with pytest.raises(WorkshopError, match="gpu_memory_gib="):
+        server.fit_to_server(gpu_memory_gib=need, quiet=True)
 
 
 def test_a_quota_of_half_a_core_is_one_thread_and_the_line_says_it_runs_at_half_speed(monkeypatch):
@@ -113,7 +150,7 @@ def test_below_the_memory_a_profile_needs_the_notebook_stops_at_its_start_in_one
     with pytest.raises(WorkshopError) as caught:
         wu.pick_settings(profiles, "cpu")
     message = str(caught.value)
-    assert "\n" not in message and "needs about 40 GiB of memory" in message and "1.5 GiB (memory limit)" in message
+    assert "\n" not in message and "needs about 40 GiB of memory" in message and "1.5 GiB free of its 2.0 GiB (memory limit)" in message
     shown = capsys.readouterr().out
     assert "this server:" in shown and "memory_gib" not in shown.splitlines()[0]  # a need, not a size
     assert wu.pick_settings({"cpu": dict(epochs=1, memory_gib=0.1), "gpu": dict(epochs=1)}, "cpu")["epochs"] == 1
@@ -184,7 +221,7 @@ def test_a_memory_limit_below_the_profiles_need_stops_the_notebook_in_one_line_n
             print("REFUSED", err)
     """, memory_bytes=2**30)
     refused = [line for line in out.splitlines() if line.startswith("REFUSED")]
-    assert len(refused) == 1 and "needs about 3 GiB of memory" in refused[0] and "of a 1.0 GiB memory limit" in out
+    assert len(refused) == 1 and "needs about 3 GiB of memory" in refused[0] and "of its 1.0 GiB (memory limit)" in out
 
 
 # ------------------------------------------------------------------------------- each attendee's own folder
@@ -290,3 +327,47 @@ def test_the_gpus_a_server_sees_are_listed_with_their_free_memory_and_a_short_on
     with pytest.raises(WorkshopError) as caught:
         server.fit_to_server(gpu_memory_gib=12, quiet=True)
     assert "needs about 12 GiB of GPU memory" in str(caught.value) and "9.0 GiB free" in str(caught.value)
+
+
+def test_an_install_of_ones_own_keeps_results_out_of_it_when_working_elsewhere(tmp_path, monkeypatch):
+    """A container image with the kit installed as the attendee's own user: results go beside the notebooks."""
+    install, copy = tmp_path / "kit", tmp_path / "workshop"
+    install.mkdir(), copy.mkdir()
+    monkeypatch.setattr(results, "repo_root", lambda: install)
+    monkeypatch.delenv(results.RUNS_VARIABLE, raising=False)
+    monkeypatch.chdir(copy)
+    assert results.runs_root() == copy / "runs"
+    monkeypatch.chdir(install)  # a developer in their own checkout: its runs/, as make run and make slides expect
+    assert results.runs_root() == install / "runs"
+    (install / "notebooks").mkdir()
+    monkeypatch.chdir(install / "notebooks")
+    assert results.runs_root() == install / "runs"
+
+
+def test_run_folder_paths_are_read_as_a_shell_reads_them_and_bad_tags_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert wu.resolve_run_dir("~/runs/mine") == tmp_path / "home" / "runs" / "mine"
+    assert not (tmp_path / "~").exists()
+    for given, expected in (("~/x", tmp_path / "home" / "x"), ("rel", tmp_path / "rel"), ("  ", None)):
+        monkeypatch.setenv(results.RUNS_VARIABLE, given)
+        assert results.runs_root() == (expected or tmp_path / "runs"), given
+    monkeypatch.setenv(results.RUNS_VARIABLE, str(tmp_path / "r"))
+    for tag in ("a/b", "/abs", "../../escape", "a\0b", ".."):
+        with pytest.raises(WorkshopError, match="is not a plain name"):
+            wu.new_run_dir(tag)
+    with pytest.raises(WorkshopError, match="Cannot create the run folder"):
+        wu.resolve_run_dir("a\0b")
+
+
+def test_a_working_folder_that_was_removed_sends_results_home_and_says_why(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    monkeypatch.delenv(results.RUNS_VARIABLE, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(results, "repo_root", lambda: None)
+    root, why = results.runs_root_and_why()
+    assert root == tmp_path / "workshop-runs" and why == "your home: no working folder"
+    assert wu.new_run_dir().parent == tmp_path / "workshop-runs"

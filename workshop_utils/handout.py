@@ -5,49 +5,104 @@ of their own (results go beside it, in runs/). One line in a terminal of their s
 spawner's start-up for everyone::
 
     python -m workshop_utils.handout                 # ~/workshop: the attendees' copies, exercises to fill in
-    python -m workshop_utils.handout ~/solutions --solutions   # the solved notebooks, when the instructor hands them out
+    python -m workshop_utils.handout --solutions     # ~/workshop-solutions: the solved notebooks, when handed out
 
 A notebook already in the folder is kept (an attendee's work is never overwritten); the command says
-which it kept. The DDP lab's scripts are copied beside the notebooks, as notebook 02 expects.
+which it kept. A file there that is no notebook (a copy cut short by a full disk) is set aside and
+written again. Notebook 02's lab reads its scripts from the kit and writes the attendee's copy into their
+own run folder, so the lab needs nothing handed out.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import tempfile
+from datetime import datetime
 from pathlib import Path
 
-from .lessons.exercises import attendee_notebook
-from .run_notebooks import notebooks_folder
 from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
-from .system.results import check_output_path
+from .system.results import check_output_path, path_for_message, repo_root
+
+DEFAULT, SOLUTIONS_DEFAULT = "~/workshop", "~/workshop-solutions"
 
 
-def hand_out(folder, solutions: bool = False, source=None, quiet: bool = False) -> list[Path]:
-    """Write the notebooks (attendee copies, or the solved ones) and the lab into ``folder``; return what was written."""
-    target = check_output_path(Path(folder).expanduser(), folder=True, what="handout folder")
-    notebooks = notebooks_folder(source)
+def _path(text, what: str) -> Path:
+    if not str(text).strip():
+        raise WorkshopError(f"{what} is empty.", f"give a folder, e.g. {DEFAULT}, or leave it out for the default.")
+    try:
+        return Path(str(text)).expanduser()
+    except RuntimeError:  # ~user of a user this machine does not know
+        raise WorkshopError(f"{what} {text!r}: no such user's home.", f"give a folder such as {DEFAULT}.") from None
+
+
+def _notebooks(source) -> Path:
+    folder = _path(source, "--from") if source is not None else (repo_root() or Path.cwd()) / "notebooks"
+    if not folder.is_dir():
+        raise WorkshopError(f"{path_for_message(folder)} is not a folder of notebooks.",
+                            "pass the kit's notebooks/ folder with --from.")
+    return folder
+
+
+def _is_notebook(path: Path) -> bool:
+    try:
+        return path.is_file() and isinstance(json.loads(path.read_text()).get("cells"), list)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _write_atomically(path: Path, write) -> None:
+    """``write(temporary path)``, then the rename: a copy cut short (a full disk) never stands as a notebook."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(handle)
+    try:
+        write(Path(temporary))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def hand_out(folder=None, solutions: bool = False, source=None, quiet: bool = False) -> list[Path]:
+    """Write the notebooks (attendee copies, or the solved ones) into ``folder``; return what was written."""
+    from .lessons.exercises import attendee_notebook  # nbformat only: the handout loads no PyTorch
+
+    target = check_output_path(_path(folder if folder is not None else SOLUTIONS_DEFAULT if solutions else DEFAULT,
+                                     "The handout folder"), folder=True, what="handout folder")
+    notebooks = _notebooks(source)
     sources = sorted(notebooks.glob("*.ipynb"))
     if not sources:
-        raise WorkshopError(f"No notebook in {notebooks}.", "pass the kit's notebooks/ folder with --from.")
-    target.mkdir(parents=True, exist_ok=True)
-    written, kept = [], []
-    for notebook in sources:
-        copy = target / notebook.name
-        if copy.exists():
-            kept.append(copy.name)
-            continue
-        if solutions:
-            shutil.copyfile(notebook, copy)
-        else:
-            attendee_notebook(notebook, copy)
-        written.append(copy)
-    lab = notebooks / "labs"
-    if lab.is_dir() and not (target / "labs").exists():
-        shutil.copytree(lab, target / "labs", ignore=shutil.ignore_patterns("__pycache__"))
-        written.append(target / "labs")
+        raise WorkshopError(f"No notebook in {path_for_message(notebooks)}.", "pass the kit's notebooks/ folder with --from.")
+    written, kept, redone = [], [], []
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for notebook in sources:
+            copy = target / notebook.name
+            if _is_notebook(copy):
+                kept.append(copy.name)
+                continue
+            if copy.exists() or copy.is_symlink():  # not a notebook: set aside, never deleted
+                copy.rename(copy.with_name(f"{copy.name}.not-a-notebook-{datetime.now():%Y%m%d-%H%M%S}"))
+                redone.append(copy.name)
+            _write_atomically(copy, (lambda temporary, notebook=notebook: shutil.copyfile(notebook, temporary))
+                              if solutions else
+                              (lambda temporary, notebook=notebook: attendee_notebook(notebook, temporary)))
+            written.append(copy)
+    except OSError as err:
+        raise WorkshopError(f"The handout could not write into {path_for_message(target)}: {err.strerror or err}"
+                            + (f" ({path_for_message(err.filename)})" if err.filename else "") + ".",
+                            "free some space or give a folder you can write; what was written so far is whole.") \
+            from None
+    except (ValueError, TypeError, KeyError) as err:  # a notebook in --from that nbformat cannot read
+        raise WorkshopError(f"A notebook in {path_for_message(notebooks)} cannot be read ({type(err).__name__}).",
+                            "pass the kit's own notebooks/ folder with --from.") from None
     if not quiet:
-        print(f"{len(written)} written to {target}" + (f"; kept your own {', '.join(kept)}" if kept else "")
+        print(f"{len(written)} written to {path_for_message(target)}"
+              + (f"; kept your own {', '.join(kept)}" if kept else "")
+              + (f"; set aside what was no notebook: {', '.join(redone)}" if redone else "")
               + ". Open them in JupyterLab's file browser; results go to runs/ beside them.")
     return written
 
@@ -55,7 +110,8 @@ def hand_out(folder, solutions: bool = False, source=None, quiet: bool = False) 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m workshop_utils.handout", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", nargs="?", default="~/workshop", help="where the copies go (default: ~/workshop)")
+    parser.add_argument("folder", nargs="?", help=f"where the copies go (default: {DEFAULT}, with --solutions "
+                                                  f"{SOLUTIONS_DEFAULT})")
     parser.add_argument("--solutions", action="store_true", help="the solved notebooks instead of the exercises")
     parser.add_argument("--from", dest="source", metavar="DIR", help="the kit's notebooks/ folder (default: the "
                                                                      "installed checkout's)")

@@ -22,6 +22,7 @@ Exit status: 0 passed, 1 failed, 2 bad arguments or a machine that cannot host a
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -39,7 +40,8 @@ from ..portal_check.kernel import run_cell
 from ..run_notebooks import notebooks_folder
 from ..system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
 from ..system.hardware import environment
-from ..system.results import git_commit, repo_root, write_json
+from ..system.results import check_output_path, git_commit, repo_root, write_json_or_fallback
+from ..system.server import affinity_cores
 from .attendee import (Attendee, exercise_section, make_attendees, remove_attendees, run_folders, run_notebook,
                        separate_users_possible, whole_notebook)
 from .cgroups import Cgroups
@@ -86,15 +88,27 @@ def _records_in_the_install(since_marker: Path) -> list[str]:
     return found.stdout.split()
 
 
+def check_class(attendees: int, cpus: float, memory_gib: float, short_of_memory_gib: float | None) -> None:
+    """The class's sizes, before anything starts: each a finite number a cgroup can hold, in one line when not."""
+    if not 1 <= attendees <= 200:
+        raise WorkshopError(f"--attendees {attendees}: a class has 1 to 200 attendees.", "pass e.g. --attendees 4.")
+    if not (math.isfinite(cpus) and 0.01 <= cpus <= affinity_cores()):
+        raise WorkshopError(f"--cpus {cpus}: each server's CPU quota must be from 0.01 core (the kernel's least) to "
+                            f"the {affinity_cores()} cores here.", "pass e.g. --cpus 1.")
+    for value, name in ((memory_gib, "--memory"), (short_of_memory_gib, "--short-of-memory")):
+        if value is not None and not (math.isfinite(value) and 0.125 <= value <= 1024):
+            raise WorkshopError(f"{name} {value}: a server's memory limit must be from 0.125 to 1024 GiB.",
+                                f"pass e.g. {name} 3.")
+    if short_of_memory_gib is not None and short_of_memory_gib >= memory_gib:
+        raise WorkshopError(f"--short-of-memory {short_of_memory_gib} is not short of the class's --memory "
+                            f"{memory_gib}.", "give the extra attendee less memory than the others, e.g. 1.")
+
+
 def run_class(attendees: int = 2, cpus: float = 1.0, memory_gib: float = 3.0, short_of_memory_gib: float | None = None,
               parameters: dict | None = None, solo: bool = True, cell_timeout_s: float = 900,
               say=print) -> dict:
     """Run a class; return its record (see the module's help). Everything it started is stopped at the end."""
-    if not 1 <= attendees <= 200:
-        raise WorkshopError(f"--attendees {attendees}: a class has 1 to 200 attendees.", "pass e.g. --attendees 4.")
-    for value, name in ((cpus, "--cpus"), (memory_gib, "--memory")):
-        if not value > 0:
-            raise WorkshopError(f"{name} {value}: it must be above 0.", f"pass e.g. {name} 1.")
+    check_class(attendees, cpus, memory_gib, short_of_memory_gib)
     problem = missing_pieces()
     if problem:
         raise WorkshopError(f"Cannot start a hub: {problem}.", "make install, then npm ci --prefix portal.")
@@ -112,9 +126,12 @@ def run_class(attendees: int = 2, cpus: float = 1.0, memory_gib: float = 3.0, sh
     cgroups = None if no_cgroups else Cgroups()
     hub = None
     try:
-        if cgroups is not None:
-            for person in people:
+        for person in people if cgroups is not None else ():
+            try:
                 cgroups.make(person.name, cpus, int((short_of_memory_gib if person is short else memory_gib) * 2**30))
+            except OSError as err:
+                raise WorkshopError(f"The kernel refused the class's limits for {person.name} ({err.strerror or err}).",
+                                    "try other --cpus and --memory values, or run as root.") from None
         jupyter_path = register_kernel(folder / "env")
         one_user = no_users is not None
         runs_per_home = f"{folder}/home/{{}}/{HANDOUT}/runs"
@@ -250,6 +267,9 @@ def _stop_on_sigterm(signum, frame):
 @exit_on_workshop_error
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    check_class(args.attendees, args.cpus, args.memory, args.short_of_memory)
+    if args.record:  # checked before the class, not after minutes of it
+        check_output_path(args.record, folder=True, what="--record")
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)  # a stopped class still removes what it made
     try:
         record = run_class(args.attendees, args.cpus, args.memory, args.short_of_memory, _parameters(args.set),
@@ -267,8 +287,9 @@ def main(argv=None) -> None:
     for line in record["failures"]:
         print(f"  {line}", file=sys.stderr)
     if args.record:
-        path = write_json(record, Path(args.record) / f"classroom-{record['attendees']}-{record['date']}.json")
-        print(f"Record: {path}")
+        path, failure = write_json_or_fallback(
+            record, Path(args.record) / f"classroom-{record['attendees']}-{record['date']}.json")
+        print(f"Record: {path}" + (f" (the folder asked for refused it: {failure.strerror})" if failure else ""))
     if not record["passed"]:
         raise SystemExit(1)
 

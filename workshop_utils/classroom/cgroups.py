@@ -81,6 +81,7 @@ class Cgroups:
             folder = parent / attendee
             folder.mkdir(exist_ok=True)
             folders[controller] = folder
+            self.children[attendee] = folders  # kept before any limit is written: remove() finds it whatever fails
             if controller == "cpu" and cpu_cores:
                 if self.v2[controller]:
                     _write(folder / "cpu.max", f"{int(cpu_cores * 100_000)} 100000")
@@ -95,7 +96,6 @@ class Cgroups:
                     _write(folder / "memory.limit_in_bytes", memory_bytes)
                     if (folder / "memory.memsw.limit_in_bytes").exists():
                         _write(folder / "memory.memsw.limit_in_bytes", memory_bytes)  # no swap past the limit
-        self.children[attendee] = folders
         return folders
 
     def usage(self, attendee: str) -> dict:

@@ -32,36 +32,61 @@ def _own_folder(path: Path | None) -> bool:
         return False
 
 
+def _working_folder() -> Path | None:
+    try:
+        return Path.cwd()
+    except OSError:  # the folder this process was started in has been removed
+        return None
+
+
 def runs_root_and_why() -> tuple[Path, str]:
     """Where run folders go, and why there (for a message): see ``runs_root``."""
-    if os.environ.get(RUNS_VARIABLE):
-        return Path(os.environ[RUNS_VARIABLE]).expanduser(), f"${RUNS_VARIABLE}"
-    checkout, here = repo_root(), Path.cwd()
-    if _own_folder(checkout):
+    given = os.environ.get(RUNS_VARIABLE, "").strip()
+    if given:
+        try:
+            return Path(given).expanduser().absolute(), f"${RUNS_VARIABLE}"
+        except RuntimeError:  # ~user of no such user
+            raise WorkshopError(f"{RUNS_VARIABLE}={given!r} names the home of a user this machine does not know.",
+                                f"set {RUNS_VARIABLE} to a folder you can write, e.g. ~/workshop-runs.") from None
+    checkout, here = repo_root(), _working_folder()
+    if here is not None and checkout is not None and here.is_relative_to(checkout) and _own_folder(checkout):
         return checkout / "runs", "your checkout of the kit"
     if _own_folder(here):
         return here / "runs", "your working folder"
-    return Path.home() / "workshop-runs", "your home: neither the kit's folder nor this working folder is yours"
+    why = ("no working folder" if here is None else
+           f"the working folder {path_for_message(here)} is not yours to write")
+    return Path.home() / "workshop-runs", f"your home: {why}"
 
 
 def runs_root() -> Path:
     """Where run folders go: this user's own space, never a shared install of the kit.
 
-    $WORKSHOP_RUNS when set (a portal's spawner sets it per attendee); else runs/ in the checkout when the
-    checkout is this user's own (a developer's or instructor's clone: make run, make slides); else runs/ in
-    the working folder when that is this user's own (an attendee's copy of the notebooks); else
-    ~/workshop-runs. On a portal thirty attendees import one install: writing into it would mix their
-    results, or fail for all but its owner.
+    $WORKSHOP_RUNS when set (a portal's spawner sets it per attendee); else, inside a checkout of the kit that is
+    this user's own (a developer's or instructor's clone: make run, make slides), its runs/; else runs/ in the
+    working folder when that is this user's own (an attendee's copy of the notebooks: a kernel works in the
+    notebook's folder); else ~/workshop-runs. On a portal thirty attendees import one install: writing into it
+    would mix their results, or fail for all but its owner.
     """
     return runs_root_and_why()[0]
 
 
+def _run_name(tag: str | None) -> str:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    if tag is None:
+        return stamp
+    if not isinstance(tag, str) or not tag or tag in (".", "..") or any(c in tag for c in "/\\\0") \
+            or not tag.isprintable():
+        raise WorkshopError(f"Run folder tag {tag!r} is not a plain name.",
+                            "give a name without slashes, such as 'baseline', or None.")
+    return f"{stamp}-{tag}"
+
+
 def new_run_dir(tag: str | None = None) -> Path:
     """A fresh, uniquely named folder under ``runs_root()``; a place that cannot be written is one line."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = _run_name(tag)
     root, why = runs_root_and_why()
     try:
-        return fresh_folder(root, f"{stamp}-{tag}" if tag else stamp)
+        return fresh_folder(root, name)
     except OSError as err:
         raise WorkshopError(f"Cannot create a run folder in {path_for_message(root)} ({why}): {err.strerror or err}.",
                             f"set {RUNS_VARIABLE} to a folder you can write (e.g. export {RUNS_VARIABLE}=$SCRATCH/"
@@ -94,9 +119,11 @@ def resolve_run_dir(run_dir: str | os.PathLike | None, tag: str | None = None) -
     if run_dir:
         path = Path(run_dir)
         try:
+            path = path.expanduser()  # "~/runs/mine" is the home's, never a folder named ~ here
             path.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise WorkshopError(f"Cannot create the run folder {path}: {err.strerror}.",
+        except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: ~user of no such user
+            raise WorkshopError(f"Cannot create the run folder {path_for_message(path)}: "
+                                f"{getattr(err, 'strerror', None) or err}.",
                                 "pass a folder you can write to, or None for a new one under runs/.") from None
         return path
     return new_run_dir(tag)

@@ -105,12 +105,20 @@ def cgroup_memory(folders: dict[str, list[Path]] | None = None) -> tuple[int | N
     return best
 
 
-def _positive_number(text: str | None) -> float | None:
-    try:
-        value = float(text) if text else None
-    except ValueError:
+def _limit_from_environment(variable: str, notes: list[str] | None = None) -> float | None:
+    """A positive finite number from ``$variable``, else None; a value set but unreadable is noted, not ignored."""
+    text = os.environ.get(variable)
+    if text is None or not text.strip():
         return None
-    return value if value is not None and math.isfinite(value) and value > 0 else None
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        if notes is not None:
+            notes.append(f"{variable}={text!r} is not a positive number: left out")
+        return None
+    return value
 
 
 def affinity_cores() -> int:
@@ -121,11 +129,11 @@ def affinity_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_limit() -> tuple[float | None, str]:
+def cpu_limit(notes: list[str] | None = None) -> tuple[float | None, str]:
     """The tightest CPU limit in cores, and where it comes from (a cgroup quota, or JupyterHub's CPU_LIMIT)."""
     found = [(value, source) for value, source in (
         (cgroup_cpu_limit(), "CPU quota"),
-        (_positive_number(os.environ.get("CPU_LIMIT")), "JupyterHub's cpu_limit"),
+        (_limit_from_environment("CPU_LIMIT", notes), "JupyterHub's cpu_limit"),
     ) if value is not None]
     return min(found) if found else (None, "")
 
@@ -164,26 +172,32 @@ class Server:
 
     cores: int
     cores_source: str  # "CPU quota", "JupyterHub's cpu_limit", "affinity" or "the node"
-    cpu_quota: float | None  # in cores, when a quota is the limit
+    cpu_quota: float | None  # in cores, when a quota below the cores it may run on is the limit
     memory_gib: float | None  # what it may still use, or None where nothing says
     memory_source: str  # "memory limit", "JupyterHub's mem_limit", "Slurm's --mem", "free on the node"
     memory_limit_gib: float | None
     gpus: list[GpuShare] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # limits set but unreadable, said rather than dropped
 
     def line(self) -> str:
-        """``this server: 2 cores (CPU quota), 5.8 GiB free of a 6.0 GiB memory limit, no GPU``."""
-        if self.cpu_quota is not None and self.cpu_quota < 1 - 1e-9:
-            cores = f"1 core at {self.cpu_quota:.2g} of its speed (a CPU quota of {self.cpu_quota:.2g} cores)"
+        """``this server: 2 cores (CPU quota), 5.8 GiB free of its 6.0 GiB memory limit, no GPU``."""
+        quota = self.cpu_quota
+        if quota is not None and quota < 1 - 1e-9:
+            slower = f"; everything runs about {1 / quota:.0f}x slower" if quota < 0.5 else ""
+            cores = f"1 core at {quota:.2g} of its speed (a CPU quota of {quota:.2g} cores{slower})"
+        elif quota is not None and abs(quota - self.cores) > 1e-9:
+            cores = f"{self.cores} core{'s' * (self.cores != 1)} ({self.cores_source} of {quota:.3g} cores)"
         else:
             cores = f"{self.cores} core{'s' * (self.cores != 1)} ({self.cores_source})"
         if self.memory_gib is None:
             memory = "memory unknown"
         elif self.memory_limit_gib is not None:
-            memory = f"{self.memory_gib:.1f} GiB free of a {self.memory_limit_gib:.1f} GiB {self.memory_source}"
+            memory = f"{self.memory_gib:.1f} GiB free of its {self.memory_limit_gib:.1f} GiB ({self.memory_source})"
         else:
             memory = f"{self.memory_gib:.1f} GiB {self.memory_source}"
         gpus = "; ".join(f"GPU {g.index} {g.name}, {g.free_gib:.0f} of {g.total_gib:.0f} GiB free" for g in self.gpus)
-        return f"this server: {cores}, {memory}, {gpus or 'no GPU'}"
+        notes = "".join(f" ({note})" for note in self.notes)
+        return f"this server: {cores}, {memory}, {gpus or 'no GPU'}{notes}"
 
 
 def _gpus() -> list[GpuShare]:
@@ -203,26 +217,41 @@ def _gpus() -> list[GpuShare]:
 
 def this_server(gpus: bool = True) -> Server:
     """Read the limits now (memory left changes as the notebook runs)."""
-    quota, quota_source = cpu_limit()
-    cores = cpu_cores()
-    node = os.cpu_count() or 1
-    if quota is not None and cores < affinity_cores():
+    notes: list[str] = []
+    quota, quota_source = cpu_limit(notes)
+    cores, allowed = cpu_cores(), affinity_cores()
+    if quota is not None and quota < allowed - 1e-9:
         source = quota_source
     else:
-        source, quota = ("affinity" if affinity_cores() < node else "the node"), None
+        source, quota = ("affinity" if allowed < (os.cpu_count() or 1) else "the node"), None
     limit, left = cgroup_memory()
     candidates = [(left, limit, "memory limit")] if limit is not None else []
-    for variable, scale, name in (("MEM_LIMIT", 1, "JupyterHub's mem_limit"),
-                                  ("SLURM_MEM_PER_NODE", 2**20, "Slurm's --mem")):
-        value = _positive_number(os.environ.get(variable))
-        if value is not None:
-            candidates.append((value * scale, value * scale, name))
+    held = None  # what this process and its children hold: a limit that no cgroup counts against is shared with it
+    per_cpu = _limit_from_environment("SLURM_MEM_PER_CPU", notes)
+    slurm_cpus = _limit_from_environment("SLURM_CPUS_ON_NODE", notes)
+    for value, name in ((_limit_from_environment("MEM_LIMIT", notes), "JupyterHub's mem_limit"),
+                        (_limit_from_environment("SLURM_MEM_PER_NODE", notes) and
+                         _limit_from_environment("SLURM_MEM_PER_NODE") * 2**20, "Slurm's --mem"),
+                        (per_cpu and slurm_cpus and per_cpu * slurm_cpus * 2**20, "Slurm's --mem-per-cpu")):
+        if value:
+            held = tree_rss_bytes() if held is None else held
+            candidates.append((max(0.0, value - held), value, name))
     available = _meminfo_available()
     if available is not None:
         candidates.append((available, None, "free on the node"))
     memory = min(candidates, key=lambda c: c[0]) if candidates else (None, None, "")
     return Server(cores, source, quota, None if memory[0] is None else memory[0] / 2**30, memory[2],
-                  None if memory[1] is None else memory[1] / 2**30, _gpus() if gpus else [])
+                  None if memory[1] is None else memory[1] / 2**30, _gpus() if gpus else [], notes)
+
+
+def _need(value, name: str) -> float | None:
+    """A profile's ``memory_gib`` or ``gpu_memory_gib``: None, or a positive finite number of GiB."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise WorkshopError(f"{name}={value!r} is not a number of GiB above 0.",
+                            f"give {name} as a number such as {name}=2.5 (what the work needs), or leave it out.")
+    return float(value)
 
 
 def fit_to_server(memory_gib: float | None = None, gpu_memory_gib: float | None = None,
@@ -235,19 +264,26 @@ def fit_to_server(memory_gib: float | None = None, gpu_memory_gib: float | None 
     """
     import torch
 
+    memory_gib, gpu_memory_gib = _need(memory_gib, "memory_gib"), _need(gpu_memory_gib, "gpu_memory_gib")
     server = this_server()
     if torch.get_num_threads() > server.cores:
         torch.set_num_threads(server.cores)  # PyTorch counts the node's cores, not the quota's
+    if torch.get_num_interop_threads() > server.cores:
+        try:
+            torch.set_num_interop_threads(server.cores)
+        except RuntimeError:  # settable once, before any parallel work: a kernel that trained already keeps its own
+            pass
     if not quiet:
         print(server.line())
     # This kernel already holds part of what the work needs (PyTorch loaded, data read): only the rest must be free.
     still_needed = None if memory_gib is None else memory_gib - tree_rss_bytes() / 2**30
     if still_needed is not None and server.memory_gib is not None and server.memory_gib < still_needed:
+        of = f" of its {server.memory_limit_gib:.1f} GiB" if server.memory_limit_gib is not None else ""
         raise WorkshopError(
-            f"{what} needs about {memory_gib:g} GiB of memory at this size; this server has "
-            f"{server.memory_gib:.1f} GiB ({server.memory_source}).",
-            "ask the portal for a larger server, close other notebooks' kernels (Kernel > Shut Down), "
-            "or run with the cpu profile's smaller sizes.")
+            f"{what} needs about {memory_gib:g} GiB of memory at this size; this server has {server.memory_gib:.1f} "
+            f"GiB free{of} ({server.memory_source}).",
+            "shut down your other notebooks' kernels (Kernel > Shut Down Kernel), or ask for a server with more "
+            "memory (docs/portal.md says what each notebook needs).")
     if gpu_memory_gib is not None and server.gpus and max(g.free_gib for g in server.gpus) < gpu_memory_gib:
         best = max(server.gpus, key=lambda g: g.free_gib)
         raise WorkshopError(
