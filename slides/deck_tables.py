@@ -57,8 +57,8 @@ PEAK_MEMORY = Column("peak_memory_mib", "Peak memory (MiB)", "0",
                      "allocator's peak on a GPU; on a CPU the process's resident memory, which also moves with what "
                      "ran before in the process.")
 STEP_MEMORY_NOTE = ("Step memory: the tensor memory one training step adds at its peak, above the model, its optimizer "
-                    "state and the batch; the allocator's count on a GPU, PyTorch's tensor tracker on a CPU: the same "
-                    "measure for every row.")
+                    "state and the batch; the allocator's count on a GPU, the profiler's allocation records on a CPU: "
+                    "the same measure for every row.")
 
 def _one_baseline_per_column(rows: list[dict]) -> list[dict]:
     """The I/O section holds two experiments, each with its own baseline in one ratio column: the storage layouts

@@ -132,6 +132,9 @@ def test_tensor_parallel_splits_equal_the_unsplit_layer():
     for row in record["rows"]:
         assert row["max_abs_difference"] <= 1e-5 * row["scale"], row["split"]
     assert record["rows"][0]["output_shape"] == [16, 256] and record["rows"][1]["output_shape"] == [16, 64]
+    # the hand-written splits train: their input and weight-slice gradients are the unsplit layer's
+    # (dist.all_gather alone has no backward: the column split's input gradient would be missing)
+    assert all(row["max_grad_difference"] <= 1e-5 for row in record["rows"][:3])
 
 
 @pytest.mark.slow
@@ -283,6 +286,12 @@ def test_distributed_checkpoint_round_trip_and_reshard_into_one_process(tmp_path
     stall = {r["mode"]: r for r in record["stall"]["rows"]}
     assert stall["none"]["saves"] == 0 and stall["sync"]["saves"] == stall["async"]["saves"] == 2
     assert (tmp_path / "stall" / "async-step2" / ".metadata").exists()
+    # the first save apart from the later ones, the background write timed, the state's size: what the sentence reads
+    for mode in ("sync", "async"):
+        assert stall[mode]["first_save_blocked_ms"] > 0 and stall[mode]["later_saves_blocked_ms"] > 0
+    assert stall["async"]["background_write_ms"] > 0 and stall["sync"]["background_write_ms"] is None
+    assert record["stall"]["state_mib_per_rank"] > 0
+    assert "dcp.async_save blocked training" in wu.stall_summary(record["stall"])
 
 
 def test_loading_a_folder_that_is_not_a_checkpoint_says_so(tmp_path):

@@ -155,7 +155,7 @@ def test_step_memory_is_the_same_for_the_same_computation_whatever_ran_before(sm
     again = wu.step_memory(config.replace(precision="fp32"), small_images)
     assert first["step_memory_mib"] == tf32["step_memory_mib"] == again["step_memory_mib"] > 0
     assert bf16["step_memory_mib"] < first["step_memory_mib"]  # bf16 activations, at a batch where they dominate
-    assert "tensor tracker" in first["step_memory_measure"]
+    assert "profiler's allocation records" in first["step_memory_measure"]
 
 
 def test_the_mode_table_shows_step_memory_not_a_runs_resident_peak():

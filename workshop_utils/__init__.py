@@ -191,8 +191,8 @@ _MODULES = {
         "notebook_seconds", "precision_sentence", "simplecnn_sentence",
     ),
     "spine.timing": (
-        "RegionTimer", "StepTimer", "Timings", "init_cuda", "native_noise_filtered", "peak_memory_mib", "profiler",
-        "step_peak_mib", "time_repeats",
+        "RegionTimer", "StepTimer", "Timings", "allocation_records", "init_cuda", "native_noise_filtered",
+        "peak_memory_mib", "profiler", "step_peak_mib", "time_repeats",
     ),
     "spine.trainer": (
         "InjectedFailure", "RunResult", "build_optimizer", "deterministic_kernels", "evaluate", "train",

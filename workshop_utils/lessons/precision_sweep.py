@@ -45,14 +45,19 @@ REFERENCES = ("fp32", "tf32")  # speed-ups are against these, at the same batch 
 def step_memory(config: TrainConfig, data) -> dict:
     """The tensor memory one training step of ``config`` adds at its peak, above its model, optimizer state and batch.
 
-    Measured outside the timed runs, on a fresh model and one batch of ``data`` (images, or text for the GPT), after
-    one step that creates the optimizer's state: activations, gradients and the temporaries of autocast and the
-    loss scaler. Counted as ``step_peak_mib`` counts (the allocator on a GPU, PyTorch's tensor tracker on a CPU), so
+    Measured outside the timed runs, on a fresh model and one batch of ``data`` (images, or text for the GPT), with
+    the optimizer's state already made (an update from zero gradients: no forward or backward pass): activations,
+    gradients and the temporaries of autocast and the loss scaler. A mode the CPU only emulates is not measured
+    (its two-step speed probe already takes seconds a step): its entry is None and says why. Counted as
+    ``step_peak_mib`` counts (the allocator on a GPU, the profiler's allocation records on a CPU), so
     every precision mode is measured the same way: a run's peak resident memory on a CPU also holds what the
     process's first runs left behind (the first mode run pays the allocator's growth), which is why the modes are
     not compared on that. Returns ``step_memory_mib`` and ``step_memory_measure`` (what was counted).
     """
     device = pick_device(config.device)
+    emulated = emulated_on_cpu(config.precision, device)
+    if emulated:
+        return {"step_memory_mib": None, "step_memory_measure": f"not measured: {emulated.split(', so')[0]}"}
     text = config.model in TOKEN_MODELS
     torch.manual_seed(config.seed)
     model = build_model(config.model, size=config.gpt_size if text else None).to(device)
@@ -75,9 +80,11 @@ def step_memory(config: TrainConfig, data) -> dict:
         scaler.step(optimizer)
         scaler.update()
 
-    one_step()  # creates the optimizer's state, which every later step starts from
+    for parameter in model.parameters():  # the optimizer's state, which every step after the first starts from
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # each step makes its gradients anew: they count as the step's
-    mib, measure = step_peak_mib(one_step, (model, optimizer, inputs, targets), device)
+    mib, measure = step_peak_mib(one_step, device)
     return {"step_memory_mib": mib, "step_memory_measure": f"{measure}, one step above the model, its optimizer "
                                                             "state and the batch"}
 

@@ -37,7 +37,7 @@ from ..spine.data import CifarData
 from ..system.errors import WorkshopError
 from ..system.plotstyle import style
 from ..system.hardware import pick_device
-from ..spine.timing import PHASES, native_noise_filtered, profiler
+from ..spine.timing import PHASES, allocation_records, native_noise_filtered, profiler
 from ..spine.trainer import RunResult, TrainConfig, train
 from .sweeps import Rung, rung_configs, same_as_below
 from ..system.progress import progress_bar
@@ -104,13 +104,9 @@ def tensor_memory_by_step(prof, device: torch.device, first_step: int = 1) -> pd
     grows only when tensors outlive their step (a leak); the process's resident size, by contrast, grows under the
     profiler as it keeps its records. Empty when the profile recorded no memory.
     """
-    from torch.autograd import DeviceType
-
-    kinds = (DeviceType.CUDA,) if torch.device(device).type == "cuda" else (DeviceType.CPU, DeviceType.MKLDNN,
-                                                                            DeviceType.IDEEP)
     events = list(prof.profiler.kineto_results.events()) if prof.profiler is not None else []
     steps = sorted((e.start_ns(), e.end_ns()) for e in events if e.name().startswith("ProfilerStep#"))
-    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() in kinds)
+    memory = allocation_records(prof, device)
     rows, held, index = [], 0, 0
     for number, (start, end) in enumerate(steps, start=first_step):
         peak = held

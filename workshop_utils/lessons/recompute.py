@@ -97,7 +97,7 @@ def _compare(build, x, loss_of, steps: int, seed: int, device) -> dict:
         step()  # warms up the allocator; its gradients are the ones compared
         grads[recompute] = [p.grad.detach().clone() for p in model.parameters()]
         model.zero_grad(set_to_none=True)
-        peak, memory_measure = step_peak_mib(step, (model, x), device)
+        peak, memory_measure = step_peak_mib(step, device)
         # The two steps above were the warm-up: these are timed back to back (CUDA events on a GPU).
         step_s = time_repeats(step, steps, warmup=0, device=device).median
         rows.append({"activation_checkpointing": recompute, "peak_memory_mib": peak, "step_ms": 1e3 * step_s})

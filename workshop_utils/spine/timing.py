@@ -37,7 +37,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -286,51 +286,41 @@ def reset_peak_memory(device: torch.device, release: bool = True) -> None:
         reset_host_peak_rss()
 
 
-def step_peak_mib(step: Callable[[], object], held: Iterable, device: torch.device) -> tuple[float, str]:
-    """The memory one call of ``step`` adds at its peak, above what ``held`` holds already, and what was measured.
+def step_peak_mib(step: Callable[[], object], device: torch.device) -> tuple[float, str]:
+    """The memory one call of ``step`` adds at its peak, above what was held when it began, and what was measured.
 
-    ``held``: the modules, optimizers and tensors alive before the step (the model, its optimizer's state, the
-    batch). On a GPU the caching allocator counts every byte the step allocates. A CPU has no such counter: the
+    On a GPU the caching allocator counts every byte the step allocates. A CPU has no such counter: the
     process's resident size also moves with whatever else the process does (other threads, malloc keeping freed
     memory, a first run's one-off growth), which once made a 0.3 ratio read 0.87 and halved one precision mode's
-    memory against another's for the same computation. So on a CPU PyTorch's own tensor tracker (a dispatch mode
-    that sees every tensor each operator creates and when it is freed) counts the tensors: the same number on
-    every run, whatever ran before in the process.
+    memory against another's for the same computation. So on a CPU the step runs under the profiler, which records
+    every allocation and free of a tensor (``profile_memory``): the same number on every run, whatever ran before
+    in the process, at about the cost of the step itself.
     """
-    held = list(held)
-    try:  # a private module, but the one PyTorch's own memory estimators are built on (2.4 and later)
-        from torch.distributed._tools.mem_tracker import MemTracker
-    except ImportError:  # a build without torch.distributed
-        MemTracker = None
-    if device.type == "cuda" or MemTracker is None:
+    if device.type == "cuda":
         reset_peak_memory(device)
         before = memory_in_use_mib(device)
         step()
         peak, measure = peak_memory_mib(device)
         return peak - before, measure
-    tracker = MemTracker()
-    tracker.track_external(*held)
-    with tracker:
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with native_noise_filtered(), profiler(activities=cpu, profile_memory=True) as prof:
         step()
-    peak = tracker.get_tracker_snapshot("peak")[device]
-    return (peak["Total"] - _bytes_held(held)) / 2**20, "tensor memory (PyTorch's tensor tracker, peak during the step)"
+    held = peak = 0
+    for _, nbytes in allocation_records(prof, device):
+        held += nbytes
+        peak = max(peak, held)
+    return peak / 2**20, "tensor memory (the profiler's allocation records, peak during the step)"
 
 
-def _bytes_held(held) -> int:
-    """The bytes of the tensors in ``held``: a module's parameters, an optimizer's state, plain tensors."""
-    tensors = {}
-    for thing in held:
-        if isinstance(thing, torch.Tensor):
-            found = [thing]
-        elif isinstance(thing, torch.nn.Module):
-            found = [*thing.parameters(), *thing.buffers()]
-        elif isinstance(thing, torch.optim.Optimizer):
-            found = [v for state in thing.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
-        else:
-            found = []
-        for tensor in found:
-            tensors[id(tensor)] = tensor
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+def allocation_records(prof, device: torch.device) -> list[tuple[int, int]]:
+    """A finished profile's allocations (+bytes) and frees (-bytes) of tensors on ``device``'s kind, in time order,
+    as (nanoseconds, bytes); empty when it recorded no memory (``profile_memory`` off)."""
+    from torch.autograd import DeviceType
+
+    kinds = (DeviceType.CUDA,) if torch.device(device).type == "cuda" else (DeviceType.CPU, DeviceType.MKLDNN,
+                                                                            DeviceType.IDEEP)
+    events = prof.profiler.kineto_results.events() if prof.profiler is not None else []
+    return sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() in kinds)
 
 
 def host_peak_rss_mib() -> float:

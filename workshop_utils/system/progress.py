@@ -70,6 +70,7 @@ def progress_bar(iterable=None, **options):
     if in_kernel() and options.get("file", sys.stderr) in (sys.stderr, None):
         options["file"] = NotebookLine()
         options.setdefault("ncols", 100)  # a display has no terminal width to ask
+        options.setdefault("mininterval", 1.0)  # each refresh is a message to the front end: one a second is enough
     else:
         options.setdefault("file", sys.stderr)
         options.setdefault("dynamic_ncols", True)
