@@ -146,6 +146,28 @@ def test_the_saved_copy_holds_no_wall_of_progress_bars(main_run, notebook):
 
 
 @pytest.mark.notebook
+def test_the_demos_show_what_their_text_says(main_run):
+    """Read on this run, not assumed: tf32 (plain fp32 on a CPU) needs fp32's step memory; the GradScaler trace
+    both backs off and grows; a cap, not the device, stops the CPU's batch sweep and says so; the checkpoint
+    record keeps the first save apart and times the background write, and the report says what it shows."""
+    results = main_run.dir / "results"
+    record = {name: json.loads((results / f"{name}.json").read_text())["metrics"]
+              for name in ("simplecnn-fp32", "simplecnn-tf32")}
+    assert record["simplecnn-fp32"]["step_memory_mib"] == record["simplecnn-tf32"]["step_memory_mib"] > 0
+    notebook = nbformat.read(main_run.dir / "notebooks" / "03_mixed_precision.ipynb", as_version=4)
+    trace = next(c for c in notebook.cells if "wu.grad_scaler_trace(" in c.source)
+    shown = " ".join(o.get("data", {}).get("text/plain", "") for o in trace.outputs)
+    assert "grew: scale doubled" in shown and "overflow: step skipped" in shown
+    sweep = json.loads((results / "section-batch_size.json").read_text())
+    assert sweep["table"][-1]["status"].startswith("over the 600 MiB memory cap at batch")
+    stall = json.loads((results / "beyond-checkpoint.json").read_text())["stall"]
+    modes = {row["mode"]: row for row in stall["rows"]}
+    assert modes["async"]["background_write_ms"] > 0 and modes["async"]["later_saves_blocked_ms"] is not None
+    section = json.loads((results / "section-beyond-checkpoint.json").read_text())
+    assert "dcp.async_save blocked training" in section["text"]
+
+
+@pytest.mark.notebook
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
 def test_each_notebook_adds_its_sections_and_figures_to_the_report(main_run, notebook):
     number = notebook.name[:2]

@@ -153,7 +153,8 @@ def test_each_section_comes_from_the_newest_run_that_has_it(three_folders):
     assert 'class="fineprint"' in slides[2]
     assert 'class="from"' in slides[3]  # a value from the reference is marked where it stands
     assert renderer.fallbacks == [
-        "03_optimization: section precision-modes from run 20260201-090000 of 2026-02-01 at commit 2222222, old-cpu (cpu)",
+        "03_optimization: section precision-modes from run 20260201-090000 of 2026-02-01 at commit 2222222, "
+        "old-cpu (cpu)",
         "03_optimization: section beyond-fsdp from the reference run of 2026-01-01 at commit 1111111, ref-cpu (cpu)",
         "03_optimization: values of baseline from the reference run of 2026-01-01 at commit 1111111, ref-cpu (cpu)"]
     assert "3 item(s) in this deck come from an older run or the reference run" in slides[0]
