@@ -88,7 +88,7 @@ def test_committed_without_outputs_and_with_parameters(notebook):
 
 
 def test_notebooks_name_the_kernel_that_the_readme_and_the_makefile_register():
-    readme = re.search(r"ipykernel install --user --name (\S+)", (ROOT / "docs" / "portal.md").read_text()).group(1)
+    readme = re.search(r"ipykernel install --prefix \S+ \\?\s*--name (\S+)", (ROOT / "docs" / "portal.md").read_text()).group(1)
     makefile = re.search(r"^KERNEL := (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     names = {nbformat.read(n, as_version=4).metadata["kernelspec"]["name"] for n in NOTEBOOKS}
     assert names == {readme} == {makefile}
