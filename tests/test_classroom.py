@@ -153,7 +153,7 @@ def test_nothing_the_class_started_is_left_running(class_record):
         if any(f"JUPYTERHUB_USER={name}".encode() in environ for name in names):
             leftover.append(pid)
     assert not leftover
-    assert not any(Path(f"/home/{name}").exists() for name in names)
+    assert not any(Path(f"/home/{name}").exists() or Path(f"/tmp/torchinductor_{name}").exists() for name in names)
     assert subprocess.run(["id", names[0]], capture_output=True).returncode != 0  # the accounts are gone
 
 

@@ -183,6 +183,8 @@ if {one_user!r}:  # one Unix user for all: the spawner gives each attendee's run
             cgroups.remove()
         remove_attendees(people)
         shutil.rmtree(folder, ignore_errors=True)
+        for person in people:  # PyTorch's compile cache, one per user name: the attendees' are the class's to remove
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"torchinductor_{person.name}", ignore_errors=True)
     return record
 
 
