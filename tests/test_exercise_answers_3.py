@@ -162,10 +162,10 @@ def test_a_command_that_is_no_text_says_so_in_one_line(tmp_path, command):
 
 @pytest.mark.parametrize("value, right, digits", [
     (2.52, 2.5225, 3), (0.12, 0.1234, 2), (0.03, 0.0343, 1), (float(np.float32(2.52)), 2.5225, 3),
-    (0.1, 0.0996, 0), (0.01, 0.0067, 0), (2, 2.5225, None), (0, 0.004, None), (1235, 1234.567, 4),
-    # A power of ten is read as written: 1 for 0.968 keeps no digit, 10 for 9.7 one (where "rounded" and
-    # "ignored" meet: an efficiency of 1 is also communication left out).
-    (1, 0.968, 0), (1.0, 0.968, 0), (10, 9.7, 1), (0.3, 0.2961, 2), (1.0, 1.0417, 1),
+    (0.1, 0.0996, 2), (0.01, 0.0067, 0), (2, 2.5225, None), (0, 0.004, None), (1235, 1234.567, 4),
+    # A float drops trailing zeros, a power of ten too: 1.0 is 1.0417 to one decimal (two digits), 0.1 is 0.0996
+    # to three (0.100); 1 for 0.968 keeps one digit, 10 for 9.7 one.
+    (1, 0.968, 1), (1.0, 0.968, 1), (10, 9.7, 1), (0.3, 0.2961, 2), (1.0, 1.0417, 2),
 ])
 def test_a_rounding_is_told_by_the_decimals_written(value, right, digits):
     assert rounded_digits(value, right) == digits
@@ -192,11 +192,11 @@ def test_a_right_answer_rounded_to_two_or_more_significant_digits_passes(name, a
     assert verdict == "passed", said
 
 
-def test_a_rounding_that_lands_on_a_mistake_asks_for_more_digits(capsys):
-    """0.15 is both 6/39 rounded and 6/40, the mistake: only more digits tell which, so the check asks for them."""
+def test_a_rounding_that_lands_on_a_mistake_is_still_the_right_value_rounded(capsys):
+    """0.15 is both 6/39 rounded and 6/40, the mistake: every check takes a right answer rounded to two significant
+    digits (notebook 01 says so), so the right reading wins; the mistake unrounded is still named."""
     gradients = lost_gradients()
-    with pytest.raises(NotYet, match="also what a mistake gives here.*divided by all values.*more significant"):
-        wu.check_lost_fraction(round(6 / 39, 2), gradients)
+    assert wu.check_lost_fraction(round(6 / 39, 2), gradients) is True
     assert wu.check_lost_fraction(round(6 / 39, 3), gradients) is True
     with pytest.raises(NotYet, match="divided by all values"):
         wu.check_lost_fraction(6 / 40 * (1 + 1e-4), gradients)  # the mistake itself, unrounded
@@ -231,7 +231,7 @@ def test_fp8_on_a_machine_without_a_gpu_says_there_is_none(monkeypatch):
 @pytest.mark.parametrize("returned, words", [
     (None, "make `gpt_flops_per_token` end with `return`"),
     ("5701632", "make `gpt_flops_per_token` return the number itself"),
-    ([5701632], "make `gpt_flops_per_token` return one number"),
+    ([5701632, 5701632], "make `gpt_flops_per_token` return one number"),
 ])
 def test_exercise_1_4_asks_the_function_to_return_the_number(returned, words, capsys):
     verdict, said = outcome("1.4", {"formula": formula_giving(returned)}, capsys)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 from ..parallel.comm_model import Link, ring_all_reduce_s
 from ..parallel.pipeline import bubble_fraction
@@ -63,8 +64,13 @@ H100_GIB = 79.2
 
 
 def _is_infinite(value) -> bool:
+    if isinstance(value, (str, bytes, bool)) or isinstance(value, numbers.Complex) and not isinstance(value,
+                                                                                                  numbers.Real):
+        return False
     try:
-        return not isinstance(value, (str, bytes, bool)) and math.isinf(float(value))
+        with warnings.catch_warnings():  # a tensor with gradients, a masked value: no infinity, and nothing to warn of
+            warnings.simplefilter("ignore")
+            return math.isinf(float(value))
     except Exception:  # noqa: BLE001 - whatever it is, it is no infinity
         return False
 

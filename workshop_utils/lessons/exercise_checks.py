@@ -13,6 +13,7 @@ inside a check a one-line ``KitDefect``. The others live beside their notebook: 
 from __future__ import annotations
 
 from ..spine.gpt import GPTSize, flops_per_token_closed_form
+from ..system.display import format_number
 from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus
 from .exercise_judging import KitDefect, attendee_error, checked, count, described, number, verdict
 from .exercises import NotYet, passed, require, require_answered
@@ -131,6 +132,11 @@ def activation_bytes_per_sequence(size: GPTSize, sequence_length: int, stored_at
     return float(size.layers * per_layer) + (loss_bytes_per_sequence(size, sequence_length) if logits else 0.0)
 
 
+def gib(n_bytes: float) -> str:
+    """Bytes as GiB to read: 18.8, 19,224, 5.87e+29."""
+    return format_number(round(n_bytes / 2**30, 1))
+
+
 def largest_micro_batch(size: GPTSize, sequence_length: int, free_bytes: float, tokens_per_rank: int) -> int:
     """The largest power of two of sequences that fits ``free_bytes`` and divides a rank's share of the batch."""
     per_sequence = activation_bytes_per_sequence(size, sequence_length)
@@ -151,14 +157,14 @@ def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_le
     require(micro >= 1 and steps >= 1, exercise, "both must be 1 or more.", "count sequences and steps from 1.")
     per_sequence = activation_bytes_per_sequence(size, sequence_length)
     blocks_only = activation_bytes_per_sequence(size, sequence_length, logits=False)
+    free, sequences = gib(free_bytes), f"{format_number(micro)} sequences"
     if micro * per_sequence > free_bytes:
         require(micro * blocks_only > free_bytes, exercise,
-                f"{micro} sequences keep {micro * blocks_only / 2**30:.1f} GiB in the blocks, but the loss's logits "
-                f"add {micro * (per_sequence - blocks_only) / 2**30:.1f} GiB: {micro * per_sequence / 2**30:.1f} GiB, "
-                f"and {free_bytes / 2**30:.1f} GiB are free.",
-                "count per_sequence as the cell above does, logits included, and take fewer sequences.")
-        raise NotYet(f"✗ {exercise}: {micro} sequences keep {micro * per_sequence / 2**30:.1f} GiB of activations "
-                     f"and logits; {free_bytes / 2**30:.1f} GiB are free.", "take fewer sequences per micro-batch.")
+                f"{sequences} keep {gib(micro * blocks_only)} GiB in the blocks, but the loss's logits add "
+                f"{gib(micro * (per_sequence - blocks_only))} GiB: {gib(micro * per_sequence)} GiB, and {free} GiB "
+                "are free.", "count per_sequence as the cell above does, logits included, and take fewer sequences.")
+        raise NotYet(f"✗ {exercise}: {sequences} keep {gib(micro * per_sequence)} GiB of activations and logits; "
+                     f"{free} GiB are free.", "take fewer sequences per micro-batch.")
     tokens = micro * steps * ranks * sequence_length
     require(tokens == target_tokens, exercise,
             f"{micro} x {steps} x {ranks} ranks x {sequence_length} tokens is {tokens:,} tokens a step, not "
@@ -169,5 +175,5 @@ def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_le
                                      "the GPU busier for the same global batch.",
             "double the micro-batch while it fits and still divides the batch.")
     return passed(exercise, f"{micro} sequences x {steps} accumulation steps x {ranks} ranks = {tokens:,} tokens; "
-                            f"{micro * per_sequence / 2**30:.1f} of {free_bytes / 2**30:.1f} GiB of activations "
+                            f"{gib(micro * per_sequence)} of {free} GiB of activations "
                             "and logits")

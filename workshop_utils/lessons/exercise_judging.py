@@ -15,11 +15,13 @@ import linecache
 import math
 import numbers
 import traceback
+import warnings
 
 import numpy as np
 import torch
 
 from ..system.errors import WorkshopError
+from .answer_values import kind
 from .exercises import NotYet, exercise_check, require, require_answered
 
 LARGEST_COUNT = 2**53  # beyond it a float no longer holds every whole number
@@ -67,11 +69,11 @@ def described(value) -> str:
         text = short(repr(value), 60)
     except Exception:  # noqa: BLE001 - an object whose repr fails is still named by its type
         text = "?"
-    return f"a {type(value).__name__} ({text})"
+    return f"{kind(value)} ({text})"
 
 
 def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None) -> float:
-    """``value`` as a float: an int, a float, a NumPy scalar, or a one-element tensor or array.
+    """``value`` as a float: an int, a float, a NumPy scalar, or a one-element tensor, array or list.
 
     ``...`` is "not yet solved" (``Unsolved``); anything else that is no finite number is ``NotYet``
     saying what is expected: text ("64"), a list, None, a bool, NaN, an infinity. ``returned_by`` names
@@ -95,29 +97,12 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
     if isinstance(value, (bool, np.bool_)):
         raise NotYet(f"✗ {exercise}: {expected}, got {value}.",
                      f"a comparison gives True or False: {give} the number.")
+    if isinstance(value, (list, tuple)) and len(value) == 1:  # one number in a list, as in a one-element array
+        return number(value[0], exercise, name, what, returned_by)
     try:
-        if torch.is_tensor(value) or isinstance(value, np.ndarray):
-            kind = "tensor" if torch.is_tensor(value) else "array"
-            size = value.numel() if kind == "tensor" else value.size
-            if size != 1:
-                raise NotYet(f"✗ {exercise}: {expected}, got a {kind} of shape {tuple(value.shape)}.",
-                             "reduce it to one number (a sum, a mean, one element), then .item().")
-            numeric = (value.dtype != torch.bool and not value.dtype.is_complex) if kind == "tensor" else \
-                value.dtype.kind in "iuf"
-            if not numeric:
-                raise NotYet(f"✗ {exercise}: {expected}, got a {kind} of {value.dtype}.",
-                             f"{give} a real number (an int or a float).")
-            item = value.detach().cpu().reshape(()).item() if kind == "tensor" else value.reshape(()).item()
-            converted = float(item)
-        elif isinstance(value, decimal.Decimal):  # nan of either kind, or finite beyond a float: named as such
-            converted = math.nan if value.is_nan() else float(value)
-            if math.isinf(converted) and value.is_finite():
-                raise OverflowError
-        elif isinstance(value, numbers.Real):
-            converted = float(value)
-        else:
-            raise NotYet(f"✗ {exercise}: {expected}, got {described(value)}.",
-                         f"{give} one number (an int or a float); a tensor's .item() gives one.")
+        with warnings.catch_warnings():  # what the conversion would warn of is said in the answer's line
+            warnings.simplefilter("ignore")
+            converted = _real(value, exercise, expected, give)
     except NotYet:
         raise
     except OverflowError:
@@ -135,10 +120,37 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
     return converted
 
 
+def _real(value, exercise: str, expected: str, give: str) -> float:
+    """The float an answer holds (a tensor's or an array's one element), or ``NotYet`` saying what it is."""
+    if torch.is_tensor(value) or isinstance(value, np.ndarray):
+        holder = "a tensor" if torch.is_tensor(value) else "an array"
+        size = value.numel() if torch.is_tensor(value) else value.size
+        if size != 1:
+            raise NotYet(f"✗ {exercise}: {expected}, got {holder} of shape {tuple(value.shape)}.",
+                         "reduce it to one number (a sum, a mean, one element), then .item().")
+        numeric = (value.dtype != torch.bool and not value.dtype.is_complex) if torch.is_tensor(value) else \
+            value.dtype.kind in "iuf"
+        if not numeric:
+            raise NotYet(f"✗ {exercise}: {expected}, got {holder} of {value.dtype}.",
+                         f"{give} a real number (an int or a float).")
+        item = value.detach().cpu().reshape(()).item() if torch.is_tensor(value) else value.reshape(()).item()
+        return float(item)
+    if isinstance(value, decimal.Decimal):  # nan of either kind, or finite beyond a float: named as such
+        converted = math.nan if value.is_nan() else float(value)
+        if math.isinf(converted) and value.is_finite():
+            raise OverflowError
+        return converted
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise NotYet(f"✗ {exercise}: {expected}, got {described(value)}.",
+                 f"{give} one number (an int or a float); a tensor's .item() gives one.")
+
+
 def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
     """``value`` as an int: a number (see ``number``) that is whole and not absurdly large."""
     converted = number(value, exercise, name, what)
-    require(converted == math.floor(converted), exercise, f"`{name}` = {converted:g} is not a whole number.",
+    # shown as given: 62.99999999999999 is no whole number, although it prints as 63 to six digits
+    require(converted == math.floor(converted), exercise, f"`{name}` = {converted!r} is not a whole number.",
             "a count is whole: round with math.ceil or math.floor, whichever the question asks for.")
     require(abs(converted) <= LARGEST_COUNT, exercise, f"`{name}` = {converted:.3g} is far too large to be the count.",
             "check the formula's units.")
@@ -176,7 +188,8 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
     mistakes give ``value`` here, the message names both: naming one would be a guess. ``limits`` holds
     ``(holds, problem, fix)``: physical bounds, said when no mistake is recognised and one does not hold.
     ``also``: values as right as ``right``, the same formula on an earlier answer as the attendee rounded it.
-    A rounding to one significant digit is told so; one that lands on a mistake too asks for more digits.
+    The right value rounded keeping two significant digits or more is right, even where a mistake's value rounds
+    to the same digits; one rounded to fewer is named as the mistake it matches, or told that it keeps too few.
     """
     rights = [right, *also]
 
@@ -184,6 +197,12 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
         return a == b if whole else close(a, b, through)
 
     if any(hits(value, r) for r in rights):
+        return
+    roundings = [] if whole else [d for d in (rounded_digits(value, r) for r in rights) if d is not None]
+    digits = max(roundings, default=None)
+    if digits is not None and digits >= SIGNIFICANT:
+        # The right value rounded: right, even where a mistake's value rounds to the same digits (6/39 values lost
+        # is 0.15 to two decimals, and so is 6/40): the rule every check states holds without exception.
         return
     matched, exact = [], []
     for wrong, problem, fix in mistakes:
@@ -197,15 +216,6 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
                 exact.append((problem, fix))
     if len(matched) > 1 and len(exact) == 1:
         matched = exact  # two mistakes land within the tolerance, one of them on the very value: that one
-    roundings = [] if whole else [d for d in (rounded_digits(value, r) for r in rights) if d is not None]
-    digits = max(roundings, default=None)
-    if digits is not None and digits >= SIGNIFICANT:
-        # A rounding can land on a mistake's value (6/39 values lost is 0.15 to two decimals, 6/40 is 0.15):
-        # which of the two it is, only more digits tell.
-        require(not matched, exercise, f"`{name}` = {value:g} is the right value rounded, and also what a mistake "
-                                       f"gives here ({matched[0][0] if matched else ''}).",
-                f"give more significant digits: round to more decimals, or leave `{name}` unrounded.")
-        return
     require(digits is None or matched, exercise,
             f"`{name}` = {value:g} keeps fewer than {SIGNIFICANT_WORDS} of the answer, too few to tell the right "
             "answer from a mistake.", f"give at least {SIGNIFICANT_WORDS}: round to more decimals, or leave `{name}` "
@@ -224,26 +234,20 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
 def rounded_digits(value: float, right: float) -> int | None:
     """How many significant digits the answer ``value`` keeps, when it is ``right`` rounded to the decimals it was
     written with; None when it is no such rounding. A float drops trailing zeros (0.3 may be 0.2961 to two
-    decimals, 0.30), so the most decimals that fit are taken, except for a power of ten: 1 for 0.968 is read
-    as written, no decimal and no digit kept, since that is where "rounded" and "ignored" meet. Answers of
-    10,000 and more may be rounded to tens, hundreds...: 1.48e7 keeps three digits of 14,765,268. Nothing is a
-    rounding of 0.
+    decimals, 0.30; 1.0 may be 1.004 to two, 1.00; 10 may be 9.96 to one, 10.0), so the most decimals that fit are
+    taken. Answers of 100 and more may be rounded to tens, hundreds...: 300 keeps two digits of 304.9, 1.48e7 three
+    of 14,765,268; smaller whole ones (a batch of 30 for 32) are no rounding. Nothing is a rounding of 0.
     """
     if value == 0 or right == 0 or not math.isfinite(right):
         return None
-    power_of_ten = math.isclose(math.log10(abs(value)), round(math.log10(abs(value))), abs_tol=1e-9)
+    magnitude = math.floor(math.log10(abs(right)))
     digits = None
-    # Large answers are rounded left of the point too (1.48e7 for 14,765,268); small whole ones (a batch of
-    # 30 for 32) are no rounding.
-    for decimals in range(-15 if abs(right) >= 1e4 and not power_of_ten else 0, 16):
+    for decimals in range(-magnitude if magnitude >= 2 else 0, 16):  # left of the point: down to the first digit
+        kept = decimals + magnitude + 1
         # rel 1e-7: a float32 holding the rounded number (np.float32(2.52)) is 2.5199999..., still written as 2.52
         written = math.isclose(value, round(value, decimals), rel_tol=1e-7)
         if written and abs(value - right) <= 0.5 * 10.0**-decimals * (1 + 1e-9):
-            digits = decimals + math.floor(math.log10(abs(right))) + 1
-            if power_of_ten:
-                break
-        elif written and power_of_ten:
-            break
+            digits = kept
     return digits
 
 

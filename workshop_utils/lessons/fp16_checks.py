@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..spine.precision import autocast
+from ..system.display import format_number
 from ..system.errors import WorkshopError
 from .exercise_judging import as_device, attendee_error, checked, described, number, verdict
 from .exercises import NotYet, passed, require, require_answered
@@ -58,7 +59,7 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
             "non-zero values whose fp16 cast is 0, divided by the number of non-zero values.",
             limits=[(0 <= value <= 1, "a fraction of the values lies between 0 and 1.",
                      "divide the count of lost values by the count of non-zero values.")])
-    return passed(exercise, f"{100 * value:.4f}% of the non-zero gradients become 0 in fp16")
+    return passed(exercise, f"{format_number(100 * value)}% of the non-zero gradients become 0 in fp16")
 
 
 @checked

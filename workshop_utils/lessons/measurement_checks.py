@@ -61,6 +61,8 @@ def _loader_answers(loader_choice, sweep, start, exercise: str) -> tuple:
         raise attendee_error(err, loader_choice, exercise, "loader_choice") from None
     require_answered(answers, exercise, "`loader_choice` still returns the placeholder `...`.",
                      "replace the placeholder with your code; return best_workers, measured_speedup, amdahl_bound.")
+    if getattr(answers, "ndim", None) == 1 and not isinstance(answers, (str, bytes)):  # an array or tensor of three
+        answers = list(answers)
     require(isinstance(answers, (tuple, list)) and len(answers) == 3, exercise,
             f"`loader_choice` should return three values (best_workers, measured_speedup, amdahl_bound), got "
             f"{described(answers)}.", "end it with `return best_workers, measured_speedup, amdahl_bound`.")

@@ -14,6 +14,7 @@ import contextlib
 import io
 import math
 import sys
+import types
 
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
@@ -106,6 +107,8 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
          "1.25 x the peak, then round up."),
         *[(right_memory * factor, f"that is {unit}; the request is in MiB.",
            "keep MiB, a bare number: 100 x ceil(1.25 x max_rss_mib / 100).") for factor, unit in units],
+        (math.ceil(MEMORY_MARGIN * usage["max_rss_mib"] / 1024), "that is whole GiB; the request is in MiB.",
+         "keep MiB, a bare number: 100 x ceil(1.25 x max_rss_mib / 100)."),
     ], (lambda v: v > 0 and v % 100 == 0, "the request is in whole 100 MiB.",
         "100 x ceil(1.25 x max_rss_mib / 100)."), "100 x ceil(1.25 x max_rss_mib / 100).", whole=True)
 
@@ -140,6 +143,20 @@ def _exercise_cell() -> tuple[str, dict] | tuple[None, None]:
         if set(ANSWERS) <= stored:
             return source, frame.f_globals
     return None, None
+
+
+def _earlier_values(cell: str, namespace: dict) -> list[str]:
+    """The notebook's variables that the cell reads and does not set (`cpus = usage['cpus']` in an earlier cell):
+    a run of the cell on another job keeps their values, so its answers there speak for the cell only in part."""
+    try:
+        tree = ast.parse(cell)
+    except (SyntaxError, ValueError):
+        return []
+    nodes = [node for node in ast.walk(tree) if isinstance(node, ast.Name)]
+    stored = {node.id for node in nodes if not isinstance(node.ctx, ast.Load)}
+    read = sorted({node.id for node in nodes if isinstance(node.ctx, ast.Load)} - stored - {"usage"})
+    return [name for name in read if name in namespace and not name.startswith("_")
+            and not (callable(namespace[name]) or isinstance(namespace[name], types.ModuleType))]
 
 
 def _run_cell(cell: str, namespace: dict, usage: dict) -> dict | None:
@@ -184,16 +201,22 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
     if cell is None and not _RERUNNING:
         cell, namespace = _exercise_cell()
     again = _run_cell(cell, namespace or {}, usage) if isinstance(cell, str) and not _RERUNNING else None
-    judged_elsewhere = False
+    judged_elsewhere, earlier = False, []
     # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
     # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.
     if again is not None and all(math.isclose(again[n], answers[n], rel_tol=1e-9, abs_tol=1e-12) for n in ANSWERS):
         other = _run_cell(cell, namespace or {}, OTHER_JOB)
         if other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
                                          for n in ANSWERS):
-            _judge_usage(other, _usage_numbers(OTHER_JOB), f"{exercise} (your cell, run on another job: "
-                                                           f"{OTHER_JOB['cpus']} CPUs, {OTHER_JOB['gpus']} GPUs)")
-            judged_elsewhere = True
+            try:
+                _judge_usage(other, _usage_numbers(OTHER_JOB), f"{exercise} (your cell, run on another job: "
+                                                               f"{OTHER_JOB['cpus']} CPUs, {OTHER_JOB['gpus']} GPUs)")
+                judged_elsewhere = True
+            except NotYet:
+                # A value from an earlier cell (`cpus = usage['cpus']`) stays this job's on the other: no verdict
+                earlier = _earlier_values(cell, namespace or {})
+                if not earlier:
+                    raise
     elapsed, cpus = read["elapsed_s"], read["cpus"]
     right_time, right_memory = next_request(read)
     busy = read["cpu_time_s"] / elapsed
@@ -201,8 +224,10 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
     if not judged_elsewhere and (cpus == 1 or read["gpus"] == 0):
         blind = " and ".join(([f"{cpus:g} CPU cannot show a missing / cpus"] if cpus == 1 else []) +
                              (["0 GPUs cannot show a missing x gpus"] if read["gpus"] == 0 else []))
-        caveat = (f"; judged on this job alone, whose {blind}: compute each answer from `usage` in one cell, so "
-                  "the check can run it on another job")
+        reads = (f" (your cell reads {', '.join(f'`{name}`' for name in earlier)} from an earlier cell, which keeps "
+                 "this job's value on another)") if earlier else ""
+        caveat = (f"; judged on this job alone, whose {blind}{reads}: compute each answer from `usage` in one cell, "
+                  "so the check can run it on another job")
     return passed(exercise, f"{100 * busy / cpus:.0f}% of {cpus:g} core(s) busy, "
                             f"{100 * elapsed / read['time_limit_s']:.0f}% of the time limit used; next time ask "
                             f"--time={right_time // 60} --mem={right_memory}M{caveat}")

@@ -1,0 +1,283 @@
+"""Findings of a review of the exercise checks from their public surface, each held here as a test.
+
+Right answers rounded to two or three significant digits that were refused: between 100 and 10,000 (300 for
+304.9), landing on 1.0, 0.1 or 10 (1.0 for 1.004), or landing on a mistake's value too (0.74 for 2.3's 0.74038,
+which is also the GiB/s mistake's value to two digits); an MFU built on seconds that 1.2 refused; 6.3 refusing a
+right cell that reads a value from an earlier cell; a near-whole count shown as the whole number it is not; and
+the smaller things (a one-element list, an array of three, 35.0000%, "a int", warnings printed, 19224.0 GiB,
+GiB named GB). The inputs and ``outcome`` are those of tests/test_exercise_answers.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import workshop_utils as wu
+from test_exercise_answers import CALLS, GRADS, outcome
+from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.spine.timing import Timings
+
+
+def sig(x: float, digits: int) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def achieved(answer, right: float):
+    """Exercise 1.1 with inputs whose right rate is ``right`` TFLOP/s."""
+    return wu.check_achieved_tflops(answer, right * 1e9, 1000.0)
+
+
+# ---------------------------------------------------------------- D1, D2: two or three digits, at any magnitude
+
+
+@pytest.mark.parametrize("right, answer", [
+    (304.9, 300), (1234.5, 1230), (143.7, 140), (104.9, 100), (3049, 3000), (3049, 3.0e3), (12_345, 12_000),
+    # a rounding that lands on 1.0, 0.1 or 10 keeps the digits it was rounded to (a float drops the zeros of 1.00)
+    (1.004, 1.0), (1.049, 1.0), (0.1049, 0.1), (0.0996, 0.1), (9.96, 10), (0.995, 1.0), (2.04, 2.0), (20.4, 20.0),
+])
+def test_a_right_answer_rounded_to_two_or_three_digits_passes_at_any_magnitude(right, answer, capsys):
+    assert achieved(answer, right) is True
+    assert capsys.readouterr().out.startswith("✓ Exercise 1.1: correct")
+
+
+@pytest.mark.parametrize("right, answer", [(143.7, 100), (3049, 3e3 + 1e3), (1.49, 1), (0.968, 1), (9.7, 10)])
+def test_one_significant_digit_is_refused_at_any_magnitude(right, answer):
+    with pytest.raises(NotYet, match="fewer than two significant digits|is not right"):
+        achieved(answer, right)
+
+
+def memory_sweep(slope: float) -> pd.DataFrame:
+    sizes = np.array([32, 64, 128, 256, 512])
+    return pd.DataFrame({"batch_size": sizes, "status": ["ok"] * 4 + ["out of memory at batch 512"],
+                         "peak_memory_mib": 500 + slope * sizes + np.array([0.3, -0.2, 0.1, -0.1, 0.0])})
+
+
+@pytest.mark.parametrize("slope", [104.9, 304.9, 1.049, 0.1049, 3049.0])
+def test_4_2_takes_a_slope_rounded_to_two_digits_and_the_batch_from_it(slope):
+    sweep, limit = memory_sweep(slope), 500 + slope * 400
+    fitted = sweep[sweep.status == "ok"]
+    right, intercept = np.polyfit(fitted.batch_size.astype(float), fitted.peak_memory_mib.astype(float), 1)
+    for answer in (right, sig(right, 2), sig(right, 3)):
+        assert wu.check_batch_memory(answer, int((limit - intercept) // answer), sweep, limit) is True
+
+
+def loader_sweep(fastest_samples: float) -> pd.DataFrame:
+    """A loader sweep whose fastest row (2 workers) is ``fastest_samples`` against the start's 485.7."""
+    return pd.DataFrame({"num_workers": [0, 0, 2, 2], "pin_memory": [False, True, False, True],
+                         "samples_per_s": [485.7, 480.1, fastest_samples, 470.0],
+                         "data_wait_fraction": [0.0644, 0.065, 0.0098, 0.01]})
+
+
+def rounded_choice(digits: int | None):
+    def loader_choice(sweep, start):
+        fastest = sweep.loc[sweep.samples_per_s.idxmax()]
+        speedup, bound = fastest.samples_per_s / start.samples_per_s, 1 / (1 - start.data_wait_fraction)
+        return (int(fastest.num_workers), *(round(x, digits) if digits else x for x in (speedup, bound)))
+    return loader_choice
+
+
+@pytest.mark.parametrize("digits", [None, 2, 3, 4])
+def test_4_1_a_speedup_that_rounds_to_1_0_is_right_not_the_speedup_over_another_row(digits, capsys):
+    """The fastest row 0.39% faster than the start: round(measured_speedup, 2) is 1.0, the right value to two
+    decimals, and also the fastest row's speed-up over itself, a mistake's value: the right reading wins."""
+    assert wu.check_loader_choice(rounded_choice(digits), loader_sweep(487.6), 0) is True
+    assert "another row" not in capsys.readouterr().out
+
+
+def test_4_1_with_the_start_the_fastest_row_takes_answers_rounded_to_two_digits():
+    sweep = loader_sweep(473.3)  # the start (485.7) is the fastest: speed-up 1.0, Amdahl's bound 1.0688 -> 1.1
+    def two_digits(sweep, start):
+        workers, speedup, bound = rounded_choice(None)(sweep, start)
+        return workers, sig(speedup, 2), sig(bound, 2)
+
+    assert two_digits(sweep, sweep.iloc[0])[1:] == (1.0, 1.1)
+    assert wu.check_loader_choice(two_digits, sweep, 0) is True
+
+
+# ---------------------------------------------------------------- D3: a rounding that is also a mistake's value
+
+
+@pytest.mark.parametrize("answer", [0.74, 0.740, 0.7404, 0.74038])
+def test_2_3_the_reference_runs_efficiency_rounded_to_two_digits_passes(answer, capsys):
+    """Step 4.70 ms, 9.4 MiB of gradients: right 0.74038; 0.74 is also the GiB/s mistake's value to two digits."""
+    assert wu.check_ddp_efficiency(answer, 0.0047, int(9.4 * 2**20), world_size=64) == pytest.approx(0.74038,
+                                                                                                      abs=1e-5)
+    assert "✓ Exercise 2.3: correct (74.0%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("step_s, grad_bytes", [(0.0123, 4 * 620_362), (0.05, 4 * 11_689_512),
+                                                (0.35, 4 * 25_557_032 * 4)])
+def test_2_3_two_and_three_digits_pass_at_other_inputs(step_s, grad_bytes):
+    link = wu.LINKS["ib_ndr"]
+    right = step_s / (step_s + sum(126 * link.latency_us * 1e-6 + 126 / 64 * b / (link.bandwidth_gbps * 1e9)
+                                   for b in wu.ddp_buckets(grad_bytes)))
+    for digits in (2, 3):
+        assert wu.check_ddp_efficiency(sig(right, digits), step_s, grad_bytes, world_size=64) == pytest.approx(right)
+
+
+def test_2_3_a_mistake_unrounded_is_still_named():
+    link = wu.LINKS["ib_ndr"]
+    gib = 0.0047 / (0.0047 + sum(126 * link.latency_us * 1e-6 + 126 / 64 * b / (link.bandwidth_gbps * 2**30)
+                                 for b in wu.ddp_buckets(int(9.4 * 2**20))))
+    with pytest.raises(NotYet, match="GiB/s"):
+        wu.check_ddp_efficiency(gib, 0.0047, int(9.4 * 2**20), world_size=64)
+
+
+# A CPU's timings, as the review measured them: a median of 0.02007 s.
+N = 1024
+SECONDS = np.array([0.02283084, 0.01681373, 0.0228181, 0.01971608, 0.01451605, 0.02308368, 0.02005621, 0.02020485,
+                    0.02008047, 0.0171257])
+TIMED = Timings(seconds=SECONDS, output_shape=(N, N))
+FLOPS, SAMPLES_PER_S = 123_456_789.0, 2345.678
+ACHIEVED = FLOPS * SAMPLES_PER_S / 1e12
+
+
+def matmul(seconds, rate=None):
+    rate = 2 * N**3 / seconds / 1e12 if rate is None else rate
+    return wu.check_matmul_tflops(rate, N, seconds, None, timings=TIMED)
+
+
+def mfu(seconds, rate=None):
+    rate = 2 * N**3 / seconds / 1e12 if rate is None else rate
+    return wu.check_mfu(ACHIEVED / rate, ACHIEVED, "cpu", "fp32", rate, flops_per_sample=FLOPS,
+                        samples_per_s=SAMPLES_PER_S, n=N, timings=TIMED, seconds=seconds)
+
+
+def test_1_2_takes_seconds_rounded_to_two_digits_though_a_mistake_rounds_alike():
+    assert matmul(0.02) is True and matmul(round(TIMED.median, 4)) is True
+
+
+@pytest.mark.parametrize("seconds, rate", [
+    (0.02, None), (0.0201, None), (round(TIMED.median, 5), None), (0.02, 0.1),  # a rate 1.2 refuses
+    (0.03, None), (float(SECONDS.mean()), None), (float(SECONDS.sum()), None), (1e3 * TIMED.median, None),
+])
+def test_1_3_builds_on_exactly_what_1_2_accepts(seconds, rate):
+    """1.2 refused 0.02 s while 1.3 accepted an MFU built on it: now both take it, and what 1.2 refuses, 1.3 sends
+    back to 1.2 ("fix Exercise 1.2 first")."""
+    try:
+        right_in_1_2 = matmul(seconds, rate) is True
+    except NotYet:
+        right_in_1_2 = False
+    if right_in_1_2:
+        assert mfu(seconds, rate) is True
+    else:
+        with pytest.raises(NotYet, match="fix Exercise 1.2 first"):
+            mfu(seconds, rate)
+
+
+@pytest.mark.parametrize("digits", [2, 3])
+def test_1_4_a_formula_rounded_to_two_or_three_digits_passes_at_both_sizes(digits, capsys):
+    def rounded(parameters, layers, width, sequence):
+        return sig(6 * parameters + 12 * layers * width * sequence, digits)
+
+    assert wu.check_flops_per_token(rounded, 842_496, wu.GPT_SIZES["tiny"], 128, 5_701_632.0) is True
+
+
+# ---------------------------------------------------------------- D5: 6.3 run again on another job
+
+USAGE = dict(cpu_time_s=61.3, elapsed_s=131.0, cpus=1, time_limit_s=600, gpus=0, max_rss_mib=1517.0)
+SOLVED = ('cpu_efficiency = usage["cpu_time_s"] / (usage["elapsed_s"] * usage["cpus"])\n'
+          'time_share = usage["elapsed_s"] / usage["time_limit_s"]\n'
+          'gpu_hours = usage["elapsed_s"] * usage["gpus"] / 3600\n'
+          'next_time_limit_s = 60 * math.ceil(1.5 * usage["elapsed_s"] / 60)\n'
+          'next_memory_mib = 100 * math.ceil(1.25 * usage["max_rss_mib"] / 100)\n')
+CHECK = "ok = wu.check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib, usage)"
+
+
+def notebook(*cells: str) -> dict:
+    """The cells run one after another in one namespace, with IPython's history (``_ih``), then 6.3's check."""
+    namespace = {"usage": dict(USAGE), "math": math, "wu": wu, "_ih": ["", "usage = lesson.usage(job)"]}
+    for cell in (*cells, CHECK):
+        namespace["_ih"].append(cell)
+        exec(cell, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("earlier, old, new, name", [
+    ("cpus = usage['cpus']", 'usage["cpus"]', "cpus", "cpus"),
+    ("limit_s = usage['time_limit_s']", 'usage["time_limit_s"]', "limit_s", "limit_s"),
+])
+def test_6_3_a_right_cell_that_reads_an_earlier_cells_value_passes_judged_on_this_job(earlier, old, new, name,
+                                                                                     capsys):
+    assert notebook(earlier, SOLVED.replace(old, new))["ok"] is True
+    said = capsys.readouterr().out
+    assert said.startswith("✓ Exercise 6.3: correct") and "judged on this job alone" in said
+    assert f"reads `{name}` from an earlier cell" in said
+
+
+def test_6_3_a_cell_of_usage_alone_is_still_run_on_another_job():
+    with pytest.raises(NotYet, match="run on another job.*the cores kept busy"):
+        notebook(SOLVED.replace(' * usage["cpus"]', ""))
+
+
+def test_6_3_a_request_in_whole_gib_is_named_gib():
+    with pytest.raises(NotYet, match="that is whole GiB; the request is in MiB"):
+        wu.check_job_usage(61.3 / 131, 131 / 600, 0, 240, math.ceil(1.25 * 1517 / 1024), usage=USAGE, cell="")
+
+
+# ---------------------------------------------------------------- D11 and the smaller findings
+
+
+@pytest.mark.parametrize("call, shown", [
+    (lambda: CALLS["5.3"](microbatches=62.99999999999999), "`microbatches` = 62.99999999999999 is not a whole number"),
+    (lambda: CALLS["5.1 zero3"](gpus=3.000000000001), "`zero3_gpus` = 3.000000000001 is not a whole number"),
+])
+def test_a_near_whole_count_is_shown_as_given(call, shown):
+    with pytest.raises(NotYet) as caught:
+        call()
+    assert shown in str(caught.value)
+
+
+@pytest.mark.parametrize("container", [np.array, torch.tensor, list])
+def test_4_1_three_answers_in_an_array_pass_as_in_a_tuple(container):
+    def loader_choice(sweep, start):
+        fastest = sweep.loc[sweep.samples_per_s.idxmax()]
+        return container([float(fastest.num_workers), fastest.samples_per_s / start.samples_per_s,
+                          1 / (1 - start.data_wait_fraction)])
+
+    assert wu.check_loader_choice(loader_choice, loader_sweep(487.6), 0) is True
+
+
+def test_3_1_shows_a_share_to_three_digits(capsys):
+    CALLS["3.1"]()
+    said = capsys.readouterr().out
+    assert "0000%" not in said and "% of the non-zero gradients" in said
+    lost = (GRADS[GRADS != 0].half() == 0).double().mean().item()
+    assert f"{100 * lost:.3g}%" in said or f"{100 * lost:.2g}%" in said
+
+
+@pytest.mark.parametrize("answer, words", [(10**400, "got an int"), (np.array("0.29"), "got an array of <U4"),
+                                           (np.array(0.29, dtype=object), "got an array of object")],
+                         ids=["huge-int", "array-of-text", "array-of-objects"])
+def test_a_kind_is_named_with_its_article(answer, words):
+    with pytest.raises(NotYet) as caught:
+        wu.check_next_fix(answer, 1.46, pd.DataFrame({"step_ms": [120.3], "data_ms": [2.9], "backward_ms": [75.9]}))
+    said = str(caught.value) if isinstance(answer, int) else None
+    if said is None:
+        with pytest.raises(NotYet) as caught:
+            CALLS["1.1"](achieved_tflops=answer)
+        said = str(caught.value)
+    assert words in said and " a int" not in said and " a array" not in said
+
+
+@pytest.mark.parametrize("answer", [torch.tensor(3.0, requires_grad=True), np.complex128(3), np.ma.masked],
+                         ids=["tensor-with-gradient", "complex", "masked"])
+def test_5_1_an_odd_answer_prints_no_warning(answer):
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with pytest.raises(NotYet) if not torch.is_tensor(answer) else contextlib.nullcontext():
+            CALLS["5.1 zero3"](gpus=answer)  # 3, the right count, in a tensor that requires its gradient
+    assert not shown, [str(w.message) for w in shown]
+
+
+def test_2_4_a_micro_batch_far_too_large_shows_its_gib_to_read():
+    with pytest.raises(NotYet) as caught:
+        CALLS["2.4"](micro_batch=32_768)
+    assert "32,768 sequences keep 19,224 GiB" in str(caught.value)
