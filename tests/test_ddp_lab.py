@@ -11,7 +11,9 @@ import ast
 import math
 import os
 import re
+import shlex
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -23,14 +25,15 @@ from workshop_utils.lessons import ddp_lab
 from workshop_utils.lessons.ddp_lab import (LAB_EXERCISE, judge_average_gradients, lab_folder, placeholders_left,
                                             read_launch_line, solution_text)
 from workshop_utils.lessons import ddp_lab_files
-from workshop_utils.lessons.ddp_lab_files import LIMIT_FACTOR, note_progress, run_nodes, what_ran
-from workshop_utils.lessons.ddp_lab_gradients import function_source, shipped_globals
-from workshop_utils.lessons.ddp_lab_judging import findings
+from workshop_utils.lessons.ddp_lab_files import (LIMIT_FACTOR, LIMIT_FLOOR_S, note_progress, run_nodes, scaled_limit,
+                                                  what_ran, write_json)
+from workshop_utils.lessons.ddp_lab_gradients import function_source, gradients_failure, shipped_globals
+from workshop_utils.lessons.ddp_lab_judging import findings, sampler_mistake
 from workshop_utils.lessons.exercises import NotYet
 from workshop_utils.system.errors import WorkshopError
 
 LAB = Path(__file__).resolve().parent.parent / "notebooks" / "labs" / "ddp_lab"
-SMALL = ("--samples", "256")  # 128 samples per rank, 4 steps an epoch: the launch is the cost
+SMALL = ("--samples", "288")  # 96 samples on each of 3 ranks, 3 steps an epoch: the launch is the cost
 
 
 def solution() -> str:
@@ -378,13 +381,41 @@ RETURNING = {
                                            "(2 on node 0, 1 on node 1), but 3 ranks ran"),
     # torchrun's other counts: the role's world size is the world's; the nodes' count is not
     "role-world-size": (role_world_size, None),
-    "group-world-size": (group_world_size, "the sum divided by 2, but 3 ranks ran"),
+    "group-world-size": (group_world_size, "the sum divided by GROUP_WORLD_SIZE, the number of nodes (torchrun's "
+                                           "agents, 2 here), but 3 ranks ran"),
+}
+
+
+def hangs_on_rank_1_of_2(model):
+    for p in model.parameters():
+        if dist.get_world_size() == 2 and dist.get_rank() == 1:  # the second world size: the others' are judged
+            while True:
+                time.sleep(0.1)
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+# Functions that fail on the ranks, in the same launch, after those that return: one that raises on every rank alike
+# leaves no rank in a collective, so the next one runs; one that does not return ends the launch at the limit.
+FAILING = {
+    "name-error": (with_a_typo, r"your function raised NameError: name 'world_size' is not defined on rank \d on line "
+                                r"\d+ \(`p.grad /= world_size"),
+    "system-exit": (exits_on_the_ranks, r"your function raised SystemExit: 3 on rank \d on line \d+ \(`sys.exit\(3\)`\)"
+                                        r".*ends the rank's process"),
+    "hangs-on-rank-1": (hangs_on_rank_1_of_2, r"stopped at the time limit of 10 s \(the limit the check was given\): "
+                                              r"rank 1 had not returned from your function, nor started the collective "
+                                              r"the others waited in \(rank 0: 1 all_reduce; rank 1: none\)"),
 }
 
 
 @pytest.mark.slow  # one launch: 3 ranks as two nodes
 def test_gradients_averaged_by_hand_are_compared_with_ddp_on_two_nodes_then_one(tmp_path):
-    verdicts = dict(zip(RETURNING, judge_average_gradients([shipped(f) for f, _ in RETURNING.values()], tmp_path)))
+    functions = {**RETURNING, **FAILING}
+    verdicts = dict(zip(functions, judge_average_gradients([shipped(f) for f, _ in functions.values()], tmp_path,
+                                                           idle_limit_s=10)))
+    for kind, (_, message) in FAILING.items():
+        assert isinstance(verdicts[kind], NotYet) and re.search(message, str(verdicts[kind])), verdicts[kind]
+        assert "\n" not in str(verdicts[kind])
     for kind, (_, message) in RETURNING.items():
         verdict = verdicts[kind]
         if message is None:
@@ -396,17 +427,11 @@ def test_gradients_averaged_by_hand_are_compared_with_ddp_on_two_nodes_then_one(
             assert "\n" not in str(verdict) and "ReduceOp.AVG" not in str(verdict)
 
 
-@pytest.mark.slow  # one launch each: a function that raises, or whose ranks diverge, ends the launch
-@pytest.mark.parametrize("function, message", [
-    (with_a_typo, r"your function raised NameError: name 'world_size' is not defined on rank \d on line \d+ "
-                  r"\(`p.grad /= world_size"),
-    (only_rank_0_reduces, r"different collective calls \(rank 0: 1 all_reduce; ranks 1, 2: none\)"),
-    (exits_on_the_ranks, r"your function raised SystemExit: 3 on rank \d on line \d+ \(`sys.exit\(3\)`\).*"
-                         r"ends the rank's process"),
-], ids=["name-error", "rank-0-only", "system-exit"])
-def test_a_function_that_fails_on_the_ranks_is_named_in_one_line(tmp_path, function, message):
-    with pytest.raises(NotYet, match=message) as caught:
-        wu.check_average_gradients(function, tmp_path)
+@pytest.mark.slow  # one launch: a function whose ranks diverge ends it
+def test_a_function_whose_ranks_make_different_calls_is_named_in_one_line(tmp_path):
+    calls = r"different collective calls \(rank 0: 1 all_reduce; ranks 1, 2: none\)"
+    with pytest.raises(NotYet, match=calls) as caught:
+        wu.check_average_gradients(only_rank_0_reduces, tmp_path)
     assert "\n" not in str(caught.value)
 
 
@@ -441,11 +466,12 @@ def test_the_single_device_script_runs_with_python(tmp_path):
 def test_the_solution_passes(tmp_path, capsys):
     script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
     run = wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False)
-    assert "✓ Exercise 2.2: correct" in capsys.readouterr().out
-    assert (run.ranks, run.samples_per_rank) == (2, 128) and run.checkpoint.name == "checkpoint.pt"
+    assert "✓ Exercise 2.2: correct (3 gloo ranks on two nodes (2 + 1 processes)" in capsys.readouterr().out
+    assert (run.ranks, run.samples_per_rank) == (3, 96) and run.checkpoint.name == "checkpoint.pt"
     assert run.throughput_reported > 0 and run.throughput_measured > 0
-    # Both ranks left their record: the output of each, and its parameters.
-    assert {p.name for p in run.folder.iterdir()} >= {"rank0.json", "rank1.json", "rank0-params.pt", "out"}
+    # Every rank left its record: the output of each, and its parameters.
+    assert {p.name for p in run.folder.iterdir()} >= {"rank0.json", "rank1.json", "rank2.json", "rank0-params.pt",
+                                                      "out"}
 
 
 # The lab's mistakes, a few to a launch: each part of a run (the data, the model, the checkpoint, the output, the end)
@@ -459,24 +485,24 @@ MISTAKES = {
          (THROUGHPUT_LINE, "{1e9:.0f} samples/s"),
          ("    dist.destroy_process_group()\n", "")],
         ["same order in epochs 0 and 1", "not wrapped in DistributedDataParallel; the ranks' parameters differ",
-         "every rank saved a checkpoint (ranks 0, 1 called torch.save), each the first process (LOCAL_RANK 0) of "
-         "its node", "far from what the ranks drew", "process group still open"]),
+         "every rank saved a checkpoint (ranks 0, 1, 2 called torch.save).", "far from what the ranks drew",
+         "process group still open"]),
     "no DistributedSampler, a throughput 4x too high": (
         [("loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)",
           "loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)"),
          (THROUGHPUT_LINE, "{4 * seen * world_size / elapsed:.0f} samples/s")],
         ["trained on the same samples", "far from what the ranks drew"]),
-    # On two nodes of one process each, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 on both: one node cannot show these.
+    # On two nodes (2 + 1 processes), rank 2 is LOCAL_RANK 0 on node 1: one node cannot show these.
     "rank from LOCAL_RANK": (
         [('rank = int(os.environ["RANK"])', 'rank = int(os.environ["LOCAL_RANK"])')],
-        ["rank 1's DistributedSampler was given rank=0, its LOCAL_RANK",
-         "every rank saved a checkpoint (ranks 0, 1 called torch.save), each the first process (LOCAL_RANK 0)",
-         "rank 1 logged too ('epoch 0: loss"]),
-    "shards from different seeds, one rank's throughput from LOCAL_WORLD_SIZE": (
+        ["rank 2's DistributedSampler was given rank=0, its LOCAL_RANK",
+         "2 ranks saved a checkpoint (ranks 0, 2 called torch.save), each the first process (LOCAL_RANK 0)",
+         "rank 2 logged too ('epoch 0: loss"]),
+    "shards from different seeds, one rank's throughput": (
         [("sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)",
           "sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=rank)"),
-         (THROUGHPUT_LINE, "{seen * int(os.environ['LOCAL_WORLD_SIZE']) / elapsed:.0f} samples/s")],
-        ["the shards of ranks 0 and 1 overlap by", "is one rank's: the 2 ranks together drew"]),
+         (THROUGHPUT_LINE, "{seen / elapsed:.0f} samples/s")],
+        ["the shards of ranks 0 and 1 overlap by", "is one rank's: the 3 ranks together drew"]),
 }
 
 
@@ -495,14 +521,15 @@ def mutated_with(tmp_path, changes) -> Path:
 def test_each_part_of_a_run_names_its_mistake(tmp_path, mistakes):
     changes, messages = MISTAKES[mistakes]
     script = mutated_with(tmp_path, changes)
-    records, params, out_dir, *_ = ddp_lab._lab_records(script, tmp_path, 2, ddp_lab.LAUNCH_HERE, 300, False, SMALL,
-                                                        LAB_EXERCISE)
-    found = [str(mistake) for mistake in findings(records, params, out_dir, 2, LAB_EXERCISE)]
+    records, params, out_dir, *_, per_node = ddp_lab._lab_records(script, tmp_path, 2, ddp_lab.LAUNCH_HERE, 300,
+                                                                  False, SMALL, LAB_EXERCISE)
+    assert per_node == (2, 1)
+    found = [str(mistake) for mistake in findings(records, params, out_dir, per_node, LAB_EXERCISE)]
     assert len(found) == len(messages), found
     for said, message in zip(found, messages):
         assert message in said and "\n" not in said and said.startswith("✗ Exercise 2.2: "), (message, said)
     with pytest.raises(NotYet) as caught:  # the check itself says the first, the one to fix first
-        raise findings(records, params, out_dir, 2, LAB_EXERCISE)[0]
+        raise findings(records, params, out_dir, per_node, LAB_EXERCISE)[0]
     assert messages[0] in str(caught.value)
 
 
@@ -511,24 +538,24 @@ CRASHES = {
                           "    dataset = synthetic_cifar(args.samples)\n"
                           "    if rank == 1:\n        raise RuntimeError('rank 1 fell over')\n",
                           r"the run failed \(exit status 1\); rank 1 failed first: RuntimeError: rank 1 fell over"),
-    # Rank 0 is in the step's all-reduce when rank 1 fails: its "Connection closed by peer", or torchrun's SIGTERM
-    # if that comes first, is a consequence.
+    # Ranks 0 and 2 are in the step's all-reduce when rank 1 fails: their "Connection closed by peer", or torchrun's
+    # SIGTERM if that comes first, is a consequence.
     "a crash in rank 1's training loop": (
         "            seen += len(images)\n",
         "            seen += len(images)\n            if rank == 1 and epoch == 1:\n"
         "                raise RuntimeError('rank 1 fell over in epoch 1')\n",
         r"the run failed \(exit status 1\); rank 1 failed first: RuntimeError: rank 1 fell over in epoch 1 "
-        # What happens to rank 0 next is a race: its next all-reduce finds the peer gone, or torchrun stops it first.
-        r"\(then rank 0 (lost its connection to it|was stopped by torchrun with SIGTERM)\)\. "
-        r"Fix: read rank 1's own traceback"),
-    # The sampler refuses a rank at or above num_replicas: LOCAL_WORLD_SIZE (1 on each node) for the world size.
-    "world size from LOCAL_WORLD_SIZE": ('world_size = int(os.environ["WORLD_SIZE"])',
-                                         'world_size = int(os.environ["LOCAL_WORLD_SIZE"])',
-                                         r"a DistributedSampler was given a num_replicas that leaves a rank out "
-                                         r".*LOCAL_WORLD_SIZE counts the processes of one node"),
+        # What happens to the others next is a race: their next all-reduce finds the peer gone, or torchrun stops them.
+        r"\(then .*(lost|stopped by torchrun).*\)\. Fix: read rank 1's own traceback"),
+    # A world size typed in for the line's 2 processes: the sampler refuses rank 2, named by what it was given (on
+    # two nodes of one process each, as the check ran before, 2 was right).
+    "world size typed in": ('world_size = int(os.environ["WORLD_SIZE"])', "world_size = 2",
+                            r"rank \d's DistributedSampler was given num_replicas=2: a world size typed in is right "
+                            r"only on that many ranks; the job has 3 ranks \(the check runs your script as two nodes, "
+                            r"2 \+ 1 processes\)"),
     "a barrier on rank 0 only": ("        print(f\"saved {out / 'checkpoint.pt'}\", flush=True)\n",
                                  "        print(f\"saved {out / 'checkpoint.pt'}\", flush=True)\n        dist.barrier()\n",
-                                 r"rank 0 waited in barrier\(\) while rank 1 had already finished and left: a "
+                                 r"rank 0 waited in barrier\(\) while ranks? [\d, ]+ had already finished and left: a "
                                  r"collective that only some ranks run .*Fix: run every collective"),
 }
 
@@ -536,15 +563,22 @@ CRASHES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("mistake", CRASHES)
 def test_a_run_that_fails_names_the_rank_that_failed_first(tmp_path, capsys, mistake):
+    """The output above the verdict stays readable: the failing rank's own traceback, torchrun's report folded to
+    one line per node, none of the checker's frames; a path with a space shown quoted."""
     old, new, message = CRASHES[mistake]
     script = mutated(tmp_path, old, new)
     with pytest.raises(NotYet, match=message) as caught:
-        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False)
+        wu.check_ddp_lab(script, tmp_path / "run dir", args=SMALL)
     assert "\n" not in str(caught.value) and str(caught.value).startswith("✗ Exercise 2.2: ")
+    shown = capsys.readouterr().out
+    assert f"--out-dir '{tmp_path / 'run dir'}/check/out'" in shown.splitlines()[0]
+    for noise in ("ChildFailedError", "ddp_lab.py", "runpy", "torch/distributed/run.py", "TCPStore", "Root Cause"):
+        assert noise not in shown, (noise, shown)
+    assert len(shown.splitlines()) <= 30, shown
     if "crash" in mistake:  # below the interleaved output, the failing rank's own traceback, ending in its error
-        shown = capsys.readouterr().out
         assert "--- the last lines of rank 1, the first to fail:\n" in shown
         assert shown.rstrip().endswith("RuntimeError: " + re.search(r"raise RuntimeError\('(.*)'\)", new).group(1))
+        assert re.search(r"\[node 0\] torchrun: rank 1 ended \(exit status 1\): RuntimeError: rank 1 fell over", shown)
 
 
 def _processes_running(folder: Path) -> list[int]:
@@ -556,16 +590,141 @@ def _processes_running(folder: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_rank_that_stops_progressing_is_stopped_at_a_limit_scaled_to_this_machine(tmp_path):
-    """No fixed stopwatch: the limit is LIMIT_FACTOR x what this machine took to start the rank, and the line says
-    the limit was reached and where each rank was, not that a collective hangs."""
+def test_a_rank_that_stops_progressing_is_stopped_at_its_limit(tmp_path):
+    """The line says the limit was reached, which rank stopped progressing and where each rank was, not that a
+    collective hangs. The limit is given here (10 s) so that the test waits no longer than it must; the limit
+    scaled to the machine is held below, without a launch."""
     script = mutated(tmp_path, "    dist.destroy_process_group()\n",
                      "    if rank == 1:\n        time.sleep(600)\n    dist.destroy_process_group()\n")
     with pytest.raises(NotYet) as caught:
-        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False)
+        wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False, idle_limit_s=10)
     said = str(caught.value)
-    assert re.search(rf"stopped at the time limit: rank 1 made no progress for \d+ s \({LIMIT_FACTOR:g}x the "
-                     r"[\d.]+ s this machine took to start it and reach its first batch\)", said), said
+    assert re.search(r"stopped at the time limit: rank 1 was the first to make no progress, for \d+ s, past the limit "
+                     r"of 10 s \(the limit the check was given\)", said), said
     assert re.search(r"rank 0: finished; rank 1: (drew batch \d+ of epoch 2|called torch.save), \d+ s before",
                      said), said
     assert _processes_running(tmp_path) == [], f"still running: {_processes_running(tmp_path)} (pid {os.getpid()})"
+
+
+def test_a_pause_for_an_evaluation_is_no_hang():
+    """A rank 0 that evaluates for 25 s after an epoch, on a machine that took 7.5 s to start a rank, was stopped at
+    15 s (2x); the limit scales with the start-up and has a floor that such a pause stays under."""
+    assert scaled_limit(7.5) >= 25 + 5 and scaled_limit(0.5) == LIMIT_FLOOR_S >= 30
+    assert scaled_limit(20.0) == LIMIT_FACTOR * 20.0
+    assert ddp_lab_files.limit_words(37.5, 7.5) == ("38 s (5x the 7.5 s this machine took to start the rank, and at "
+                                                    "least 30 s)")
+
+
+def test_the_rank_that_stopped_progressing_first_is_named_not_the_one_whose_limit_came_first(tmp_path):
+    """Rank 0 pauses after epoch 0; rank 1 draws epoch 1's first batch and waits in its all-reduce. Rank 1's limit
+    (from its own, shorter start-up) came first: the line still names rank 0, the one that stopped first."""
+    now = 1_000_000.0
+    write_json(tmp_path / "rank0.progress", {"what": "drew batch 16 of epoch 0", "time": now})
+    write_json(tmp_path / "rank1.progress", {"what": "drew batch 1 of epoch 1", "time": now + 0.13})
+    write_json(tmp_path / "rank1.stalled", {"rank": 1, "what": "drew batch 1 of epoch 1", "idle_s": 37.6,
+                                            "startup_s": 7.49, "limit_s": 37.45, "time": now + 37.73})
+    write_json(tmp_path / "rank0.stalled", {"rank": 0, "what": "drew batch 16 of epoch 0", "idle_s": 38.0,
+                                            "startup_s": 7.5, "limit_s": 37.5, "time": now + 38.0})
+    said = str(ddp_lab._crash(1, [], tmp_path, (1, 1), LAB_EXERCISE))
+    assert "rank 0 was the first to make no progress, for 38 s, past the limit of 38 s (5x the 7.5 s" in said, said
+    assert "rank 0: drew batch 16 of epoch 0, 38 s before; rank 1: drew batch 1 of epoch 1, 38 s before" in said
+
+
+def sampler_records(world: int, per_node, given) -> list[dict]:
+    """The probe's records of ranks whose DistributedSampler was given ``given(rank, local world size, nodes)``."""
+    records, rank = [], 0
+    for node, count in enumerate(per_node):
+        for local in range(count):
+            records.append({"rank": rank, "env": {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
+                                                  "LOCAL_WORLD_SIZE": str(count), "GROUP_RANK": str(node),
+                                                  "GROUP_WORLD_SIZE": str(len(per_node))},
+                            "samplers": [{"rank": rank, "num_replicas": given(rank, count, len(per_node))}]})
+            rank += 1
+    return records
+
+
+@pytest.mark.parametrize("given, words", [
+    (lambda rank, local, nodes: local, "num_replicas=LOCAL_WORLD_SIZE, the processes of one node (2 on node 0, 1 on "
+                                       "node 1)"),
+    (lambda rank, local, nodes: nodes, "num_replicas=2, GROUP_WORLD_SIZE, the number of nodes"),
+    (lambda rank, local, nodes: 4, "num_replicas=4: a world size typed in is right only on that many ranks"),
+    (lambda rank, local, nodes: 3, None),
+], ids=["local-world-size", "group-world-size", "typed-in", "right"])
+def test_a_sampler_given_another_count_is_named_by_what_it_was_given(given, words):
+    """Read from what the probe recorded before the sampler ran: a sampler that refused its rank (rank 2 of
+    num_replicas=2) is named as well as one that took it."""
+    found = sampler_mistake(sampler_records(3, (2, 1), given), (2, 1), LAB_EXERCISE)
+    if words is None:
+        assert found is None
+    else:
+        assert words in str(found) and "the job has 3 ranks (the check runs your script as two nodes, 2 + 1" in str(
+            found), str(found)
+
+
+def gradient_records(folder: Path, calls: dict[int, list[str]], done=()) -> None:
+    """The files the ranks of Exercise 2.1 leave when the limit stops them: each rank's calls, and its record."""
+    for rank, made in calls.items():
+        (folder / f"rank{rank}.calls").write_text("".join(f"{op}\n" for op in made))
+        if rank in done:
+            write_json(folder / f"rank{rank}.done", {"calls": made})
+        write_json(folder / f"rank{rank}.json", {"rank": rank, "stopped": "timeout", "calls": made, "limit_s": 30.0,
+                                                 "startup_s": 2.0, "time": 1.0})
+
+
+@pytest.mark.parametrize("calls, done, words", [
+    ({0: ["all_reduce"], 1: [], 2: ["all_reduce"]}, (),
+     "rank 1 had not returned from your function, nor started the collective the others waited in (ranks 0, 2: 1 "
+     "all_reduce; rank 1: none)"),
+    ({0: [], 1: [], 2: []}, (), "your function had not returned on any rank (ranks 0, 1, 2: none). Fix: the function "
+                                "should take milliseconds: look for a loop that never ends"),
+    ({0: [], 1: [], 2: []}, (0, 2), "rank 1 had not returned from your function, while the others had"),
+], ids=["one-rank-behind-the-others-in-a-collective", "every-rank-in-a-loop", "one-rank-late"])
+def test_a_function_stopped_at_the_limit_is_named_by_where_each_rank_was(tmp_path, calls, done, words):
+    gradient_records(tmp_path, calls, done)
+    said = str(gradients_failure(tmp_path, 3, [1, 1], [], tmp_path / "logs", "Exercise 2.1"))
+    assert said.startswith("✗ Exercise 2.1: stopped at the time limit of 30 s (5x the 2.0 s this machine took to "
+                           "start the rank, and at least 30 s): ") and words in said, said
+    assert "busy machine" not in said
+
+
+def test_the_outer_limit_with_every_rank_started_gives_no_busy_machine_advice(tmp_path, monkeypatch):
+    for rank in range(3):
+        note_progress(tmp_path, rank, "in your function (world of 3)")
+
+    def too_long(*args, **kwargs):
+        raise WorkshopError("The job ran longer than 7 s and was stopped.", "give it more time")
+
+    monkeypatch.setattr(ddp_lab_files, "stream", too_long)
+    with pytest.raises(NotYet) as caught:
+        run_nodes({}, {}, 7, False, tmp_path, 3, "Exercise 2.1")
+    assert "never got going" not in str(caught.value) and "larger timeout_s" in str(caught.value)
+
+
+# ---------------------------------------------------------------- a path with a space, the launch line's f
+
+
+def test_an_unquoted_path_with_a_space_is_named_with_the_quoting_fix(tmp_path):
+    script = tmp_path / "run dir" / "my_train_ddp.py"
+    with pytest.raises(NotYet) as caught:
+        read_launch_line(f"torchrun --nproc-per-node=2 {script}", script, 2, LAB_EXERCISE)
+    said = str(caught.value)
+    assert "holds a space or another character the shell splits at" in said
+    assert 'Fix: quote it for the shell: f"torchrun --nproc-per-node=2 {shlex.quote(str(lab_file))}"' in said
+    assert read_launch_line(f"torchrun --nproc-per-node=2 {shlex.quote(str(script))}", script, 2).script_args == []
+
+
+def test_the_notebooks_own_launch_line_reads_a_path_with_a_space(tmp_path):
+    import nbformat
+
+    notebook = nbformat.read(LAB.parent.parent / "02_multi_gpu_ddp.ipynb", as_version=4)
+    line = next(line for cell in notebook.cells if "exercise" in cell.metadata.get("tags", [])
+                for line in cell.source.splitlines() if line.startswith("lab_command = "))
+    lab_file = tmp_path / "run dir" / "my_train_ddp.py"
+    command = eval(line.removeprefix("lab_command = "), {"lab_file": lab_file, "shlex": shlex})  # noqa: S307
+    assert read_launch_line(command, lab_file, 2).script_args == []
+
+
+def test_a_launch_line_without_its_f_says_the_f_is_missing(tmp_path):
+    script = tmp_path / "my_train_ddp.py"
+    with pytest.raises(NotYet, match=r"holds \{lab_file\} as written: the f in front of the quotes.*is missing"):
+        read_launch_line("torchrun --nproc-per-node=2 {lab_file}", script, 2, LAB_EXERCISE)

@@ -5,16 +5,19 @@ The lab. ``notebooks/labs/ddp_lab/train_single.py`` is a plain single-device tra
 ``lessons.exercises``. ``start_ddp_lab`` writes the attendee's copy of it (markers applied,
 ``attendee_script``) into the run folder, where the attendee fills the gaps, and
 ``check_ddp_lab`` reads the attendee's launch line as torchrun reads it, then runs the script as two
-nodes on this machine (two torchrun agents, one process each, meeting at one endpoint), so that what
-differs between nodes shows: a rank taken from LOCAL_RANK, a world size from LOCAL_WORLD_SIZE.
+nodes on this machine (two torchrun agents meeting at one endpoint: the line's 2 processes on node 0, one
+more on node 1), so that what differs between nodes shows (a rank taken from LOCAL_RANK, a world size from
+LOCAL_WORLD_SIZE) and a world size typed in for 2 fails.
 
 The checker does not ask the script to report anything. Its ranks run under a probe
 (``python -m workshop_utils.lessons.ddp_lab --probe ...``) that watches PyTorch from the outside: the
 indices every DataLoader draws, each DistributedSampler and DistributedDataParallel built, every
 ``torch.save``, the optimizer's parameters at the end, whether the process group was still open, and
 each rank's output. A script that prints the right lines but trains differently is judged by what it
-did (``ddp_lab_judging.findings``). A rank that makes no progress for twice what this machine took to
-start it is stopped, and the line says where each rank was; a crash is named by the rank that failed first.
+did (``ddp_lab_judging.findings``). A rank that makes no progress for five times what this machine took
+to start it (at least 30 s: a pause for an evaluation is no hang) is stopped, and the line names the rank
+that stopped progressing first and says where each rank was; a crash is named by the rank that failed
+first, with its own traceback (the probe's frames and torchrun's report left out).
 
 The other exercises: ``check_average_gradients`` (gradients averaged by hand with ``torch.distributed``,
 compared with DDP's in one launch on three ranks as two nodes, then on two, so that neither a world size
@@ -31,6 +34,7 @@ ranks and its verdicts) and ``ddp_efficiency`` (Exercise 2.3).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shlex
@@ -41,25 +45,27 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from ..parallel.failures import record_failure, record_failures, root_cause
+from ..parallel.failures import LOST_PEER, record_failure, record_failures, root_cause
 from ..parallel.launch import cpu_threads_per_process, free_port, stream, visible_gpu_ids
 from ..system.errors import WorkshopError
 from ..system.results import fresh_folder
 from .ddp_efficiency import check_ddp_efficiency
-from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, LIMIT_FACTOR, TORCHRUN_LOGS, Tee,
-                            attendee_script, clean_env, lab_folder, node_commands, node_envs, note_progress,
+from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, TORCHRUN_LOGS, Tee, attendee_script, clean_env,
+                            first_to_stall, lab_folder, limit_words, node_commands, node_envs, note_progress,
                             read_output, reported_throughput, run_nodes, scaled_limit, solution_text, solve_ddp_lab,
-                            start_ddp_lab, started_at, watch_progress, what_ran, write_json)
+                            start_ddp_lab, started_at, torchrun_agent, torchrun_reports, watch_progress, what_ran,
+                            write_json)
 from .ddp_lab_gradients import (COLLECTIVES, PER_NODE, SECOND_WORLD, compared, function_source, gradients_failure,
                                 judge_comparison, placeholder_body, shipped_globals, wait_for_ranks, watched)
-from .ddp_lab_judging import LabRun, findings, placeholders_left, read_launch_line
+from .ddp_lab_judging import (LabRun, example_line, findings, placeholders_left, read_launch_line,
+                              sampler_mistake)
 from .exercise_judging import checked, short
 from .exercises import NotYet, Unsolved, passed, require, require_answered
 
 __all__ = [  # the lab's public names, from this one path (wu's table, the GPU check, the tests)
     "LAB_EXERCISE", "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
-    "judge_average_gradients", "lab_device", "lab_folder", "main", "placeholders_left", "read_launch_line",
-    "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
+    "judge_average_gradients", "lab_device", "lab_folder", "lab_nodes", "main", "placeholders_left",
+    "read_launch_line", "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
 ]
 
 # ---------------------------------------------------------------- the launches: one process, or the lab's ranks
@@ -69,15 +75,16 @@ def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 3
                args=()) -> float | None:
     """``python script --out-dir out_dir``, its output streamed; the samples/s it reported (None if none).
 
-    It runs where each rank of the two-process lab runs (``lab_device(2)``): on a node with one GPU the
-    ranks are CPU processes, and a single process on the GPU beside them would compare a GPU with a CPU.
-    ``threads`` is OMP_NUM_THREADS; None gives it what each rank of a two-process job gets (half the cores),
-    so that on a CPU the one process and each DDP rank compute with the same share of the machine.
+    It runs where each rank of the lab's launch runs (``lab_device`` of the ``lab_nodes(2)`` ranks): on a node
+    with one GPU the ranks are CPU processes, and a single process on the GPU beside them would compare a GPU with
+    a CPU. ``threads`` is OMP_NUM_THREADS; None gives it what each of those ranks gets, so that on a CPU the one
+    process and each DDP rank compute with the same share of the machine.
     """
     command = [sys.executable, str(script), *map(str, args), "--out-dir", str(out_dir)]
     if echo:
         print("$ python " + " ".join(shlex.quote(str(a)) for a in command[1:]), flush=True)
-    env = clean_env(threads or cpu_threads_per_process(2), hide_gpus=lab_device(2) == "cpu")
+    ranks = sum(lab_nodes(2))
+    env = clean_env(threads or cpu_threads_per_process(ranks), hide_gpus=lab_device(ranks) == "cpu")
     codes, lines = stream({"": command}, env, timeout_s, echo)
     if codes[0]:
         raise WorkshopError(f"{Path(script).name} exited with status {codes[0]}: {(lines or ['(no output)'])[-1]}",
@@ -127,6 +134,7 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
                                                              "time": time.time()}}
     optimizers, ddp_modules = [], []
     save = torch.save
+    sampler_arguments = inspect.signature(DistributedSampler.__init__)
 
     def next_index(self, _original=dataloader._BaseDataLoaderIter._next_index):
         index = _original(self)
@@ -145,8 +153,12 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
         return index
 
     def sampler_init(self, *a, _original=DistributedSampler.__init__, **k):
+        given = sampler_arguments.bind(self, *a, **k).arguments  # recorded before the sampler may refuse them
+        world, own = given.get("num_replicas"), given.get("rank")
+        record["samplers"].append({"rank": dist.get_rank() if own is None and dist.is_initialized() else own,
+                                   "num_replicas": dist.get_world_size() if world is None and dist.is_initialized()
+                                   else world})
         _original(self, *a, **k)
-        record["samplers"].append({"rank": self.rank, "num_replicas": self.num_replicas})
 
     def ddp_init(self, module, *a, _original=DistributedDataParallel.__init__, **k):
         _original(self, module, *a, **k)
@@ -188,7 +200,14 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
             frames = frames.tb_next
         # Before anything closes the process group: the ranks this failure stops come later in time.
         record_failure(err.with_traceback(frames or err.__traceback__))
-        traceback.print_exception(type(err), err, err.__traceback__)
+        if LOST_PEER.search(str(err)):  # a consequence of another rank's failure: its traceback tells nothing
+            print(f"rank {rank} stopped: it lost its connection to a rank that failed ({type(err).__name__})",
+                  file=sys.stderr)
+        else:  # the script's frames and PyTorch's, not the probe's wrappers around the sampler, DDP or torch.save
+            shown = [f for f in traceback.extract_tb(err.__traceback__)
+                     if Path(f.filename).resolve() != Path(__file__).resolve() and "runpy" not in f.filename]
+            print("Traceback (most recent call last):\n", *traceback.format_list(shown),
+                  *traceback.format_exception_only(type(err), err), sep="", end="", file=sys.stderr)
         code = 1
     with lock:
         record["end"] = time.time()
@@ -212,27 +231,30 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
 # ---------------------------------------------------------------- the lab's checker
 
 
-def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str) -> NotYet:
+def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...], exercise: str) -> NotYet:
     """The one line a failed run gets: a rank the time limit stopped, a known mistake by its symptom, else the
     rank that failed first.
 
     Every rank a failure stops records an error of its own too (a lost connection), so the rank
     is picked by ``root_cause``, from the error files the probe writes under torchrun.
     """
+    nproc = sum(per_node)
     stalled = sorted((json.loads(p.read_text()) for p in folder.glob("rank*.stalled")), key=lambda s: s["time"])
     if stalled:
-        first = stalled[0]
-        return NotYet(f"✗ {exercise}: stopped at the time limit: rank {first['rank']} made no progress for "
-                      f"{first['idle_s']:.0f} s ({LIMIT_FACTOR:g}x the {first['startup_s']:.1f} s this machine took "
-                      f"to start it and reach its first batch); where each rank was: "
-                      f"{what_ran(folder, nproc, first['time'])}.",
+        stopped = stalled[0]  # the first limit reached; the rank named is the one that stopped progressing first
+        rank, since = first_to_stall(folder, nproc) or (stopped["rank"], stopped["time"] - stopped["idle_s"])
+        own = next((s for s in stalled if s["rank"] == rank), stopped)
+        return NotYet(f"✗ {exercise}: stopped at the time limit: rank {rank} was the first to make no progress, "
+                      f"for {stopped['time'] - since:.0f} s, past the limit of "
+                      f"{limit_words(own['limit_s'], own['startup_s'])}; where each rank was: "
+                      f"{what_ran(folder, nproc, stopped['time'])}.",
                       "find what that rank waits for after that point: a sleep or input(), a loop that never ends, "
                       "or a collective the other ranks never run (a barrier inside `if rank == 0:`).")
-    errors = {}
-    for rank in range(nproc):
-        path = folder / f"rank{rank}.json"
-        if path.exists() and json.loads(path.read_text()).get("error"):
-            errors[rank] = json.loads(path.read_text())["error"]
+    records = [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
+    mistake = sampler_mistake(records, per_node, exercise)
+    if mistake is not None:  # a sampler that refused what it was given: named by what it was given
+        return mistake
+    errors = {r["rank"]: r["error"] for r in records if r.get("error")}
     stderr = {rank: read_output(folder / f"rank{rank}.stderr") for rank in range(nproc)}
     everything = "\n".join([*lines, *errors.values(), *stderr.values()])
     known = [
@@ -243,14 +265,11 @@ def _crash(code: int, lines: list[str], folder: Path, nproc: int, exercise: str)
          "give each rank its own: torch.device('cuda', local_rank) and torch.cuda.set_device(device)."),
         ("mutually exclusive with shuffle", "the DataLoader got both a sampler and shuffle=True.",
          "drop shuffle=True: the DistributedSampler shuffles."),
-        ("rank should be in the interval", "a DistributedSampler was given a num_replicas that leaves a rank out "
-         "(\"Invalid rank\"): LOCAL_WORLD_SIZE counts the processes of one node, and the check runs your script as "
-         "two nodes.", "take the world size from WORLD_SIZE: world_size = int(os.environ['WORLD_SIZE']) (step 1)."),
     ]
     for symptom, problem, hint in known:
         if symptom in everything:
             return NotYet(f"✗ {exercise}: {problem}", hint)
-    cause = root_cause(lines, nproc, folder / TORCHRUN_LOGS, rank_output=stderr)
+    cause = root_cause([*lines, *torchrun_reports(folder)], nproc, folder / TORCHRUN_LOGS, rank_output=stderr)
     if cause is not None:  # the streamed output above interleaves the ranks: these lines are the failing one's alone
         if cause.last_lines:
             print(cause.last_lines_text())
@@ -273,51 +292,66 @@ class _LaunchHere:
 LAUNCH_HERE = _LaunchHere()
 
 
-def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, echo: bool, args, exercise: str):
-    """One run of the attendee's script under the probe: (records, parameters, out dir, folder, lines, seconds)."""
+def lab_nodes(nproc: int) -> tuple[int, ...]:
+    """The processes of each of the two nodes a lab launch runs as: the line's ``nproc`` on node 0 and one more on
+    node 1, so that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ, and a world size typed in for
+    ``nproc`` is wrong; on a machine with a GPU for each of ``nproc`` ranks but not one more, ``nproc`` split over
+    the two nodes (NCCL takes one GPU per rank), where a typed-in world size cannot show."""
+    if nproc >= 2 and lab_device(nproc) != lab_device(nproc + 1):
+        return nproc - nproc // 2, nproc // 2
+    return nproc, 1
+
+
+def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, echo: bool, args, exercise: str,
+                 idle_limit_s: float | None = None):
+    """One run of the attendee's script under the probe: (records, parameters, out dir, folder, lines, seconds,
+    the processes of each node)."""
     if command is LAUNCH_HERE:
-        command = f"torchrun --nproc-per-node={nproc} {script}"
+        command = f"torchrun --nproc-per-node={nproc} {shlex.quote(str(script))}"
     launch = read_launch_line(command, script, nproc, exercise)
     given = command if isinstance(command, str) else shlex.join(map(str, command))
     folder = fresh_folder(workdir, "check")
     out_dir = folder / "out"
     probe_args = ["--probe", str(folder), str(script.resolve()), *launch.script_args, *map(str, args),
                   "--out-dir", str(out_dir)]
-    per_node = (nproc - nproc // 2, nproc // 2)  # two nodes, as the check runs every launch line
+    per_node = lab_nodes(nproc)
+    ranks = sum(per_node)
     commands = node_commands(probe_args, per_node, folder, free_port())
-    envs = node_envs(commands, per_node, lab_device(nproc), visible_gpu_ids(), cpu_threads_per_process(nproc),
-                     launch.assigned)
+    envs = node_envs(commands, per_node, lab_device(ranks), visible_gpu_ids(), cpu_threads_per_process(ranks),
+                     launch.assigned, idle_limit_s)
     if echo:
-        print(f"$ {' '.join([given, *map(shlex.quote, map(str, args))])} --out-dir {out_dir}   (under the checker's "
-              f"probe, as two nodes on this machine: torchrun --nnodes=2 --node-rank=0|1 --nproc-per-node={nproc // 2})",
-              flush=True)
+        print(f"$ {' '.join([given, *map(shlex.quote, map(str, args))])} --out-dir {shlex.quote(str(out_dir))}   "
+              f"(under the checker's probe, as two nodes on this machine: torchrun --nnodes=2, "
+              f"{' + '.join(map(str, per_node))} processes)", flush=True)
     started = time.perf_counter()
-    codes, lines = run_nodes(commands, envs, timeout_s, echo, folder, nproc, exercise)
+    codes, lines = run_nodes(commands, envs, timeout_s, echo, folder, ranks, exercise)
     seconds = time.perf_counter() - started
     code = max(codes, key=abs)
     if code:
-        raise _crash(code, lines, folder, nproc, exercise)
+        raise _crash(code, lines, folder, per_node, exercise)
     import torch
 
-    records = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
+    records = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(ranks)
                if (folder / f"rank{r}.json").exists()]
     require(bool(records), exercise, "the script ran, but no rank reached its end.", "read the output above.")
     params = [torch.load(folder / f"rank{r['rank']}-params.pt", weights_only=True) for r in records]
-    return records, params, out_dir, folder, lines, seconds
+    return records, params, out_dir, folder, lines, seconds, per_node
 
 
 @checked
 def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_s: float = 300, echo: bool = True,
-                  args=(), exercise: str = LAB_EXERCISE) -> LabRun:
-    """Run the attendee's DDP script on ``nproc`` processes under the probe; pass, or ``NotYet`` naming the mistake.
+                  args=(), exercise: str = LAB_EXERCISE, idle_limit_s: float | None = None) -> LabRun:
+    """Run the attendee's DDP script under the probe as ``nproc`` processes and one more on a second node; pass, or
+    ``NotYet`` naming the mistake.
 
     ``command`` is the launch line the attendee wrote ("torchrun --nproc-per-node=2 my_train_ddp.py"), a
     string or a list of words, read as torchrun reads it; left out (``LAUNCH_HERE``), the checker writes it.
-    A torchrun line runs as two nodes of ``nproc / 2`` processes on this machine. The checker appends
-    ``--out-dir`` (a fresh folder under ``workdir``) to the script's arguments, and ``args`` before it. NCCL
-    ranks when this machine has ``nproc`` GPUs, else gloo ranks that see no GPU. The throughput the script
-    reports must be the whole job's, within ``THROUGHPUT_TOLERANCE`` of what the probe saw the ranks draw.
-    ``timeout_s`` is the outer limit; a rank that stalls is stopped sooner, at a limit scaled to this machine.
+    A torchrun line runs as two nodes on this machine (``lab_nodes``: the line's processes on node 0, one more on
+    node 1). The checker appends ``--out-dir`` (a fresh folder under ``workdir``) to the script's arguments, and
+    ``args`` before it. NCCL ranks when this machine has a GPU for each, else gloo ranks that see no GPU. The
+    throughput the script reports must be the whole job's, within ``THROUGHPUT_TOLERANCE`` of what the probe saw
+    the ranks draw. ``timeout_s`` is the outer limit; a rank that makes no progress is stopped sooner, at a limit
+    scaled to this machine (``idle_limit_s`` where given).
     """
     script = Path(script)
     require(script.exists(), exercise, f"{script} does not exist.", "run the cell that writes your copy first.")
@@ -326,20 +360,21 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
         raise Unsolved(f"… {exercise}: not yet solved: {script.name} still has the placeholder `...` on line(s) "
                        f"{', '.join(map(str, gaps))}.", "replace each `...` under '# YOUR CODE HERE' with your code.")
     require_answered(command, exercise, "`lab_command` is still the placeholder `...`.",
-                     f"write the launch line: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
+                     f"write the launch line: {example_line(nproc, script)}.")
     require(command is not None, exercise, "`lab_command` is None.",
-            f"write the launch line as a string: f\"torchrun --nproc-per-node={nproc} {{lab_file}}\".")
-    records, params, out_dir, folder, lines, seconds = _lab_records(script, workdir, nproc, command, timeout_s, echo,
-                                                                    args, exercise)
+            f"write the launch line as a string: {example_line(nproc, script)}.")
+    records, params, out_dir, folder, lines, seconds, per_node = _lab_records(
+        script, workdir, nproc, command, timeout_s, echo, args, exercise, idle_limit_s)
     facts: dict = {}
-    mistakes = findings(records, params, out_dir, nproc, exercise, facts)
+    mistakes = findings(records, params, out_dir, per_node, exercise, facts)
     if mistakes:
         raise mistakes[0]
-    passed(exercise, f"{nproc} {facts['backend']} ranks on two nodes, disjoint shards of {facts['samples_per_rank']} "
-                     f"samples reshuffled every epoch; parameters equal on every rank; one checkpoint, by rank 0; "
-                     f"{facts['reported']:.0f} samples/s reported, about {facts['measured']:.0f} seen by the checker; "
-                     "process group closed")
-    return LabRun(nproc, facts["backend"], facts["samples_per_rank"], facts["reported"], facts["measured"],
+    ranks = sum(per_node)
+    passed(exercise, f"{ranks} {facts['backend']} ranks on two nodes ({' + '.join(map(str, per_node))} processes), "
+                     f"disjoint shards of {facts['samples_per_rank']} samples reshuffled every epoch; parameters "
+                     f"equal on every rank; one checkpoint, by rank 0; {facts['reported']:.0f} samples/s reported, "
+                     f"about {facts['measured']:.0f} seen by the checker; process group closed")
+    return LabRun(ranks, facts["backend"], facts["samples_per_rank"], facts["reported"], facts["measured"],
                   facts["checkpoint"], seconds, folder, lines)
 
 
@@ -353,6 +388,7 @@ def _gradients(spec_file: str) -> None:
     Writes ``round<k>/fn<i>/rank<r>.json``: the comparison, or the function's error (with its line), or why
     the ranks could not be compared (their collective calls differ, a rank never finished). Each collective a
     function starts is logged to ``rank<r>.calls`` first, so that a hang or an abort still shows who called what.
+    A function that raised on every rank after the same calls leaves no rank waiting: the next one runs.
     """
     import copy
 
@@ -400,7 +436,8 @@ def _gradients(spec_file: str) -> None:
             folder = Path(spec["folder"]) / f"round{round_}" / f"fn{index}"
             folder.mkdir(parents=True, exist_ok=True)
             result = {"rank": rank, "world_size": world, "node": node,
-                      "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"), "limit_s": limit, "startup_s": startup}
+                      "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"),
+                      "group_world_size": os.environ.get("GROUP_WORLD_SIZE"), "limit_s": limit, "startup_s": startup}
 
             def stop(**why) -> None:  # leave at once: a peer may be stuck in a collective, so no teardown
                 write_json(folder / f"rank{rank}.json", {**result, **why, "time": time.time()})
@@ -413,6 +450,12 @@ def _gradients(spec_file: str) -> None:
             own = [p.grad.clone() for p in trial.parameters()]
             started: list[str] = []
             note_progress(Path(spec["folder"]), rank, f"in your function (world of {world})")
+            returned = threading.Event()
+            # A function that does not return (a loop, a sleep, a collective the others never join) is stopped at
+            # the limit, wherever it waits: in its own code or inside a collective.
+            threading.Thread(target=lambda: returned.wait(limit) or stop(stopped="timeout", calls=list(started)),
+                             daemon=True).start()
+            error = None
             try:
                 namespace = {"torch": torch, "dist": dist, "nn": nn, "__name__": "attendee"}
                 exec(compile(Path(source_file).read_text(), source_file, "exec"), namespace)  # noqa: S102 - theirs
@@ -421,17 +464,22 @@ def _gradients(spec_file: str) -> None:
                 namespace[name](trial)
             except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): line, error
                 theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]
-                stop(error=f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__,
-                     error_type=type(err).__name__, line=theirs[-1].lineno if theirs else None,
-                     code=(theirs[-1].line or "").strip() if theirs else None, calls=started)
+                error = {"error": f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__,
+                         "error_type": type(err).__name__, "line": theirs[-1].lineno if theirs else None,
+                         "code": (theirs[-1].line or "").strip() if theirs else None}
             finally:
+                returned.set()
                 for op, original in originals.items():
                     setattr(dist, op, original)
             mine = [p.grad for p in trial.parameters()]
-            write_json(folder / f"rank{rank}.done", {"calls": started})
+            write_json(folder / f"rank{rank}.done", {"calls": started})  # before the error: peers see it done
+            if error:
+                write_json(folder / f"rank{rank}.json", {**result, **error, "calls": started, "time": time.time()})
             why = wait_for_ranks(folder, rank, world, started, limit)
             if why:
-                stop(stopped=why, calls=started)
+                stop(stopped=why, calls=started, **(error or {}))
+            if error:  # raised on every rank after the same calls: no rank waits in a collective, so the next runs
+                continue
 
             write_json(folder / f"rank{rank}.json", {**result, **compared(mine, ddp, own, world), "calls": started,
                                                      "ddp_buckets": buckets})
@@ -439,10 +487,13 @@ def _gradients(spec_file: str) -> None:
     note_progress(Path(spec["folder"]), rank, "finished")
 
 
-def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise: str = GRADIENTS_EXERCISE) -> list:
+def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise: str = GRADIENTS_EXERCISE,
+                            idle_limit_s: float | None = None) -> list:
     """Each of ``functions`` (sources the ranks can run: ``function_source`` and ``shipped_globals``), run in one
     launch; for each, its facts on both world sizes or the ``NotYet`` naming its first mistake. A function that
-    raises, or whose ranks call different collectives, ends the launch: those after it are not judged."""
+    raises on some ranks only, that does not return within the ranks' limit (scaled to this machine, or
+    ``idle_limit_s``), or whose ranks call different collectives, ends the launch: those after it are not judged
+    (one that raises on every rank alike does not)."""
     folder = fresh_folder(workdir, "gradients")
     files = []
     for index, (source, name) in enumerate(functions):
@@ -452,19 +503,23 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
     spec.write_text(json.dumps({"functions": files, "folder": str(folder), "second_port": free_port()}))
     ranks = sum(PER_NODE)
     commands = node_commands(["--gradients", str(spec)], PER_NODE, folder, free_port())
-    envs = node_envs(commands, PER_NODE, lab_device(ranks), visible_gpu_ids(), cpu_threads_per_process(ranks))
+    envs = node_envs(commands, PER_NODE, lab_device(ranks), visible_gpu_ids(), cpu_threads_per_process(ranks),
+                     idle_limit_s=idle_limit_s)
     codes, lines = run_nodes(commands, envs, timeout_s, False, folder, ranks, exercise)
+    lines += torchrun_reports(folder)
     verdicts = []
     for index in range(len(functions)):
+        rounds = {}
+        for round_, world in ((1, ranks), (2, SECOND_WORLD)):
+            where = folder / f"round{round_}" / f"fn{index}"
+            rounds[world] = (where, [json.loads((where / f"rank{r}.json").read_text()) for r in range(world)
+                                     if (where / f"rank{r}.json").exists()])
         try:
             facts = {}
-            for round_, world in ((1, ranks), (2, SECOND_WORLD)):
-                where = folder / f"round{round_}" / f"fn{index}"
-                results = [json.loads((where / f"rank{r}.json").read_text()) for r in range(world)
-                           if (where / f"rank{r}.json").exists()]
+            for world, (where, results) in rounds.items():
                 if len(results) < world or any(r.get("error") or r.get("stopped") for r in results):
                     raise gradients_failure(where, world, codes, lines, folder / TORCHRUN_LOGS, exercise)
-                facts[world] = judge_comparison(results, world, exercise)
+                facts[world] = judge_comparison(results, world, exercise, [r for _, r in rounds.values()])
             verdicts.append(facts)
         except NotYet as mistake:
             verdicts.append(mistake)
@@ -473,7 +528,7 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
 
 @checked
 def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
-                            exercise: str = GRADIENTS_EXERCISE) -> dict:
+                            exercise: str = GRADIENTS_EXERCISE, idle_limit_s: float | None = None) -> dict:
     """Run ``average_gradients(model)`` under torchrun, on 3 ranks as two nodes, then on node 0's 2 ranks; its
     gradients must be DDP's.
 
@@ -484,6 +539,8 @@ def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
     line and the error; collectives that only some ranks make are named as such, from the calls each rank
     started. The ranks run the function's source with the modules it reads from the notebook (``import os`` in
     its cell); a function or variable of the notebook it reads is named before any launch.
+    A function that does not return within a limit scaled to this machine (``idle_limit_s`` where given) is
+    stopped there, and the line names the rank that had not made the calls the others waited in.
     """
     require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
                      "define the function in the exercise cell and run it.")
@@ -494,7 +551,7 @@ def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
         raise Unsolved(f"… {exercise}: not yet solved: `average_gradients` still has only `...` in its body.",
                        "for every parameter: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
     source += shipped_globals(average_gradients, exercise)
-    facts = judge_average_gradients([(source, name)], workdir, timeout_s, exercise)[0]
+    facts = judge_average_gradients([(source, name)], workdir, timeout_s, exercise, idle_limit_s)[0]
     if isinstance(facts, NotYet):
         raise facts
     first = facts[sum(PER_NODE)]
@@ -514,14 +571,18 @@ def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
 
 @record_failures  # the probe records the script's own failure; this records the probe's and the gradients'
 def main(argv=None) -> None:
-    """``--probe FOLDER SCRIPT [ARGS...]`` or ``--gradients SPEC``: what a rank of a check runs."""
+    """``--probe FOLDER SCRIPT [ARGS...]`` or ``--gradients SPEC``: what a rank of a check runs; ``--agent
+    TORCHRUN_ARGS``: what each node of a check runs, torchrun itself (``torchrun_agent``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) >= 3 and argv[0] == "--probe":
+    if argv[:1] == ["--agent"]:
+        torchrun_agent(argv[1:])
+    elif len(argv) >= 3 and argv[0] == "--probe":
         _probe(Path(argv[1]), argv[2], argv[3:])
     elif len(argv) == 2 and argv[0] == "--gradients":
         _gradients(argv[1])
     else:
-        print("usage: python -m workshop_utils.lessons.ddp_lab --probe FOLDER SCRIPT [ARGS...] | --gradients SPEC  "
+        print("usage: python -m workshop_utils.lessons.ddp_lab --probe FOLDER SCRIPT [ARGS...] | --gradients SPEC | "
+              "--agent TORCHRUN_ARGS  "
               "(started by check_ddp_lab and check_average_gradients)", file=sys.stderr)
         raise SystemExit(2)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..parallel.failures import LOST_PEER
 from ..parallel.launch import stream
 from ..system.errors import WorkshopError
 from ..system.results import repo_root
@@ -37,12 +39,13 @@ THROUGHPUT = re.compile(r"(\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*(?:samples|ima
                         r"(?:/\s*s(?:ec(?:ond)?)?\b|per\s+s(?:ec(?:ond)?)?\b)", re.IGNORECASE)
 LOSS_LINE = re.compile(r"\bloss\b", re.IGNORECASE)
 STARTED = "WORKSHOP_CHECK_STARTED"  # when the check started the ranks (time.time()), in every rank's environment
+IDLE_LIMIT = "WORKSHOP_CHECK_IDLE_LIMIT"  # seconds a rank may make no progress, where the caller gives them
+AGENT_QUIET = "WORKSHOP_CHECK_AGENT_QUIET"  # the agents' C++ log level was set for them alone
 # A rank that makes no progress for LIMIT_FACTOR times what this machine took to start it (import PyTorch, join
-# the process group, reach its work), and at least LIMIT_FLOOR_S, is stopped: a busy machine gets more time.
-LIMIT_FACTOR, LIMIT_FLOOR_S = 2.0, 10.0
+# the process group, reach its work), and at least LIMIT_FLOOR_S, is stopped: a busy machine gets more time, and a
+# pause for an evaluation or a checkpoint (25 s where the start took 7.5) is no hang.
+LIMIT_FACTOR, LIMIT_FLOOR_S = 5.0, 30.0
 STALLED_EXIT = 124  # a rank the time limit stopped (as `timeout` exits)
-OUTER_LIMIT_FIX = ("a rank that never got going: on a very busy machine, run the check again (or pass a larger "
-                   "timeout_s); otherwise the lines above show where it waits.")
 
 
 # ---------------------------------------------------------------- the lab's files
@@ -126,18 +129,63 @@ def read_output(path: Path) -> str:
 def node_commands(module_args: list[str], per_node: tuple[int, ...], folder: Path, port: int) -> dict[str, list[str]]:
     """One torchrun agent per node, all on this machine: ``--nnodes``, each its own ``--node-rank``, one rendezvous
     endpoint (127.0.0.1:``port``), as ``srun torchrun`` starts them on a cluster; ranks numbered node by node, so
-    that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ as they do on two machines."""
-    return {f"[node {k}] ": [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(per_node)}",
+    that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ as they do on two machines. Each agent is
+    torchrun itself, run by ``torchrun_agent``, which folds its report of a failure into one line."""
+    return {f"[node {k}] ": [sys.executable, "-m", PROBE_MODULE, "--agent", f"--nnodes={len(per_node)}",
                              f"--node-rank={k}", f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
                              f"--master-port={port}", "--max-restarts=0", f"--log-dir={folder / TORCHRUN_LOGS}",
                              "-m", PROBE_MODULE, *module_args] for k, n in enumerate(per_node)}
 
 
+def torchrun_agent(argv: list[str]) -> None:
+    """torchrun, as ``python -m torch.distributed.run ARGV`` runs it (its own parser and launch), with its report of
+    a failure written to ``<log dir>/node<k>.report`` for the checker (``root_cause`` reads it) and said here in one
+    line: the attendee reads the failing rank's own traceback, not torchrun's frames and box around it."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    for name in list(logging.root.manager.loggerDict):  # torchrun's logs of the failure said below, and once
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    if os.environ.pop(AGENT_QUIET, None):  # the agent's own C++ warnings off (its store losing node 0), not the ranks'
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+    args = parse_args(argv)
+    try:
+        run(args)
+    except ChildFailedError as failed:
+        report = Path(args.log_dir) / f"node{args.node_rank}.report"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(str(failed))
+        rank, failure = failed.get_first_failure()
+        how = ("stopped at the check's time limit" if failure.exitcode == STALLED_EXIT else
+               f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit status {failure.exitcode}")
+        message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+        said = [line for line in str(message).splitlines() if line.strip()]
+        cause = ("" if not said or failure.exitcode <= 0 or "To enable traceback" in said[-1] else
+                 ", having lost its connection to a rank that failed" if LOST_PEER.search(said[-1]) else
+                 f": {' '.join(said[-1].split())[:160]}")
+        print(f"torchrun: rank {rank} ended ({how}){cause}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def torchrun_reports(folder: Path) -> list[str]:
+    """What ``torchrun_agent`` kept of each node's report, each line behind its node's label as streamed."""
+    return [f"[node {path.stem.removeprefix('node')}] {line}" for path in sorted((folder / TORCHRUN_LOGS).glob(
+        "node*.report")) for line in path.read_text().splitlines()]
+
+
 def node_envs(commands: dict, per_node: tuple[int, ...], device: str, visible: list[str] | None, threads: int,
-              assigned: dict | None = None) -> dict[str, dict]:
+              assigned: dict | None = None, idle_limit_s: float | None = None) -> dict[str, dict]:
     """Each agent's environment: its own GPUs where the ranks run on GPUs (NCCL refuses two ranks on one), none
-    otherwise; the time the check started them; and what the attendee's line sets in front of the launch."""
+    otherwise; the time the check started them (and the idle limit, where the caller gives one); and what the
+    attendee's line sets in front of the launch."""
     env = {**clean_env(threads, hide_gpus=device == "cpu"), STARTED: repr(time.time()), **(assigned or {})}
+    if "TORCH_CPP_LOG_LEVEL" not in env:  # read once, as the agent starts; torchrun_agent keeps it from the ranks
+        env.update({"TORCH_CPP_LOG_LEVEL": "ERROR", AGENT_QUIET: "1"})
+    if idle_limit_s is not None:
+        env[IDLE_LIMIT] = repr(float(idle_limit_s))
     ids = visible if visible is not None else [str(i) for i in range(sum(per_node))]
     first = [sum(per_node[:k]) for k in range(len(per_node))]
     return {label: env if device == "cpu" else {**env, "CUDA_VISIBLE_DEVICES": ",".join(ids[start:start + n])}
@@ -145,8 +193,18 @@ def node_envs(commands: dict, per_node: tuple[int, ...], device: str, visible: l
 
 
 def scaled_limit(startup_s: float) -> float:
-    """How long a rank may make no progress: ``LIMIT_FACTOR`` x what this machine took to start it."""
-    return max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s)
+    """How long a rank may make no progress: ``LIMIT_FACTOR`` x what this machine took to start it, at least
+    ``LIMIT_FLOOR_S``; or what the check's caller gave (``IDLE_LIMIT``)."""
+    given = os.environ.get(IDLE_LIMIT)
+    return float(given) if given else max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s)
+
+
+def limit_words(limit_s: float, startup_s: float) -> str:
+    """The limit and where it came from: "30 s (at least 30 s, 5x the 2.1 s this machine took to start the rank)"."""
+    if not math.isclose(limit_s, max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s), rel_tol=1e-6):
+        return f"{limit_s:.0f} s (the limit the check was given)"
+    return (f"{limit_s:.0f} s ({LIMIT_FACTOR:g}x the {startup_s:.1f} s this machine took to start the rank, and at "
+            f"least {LIMIT_FLOOR_S:.0f} s)")
 
 
 def started_at() -> float:
@@ -162,6 +220,19 @@ def note_progress(folder: Path, rank: int, what: str, **more) -> None:
     partial = folder / f"rank{rank}.progress.partial"
     partial.write_text(json.dumps({"what": what, "time": time.time(), **more}))
     partial.replace(folder / f"rank{rank}.progress")
+
+
+def first_to_stall(folder: Path, ranks: int) -> tuple[int, float] | None:
+    """(the rank, when) that stopped making progress first, of those that had not finished: the one whose last
+    progress is oldest, not the one whose limit came first (each rank's limit is its own start-up's); None when
+    every rank finished or none said where it was."""
+    last = {}
+    for rank in range(ranks):
+        path = folder / f"rank{rank}.progress"
+        note = json.loads(path.read_text()) if path.exists() else None
+        if note is not None and note["what"] != "finished":
+            last[rank] = note["time"]
+    return min(last.items(), key=lambda item: (item[1], item[0])) if last else None
 
 
 def what_ran(folder: Path, ranks: int, at: float | None = None) -> str:
@@ -218,10 +289,10 @@ def watch_progress(folder: Path, rank: int, record: dict, lock: threading.Lock) 
         if record["first_draw"] is None:
             continue
         startup = record["first_draw"] - launched
-        idle = time.time() - progress["time"]
-        if idle > scaled_limit(startup):
+        idle, limit = time.time() - progress["time"], scaled_limit(startup)
+        if idle > limit:
             write_json(folder / f"rank{rank}.stalled", {"rank": rank, "what": progress["what"], "idle_s": idle,
-                                                        "startup_s": startup, "time": time.time()})
+                                                        "startup_s": startup, "limit_s": limit, "time": time.time()})
             sys.stdout.flush()
             os._exit(STALLED_EXIT)
 
@@ -236,8 +307,13 @@ def run_nodes(commands: dict, envs: dict, timeout_s: float, echo: bool, folder: 
     except WorkshopError as err:
         if "longer than" not in str(err):
             raise
+        where = what_ran(folder, ranks)
+        fix = ("a rank that never got going: on a very busy machine, run the check again, or pass a larger timeout_s."
+               if "not started" in where else
+               "every rank got going, and each rank's own limit stops one that makes no progress: the run was "
+               "still progressing when the check's limit came, so pass a larger timeout_s or run fewer steps.")
         raise NotYet(f"✗ {exercise}: the run reached the check's limit of {timeout_s:.0f} s and was stopped: "
-                     f"{what_ran(folder, ranks)}.", OUTER_LIMIT_FIX) from None
+                     f"{where}.", fix) from None
     finally:
         ended.set()
 

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..parallel.failures import root_cause
-from .ddp_lab_files import LIMIT_FACTOR
+from .ddp_lab_files import limit_words
 from .exercise_judging import short
 from .exercises import NotYet, require
 
@@ -189,7 +189,7 @@ def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str], li
                 if (folder / f"rank{r}.done").exists()}
         if len(done) == world_size:
             return None if all(d["calls"] == mine for d in done.values()) else "mismatch"
-        if any(_stopped(folder / f"rank{r}.json") for r in range(world_size) if r != rank):
+        if any(_stopped(folder / f"rank{r}.json") for r in range(world_size) if r != rank and r not in done):
             return "peer failed"
         waiting = [r for r in range(world_size) if r not in done]
         if any(len(started_calls(folder, r)) > len(mine) for r in waiting):
@@ -220,6 +220,8 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
     first = next((r for r in errors if not LOST_PEER.search(r["error"])), None)
     calls = {r: started_calls(folder, r) for r in range(nproc)}
     stopped = {r.get("stopped") for r in records.values()}
+    if first is None and "timeout" in stopped:
+        return _time_limit(folder, nproc, records, calls, exercise)
     if first is None and ("mismatch" in stopped or len({tuple(c) for c in calls.values()}) > 1):
         return NotYet(f"✗ {exercise}: the ranks made different collective calls ({_collective_summary(calls)}): a "
                       "collective completes only when every rank makes it, so a rank waited for the others forever.",
@@ -242,13 +244,6 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
                        for ranks, what in ((failed, "failed too"), (lost, "lost their connection to it")) if ranks)
         return NotYet(f"✗ {exercise}: your function raised {first['error']} on rank {first['rank']}{where}{then}.",
                       hint)
-    if "timeout" in stopped:
-        late = [str(r) for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
-        timed = next(r for r in records.values() if r.get("stopped") == "timeout")
-        return NotYet(f"✗ {exercise}: stopped at the time limit: rank(s) {', '.join(late)} had not finished your "
-                      f"function after {timed['limit_s']:.0f} s ({LIMIT_FACTOR:g}x the {timed['startup_s']:.1f} s "
-                      "this machine took to start the ranks), while the others had.",
-                      "the function should take milliseconds: look for a loop that never ends.")
     cause = root_cause(lines, nproc, logs)
     print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
     return NotYet(f"✗ {exercise}: the ranks failed outside your function: "
@@ -256,10 +251,51 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
                   "the lines above show the error.")
 
 
-def judge_comparison(results: list[dict], world: int, exercise: str) -> dict:
+def _time_limit(folder: Path, nproc: int, records: dict, calls: dict[int, list[str]], exercise: str) -> NotYet:
+    """The line for a function that had not returned on some rank when the limit came: which ranks, and whether
+    the others waited for them in a collective they had not started."""
+    timed = next(r for r in records.values() if r.get("stopped") == "timeout")
+    limit = limit_words(timed["limit_s"], timed["startup_s"])
+    late = [r for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
+    behind = [r for r in late if len(calls[r]) == min(len(calls[k]) for k in late)]
+    waited = [r for r in range(nproc) if r not in behind]
+    ranks = f"rank{'s' * (len(behind) > 1)} {', '.join(map(str, behind))}"
+    if waited and all(len(calls[r]) > len(calls[behind[0]]) for r in waited):
+        return NotYet(f"✗ {exercise}: stopped at the time limit of {limit}: {ranks} had not returned from your "
+                      f"function, nor started the collective the others waited in ({_collective_summary(calls)}).",
+                      f"find what {ranks} waits for in your function: a loop that never ends, a sleep or input(), or "
+                      "a test that sends that rank another way (`if dist.get_rank() == 1:`).")
+    if len(late) == nproc:
+        return NotYet(f"✗ {exercise}: stopped at the time limit of {limit}: your function had not returned on any "
+                      f"rank ({_collective_summary(calls)}).",
+                      "the function should take milliseconds: look for a loop that never ends (a `while` whose "
+                      "condition never changes), or a sleep or input().")
+    return NotYet(f"✗ {exercise}: stopped at the time limit of {limit}: {ranks} had not returned from your function, "
+                  "while the others had.", "the function should take milliseconds: look for a loop that never ends "
+                                           "on those ranks.")
+
+
+def _divisors(results: list[dict]) -> dict[int, int] | None:
+    """Each rank's divisor d, where its gradients are the sum over the ranks divided by a whole d; else None."""
+    found = {r["rank"]: r["world_size"] / r["ratio"] for r in results if r["ratio"] and r["residual"] is not None
+             and r["residual"] < 1e-4 and r["ratio"] > 0}
+    if len(found) < len(results) or any(abs(d - round(d)) >= 1e-3 for d in found.values()):
+        return None
+    return {rank: round(d) for rank, d in found.items()}
+
+
+def _divided_by(results: list[dict], key: str) -> bool:
+    """Every rank's gradients are the sum divided by its own value of ``key`` (an environment count it recorded)."""
+    divisors = _divisors(results)
+    return bool(results) and divisors is not None and all(r.get(key) is not None and divisors[r["rank"]] == int(r[key])
+                                        for r in results)
+
+
+def judge_comparison(results: list[dict], world: int, exercise: str, rounds=()) -> dict:
     """The function's gradients on every rank of one world size against DDP's: the facts of a pass, or ``NotYet``
-    naming what they look like (a sum, each rank's own, a division by another count: a number typed in, or
-    LOCAL_WORLD_SIZE, the processes of one node)."""
+    naming what they look like (a sum, each rank's own, a division by another count: a number typed in,
+    LOCAL_WORLD_SIZE, the processes of one node, or GROUP_WORLD_SIZE, the nodes, told from a number typed in by
+    ``rounds``, the results on every world size the function ran on)."""
     worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own", "to_sum")}
     tolerance = 1e-5 * max(1.0, max(r["scale"] for r in results))
     calls = results[0]["calls"]
@@ -272,17 +308,20 @@ def judge_comparison(results: list[dict], world: int, exercise: str) -> dict:
         require(worst["to_own"] > tolerance, exercise, "the gradients are still each rank's own.",
                 "write the all-reduced result back into p.grad (dist.all_reduce works in place).")
         # sum / d = ratio x average: each rank's divisor d = world / ratio, where the gradients are proportional
-        divisors = {r["rank"]: world / r["ratio"] for r in results if r["ratio"] and r["residual"] is not None
-                    and r["residual"] < 1e-4 and r["ratio"] > 0}
-        whole = len(divisors) == len(results) and all(abs(d - round(d)) < 1e-3 for d in divisors.values())
-        if whole and all(round(divisors[r["rank"]]) == int(r["local_world_size"]) for r in results):
+        divisors = _divisors(results)
+        if _divided_by(results, "local_world_size"):
             sizes = sorted({(r["node"], int(r["local_world_size"])) for r in results})
             raise NotYet(f"✗ {exercise}: your gradients are the sum divided by LOCAL_WORLD_SIZE, the processes of "
                          f"each rank's own node ({', '.join(f'{n} on node {node}' for node, n in sizes)}), but "
                          f"{world} ranks ran on the nodes together.",
                          "divide by dist.get_world_size() (or WORLD_SIZE), which counts every node's ranks.")
-        if whole and len({round(d) for d in divisors.values()}) == 1:
-            divisor = round(next(iter(divisors.values())))
+        # GROUP_WORLD_SIZE and a number typed in agree on one world: the world sizes the function ran on tell them
+        if len(rounds) > 1 and all(_divided_by(other, "group_world_size") for other in rounds):
+            raise NotYet(f"✗ {exercise}: your gradients are the sum divided by GROUP_WORLD_SIZE, the number of nodes "
+                         f"(torchrun's agents, {results[0]['group_world_size']} here), but {world} ranks ran on them.",
+                         "divide by dist.get_world_size() (or WORLD_SIZE), which counts the ranks, not the nodes.")
+        if divisors and len(set(divisors.values())) == 1:
+            divisor = next(iter(divisors.values()))
             require(divisor == world, exercise, f"your gradients are the sum divided by {divisor}, but {world} ranks "
                     "ran: a world size typed in is right only on that many ranks.",
                     "divide by dist.get_world_size(), which is right on any number of ranks.")

@@ -14,6 +14,7 @@ import ast
 import contextlib
 import io
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -78,10 +79,16 @@ def torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
         return parser.parse_args(args)
 
 
+def example_line(nproc: int, script: Path) -> str:
+    """The notebook's launch line, as a fix shows it: the path quoted for the shell where it needs quoting (a space)."""
+    path = "{shlex.quote(str(lab_file))}" if shlex.quote(str(script)) != str(script) else "{lab_file}"
+    return f"f\"torchrun --nproc-per-node={nproc} {path}\""
+
+
 def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXERCISE) -> LaunchLine:
     """The attendee's launch line, read before anything starts: as a shell splits it, then as torchrun reads its
     options. One line names what would not launch the lab as asked."""
-    example = f"f\"torchrun --nproc-per-node={nproc} {{lab_file}}\""
+    example = example_line(nproc, script)
     require(isinstance(command, (str, list, tuple)), exercise,
             f"`lab_command` = {short(repr(command), 40)} cannot be read as a command line: it must be a text "
             f"(a str), not {type(command).__name__}.", f"write the launch line in quotes, e.g. {example}.")
@@ -92,6 +99,15 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         raise NotYet(f"✗ {exercise}: the command cannot be read as a command line ({err}).",
                      f"write it as one string, e.g. {example}.") from None
     require(bool(tokens), exercise, "the command is empty.", f"write the launch line, e.g. {example}.")
+    text = command if isinstance(command, str) else " ".join(tokens)
+    braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
+    require(braces is None, exercise, f"the command holds {braces.group(0) if braces else ''} as written: the f in "
+                                      "front of the quotes, which puts the value in, is missing.",
+            f"write it as an f-string: {example}.")
+    quoted = shlex.quote(str(script))
+    require(not (quoted != str(script) and str(script) in text and str(script) not in tokens), exercise,
+            f"the path of your script ({quoted}) holds a space or another character the shell splits at: unquoted, "
+            "torchrun would get it as several words.", f"quote it for the shell: {example}.")
     redirect = next((t for t in tokens if set(t) <= set("<>&|0123456789") and ("<" in t or ">" in t)), None)
     require(redirect is None, exercise, f"the command redirects ({redirect}): the check reads the ranks' output "
                                         "itself and runs the launch without a shell.",
@@ -119,7 +135,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
             f"launch it with torchrun, which starts the processes and sets those variables in each: {example}.")
     launcher, rest = (module or "torchrun"), tokens[1 if first == "torchrun" else 3:]
     require(any(t.endswith(".py") for t in rest), exercise, "the command names no .py script.",
-            f"put your script's path after the launcher's options: torchrun --nproc-per-node={nproc} {script}.")
+            f"put your script's path after the launcher's options: torchrun --nproc-per-node={nproc} {quoted}.")
 
     def yours(word: str) -> bool:
         named = Path(word).expanduser()
@@ -130,12 +146,12 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         parsed = torchrun_reads(rest, launch=launcher == "torch.distributed.launch")
     except ValueError as refusal:
         raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
-                     f"write its options in full: torchrun --nproc-per-node={nproc} {script}.") from None
+                     f"write its options in full: torchrun --nproc-per-node={nproc} {quoted}.") from None
     if not yours(parsed.training_script):
         shown = Path(parsed.training_script).name
         if shown.endswith(".py"):
             raise NotYet(f"✗ {exercise}: the command runs {parsed.training_script}, not your lab script.",
-                         f"name the file you edited: {script}.")
+                         f"name the file you edited: {quoted}.")
         raise NotYet(f"✗ {exercise}: torchrun runs its first word after the options, {shown!r}, as the training "
                      f"script, and hands it your file as an argument.",
                      "name only your script after torchrun's options: torchrun starts it with Python itself."
@@ -273,26 +289,48 @@ def _local_firsts(records: list[dict], ranks: list[int]) -> str:
             "`rank` read from LOCAL_RANK, which is 0 on every node")
 
 
-def _data(records, params, out_dir, nproc, exercise, facts) -> None:
-    """A shard per rank (the sampler given the global rank and world size), reshuffled every epoch."""
+def sampler_mistake(records: list[dict], per_node: tuple[int, ...], exercise: str) -> NotYet | None:
+    """The first DistributedSampler given another rank or world size than its process's, by what it was given (a
+    LOCAL_RANK, a LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE, a number typed in); None when every sampler was given its own.
+    Read from what the probe recorded before the sampler ran, so that one that refused its arguments is named too."""
+    layout = f"the check runs your script as two nodes, {' + '.join(map(str, per_node))} processes"
     for r in records:
         env, rank = r["env"], r["rank"]
         for sampler in r.get("samplers", []):
             if sampler["rank"] != rank:
                 local = str(sampler["rank"]) == env.get("LOCAL_RANK")
-                raise NotYet(f"✗ {exercise}: rank {rank}'s DistributedSampler was given rank={sampler['rank']}"
-                             + (", its LOCAL_RANK: torchrun numbers the processes from 0 on every node, so on two "
-                                "nodes two ranks read the same shard (the check runs your script as two nodes)."
-                                if local else f", but it is rank {rank}: two ranks read the same shard."),
-                             "take the global rank from RANK: rank = int(os.environ['RANK']) for the sampler, the "
-                             "logging and the checkpoint; LOCAL_RANK only picks the GPU (step 1).")
-            if sampler["num_replicas"] != int(env["WORLD_SIZE"]):
-                local = str(sampler["num_replicas"]) == env.get("LOCAL_WORLD_SIZE")
-                raise NotYet(f"✗ {exercise}: rank {rank}'s DistributedSampler was given num_replicas="
-                             f"{sampler['num_replicas']}" + (", LOCAL_WORLD_SIZE, the processes of one node" if local
-                                                             else "") + f"; the job has {env['WORLD_SIZE']} ranks, "
-                             "so the shards overlap.", "take the world size from WORLD_SIZE: world_size = "
-                                                       "int(os.environ['WORLD_SIZE']), every node's ranks (step 1).")
+                return NotYet(f"✗ {exercise}: rank {rank}'s DistributedSampler was given rank={sampler['rank']}"
+                              + (f", its LOCAL_RANK: torchrun numbers the processes from 0 on every node, so on two "
+                                 f"nodes two ranks read the same shard ({layout})." if local else
+                                 f", but it is rank {rank}: two ranks read the same shard."),
+                              "take the global rank from RANK: rank = int(os.environ['RANK']) for the sampler, the "
+                              "logging and the checkpoint; LOCAL_RANK only picks the GPU (step 1).")
+    wrong = [(r, s["num_replicas"]) for r in records for s in r.get("samplers", [])
+             if s["num_replicas"] != int(r["env"]["WORLD_SIZE"])]
+    if not wrong:
+        return None
+    record, given = wrong[0]
+    world = record["env"]["WORLD_SIZE"]
+    if all(str(n) == r["env"].get("LOCAL_WORLD_SIZE") for r, n in wrong):
+        sizes = sorted({(r["env"].get("GROUP_RANK"), n) for r, n in wrong})
+        what = (f"LOCAL_WORLD_SIZE, the processes of one node ("
+                f"{', '.join(f'{n} on node {node}' for node, n in sizes)})")
+    elif all(str(n) == r["env"].get("GROUP_WORLD_SIZE") for r, n in wrong):
+        what = f"{given}, GROUP_WORLD_SIZE, the number of nodes"
+    else:
+        what = f"{given}: a world size typed in is right only on that many ranks"
+    return NotYet(f"✗ {exercise}: rank {record['rank']}'s DistributedSampler was given num_replicas={what}; the job "
+                  f"has {world} ranks ({layout}), so the shards overlap or leave ranks out.",
+                  "take the world size from WORLD_SIZE: world_size = int(os.environ['WORLD_SIZE']), every node's "
+                  "ranks (step 1).")
+
+
+def _data(records, params, out_dir, per_node, exercise, facts) -> None:
+    """A shard per rank (the sampler given the global rank and world size), reshuffled every epoch."""
+    nproc = sum(per_node)
+    mistake = sampler_mistake(records, per_node, exercise)
+    if mistake is not None:
+        raise mistake
     epochs = [[e["indices"] for e in _training_entries(r)] for r in records]
     for rank, mine in enumerate(epochs):
         require(bool(mine) and len(mine[0]) > 0, exercise, f"rank {rank} drew no samples from a DataLoader.",
@@ -314,8 +352,9 @@ def _data(records, params, out_dir, nproc, exercise, facts) -> None:
     facts["samples_per_rank"] = len(epochs[0][0])
 
 
-def _model(records, params, out_dir, nproc, exercise, facts) -> None:
+def _model(records, params, out_dir, per_node, exercise, facts) -> None:
     """Wrapped in DDP, so that every rank ends with the same parameters."""
+    nproc = sum(per_node)
     require(all(params) and len({len(p) for p in params}) == 1, exercise,
             "no parameters to compare: no torch.optim optimizer (and no DDP model) was found.",
             "train with a torch.optim optimizer over the model's parameters.")
@@ -332,13 +371,14 @@ def _model(records, params, out_dir, nproc, exercise, facts) -> None:
     facts["backend"] = records[0]["backend"]
 
 
-def _checkpoint(records, params, out_dir, nproc, exercise, facts) -> None:
+def _checkpoint(records, params, out_dir, per_node, exercise, facts) -> None:
     """One file, by rank 0, holding the trained weights."""
     import torch
 
     savers = [r["rank"] for r in records if r["saves"]]
+    who = "every rank" if len(savers) == len(records) else f"{len(savers)} ranks"
     require(not [r for r in savers if r != 0], exercise,
-            f"every rank saved a checkpoint (ranks {', '.join(map(str, savers))} called torch.save)"
+            f"{who} saved a checkpoint (ranks {', '.join(map(str, savers))} called torch.save)"
             f"{_local_firsts(records, savers)}.", "save where the global rank is 0: rank = int(os.environ['RANK']); "
                                                   "if rank == 0: torch.save(...) (steps 1 and 8).")
     require(savers == [0], exercise, "no checkpoint was written.",
@@ -367,8 +407,9 @@ def _checkpoint(records, params, out_dir, nproc, exercise, facts) -> None:
     facts["checkpoint"] = files[0]
 
 
-def _output(records, params, out_dir, nproc, exercise, facts) -> None:
+def _output(records, params, out_dir, per_node, exercise, facts) -> None:
     """Rank 0 alone logs, and reports the whole job's throughput, near what the ranks drew."""
+    nproc = sum(per_node)
     outputs = [read_output(out_dir.parent / f"rank{r}.stdout") for r in range(nproc)]
     chatty = {rank: [line for line in outputs[rank].splitlines() if THROUGHPUT.search(line) or LOSS_LINE.search(line)]
               for rank in range(1, nproc)}
@@ -396,7 +437,7 @@ def _output(records, params, out_dir, nproc, exercise, facts) -> None:
     facts["reported"], facts["measured"] = reported, high
 
 
-def _end(records, params, out_dir, nproc, exercise, facts) -> None:
+def _end(records, params, out_dir, per_node, exercise, facts) -> None:
     """The process group closed."""
     open_ranks = [str(r["rank"]) for r in records if not r["torn_down"]]
     require(not open_ranks, exercise, f"the script ended with the process group still open (rank(s) "
@@ -406,21 +447,22 @@ def _end(records, params, out_dir, nproc, exercise, facts) -> None:
 PARTS = (_data, _model, _checkpoint, _output, _end)
 
 
-def findings(records: list[dict], params: list, out_dir: Path, nproc: int, exercise: str,
+def findings(records: list[dict], params: list, out_dir: Path, per_node: tuple[int, ...], exercise: str,
              facts: dict | None = None) -> list[NotYet]:
-    """The first mistake of each part of a finished run, in the order an attendee meets them; [] when it is right.
+    """The first mistake of each part of a finished run of ``per_node`` processes on each node, in the order an
+    attendee meets them; [] when it is right.
 
     ``facts`` collects what the passing line says (the backend, the shard, the checkpoint, the throughputs).
     """
     facts = {} if facts is None else facts
-    world = records[0]["env"].get("WORLD_SIZE")
+    world, nproc = records[0]["env"].get("WORLD_SIZE"), sum(per_node)
     require(len(records) == nproc and world == str(nproc), exercise,
-            f"{len(records)} process(es) ran (WORLD_SIZE={world}), the lab needs {nproc}.",
-            f"launch with torchrun --nproc-per-node={nproc}.")
+            f"{len(records)} process(es) ran (WORLD_SIZE={world}); the check runs {nproc}, "
+            f"{' + '.join(map(str, per_node))} on two nodes.", f"launch with torchrun --nproc-per-node={per_node[0]}.")
     found = []
     for part in PARTS:
         try:
-            part(records, params, out_dir, nproc, exercise, facts)
+            part(records, params, out_dir, per_node, exercise, facts)
         except NotYet as mistake:
             found.append(mistake)
     return found
