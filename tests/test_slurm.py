@@ -509,6 +509,10 @@ def test_nsys_job_without_nsys_stops_with_one_line(cluster, tmp_path):
 
 # ---------------------------------------------------------------------- Exercise 6.1: the attendee's job script
 
+SIMULATED = {  # Exercise 6.1's rows whose simulated job runs in make test (WORKSHOP_EVERY_ROW=1 runs all)
+    "test_exercise_61_names_each_mistake_in_one_line_before_the_queue[change2-srun starts 2 torchruns on each node "
+    "and each starts 2 processes, 4 per node]",
+}
 SOLVED_61 = dict(nodes=1, ntasks_per_node=1, cpus_per_task=2, time="00:05:00", signal="B:USR1@60", nproc_per_node=2,
                  rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):'
                                '$((29500 + SLURM_JOB_ID % 1000))"')
@@ -543,16 +547,19 @@ def test_exercise_61_names_a_partition_the_cluster_does_not_have(cluster, tmp_pa
 
 
 @pytest.mark.parametrize("change, said", [
-    (dict(rdzv_endpoint='""'), "no rendezvous endpoint"),
-    (dict(rdzv_endpoint=":29500"), "no rendezvous endpoint"),
+    (dict(rdzv_endpoint='""'), "every agent waited at its own loopback, localhost:29400"),
+    (dict(rdzv_endpoint=":29500"), "its host is empty"),
     (dict(ntasks_per_node=2), "srun starts 2 torchruns on each node and each starts 2 processes, 4 per node"),
-    (dict(signal=""), "no --signal"),
+    (dict(signal=""), "Invalid --signal specification"),
     (dict(signal="TERM@60"), "listen for SIGUSR1"),
     (dict(signal="B:USR1@5"), "5 s of warning"),
-    (dict(time="00:01:00"), "--time of 60 s: the job needs about 120 s"),
+    (dict(time="00:01:00"), "--time of 60 s (line 6): the job needs about 120 s"),
     (dict(cpus_per_task=1), "--cpus-per-task=1 for 2 training processes"),
 ])
-def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, said, monkeypatch):
+def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, said, monkeypatch, request):
+    from test_slurm_exercise_answers import simulate_the_sample
+
+    simulate_the_sample(request, monkeypatch)
     monkeypatch.setattr("workshop_utils.lessons.slurm_exercises.submit",
                         lambda *a, **k: pytest.fail("a script with a mistake in its text must not be submitted"))
     with pytest.raises(wu.WorkshopError) as err:
@@ -563,8 +570,9 @@ def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, sai
 def test_exercise_61_without_slurm_judges_the_text_and_says_it_ran_nothing(monkeypatch, capsys):
     monkeypatch.setenv("WORKSHOP_SLURM", "off")
     assert wu.check_job_script(SOLVED_61)
-    assert capsys.readouterr().out.strip() == ("✓ Exercise 6.1: correct (the script reads right; Slurm not used here "
-                                               "(WORKSHOP_SLURM=off), so it was not run here).")
+    assert capsys.readouterr().out.strip() == ("✓ Exercise 6.1: correct (bash ran it right in a simulated job, on 1 "
+                                               "node and on 2; Slurm not used here (WORKSHOP_SLURM=off), so it was not "
+                                               "submitted).")
 
 
 def test_exercise_61_left_open_is_one_line_and_no_error(capsys):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 import workshop_utils as wu
+from test_slurm_exercise_answers import simulated_sample  # noqa: F401 (the fixture: which rows run their simulation)
 from test_slurm_exercise_answers_2 import SOLVED, WAIT, refused, script
 from workshop_utils.lessons import slurm_exercises as se
 
@@ -24,6 +25,17 @@ def through_bash_c(endpoint: str = '"$EP"') -> str:
     return ("srun --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" bash -c 'torchrun --nnodes=\"$SLURM_JOB_NUM_NODES\" "
             f"--nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=\"$SLURM_JOB_ID\" "
             "-m workshop_utils.train \"$@\"' torchrun \"$@\" &\n")
+
+
+SIMULATED = {  # the rows whose simulated job runs in make test: a sample of each kind (WORKSHOP_EVERY_ROW=1 runs all)
+    "test_right_answers_pass[a function srun that passes on to command srun]",
+    "test_what_running_the_script_shows_right[PyTorch's own Slurm example]",
+    *(f"test_wrong_answers_are_named[{name}]" for name in (
+        "wait $! twice", "OMP_NUM_THREADS=2 in front of srun", "shift before the launch",
+        "$SLURMD_NODENAME inside bash -c")),
+    *(f"test_what_running_the_script_shows_wrong[{name}]" for name in (
+        "command srun past a function srun", "$SLURM_ARRAY_TASK_ID in the port")),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -52,8 +64,6 @@ RIGHT = {
                                                                 "set -uo pipefail\nalias srun='echo srun'\n"),
     "a function torchrun, which srun does not run": TEMPLATE.replace("set -uo pipefail\n",
                                                                       "set -uo pipefail\ntorchrun() { :; }\n"),
-    "command srun past a function srun": TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nsrun() { :; }\n")
-    .replace(STEP, "command " + STEP),
     # The eighth review's right answers
     "set -uo allexport exports the endpoint": launch_as("set -uo allexport\n" + EXPORTED.replace("export ", "")
                                                          + through_bash_c()),
@@ -88,48 +98,49 @@ WRONG = {
     "exec 1>&- closes the log": (launch_as("exec 1>&-\n" + LAUNCH), ["exec", "closed"]),
     "a launch function called >/dev/null": (launch_as("run() {\n" + BARE + '\n}\nrun "$@" >/dev/null &\n'),
                                             ["/dev/null"]),
-    "shift before the launch": (launch_as("shift\n" + LAUNCH), ["`shift` before the launch", "training flags"]),
-    "set -- before the launch": (launch_as("set --\n" + LAUNCH), ["`set --` before the launch"]),
+    "shift before the launch": (launch_as("shift\n" + LAUNCH), ["without --device", "shift"]),
+    "set -- before the launch": (launch_as("set --\n" + LAUNCH), ["got none of the script's arguments", "set --"]),
     "shift in the launch function": (launch_as('run() {\nshift\n' + BARE + '\n}\nrun "$@" &\n'),
-                                     ["`shift` in run", "training flag"]),
+                                     ["without --device"]),
     "an arm after *) that takes the word": (launch_as("case x in\n  *) : ;;\n  x) " + BARE + " & ;;\nesac\n"),
-                                            ["after the arm `*)`", "never runs"]),
+                                            ["never got to run a launch"]),
     "an arm after *) of any word": (launch_as('case "${1:-}" in\n  *) : ;;\n  x) ' + BARE + " & ;;\nesac\n"),
-                                    ["after the arm `*)`"]),
+                                    ["never got to run a launch"]),
     "a launch in a loop over two words": (launch_as("for i in 1 2; do\n" + BARE + " &\ndone\n"),
-                                          ["runs its body 2 times", "side by side"]),
+                                          ["started torchrun 2 times", "side by side"]),
     "OMP_NUM_THREADS=2 in front of srun": (TEMPLATE.replace(STEP, "OMP_NUM_THREADS=2 " + STEP), ["4 threads"]),
     "env OMP_NUM_THREADS=2 torchrun": (TEMPLATE.replace(STEP, STEP.replace("torchrun", "env OMP_NUM_THREADS=2 torchrun")),
                                        ["OMP_NUM_THREADS=2"]),
     "srun --export=ALL,OMP_NUM_THREADS=2": (TEMPLATE.replace(STEP, STEP.replace(
         "srun ", "srun --export=ALL,OMP_NUM_THREADS=2 ")), ["OMP_NUM_THREADS=2"]),
     "OMP_NUM_THREADS=2,1": (TEMPLATE.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2,1"), ["OMP_NUM_THREADS=2,1"]),
-    "OMP_NUM_THREADS=0": (TEMPLATE.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=0"), ["no thread count"]),
+    "OMP_NUM_THREADS=0": (TEMPLATE.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=0"), ["0 is no thread count"]),
     "OMP_NUM_THREADS=2 on four cores": (wu.fill_job_script({**SOLVED, "cpus_per_task": 4}).replace(
         "OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2"), ["OMP_NUM_THREADS=2 for 2 training processes on 4 core(s)"]),
-    "export -n before bash -c": (launch_as(EXPORTED + "export -n EP\n" + through_bash_c()), ["$EP", "not export"]),
-    "declare +x before bash -c": (launch_as(EXPORTED + "declare +x EP\n" + through_bash_c()), ["$EP"]),
+    # EP is no longer exported: the bash that srun starts sees it empty, and torchrun meets at its default
+    "export -n before bash -c": (launch_as(EXPORTED + "export -n EP\n" + through_bash_c()), ["localhost:29400"]),
+    "declare +x before bash -c": (launch_as(EXPORTED + "declare +x EP\n" + through_bash_c()), ["localhost:29400"]),
     "$SLURMD_NODENAME inside bash -c": (launch_as(through_bash_c('"$SLURMD_NODENAME:29500"')),
-                                        ["on each node", "own name"]),
-    "$HOSTNAME inside bash -c": (launch_as(through_bash_c('"$HOSTNAME:29500"')), ["$HOSTNAME on each node"]),
+                                        ["each node's agent waited at its own node"]),
+    "$HOSTNAME inside bash -c": (launch_as(through_bash_c('"$HOSTNAME:29500"')), ["login01", "is no node of the job"]),
+    # the batch shell expands the double-quoted text, which leaves torchrun its default of one process
     "bash -c in double quotes": (launch_as(EXPORTED + 'srun bash -c "torchrun --nnodes=$SLURM_JOB_NUM_NODES '
-                                           '-m workshop_utils.train" torchrun "$@" &\n'), ["cannot follow"]),
-    "wait $! twice": (TEMPLATE.replace(WAIT, "wait $!\nwait $!"), ["waits 2 times in a row"]),
-    "the endpoint set in front of srun for bash -c": (launch_as(EXPORTED.replace("export ", "").strip() + " "
-                                                               + through_bash_c()), ["set in front of the launch",
-                                                                                     "export EP"]),
-    "set -Ee then false": (launch_as("set -Ee\nfalse\n" + LAUNCH), ["under set -e", "never runs"]),
-    "set -e then command false": (launch_as("set -e\ncommand false\n" + LAUNCH), ["command false"]),
-    "set -e then /bin/false": (launch_as("set -e\n/bin/false\n" + LAUNCH), ["/bin/false"]),
-    "builtin srun": (TEMPLATE.replace(STEP, "builtin " + STEP), ["no bash builtin"]),
+                                           '-m workshop_utils.train" torchrun "$@" &\n'),
+                                 ["torchrun started 1 training process", "not the 2"]),
+    # the second warning (a second scancel --signal, or Slurm's own resend) ends the second wait too
+    "wait $! twice": (TEMPLATE.replace(WAIT, "wait $!\nwait $!"), ["ended after the second warning"]),
+    "set -Ee then false": (launch_as("set -Ee\nfalse\n" + LAUNCH), ["never got to run a launch"]),
+    "set -e then command false": (launch_as("set -e\ncommand false\n" + LAUNCH), ["never got to run a launch"]),
+    "set -e then /bin/false": (launch_as("set -e\n/bin/false\n" + LAUNCH), ["never got to run a launch"]),
+    "builtin srun": (TEMPLATE.replace(STEP, "builtin " + STEP), ["srun: not a shell builtin"]),
     "a function named wait": (TEMPLATE.replace("trap forward USR1\n", "trap forward USR1\nwait() { :; }\n"),
-                              ["a function named wait"]),
+                              ["before the warning came"]),  # the loop's wait is the function: it returns at once
     "timeout in front of srun": (TEMPLATE.replace(STEP, "timeout 60 " + STEP), ["timeout", "clock of its own"]),
     "a function srun": (TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nsrun() { echo hi; }\n"),
-                        ["a function named srun", "nothing trains"]),
+                        ["nothing started torchrun"]),
     "an alias srun with expand_aliases": (TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nshopt -s "
                                                            "expand_aliases\nalias srun='echo srun'\n"),
-                                          ["an alias", "named srun"]),
+                                          ["nothing started torchrun"]),
 }
 
 
@@ -154,4 +165,64 @@ def test_6_3_names_only_the_count_this_job_cannot_show(capsys):
 
 @pytest.mark.parametrize("text, words", WRONG.values(), ids=WRONG.keys())
 def test_wrong_answers_are_named(text, words):
+    refused(text, *words)
+
+
+# ---------------------------------------------------------------- what running the script shows
+#
+# The check once read the script with a reader of bash written for it; bash now runs it in a simulated job. These
+# rows changed their verdict with that, each for the reason given beside it (and where the run cannot show what
+# a reader could, the row says it is the simulation's limit).
+
+PYTORCH_SLURM_EXAMPLE = (  # pytorch/examples, distributed/ddp-tutorial-series/slurm/sbatch_run.sh, its lines
+    "nodes=( $( scontrol show hostnames $SLURM_JOB_NODELIST ) )\nnodes_array=($nodes)\nhead_node=${nodes_array[0]}\n"
+    'head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)\n')
+BY_RUNNING_RIGHT = {
+    # Refused as "the check cannot follow a value set that way": bash passes EP to the bash that srun starts.
+    "the endpoint set in front of srun for bash -c": launch_as(EXPORTED.replace("export ", "").strip() + " "
+                                                               + through_bash_c()),
+    # Refused as "not a number bash reads": bash reads ${SLURM_JOB_ID:-0} in arithmetic.
+    "${SLURM_JOB_ID:-0} in the port": TEMPLATE.replace("$((29500 + SLURM_JOB_ID % 1000))",
+                                                       "$((29500 + ${SLURM_JOB_ID:-0} % 1000))"),
+    # Refused with "nothing sets $nodes": $nodes is the array's first element, and the step that runs hostname on
+    # the first node gives its address.
+    "PyTorch's own Slurm example": TEMPLATE.replace(LAUNCH, PYTORCH_SLURM_EXAMPLE + LAUNCH).replace(
+        SOLVED["rdzv_endpoint"], '"$head_node_ip:29500"'),
+    # The simulation's limit: its nodes share one PID namespace, so pkill --ns with the batch shell's pid finds the
+    # training on every node; on a cluster that pid means nothing on the other nodes (the reader refused it).
+    "pkill --ns $$, a limit of the simulation": TEMPLATE.replace("pkill -USR1", "pkill -USR1 --ns $$"),
+}
+
+
+@pytest.mark.parametrize("text", BY_RUNNING_RIGHT.values(), ids=BY_RUNNING_RIGHT.keys())
+def test_what_running_the_script_shows_right(text, capsys):
+    assert wu.check_job_script(text)
+
+
+BY_RUNNING_WRONG = {
+    # Passed by the reader, which looked at the launch only: forward() calls plain srun, the no-op function.
+    "command srun past a function srun": (TEMPLATE.replace("set -uo pipefail\n", "set -uo pipefail\nsrun() { :; }\n")
+                                          .replace(STEP, "command " + STEP), ["the trap does nothing"]),
+    # Passed by the reader: bash's jobs reports the finished launch and forgets it, so the next wait %1 says "no such
+    # job" and the script ends with status 127: Slurm records the job FAILED.
+    "while jobs %1; do wait %1": (TEMPLATE.replace(WAIT, "while jobs %1 >/dev/null 2>&1; do wait %1; done"),
+                                  ["status 127", "wait: %1: no such job"]),
+    # Passed by the reader: the job is no array, so under set -u bash stops the launch line at the unset variable.
+    "$SLURM_ARRAY_TASK_ID in the port": (TEMPLATE.replace("$((29500 + SLURM_JOB_ID % 1000))",
+                                                          "$((29500 + SLURM_ARRAY_TASK_ID))"),
+                                         ["SLURM_ARRAY_TASK_ID: unbound variable"]),
+    # Broken #! lines the reader passed (it looked for #! alone): slurmstepd could not start the script.
+    "#!/bin/bash#SBATCH": (TEMPLATE.replace("#!/bin/bash\n#SBATCH --job-name", "#!/bin/bash#SBATCH --job-name"),
+                           ["names /bin/bash#SBATCH", "no bash"]),
+    "#!/bin": (TEMPLATE.replace("#!/bin/bash", "#!/bin"), ["names /bin", "no bash"]),
+    "#!/bin/ba%H": (TEMPLATE.replace("#!/bin/bash", "#!/bin/ba%H -x"), ["names /bin/ba%H", "no bash"]),
+    # The simulation's limit: a run sees the files of the machine it runs on, where /scratch/nowhere is not (the
+    # reader left the test to the cluster and passed the script).
+    "a file test, a limit of the simulation": (TEMPLATE.replace(LAUNCH, "if [ -d /scratch/nowhere ]; then\n" + BARE
+                                                                + " &\nfi\n"), ["never got to run a launch"]),
+}
+
+
+@pytest.mark.parametrize("text, words", BY_RUNNING_WRONG.values(), ids=BY_RUNNING_WRONG.keys())
+def test_what_running_the_script_shows_wrong(text, words):
     refused(text, *words)

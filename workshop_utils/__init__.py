@@ -139,9 +139,12 @@ _MODULES = {
         "ProfileRun", "attention_kernels", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown",
         "profile_rungs", "profile_training", "step_breakdown", "tensor_memory_by_step", "top_ops",
     ),
+    "lessons.job_script": (
+        "JOB_SCRIPT", "fill_job_script",
+    ),
     "lessons.slurm_exercises": (
-        "JOB_SCRIPT", "array_tasks", "check_array_sweep", "check_job_script", "check_job_usage", "fill_job_script",
-        "next_request", "script_problem", "sweep_problem",
+        "array_tasks", "check_array_sweep", "check_job_script", "check_job_usage", "next_request", "script_problem",
+        "sweep_problem",
     ),
     "lessons.recompute": (
         "BlockStack", "measure_gpt_recompute", "measure_recompute",

@@ -1,22 +1,18 @@
-"""Notebook 06's exercises: the checks of 6.1 and 6.2 run what the attendee wrote on the cluster.
+"""Notebook 06's exercises: the checks of 6.1 and 6.2 judge what the attendee wrote, then run it on the cluster.
 
 Every check judges against the exercise's own specification, written once beside it (``JOB_SPEC`` for 6.1),
-never against what the attendee's answer implies, and reads an answer with the real tools' rules: sbatch's
-reading of ``#SBATCH`` lines and of ``--time``, ``--signal``, ``--nodes`` (``slurm_rules``, Slurm's own parsers
-transcribed); bash's words, quotes, substitutions, arithmetic and variables (``bash_reader``,
-``bash_arithmetic``); torchrun's own argument parser (``torch.distributed.run.get_args_parser``); the training
-command's flags for a sweep file's lines. A wrong answer of any type is one line (``NotYet``: what is wrong,
-then the fix), never a traceback.
+never against what the attendee's answer implies, and lets the real tools read an answer: sbatch its #SBATCH
+lines, bash the script, torchrun its arguments, the training command its flags. A wrong answer of any type is
+one line (``NotYet``: what is wrong, then the fix), never a traceback.
 
 Exercise 6.1: complete a job script.
 
 The attendee fills the gaps of ``JOB_SCRIPT``: the resources (nodes, tasks per node, CPUs per task, time), the
 signal that leaves the job time to checkpoint, and the launch line that starts torchrun on every node with its
-rendezvous taken from Slurm's variables. ``check_job_script`` reads the script first (``job_script_judge``: a
-mistake Slurm would not report, or would report only after the queue, is named at once), then submits it to
-the cluster, waits, and judges what happened from ``scontrol``, the job's output and its result record: it ran
-with the resources the exercise asks for, every rank joined the process group, a checkpoint was written.
-Without a reachable Slurm the check says so and judges the text alone.
+rendezvous taken from Slurm's variables. ``check_job_script`` judges first what no run shows
+(``job_script_static``: the text, the #SBATCH lines as sbatch reads them, the request), then what bash does with
+the script in a simulated job on one node and on two (``job_script_verdict``), then, where a Slurm answers, it
+submits the script, waits, and judges what happened from ``scontrol``, the job's output and its result record.
 
 Exercise 6.2: a learning-rate sweep as a job array: the sweep file's lines and the ``--array`` spec. The check
 names a miscount (a task without a line, a line no task reads) at once, then runs the array with the kit's
@@ -36,13 +32,14 @@ import uuid
 from pathlib import Path
 
 from ..system.errors import WorkshopError
-from .answer_values import Problem, kind, kit_failure, number_of, show, whole_digits
+from .answer_values import Problem, kind, kit_failure, number_of, show
 from .exercises import NotYet, Unsolved, exercise_check, passed
-from .job_script import (DIRECTIVE_GAPS, EXERCISE, GAPS, JOB_SCRIPT, JOB_SPEC, NEEDED_S, TRAINING, JobSpec,
-                         RaisingParser, Refusal, read_job_script)
-from .job_script_judge import script_problem
+from .job_script import EXERCISE, GAPS, JOB_SCRIPT, JOB_SPEC, NEEDED_S, TRAINING, JobSpec, fill_job_script
+from .job_script_run import namespaces_problem
+from .job_script_static import read_directives, request_problem, syntax_problem, text_problem
+from .job_script_verdict import behaviour_problem
 from .slurm_jobs import find_slurm, job_env, job_records, submit, wait_for
-from .slurm_rules import NO_LIMIT, array_ranges, array_tasks, sbatch_arguments, time_limit_s, whole
+from .slurm_rules import NO_LIMIT, array_ranges, array_tasks, time_limit_s, whole
 from .slurm_usage import ANSWERS, OTHER_JOB, USAGE, check_job_usage, next_request
 
 __all__ = ["ANSWERS", "EXERCISE", "GAPS", "JOB_SCRIPT", "JOB_SPEC", "NEEDED_S", "OTHER_JOB", "SWEEP", "USAGE",
@@ -53,56 +50,21 @@ __all__ = ["ANSWERS", "EXERCISE", "GAPS", "JOB_SCRIPT", "JOB_SPEC", "NEEDED_S", 
 # ---------------------------------------------------------------------------------------------- Exercise 6.1
 
 
-def _gap_text(gap: str, value, exercise: str) -> str:
-    """A gap's answer as the script's text: text as it is, a whole number (of any numeric type) as its exact
-    digits."""
-    flag = "--" + gap.replace("_", "-")
-    if isinstance(value, str):
-        if "\n" in value or "\r" in value:
-            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) holds a line break: what follows it would become "
-                         "a line of its own in the script.", f"only what goes after {flag}=, on one line.")
-        if gap not in DIRECTIVE_GAPS and value[:1].isspace():
-            what = "endpoint" if gap == "rdzv_endpoint" else "value"
-            raise NotYet(f"✗ {exercise}: `{gap}` starts with a space: unquoted after {flag}=, the shell splits the "
-                         f"word there, so torchrun would get an empty {what} and read the rest as its next argument.",
-                         "no space after the = (one at the end does no harm).")
-        try:
-            words = sbatch_arguments(value) if gap in DIRECTIVE_GAPS else []
-        except Problem:
-            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) has a quote that does not close: sbatch stops at "
-                         "it.", f"one value for {flag}, without quotes.") from None
-        if len(words) > 1:
-            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) is {len(words)} words to sbatch: its #SBATCH line "
-                         f"would take only {show(words[0])} as the value.", f"one value for {flag}, without spaces.")
-        return str(value)
+def script_problem(script: str, spec: JobSpec = JOB_SPEC) -> str | None:
+    """The first mistake of a job script against the exercise (``spec``), as "problem. Fix: ..."; None when it is
+    right. What no run shows first (the text, the #SBATCH lines, the request), then what bash did with it in a
+    simulated job, where this machine can run one (``namespaces_problem``)."""
+    problem = text_problem(script)
+    if problem:
+        return problem
     try:
-        digits = whole_digits(value)
+        read, written = read_directives(script)
     except Problem as problem:
-        raise NotYet(f"✗ {exercise}: `{gap}` {problem}.", "each gap takes text or a whole number: what goes after "
-                     f"its flag in the script, {flag}=...") from None
-    if digits is None:
-        try:
-            shown = f"{number_of(value):g}"
-        except Problem:
-            shown = show(value)
-        raise NotYet(f"✗ {exercise}: `{gap}` = {shown} is not a whole number.",
-                     f"what goes after {flag}= is text or a whole number.")
-    return digits
-
-
-def fill_job_script(answers: dict, exercise: str = EXERCISE) -> str:
-    """``JOB_SCRIPT`` with the gaps filled from ``answers``; any gap still ``...`` leaves it unsolved."""
-    unknown = [key for key in answers if key not in GAPS]
-    missing = [gap for gap in GAPS if answers.get(gap, ...) is ...]
-    if missing:
-        also = f" (answers also has {', '.join(show(k) for k in unknown)}, which is no gap)" if unknown else ""
-        raise Unsolved(f"… {exercise}: not yet solved: fill {', '.join(missing)}{also}.",
-                       "each is what goes after its flag in the script above.")
-    if unknown:
-        raise NotYet(f"✗ {exercise}: answers has {', '.join(show(k) for k in unknown)}, which the script has no gap "
-                     "for.", f"keep to the gaps: {', '.join(GAPS)}.")
-    return JOB_SCRIPT.format(**{gap: _gap_text(gap, answers[gap], exercise) for gap in GAPS})
-
+        return str(problem)
+    problem = request_problem(script, read, written, spec) or syntax_problem(script)
+    if problem or namespaces_problem():
+        return problem
+    return behaviour_problem(script, read, written, spec)
 
 
 def _judge_finished(job_id: str, output: Path, checkpoints: Path, result: Path, spec: JobSpec) -> str:
@@ -146,7 +108,7 @@ def _refuse(exercise: str, problem: str):
     raise NotYet(f"✗ {exercise}: {said}.", fix)
 
 
-def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, subject: str, prefix: str,
+def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, unsubmitted: str, prefix: str,
                        jobs_dir) -> Path | None:
     """First the text: a mistake is the check's one line. Then the cluster: without one, the check passes on
     the text and says so (None); with one, a new folder for the check's jobs (a check run twice keeps both)."""
@@ -154,7 +116,7 @@ def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, sub
         _refuse(exercise, problem)
     site = find_slurm()
     if not site.available:
-        passed(exercise, f"{reads_right}; {site.line}, so {subject} not run here")
+        passed(exercise, f"{reads_right}; {site.line}, so {unsubmitted}")
         return None
     folder = Path(jobs_dir or ".").resolve() / f"{prefix}-{uuid.uuid4().hex[:8]}"
     folder.mkdir(parents=True)
@@ -180,7 +142,10 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
         raise
     except Exception as err:
         raise kit_failure(exercise, err) from err
-    folder = _text_then_cluster(exercise, problem, "the script reads right", "it was", "ex61", jobs_dir)
+    unrun = namespaces_problem()
+    how = (f"its #SBATCH lines read right; its commands were not run here ({unrun})" if unrun else
+           "bash ran it right in a simulated job, on 1 node and on 2")
+    folder = _text_then_cluster(exercise, problem, how, "it was not submitted", "ex61", jobs_dir)
     if folder is None:
         return True
     spec = JOB_SPEC
@@ -200,7 +165,7 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
     problem = _judge_finished(job_id, output, checkpoints, result, spec)
     if problem:
         _refuse(exercise, problem)
-    limit = time_limit_s(read_job_script(script, spec).directives.time)
+    limit = time_limit_s(read_directives(script)[0].get("time"))
     return passed(exercise, f"job {job_id} ({folder / 'job.sbatch'}) ran on {spec.nodes} node(s) with {spec.ranks} "
                             "ranks, wrote its checkpoints"
                             + (f", inside its {limit} s limit" if limit and limit != NO_LIMIT else ""))
@@ -209,6 +174,18 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
 # ---------------------------------------------------------------------------------------------- Exercise 6.2
 
 SWEEP = "Exercise 6.2"
+
+
+class Refusal(Exception):
+    """argparse's error, raised instead of printed with an exit."""
+
+
+class RaisingParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Refusal(message)
+
+    def exit(self, status=0, message=None):
+        raise Refusal(message or "stopped")
 
 
 @functools.cache
@@ -344,7 +321,7 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
         raise kit_failure(exercise, err) from err
     if problem:
         _refuse(exercise, problem)
-    folder = _text_then_cluster(exercise, None, f"{len(sweep_lines)} tasks read their lines", "they were", "ex62",
+    folder = _text_then_cluster(exercise, None, f"{len(sweep_lines)} tasks read their lines", "they were not run here", "ex62",
                                 jobs_dir)
     if folder is None:
         return True

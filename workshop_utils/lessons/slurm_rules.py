@@ -10,7 +10,7 @@ nobody writes into this exercise's script.
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import math
 import re
 import signal as signals
@@ -32,16 +32,6 @@ def whole(text) -> int | None:
         return None
     value, rest = strtol(text)
     return value if value is not None and 0 <= value < INT_MAX and not rest else None
-
-
-def count_problem(text, flag: str) -> str | None:
-    """Why sbatch's ``parse_int`` would refuse ``flag=text`` as a count of 1 or more; None when it reads it."""
-    value, rest = strtol(text) if isinstance(text, str) else (None, "")
-    if value is not None and not rest and value >= INT_MAX:
-        return f"{flag}={show(text)} is too big for sbatch (its counts stop below {INT_MAX})"
-    if value is None or rest or value < 1:
-        return f"{flag}={show(text)} is not a count sbatch reads (a whole number, 1 or more)"
-    return None
 
 
 def _nodes(text: str) -> tuple[int, str]:
@@ -96,7 +86,6 @@ def node_range(text) -> tuple[int, int]:
 
 
 NO_LIMIT = math.inf
-SIGNAL_EARLY_S = 60  # sbatch: "the signal may be sent up to 60 seconds earlier than specified"
 
 
 def time_limit_s(text) -> float | None:
@@ -147,13 +136,9 @@ def _signal_number(text: str) -> int:
     return 0
 
 
-@dataclasses.dataclass(frozen=True)
-class WarningSignal:
-    """What ``--signal`` asks Slurm to send before the time limit, and to whom."""
-
-    signal: int  # its number
-    lead_s: int  # sent this long before the time limit
-    to_batch_shell: bool  # B: the batch shell alone receives it; else every step of the job (srun's tasks)
+# What ``--signal`` asks Slurm to send before the time limit, and to whom: its number, its lead in seconds, and
+# whether the batch shell alone receives it (B:) rather than every step of the job (srun's tasks).
+WarningSignal = collections.namedtuple("WarningSignal", "signal lead_s to_batch_shell")
 
 
 def slurm_signal(text) -> WarningSignal | None:
@@ -229,19 +214,10 @@ def array_tasks(spec) -> list[int] | None:
 # ---------------------------------------------------------------------------------------------- getopt_long
 
 
-@dataclasses.dataclass(frozen=True)
-class OptionTable:
-    """A command's options as getopt_long sees them: each long name (in the table's order) with its argument
-    (0 none, 1 required, 2 optional, only as --name=value), the short letters, and aliases of one option."""
-
-    program: str
-    long: dict[str, int]
-    short: dict[str, str]  # letter -> its long name
-    alias: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> the option it stands for
-    permute: bool = False  # GNU order: operands may come before options; else the first operand ends them
-
-    def canonical(self, name: str) -> str:
-        return self.alias.get(name, name)
+# A command's options as getopt_long sees them: each long name (in the table's order) with its argument (0 none,
+# 1 required, 2 optional, only as --name=value), the short letters (letter -> long name), aliases of one option,
+# and whether operands may come before options (GNU order) or the first operand ends them.
+OptionTable = collections.namedtuple("OptionTable", "program long short alias permute")
 
 
 def option_table(program: str, names: str, no_argument: str, optional: str, short: str, alias=None,
@@ -271,8 +247,8 @@ def getopt_long(args: list[str], table: OptionTable) -> tuple[list[tuple[str, st
                 if not matches:
                     raise Problem(f"unrecognized option '--{body}'")
                 first = matches[0]
-                differ = [m for m in matches if (table.long[m], table.canonical(m)) !=
-                          (table.long[first], table.canonical(first))]
+                differ = [m for m in matches if (table.long[m], table.alias.get(m, m)) !=
+                          (table.long[first], table.alias.get(first, first))]
                 if differ:
                     listed = " ".join(f"'--{m}'" for m in [first, *differ])
                     raise Problem(f"option '--{body}' is ambiguous; possibilities: {listed}")
@@ -284,7 +260,7 @@ def getopt_long(args: list[str], table: OptionTable) -> tuple[list[tuple[str, st
                 if i + 1 >= len(args):
                     raise Problem(f"option '--{name}' requires an argument")
                 i, value = i + 1, args[i + 1]
-            found.append((table.canonical(name), value if eq or argument == 1 else None))
+            found.append((table.alias.get(name, name), value if eq or argument == 1 else None))
         elif arg.startswith("-") and arg != "-":
             j = 1
             while j < len(arg):
@@ -294,14 +270,14 @@ def getopt_long(args: list[str], table: OptionTable) -> tuple[list[tuple[str, st
                 name = table.short[letter]
                 argument, rest = table.long[name], arg[j + 1:]
                 if argument == 0:
-                    found.append((table.canonical(name), None))
+                    found.append((table.alias.get(name, name), None))
                     j += 1
                     continue
                 if not rest and argument == 1:
                     if i + 1 >= len(args):
                         raise Problem(f"option requires an argument -- '{letter}'")
                     i, rest = i + 1, args[i + 1]
-                found.append((table.canonical(name), rest or None))
+                found.append((table.alias.get(name, name), rest or None))
                 break
         elif table.permute:
             operands.append(arg)
@@ -423,12 +399,3 @@ def sbatch_directives(script: str) -> list[str]:
     """The options of a script's ``#SBATCH`` lines, in order, as sbatch reads them: from the top, until the first
     line that is neither blank nor a comment."""
     return directives_and_first_command(script)[0]
-
-
-def sbatch_options(arguments: list[str]) -> dict[str, str | None]:
-    """The #SBATCH arguments as sbatch's options (the last of each wins); ``Problem`` with sbatch's words for
-    what it would refuse before it queues anything."""
-    found, rest = getopt_long(arguments, SBATCH)
-    if rest:
-        raise Problem(f"Invalid directive found in batch script: {rest[0]}")
-    return dict(found)

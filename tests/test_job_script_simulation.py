@@ -1,0 +1,141 @@
+"""Exercise 6.1's simulated job: isolated, event-driven, the same verdict on a busy machine, and one line where the
+machine cannot run it.
+
+The check lets bash run the attendee's script with stand-ins for srun, torchrun, pkill and their kin, in PID and
+mount namespaces of its own (``job_script_run``). These tests hold it to what makes that safe and fair: nothing the
+script does reaches a process outside; what happened decides the verdict, never how fast it happened; where
+namespaces are not permitted the check says so in one line and judges what no run shows, no more.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import workshop_utils as wu
+from workshop_utils.lessons import job_script_run, job_script_static
+from workshop_utils.lessons import slurm_exercises as se
+from test_slurm_exercise_answers import SOLVED, refused
+
+BURN = "while True: sum(i * i for i in range(10_000))"  # what tests/under_load.py's burners run
+WAIT = "while ! wait $!; do kill -0 $! 2>/dev/null || break; done"
+needs_namespaces = pytest.mark.skipif(job_script_run.namespaces_problem() is not None,
+                                      reason=f"no PID namespaces here: {job_script_run.namespaces_problem()}")
+
+
+@pytest.fixture(autouse=True)
+def no_slurm(monkeypatch):
+    monkeypatch.setenv("WORKSHOP_SLURM", "off")
+    monkeypatch.setattr(se, "submit", lambda *a, **k: pytest.fail("a check submitted a job in a text-only test"))
+
+
+def script(**change) -> str:
+    return se.fill_job_script({**SOLVED, **change})
+
+
+@pytest.fixture
+def bystander():
+    """A python process outside the simulation, named and started as the training is: nothing may reach it."""
+    process = subprocess.Popen([sys.executable, "-u", "-c", "import time; time.sleep(600)", "-m",
+                                "workshop_utils.train"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+FORWARD = 'srun --overlap --ntasks-per-node=1 pkill -USR1 -f "python[0-9.]* -u -m workshop_utils.train"'
+
+
+@needs_namespaces
+@pytest.mark.parametrize("line", ["kill -9 -1", "pkill -9 -f python", "kill -9 $PPID", "kill -INT 1",
+                                  "pkill -9 -f workshop_utils.train"])
+def test_what_the_script_kills_stays_inside_its_namespaces(line, bystander):
+    """The trap runs it at the warning, with the training running: it is refused, and nothing outside is hit
+    (the runner itself, PID 1 inside, takes no signal from its namespace)."""
+    refused(lambda: wu.check_job_script(script().replace(FORWARD, line)), "the warning reached")
+    assert bystander.poll() is None, f"{line} in the job script reached a process outside the simulation"
+
+
+@needs_namespaces
+def test_the_same_script_gets_the_same_verdict_every_time():
+    text = script().replace(WAIT, "wait")
+    assert len({se.script_problem(text) for _ in range(3)}) == 1
+
+
+@needs_namespaces
+@pytest.mark.slow
+def test_verdicts_do_not_change_on_a_loaded_machine():
+    """Burners on every core, as CI's shared runner may have: the verdicts are the same words."""
+    cases = [script(), script().replace(WAIT, "wait"), script().replace("trap forward USR1", "trap forwrd USR1"),
+             script(rdzv_endpoint="localhost:29500"), script().replace("srun --overlap ", "srun ")]
+    quiet = [se.script_problem(text) for text in cases]
+    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(2 * len(os.sched_getaffinity(0)))]
+    try:
+        loaded = [se.script_problem(text) for text in cases]
+    finally:
+        for burner in burners:
+            burner.send_signal(signal.SIGTERM)
+        for burner in burners:
+            burner.wait(timeout=30)
+    assert quiet[0] is None and all(quiet[1:]) and loaded == quiet
+
+
+def test_without_namespaces_the_check_says_so_in_one_line_and_judges_what_no_run_shows(monkeypatch, capsys):
+    monkeypatch.setattr(se, "namespaces_problem", lambda: "unshare --pid is not permitted here (Operation not "
+                                                          "permitted)")
+    monkeypatch.setattr(se, "behaviour_problem", lambda *a: pytest.fail("no run without namespaces"))
+    assert wu.check_job_script(SOLVED)
+    said = capsys.readouterr().out.strip()
+    assert len(said.splitlines()) == 1 and "its commands were not run here (unshare --pid is not permitted" in said
+    assert wu.check_job_script(script().replace(WAIT, "wait"))  # what only a run shows passes, and says so
+    refused(lambda: wu.check_job_script({**SOLVED, "time": "2"}), "--time of 120 s")  # the table's part still judges
+    refused(lambda: wu.check_job_script({**SOLVED, "nodes": 2}), "asks for one node")
+
+
+def test_the_namespace_probe_names_what_is_missing(monkeypatch):
+    """No unshare, or one the site does not permit (unprivileged user namespaces turned off): one line each."""
+    refused_by_the_kernel = subprocess.CompletedProcess([], 1, "", "unshare: unshare failed: Operation not permitted\n")
+    try:
+        job_script_run._unshare.cache_clear()
+        monkeypatch.setattr(job_script_run.subprocess, "run", lambda *a, **k: refused_by_the_kernel)
+        assert job_script_run.namespaces_problem() == ("unshare --pid is not permitted here (unshare: unshare failed: "
+                                                       "Operation not permitted)")
+        job_script_run._unshare.cache_clear()
+        monkeypatch.setattr(job_script_run.shutil, "which", lambda name: None)
+        assert job_script_run.namespaces_problem() == "no Linux unshare here"
+    finally:
+        job_script_run._unshare.cache_clear()
+
+
+@pytest.mark.parametrize("text, words", [
+    (script().replace("#SBATCH --nodes=1", "#SBATCH --nod=1"), ["'--nod=1' is ambiguous"]),
+    (script().replace("#SBATCH --nodes=1", "#SBATCH nodes=1"), ["Invalid directive", "nodes=1"]),
+    (script(time="5 min".replace(" ", "")), ["Invalid --time specification"]),
+    (script(signal="B:USR1@x"), ["Invalid --signal specification"]),
+])
+def test_without_sbatch_slurms_option_tables_read_the_directives(monkeypatch, text, words):
+    real = job_script_static.shutil.which
+    monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+    assert words[0] in (se.script_problem(text) or ""), se.script_problem(text)
+
+
+def test_the_sample_of_simulated_rows_names_tests_that_exist():
+    """A misspelt name in a module's SIMULATED would drop its row from make test's simulated sample unseen."""
+    import importlib
+
+    for name in ("test_slurm_exercise_answers", "test_slurm_exercise_answers_2", "test_slurm_exercise_answers_3",
+                 "test_slurm_exercise_answers_4", "test_slurm"):
+        module = importlib.import_module(name)
+        for row in module.SIMULATED:
+            function, _, case = row.partition("[")
+            assert callable(getattr(module, function, None)), f"{name}.SIMULATED names {row}, no test of {name}"
+            if case:
+                marks = getattr(module, function).pytestmark
+                ids = [m for m in marks if m.name == "parametrize"]
+                assert ids, f"{name}.SIMULATED names a case of {function}, which takes none"

@@ -1,0 +1,392 @@
+"""Exercise 6.1's simulated cluster: srun and torchrun as a job script meets them in the check's simulation.
+
+srun reads its options with Slurm's own table (``slurm_rules``), asks the runner for the step's cores (a step
+without --overlap waits for cores another step holds), starts its tasks on each node (a node later than the one
+before), passes them the signals it receives and ends what they leave behind. torchrun reads its arguments with
+torchrun's own parser (rebuilt from PyTorch's, ``job_script.torchrun_options``), does what torchrun's
+``config_from_args`` does with them, meets the other nodes' agents through the runner (the c10d or static
+rendezvous) and starts the training processes as torchrun does: ``python -u -m MODULE ARGS`` with torchrun's
+environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+
+from . import job_script_standins as standins
+from .answer_values import Problem
+from .job_script_standins import CATCHABLE, Link, Loop, die_of, hostlist, say, status_code, which
+from .slurm_rules import slurm_signal
+
+
+# ---------------------------------------------------------------------------------------------- srun
+
+
+def _megabytes(text: str | None) -> float | None:
+    found = re.fullmatch(r"([0-9.]+)([KMGT]?)B?", (text or "").upper())
+    return float(found.group(1)) * {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}[found.group(2)] if found else None
+
+
+def srun(argv: list[str]) -> None:
+    from .slurm_rules import SRUN, getopt_long, time_limit_s
+
+    try:
+        found, command = getopt_long(argv, SRUN)
+    except Problem as problem:
+        say(f"srun: {problem}\nTry \"srun --help\" for more information", 1)
+    options = dict(found)
+    link = Link("srun", options=options, command=command)
+    job, config = os.environ.get("SLURM_JOB_ID"), link.config
+    if not job:
+        say("srun: error: no job allocation: SLURM_JOB_ID is not in the environment", 1)
+    if not command:
+        say("srun: fatal: No command given to execute.", 1)
+    names = config["nodes"]
+    if "test-only" in options:
+        say(f"srun: Job {job} to start at now using {config['cpus']} processors on nodes {names[0]} in partition cpu", 0)
+    step_nodes = list(range(len(names)))
+    if options.get("relative") is not None:
+        offset = int(options["relative"]) if options["relative"].isdigit() else -1
+        if not 0 <= offset < len(names):
+            say(f"srun: error: --relative={options['relative']} is beyond the job's {len(names)} node(s)", 1)
+        step_nodes = step_nodes[offset:]
+    if options.get("nodelist") is not None:
+        wanted = hostlist(options["nodelist"])
+        if any(name not in names for name in wanted):
+            say(f"srun: error: Requested node configuration is not available ({options['nodelist']} is not a node of "
+                f"job {job})", 1)
+        step_nodes = [k for k in step_nodes if names[k] in wanted]
+    if options.get("exclude") is not None:
+        step_nodes = [k for k in step_nodes if names[k] not in hostlist(options["exclude"])]
+    count = lambda key: int(options[key]) if (options.get(key) or "").isdigit() else None  # noqa: E731
+    asked = int(re.match(r"\d*", options["nodes"]).group() or 0) or None if options.get("nodes") else None
+    if asked is not None and asked > len(step_nodes):
+        say(f"srun: error: Only allocated {len(step_nodes)} nodes asked for {asked}", 1)
+    tasks = count("ntasks") or (count("ntasks-per-node") or 1) * (asked or len(step_nodes))
+    if options.get("ntasks") is None and options.get("ntasks-per-node") is None and asked is None:
+        tasks = int(os.environ.get("SLURM_NTASKS") or len(step_nodes))
+    step_nodes = step_nodes[:asked or min(len(step_nodes), tasks)]
+    per = -(-tasks // len(step_nodes)) if step_nodes else 0
+    layout = [(k, t) for i, k in enumerate(step_nodes) for t in range(max(0, min(per, tasks - i * per)))]
+    tres = re.search(r"cpu[=:](\d+)", options.get("tres-per-task") or "")
+    cpt = int(count("cpus-per-task") or (tres and tres.group(1)) or os.environ.get("SRUN_CPUS_PER_TASK") or 1)
+    need = {str(k): cpt * sum(1 for node, _ in layout if node == k) for k in step_nodes}
+    if any(n > config["cpus"] for n in need.values()) or not layout:
+        say(f"srun: error: Unable to create step for job {job}: More processors requested than permitted", 1)
+    limit = time_limit_s(options["time"]) if options.get("time") else None
+    if options.get("time") and limit is None:
+        say("srun: error: Invalid time limit specification", 1)
+    link.send(op="step", cpus=need, overlap="overlap" in options)
+    reply = link.wait("step")
+    if reply["busy"]:
+        say(f"srun: Job {job} step creation temporarily disabled, retrying (Requested nodes are busy)")
+        link.wait("granted")
+    env = _task_env(options.get("export"), job, reply["step"], names, step_nodes, layout, cpt)
+    limit = None if limit == float("inf") else limit
+    _run_step(link, options, command, env, layout, names, limit, _megabytes(options.get("mem")) or (
+        _megabytes(options.get("mem-per-cpu")) or 0) * cpt or None)
+
+
+def _task_env(export: str | None, job: str, step: int, names, step_nodes, layout, cpt) -> dict:
+    """The tasks' environment: srun's own (--export=ALL), none of it (NONE) or the variables named, then Slurm's."""
+    mode = (export or "ALL").split(",")
+    env = dict(os.environ) if mode[0].upper() == "ALL" else {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
+    for item in mode:
+        name, equals, value = item.partition("=")
+        if equals:
+            env[name] = value
+        elif name in os.environ and name.upper() not in ("ALL", "NONE"):
+            env[name] = os.environ[name]
+    env.update(SLURM_STEP_ID=str(step), SLURM_STEPID=str(step), SLURM_STEP_NUM_NODES=str(len(step_nodes)),
+               SLURM_STEP_NUM_TASKS=str(len(layout)), SLURM_STEP_NODELIST=",".join(names[k] for k in step_nodes),
+               SLURM_CPUS_PER_TASK=str(cpt))
+    return env
+
+
+def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, names, limit, mem) -> None:
+    loop, tasks, codes = Loop(link, catch=CATCHABLE), {}, {}
+    config = link.config
+
+    def start(node: int):
+        for rank, (k, local) in enumerate(layout):
+            if k != node:
+                continue
+            task_env = dict(env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(local), SLURM_NODEID=str(k),
+                            SLURMD_NODENAME=names[k], JOBSIM_NODE=str(k), JOBSIM_CPUS=env["SLURM_CPUS_PER_TASK"])
+            if mem:
+                task_env["JOBSIM_MEM_MB"] = str(mem)
+            pid = os.fork()
+            if pid == 0:
+                _exec_task(options, command, task_env, rank, names[k])
+            tasks[pid] = (rank, k)
+        link.send(op="tasks", pids={str(pid): k for pid, (_, k) in tasks.items()})
+
+    def on_message(message):
+        if message.get("tag", "").startswith("node "):
+            start(int(message["tag"].split()[1]))
+        elif message.get("tag") == "limit":
+            say(f"slurmstepd: error: *** STEP {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']} ON {names[layout[0][0]]} "
+                "CANCELLED DUE TO TIME LIMIT ***")
+            signal_tasks(signal.SIGTERM)
+            link.send(op="timer", s=config["kill_wait"], tag="kill")
+        elif message.get("tag") == "kill":
+            signal_tasks(signal.SIGKILL)
+        elif message.get("tag") == "warn":
+            signal_tasks(warning.signal)
+
+    def signal_tasks(number):
+        for pid in tasks:
+            if pid not in codes:
+                try:
+                    os.killpg(pid, number)
+                except OSError:
+                    pass
+
+    def on_child(pid, status):
+        if pid not in tasks:
+            return
+        codes[pid] = status_code(status)
+        rank, k = tasks[pid]
+        if codes[pid]:
+            how = (f"Exited with exit code {codes[pid]}" if os.WIFEXITED(status) else
+                   signal.Signals(os.WTERMSIG(status)).name.replace("SIGKILL", "Killed").replace("SIGTERM", "Terminated"))
+            say(f"srun: error: {names[k]}: task {rank}: {how}")
+        try:
+            os.killpg(pid, signal.SIGKILL)  # what the task leaves behind ends with it, as slurmstepd does
+        except OSError:
+            pass
+        if len(codes) == len(layout):
+            link.send(op="step_end", codes=list(codes.values()))
+            sys.exit(max(codes.values()))
+
+    first = layout[0][0]
+    warning = slurm_signal(options.get("signal"))  # srun --signal: the step's tasks are warned before its end
+    end = min(config["end"], config["now"] + limit) if limit else config["end"]
+    if limit:
+        link.send(op="timer", at=end, tag="limit")
+    if warning:
+        link.send(op="timer", at=end - warning.lead_s, tag="warn")
+    start(first)
+    for k in sorted({k for k, _ in layout} - {first}):
+        link.send(op="timer", s=config["skew"] * k, tag=f"node {k}")
+    loop.run(on_message, signal_tasks, on_child)
+
+
+def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: str) -> None:
+    """In the forked task: its process group, output and program, as slurmstepd sets them up."""
+    try:
+        os.setpgid(0, 0)
+        if options.get("chdir"):
+            os.chdir(options["chdir"])
+        for fd, key in ((1, "output"), (2, "error")):
+            path = options.get(key)
+            if path:
+                path = re.sub(r"%[jJ]", env["SLURM_JOB_ID"], path).replace("%t", str(rank)).replace("%N", node)
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
+        program = command[0]
+        if "multi-prog" in options:
+            if not os.path.exists(program):
+                say(f"srun: error: Unable to open configuration file {program}")
+                os._exit(1)
+        found = which(program, env.get("PATH"))
+        base = os.path.basename(found or program)
+        if base == "torchrun" or re.fullmatch(r"python[0-9.]*", base):  # the cluster's, wherever they are: the
+            if found is None and "/" not in program:                     # simulation's, as long as srun finds them
+                raise FileNotFoundError(2, "No such file or directory")
+            found = os.path.join(standins.SIM, "bin", "torchrun" if base == "torchrun" else "python3")
+        if found is None:
+            raise FileNotFoundError(2, "No such file or directory")
+        os.execve(found, command, env)
+    except OSError as err:
+        say(f"slurmstepd: error: execve(): {command[0]}: {err.strerror}")
+        os._exit(2)
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+
+
+def _torchrun_parser():
+    """torchrun's own parser, rebuilt from its options as the check read them from PyTorch."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="torchrun")
+    with open(os.path.join(standins.SIM, "torchrun.json")) as file:
+        options = json.load(file)
+    for option in options:
+        default = os.environ.get(option["env"], option["default"]) if option["env"] else option["default"]
+        if option["kind"] == "store_true":
+            parser.add_argument(*option["flags"], dest=option["dest"], action="store_true", default=bool(default))
+        elif option["kind"] == "remainder":
+            parser.add_argument(option["dest"], nargs=argparse.REMAINDER)
+        else:
+            kind = {"int": int, "float": float}.get(option["type"], str)
+            named = dict(dest=option["dest"]) if option["flags"] else {}
+            parser.add_argument(*(option["flags"] or [option["dest"]]), type=kind, default=default,
+                                choices=option["choices"], **named)
+    return parser
+
+
+def _endpoint(text: str, default_port: int) -> tuple[str, int]:
+    """torch.distributed.elastic.rendezvous.utils.parse_rendezvous_endpoint, word for word in effect."""
+    endpoint = (text or "").strip()
+    if not endpoint:
+        return "localhost", default_port
+    host, *rest = (endpoint, *[]) if endpoint[0] == "[" and endpoint[-1] == "]" else endpoint.rsplit(":", 1)
+    host = host[1:-1] if len(host) > 1 and host[0] == "[" and host[-1] == "]" else host
+    port = default_port
+    if len(rest) == 1:
+        port = int(rest[0]) if re.match(r"^[0-9]{1,5}$", rest[0]) else None
+        if port is None or port >= 2**16:
+            raise ValueError(f"The port number of the rendezvous endpoint '{endpoint}' must be an integer between 0 "
+                             "and 65536.")
+    if not re.match(r"^[\w\.:-]+$", host):
+        raise ValueError(f"The hostname of the rendezvous endpoint '{endpoint}' must be a dot-separated list of "
+                         "labels, an IPv4 address, or an IPv6 address.")
+    return host, port
+
+
+def _launch_config(args, cores: int) -> dict:
+    """What torchrun's config_from_args makes of its arguments; ValueError or RuntimeError where it stops."""
+    import uuid
+
+    parts = args.nnodes.split(":")
+    implicit = args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint and
+                                   args.master_port is None and parts[-1].strip() == "1")
+    if implicit:  # torchrun's own choice: one node meets on its own localhost, at a port the system picks
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    args.master_port = 29500 if args.master_port is None else args.master_port
+    if len(parts) > 2:
+        raise RuntimeError(f'nnodes={args.nnodes} is not in "MIN:MAX" format')
+    low, high = int(parts[0]), int(parts[-1])
+    if not 0 < low <= high:
+        raise AssertionError(f"min_nodes must be > 0 and <= max_nodes, got min_nodes={low}, max_nodes={high}")
+    try:
+        nproc = int(args.nproc_per_node)
+    except ValueError:
+        if args.nproc_per_node in ("cpu", "auto"):  # no GPU is visible to a job that asked for none
+            nproc = cores
+        elif args.nproc_per_node == "gpu":
+            raise ValueError("Cuda is not available.") from None
+        else:
+            raise ValueError(f"Unsupported nproc_per_node value: {args.nproc_per_node}") from None
+    conf = {}
+    for pair in filter(None, args.rdzv_conf.strip().split(",")) if args.rdzv_conf.strip() else []:
+        key, _, value = pair.partition("=")
+        if not key.strip():
+            raise ValueError("The rendezvous configuration string must be in format <key1>=<value1>,...,"
+                             "<keyN>=<valueN>.")
+        if not value.strip():
+            raise ValueError(f"The rendezvous configuration option '{key.strip()}' must have a value specified.")
+        conf[key.strip()] = value.strip()
+    static = args.rdzv_backend == "static"
+    endpoint = f"{args.master_addr}:{args.master_port}" if static and not args.rdzv_endpoint else args.rdzv_endpoint
+    host, port = _endpoint(endpoint, 29500 if static else 29400)
+    if args.no_python and args.module:
+        raise ValueError("Don't use both the '--no-python' flag and the '--module' flag at the same time.")
+    return dict(backend=args.rdzv_backend, host=host, port=port, run_id=args.rdzv_id, min=low, max=high,
+                nproc=nproc, node_rank=args.node_rank if static else None, conf=conf, local_addr=args.local_addr,
+                implicit=implicit)
+
+
+def torchrun(argv: list[str], prog: str = "torchrun") -> None:
+    link = Link("torchrun")
+    args = _torchrun_parser().parse_args(argv)  # argparse's usage and error, exit 2, as torchrun's own parser
+    config, cores = link.config, int(os.environ.get("JOBSIM_CPUS") or 1)
+    try:
+        launch = _launch_config(args, cores)
+    except (ValueError, RuntimeError, AssertionError) as err:
+        link.send(op="note", what="torchrun_error", error=f"{type(err).__name__}: {err}")
+        say(f"{type(err).__name__}: {err}", 1)
+    link.send(op="note", what="launch", **launch, module=args.module, script=args.training_script,
+              script_args=args.training_script_args, no_python=args.no_python, run_path=args.run_path)
+    link.send(op="rdzv", **launch)
+    round_ = link.wait("round")
+    if round_.get("error"):
+        say(round_["error"], 1)
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env and launch["nproc"] > 1:
+        say("*****************************************\nSetting OMP_NUM_THREADS environment variable for each "
+            "process to be 1 in default, to avoid your system being overloaded, please further tune the variable "
+            "for optimal performance in your application as needed. \n*****************************************")
+        env["OMP_NUM_THREADS"] = "1"
+    python = config["python"]
+    if args.run_path:
+        command = [python, "-u", "-c", "import runpy, sys; sys.argv.pop(0); runpy.run_path(sys.argv[0], "
+                   "run_name='__main__')", args.training_script]
+    elif args.no_python:
+        command = [args.training_script]
+    else:
+        command = [python, "-u", *(["-m"] if args.module else []), args.training_script]
+    command += args.training_script_args
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(standins.SIM, "fake"), env.get("PYTHONPATH")]))
+    workers = {}
+    for local in range(min(launch["nproc"], config["max_workers"])):
+        rank = round_["rank_offset"] + local
+        worker_env = dict(env, LOCAL_RANK=str(local), RANK=str(rank), GROUP_RANK=str(round_["group_rank"]),
+                          ROLE_RANK=str(rank), ROLE_NAME="default", LOCAL_WORLD_SIZE=str(launch["nproc"]),
+                          WORLD_SIZE=str(round_["world"]), GROUP_WORLD_SIZE=str(round_["groups"]),
+                          ROLE_WORLD_SIZE=str(round_["world"]), MASTER_ADDR=round_["master_addr"],
+                          MASTER_PORT=str(round_["master_port"]), TORCHELASTIC_RESTART_COUNT="0",
+                          TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts), TORCHELASTIC_RUN_ID=str(launch["run_id"]))
+        program = python if command[0] == python else which(command[0], env.get("PATH")) or command[0]
+        try:
+            import subprocess
+
+            workers[subprocess.Popen(command, executable=program, env=worker_env).pid] = rank
+        except OSError as err:
+            say(f"torchrun: {command[0]}: {err.strerror}", 1)
+    _watch_workers(link, workers, args.training_script)
+
+
+def _watch_workers(link: Link, workers: dict, script: str) -> None:
+    """torchrun's agent after the start: it ends when every worker has; a failed one takes the others down."""
+    loop, ended, failed = Loop(link, catch=CATCHABLE), {}, []
+
+    def on_signal(number):
+        if number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):  # torchrun's signals_to_handle
+            link.send(op="note", what="signal", role="torchrun", signal=signal.Signals(number).name)
+            for pid in set(workers) - set(ended):
+                os.kill(pid, number)
+            failed.append(number)
+        else:
+            die_of(link, number, "torchrun")
+
+    def on_child(pid, status):
+        if pid not in workers:
+            return
+        ended[pid] = status_code(status)
+        if ended[pid] and not failed:
+            failed.append(pid)
+            say(f"torch.distributed.elastic.multiprocessing.errors.ChildFailedError: {script} FAILED: rank "
+                f"{workers[pid]} (pid {pid}) exited with code {ended[pid]}")
+            for other in set(workers) - set(ended):
+                os.kill(other, signal.SIGTERM)
+        if len(ended) == len(workers):
+            sys.exit(1 if failed else 0)
+
+    loop.run(lambda message: None, on_signal, on_child)
+
+
+def python(argv: list[str]) -> None:
+    """python with -m torch.distributed.run is torchrun; anything else runs in the real interpreter."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-", "-c") and not argv[i].startswith("-m"):
+        i += 2 if argv[i] in ("-X", "-W") else 1
+    module = argv[i][2:] or (argv[i + 1] if i + 1 < len(argv) else "") if i < len(argv) and argv[i].startswith("-m") \
+        else None
+    if module == "torch.distributed.run":
+        return torchrun(argv[i + (1 if argv[i][2:] else 2):])
+    with open(os.path.join(standins.SIM, "sim.json")) as file:
+        real = json.load(file)["python"]
+    os.execv(real, [sys.argv[0], *argv])
+
+
+def main(sim: str) -> None:
+    """srun, torchrun or python, by the name this file was started under."""
+    standins.SIM = sim
+    name = os.path.basename(sys.argv[0])
+    {"srun": srun, "torchrun": torchrun, "python": python, "python3": python}[name](sys.argv[1:])

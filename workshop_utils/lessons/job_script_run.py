@@ -1,0 +1,187 @@
+"""Exercise 6.1's simulated job, the check's side: run a job script as Slurm would, on simulated nodes.
+
+A folder holds the script, the stand-ins on ``PATH`` (``job_script_standins``: srun, torchrun, scontrol, pkill,
+killall, hostname, sleep, timeout, python, apptainer) and a module ``workshop_utils.train`` that behaves like the
+training toward a job. The runner (``job_script_runner``) starts as PID 1 of new PID and mount namespaces
+(``unshare --pid --fork --mount-proc``): whatever the script does (``kill -9 -1``, ``pkill -f python``,
+``kill $PPID``) reaches only processes inside them, never the attendee's kernel or the test suite. The job's
+environment is what sbatch and slurmd give a batch shell, for the job the #SBATCH lines ask for, or for the same
+job on more nodes. What happened comes back as an ``Outcome``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .job_script import TRAINING, torchrun_options
+
+KIT = str(Path(__file__).resolve().parents[2])
+STANDINS = ("srun", "torchrun", "scontrol", "scancel", "pkill", "killall", "hostname", "sleep", "timeout", "python",
+            "python3", "apptainer", "singularity", "sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat", "sattach",
+            "sbcast", "strigger", "sprio", "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
+NODE_NAMES = ("gpu-a017", "gpu-a018")
+SUBMIT_HOST = "login01"  # sbatch passes the submitting shell's environment on, HOSTNAME among it
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRun:
+    """One simulated run: the job the #SBATCH lines ask for (``options``: sbatch's reading), on ``nodes`` nodes."""
+
+    options: dict
+    time_s: int
+    warning: tuple | None  # (signal number, lead in seconds, to the batch shell alone)
+    nodes: int = 1
+    job_id: int = 1000
+    python: str = "python3"  # what torchrun's processes are called (a pattern must find python3.11 too)
+    fail: bool = False  # the training fails at its start: the batch shell must then end
+    random: int | None = None  # what bash's $RANDOM gives in this run (every bash reads BASH_ENV: it fixes it)
+
+
+@dataclasses.dataclass
+class Outcome:
+    reason: str  # batch_end, time_limit, spinning, wall_limit
+    now: float  # the job's clock at the end, in seconds
+    events: list
+    bash_status: int | None
+    procs: dict
+    log: str
+    run: JobRun
+
+    def of(self, what: str, **where) -> list[dict]:
+        return [e for e in self.events if e["what"] == what and all(e.get(k) == v for k, v in where.items())]
+
+
+def _count(text) -> int | None:
+    return int(text) if isinstance(text, str) and text.isdigit() else None
+
+
+def job_environment(run: JobRun, work: str, bin_dir: str) -> dict:
+    """What slurmd gives a batch shell: the submitting shell's environment (a plain one here) and Slurm's."""
+    nodes, options = run.nodes, run.options
+    names = NODE_NAMES[:nodes]
+    per_node = _count(options.get("ntasks-per-node"))
+    ntasks = _count(options.get("ntasks")) or (per_node * nodes if per_node else None)
+    cpt = _count(options.get("cpus-per-task"))
+    cpus = (cpt or 1) * (per_node or math.ceil((ntasks or nodes) / nodes))
+    listed = names[0] if nodes == 1 else f"gpu-a[017-{17 + nodes - 1:03d}]"
+    env = dict(PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", HOME=work, USER="attendee",
+               LOGNAME="attendee", LANG="C.UTF-8", SHELL="/bin/bash", HOSTNAME=SUBMIT_HOST, TMPDIR=work,
+               SLURM_JOB_ID=str(run.job_id), SLURM_JOBID=str(run.job_id),
+               SLURM_JOB_NAME=options.get("job-name") or "job.sbatch", SLURM_JOB_NODELIST=listed,
+               SLURM_NODELIST=listed, SLURM_JOB_NUM_NODES=str(nodes), SLURM_NNODES=str(nodes), SLURM_NODEID="0",
+               SLURMD_NODENAME=names[0], SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_CPUS_ON_NODE=str(cpus),
+               SLURM_JOB_CPUS_PER_NODE=f"{cpus}(x{nodes})" if nodes > 1 else str(cpus),
+               SLURM_TASKS_PER_NODE=f"{per_node or 1}(x{nodes})" if nodes > 1 else str(per_node or 1),
+               SLURM_SUBMIT_DIR=work, SLURM_SUBMIT_HOST=SUBMIT_HOST, SLURM_CLUSTER_NAME="cluster",
+               SLURM_JOB_PARTITION="cpu", SLURM_JOB_USER="attendee", SLURM_GTIDS="0")
+    if cpt:
+        env["SLURM_CPUS_PER_TASK"] = str(cpt)
+    if ntasks:
+        env.update(SLURM_NTASKS=str(ntasks), SLURM_NPROCS=str(ntasks))
+    if per_node:
+        env["SLURM_NTASKS_PER_NODE"] = str(per_node)
+    return env
+
+
+# The job runs as a user of its own (uid 1000 inside, this user outside), as a cluster's jobs never run as root:
+# pkill -U root finds nothing there either. A user namespace needs no privilege; unshare before 2.35 lacks
+# --map-user, and then the job runs as this user.
+_USERS = (["--user", "--map-user=1000", "--map-group=1000"], ["--user", "--map-root-user"], [])
+
+
+@functools.cache
+def _unshare() -> tuple[list[str] | None, str]:
+    """The unshare command line this machine permits, or None and unshare's reason."""
+    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+        return None, "no Linux unshare here"
+    said = "?"
+    for user in _USERS:
+        command = ["unshare", *user, "--pid", "--fork", "--mount-proc", "--kill-child"]
+        try:
+            tried = subprocess.run([*command, "true"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return None, f"unshare failed ({err})"
+        if tried.returncode == 0:
+            return command, ""
+        said = (tried.stderr.strip().splitlines() or ["?"])[-1]
+    return None, f"unshare --pid is not permitted here ({said})"
+
+
+def namespaces_problem() -> str | None:
+    """Why this machine cannot run the simulation (no Linux PID namespaces for this user); None when it can."""
+    return _unshare()[1] or None
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def _build(sim: Path, script: str, run: JobRun) -> Path:
+    """The simulation's folder: interpreters, stand-ins, the fake training module, the script, the config."""
+    real = os.path.realpath(sys.executable)
+    for name in ("py/kernel", "bin", "fake/workshop_utils", "work"):
+        (sim / name).mkdir(parents=True, exist_ok=True)
+    for name in ("rt", "python3"):  # the stand-ins' interpreter, without site (-IS): it starts at once
+        (sim / "py" / name).symlink_to(real)
+    (sim / "py" / "kernel" / "python3").symlink_to(shutil.which("bash") or "/bin/bash")
+    os.mkfifo(sim / "kernel.fifo")
+    # The training processes run in this Python itself, under its own name (python3, python3.11): a pattern
+    # that pkill takes must find either.
+    here = Path(sys.executable).parent
+    python = next((str(here / n) for n in (run.python, "python3") if (here / n).exists()), sys.executable)
+    for name in STANDINS:
+        interpreter = "python3" if name in ("torchrun", "python", "python3") else "rt"
+        module = "job_script_launch" if name in ("srun", "torchrun", "python", "python3") else "job_script_standins"
+        _write(sim / "bin" / name, f"#!{sim}/py/{interpreter} -IS\nimport sys\nsys.path.insert(0, {KIT!r})\n"
+                                   f"from workshop_utils.lessons.{module} import main\nmain({str(sim)!r})\n", 0o755)
+    standins = str(Path(__file__).with_name("job_script_standins.py"))
+    loader = ("import importlib.util\nspec = importlib.util.spec_from_file_location('job_script_standins', "
+              f"{standins!r})\nmodule = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
+              f"module.SIM = {str(sim)!r}\n")
+    _write(sim / "fake" / "workshop_utils" / "__init__.py", "")
+    _write(sim / "fake" / "workshop_utils" / "train.py", loader + "module.training()\n")
+    _write(sim / "torchrun.json", json.dumps(torchrun_options()))
+    _write(sim / "sim.json", json.dumps(dict(python=sys.executable, kit=KIT)))
+    _write(sim / "job.sbatch", script, 0o755)
+    env = job_environment(run, str(sim / "work"), str(sim / "bin"))
+    if run.random is not None:  # unset, RANDOM is a plain variable: the same in every subshell, one draw of a job
+        _write(sim / "random.sh", f"unset RANDOM\nRANDOM={run.random}\n")
+        env["BASH_ENV"] = str(sim / "random.sh")
+    config = dict(sim=str(sim), env=env, cwd=str(sim / "work"), args=list(TRAINING), node_names=NODE_NAMES[:run.nodes],
+                  job_id=run.job_id, time_s=run.time_s, warning=run.warning, cpus_per_node=int(
+                      env["SLURM_CPUS_ON_NODE"]), skew_s=5, checkpoint_s=20, kill_wait_s=30,
+                  python=python, max_workers=4, fail=run.fail, spin_cpu_s=1, wall_s=120,
+                  most_starts=60)
+    _write(sim / "config.json", json.dumps(config))
+    return sim / "config.json"
+
+
+def simulate(script: str, run: JobRun) -> Outcome:
+    """Run ``script`` as the job ``run`` describes, in its own namespaces, and say what happened."""
+    sim = Path(tempfile.mkdtemp(prefix="jobsim-"))
+    try:
+        config = _build(sim, script, run)
+        code = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.lessons.job_script_runner import "
+                "serve\nserve(sys.argv[2])")
+        done = subprocess.run([*_unshare()[0], str(sim / "py" / "rt"), "-I", "-S", "-c", code, KIT, str(config)],
+                              capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+        outcome = sim / "outcome.json"
+        if not outcome.exists():
+            raise RuntimeError(f"the simulated job left no outcome (unshare: {done.returncode}, "
+                               f"{done.stderr.strip()[-300:]})")
+        found = json.loads(outcome.read_text())
+        log = (sim / "job.log").read_text(errors="replace") if (sim / "job.log").exists() else ""
+        return Outcome(found["reason"], found["now"], found["events"], found["bash_status"],
+                       {int(k): v for k, v in found["procs"].items()}, log.replace(str(sim), "."), run)
+    finally:
+        shutil.rmtree(sim, ignore_errors=True)

@@ -1,0 +1,535 @@
+"""Exercise 6.1's simulated job, the runner: PID 1 of the namespace the job script runs in.
+
+It starts a Jupyter kernel of the same user on each node (a bystander no signal may reach), then the batch shell
+(the script, through its own #! line, as slurmstepd does), and serves the stand-ins (``job_script_standins``):
+it knows which node each process is on, hands out steps' cores, holds the rendezvous and keeps the job's clock.
+
+The clock is the job's, not the machine's: it moves only when nothing in the namespace can move by itself,
+every process asleep in a wait (for a child, a pipe, the runner) and two looks at /proc agreeing on it. Then
+the next thing due happens: a sleep ends, a node starts, the warning comes (``--signal``: ``B:`` to the batch
+shell, else to the steps' tasks; once more a second later, as a second ``scancel --signal`` would), a checkpoint
+is written, the time limit ends the job. So what happens depends on the order of events, never on how fast this
+machine is. The job ends when the batch shell does (what is left is killed) or at the limit (SIGTERM, then
+SIGKILL after KillWait); the runner then writes what happened to outcome.json and exits, which ends the
+namespace. Standard library only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+
+CATCHABLE = [s for s in signal.Signals if s < 32 and s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD,
+                                                                 signal.SIGCONT, signal.SIGWINCH, signal.SIGURG)]
+SHELLS = ("bash", "sh", "dash", "job.sbatch")  # the batch shell goes by its script's name
+LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1", "0.0.0.0")
+
+
+class Conn:
+    def __init__(self, sock):
+        self.sock, self.buffer, self.pid, self.role, self.node = sock, b"", 0, "?", 0
+
+    def send(self, **message):
+        try:
+            self.sock.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass
+
+
+class Runner:
+    def __init__(self, config: dict):
+        self.config, self.sim = config, config["sim"]
+        self.now, self.timers, self.seq = 0.0, [], 0
+        self.events, self.procs, self.steps, self.waiting, self.rounds = [], {}, {}, [], {}
+        self.conns, self.bash, self.bash_status, self.outcome = {}, 0, None, None
+        self.selector = selectors.DefaultSelector()
+        self.last, self.base_cpu, self.started, self.ending = None, {}, time.monotonic(), False
+        self.started_now = 0  # programs started since the clock last moved
+
+    # ------------------------------------------------------------------------------------------ bookkeeping
+
+    def note(self, what: str, **details):
+        self.events.append(dict(t=round(self.now, 3), what=what, **details))
+
+    def at(self, when: float, kind: str, payload=None):
+        self.seq += 1
+        heapq.heappush(self.timers, (when, self.seq, kind, payload))
+
+    @staticmethod
+    def parent(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat") as file:
+                return int(file.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def node_of(self, pid: int) -> int:
+        """The node a process runs on: its JOBSIM_NODE (srun sets it for its tasks), else its parent's."""
+        while pid > 1:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as file:
+                    found = [item[12:] for item in file.read().split(b"\0") if item.startswith(b"JOBSIM_NODE=")]
+            except OSError:
+                return 0
+            if found:
+                return int(found[0] or 0)
+            pid = self.parent(pid)
+        return 0
+
+    def command_of(self, pid: int) -> str:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                return " ".join(part.decode(errors="replace") for part in file.read().split(b"\0") if part)
+        except OSError:
+            return ""
+
+    def ancestors(self, pid: int) -> list[str]:
+        """What a process runs under, nearest first: the stand-ins' roles, the other programs' names."""
+        chain = []
+        while (pid := self.parent(pid)) > 0:
+            chain.append(self.procs.get(pid, {}).get("role") or self.command_of(pid).split(" ")[0].rsplit("/", 1)[-1])
+        return chain
+
+    def dispositions(self, pid: int, number: int) -> str:
+        """How a process takes a signal: caught (a handler, bash's trap), ignored, or its default action."""
+        try:
+            with open(f"/proc/{pid}/status") as file:
+                masks = dict(line.split(":\t", 1) for line in file.read().splitlines() if ":\t" in line)
+        except OSError:
+            return "gone"
+        bit = 1 << (number - 1)
+        return "caught" if int(masks["SigCgt"], 16) & bit else "ignored" if int(masks["SigIgn"], 16) & bit else "default"
+
+    def children_of(self, pid: int) -> list[dict]:
+        return [dict(pid=int(name), command=self.command_of(int(name)), role=self.procs.get(int(name), {}).get("role"))
+                for name in os.listdir("/proc") if name.isdigit() and self.parent(int(name)) == pid]
+
+    # ------------------------------------------------------------------------------------------ processes
+
+    def spawn(self, path: str, argv: list[str], env: dict, cwd: str, out: int | None = None) -> int:
+        log = os.open(os.path.join(self.sim, "job.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.chdir(cwd)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(log if out is None else out, 1)
+                os.dup2(log, 2)
+                os.execve(path, argv, env)
+            except OSError as err:  # slurmstepd's words when the #! line names no program
+                os.write(2, f"slurmstepd: error: execve(): {os.path.basename(path)}: {err.strerror}\n".encode())
+            os._exit(127)
+        os.close(log)
+        return pid
+
+    def signal_all(self, number: int):
+        """Slurm ending the job: every process of it, not the other jobs' kernels."""
+        for name in os.listdir("/proc"):
+            pid = int(name) if name.isdigit() else 0
+            if pid > 1 and self.procs.get(pid, {}).get("role") != "kernel":
+                try:
+                    os.kill(pid, number)
+                except OSError:
+                    pass
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            if self.procs.get(pid, {}).get("role") == "kernel" and os.WIFSIGNALED(status):
+                self.note("signal", pid=pid, role="kernel", node=self.procs[pid]["node"],
+                          signal=signal.Signals(os.WTERMSIG(status)).name)
+            if pid == self.bash:
+                code = os.waitstatus_to_exitcode(status)
+                self.bash_status = code
+                self.note("batch_end", status=code if code >= 0 else None,
+                          signal=signal.Signals(-code).name if code < 0 else None)
+                self.ending = True  # what the batch shell started before it ended gets to say so first
+
+    # ------------------------------------------------------------------------------------------ messages
+
+    def receive(self, conn: Conn):
+        try:
+            data = conn.sock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.selector.unregister(conn.sock)
+            conn.sock.close()
+            self.conns.pop(conn.sock, None)
+            return
+        conn.buffer += data
+        *lines, conn.buffer = conn.buffer.split(b"\n")
+        for line in lines:
+            self.handle(conn, json.loads(line))
+
+    def handle(self, conn: Conn, m: dict):
+        op = m.pop("op")
+        if op == "hello":
+            conn.pid, conn.role = m["pid"], m["role"]
+            self.started_now += 1
+            if self.started_now > self.config["most_starts"]:  # a trap that signals its own shell, for instance
+                self.note("runaway", command=self.command_of(conn.pid), starts=self.started_now)
+                self.signal_all(signal.SIGKILL)
+                self.finish("runaway")
+            conn.node = self.node_of(conn.pid)
+            self.procs[conn.pid] = dict(role=conn.role, node=conn.node, argv=m.get("argv"), t=self.now)
+            self.note("start", pid=conn.pid, role=conn.role, node=conn.node, under=self.ancestors(conn.pid),
+                      cmdline=self.command_of(conn.pid),
+                      **{k: v for k, v in m.items() if k not in ("pid", "role")})
+            c = self.config
+            conn.send(op="config", node=conn.node, nodes=c["node_names"], job=c["job_id"], now=self.now,
+                      end=c["time_s"], cpus=c["cpus_per_node"], skew=c["skew_s"], checkpoint_s=c["checkpoint_s"],
+                      kill_wait=c["kill_wait_s"], python=c["python"], max_workers=c["max_workers"])
+        elif op == "note":
+            self.note(m.pop("what"), pid=conn.pid, node=conn.node, **m)
+        elif op == "timer":
+            self.at(m["at"] if "at" in m else self.now + m["s"], "timer", (conn, m["tag"]))
+        elif op == "step":
+            self.step(conn, m)
+        elif op == "tasks":
+            self.steps[conn]["tasks"].update({int(pid): node for pid, node in m["pids"].items()})
+        elif op == "step_end":
+            self.steps.pop(conn, None)
+            self.note("step_end", pid=conn.pid, codes=m["codes"])
+            self.grant_waiting()
+        elif op == "same_node":
+            conn.send(op="same_node", pids=[p for p in m["pids"] if p > 1 and p != conn.pid and
+                                            self.node_of(p) == conn.node])
+        elif op == "rdzv":
+            self.rendezvous(conn, m)
+        elif op == "scancel":  # scancel --signal: the steps' processes, the batch shell too with --batch or --full
+            targets = [pid for step in self.steps.values() for pid in step["tasks"]] if m["steps"] else []
+            for pid in targets:
+                try:
+                    os.killpg(pid, m["signal"])
+                except OSError:
+                    pass
+            if m["batch"] and self.bash_status is None:
+                os.kill(self.bash, m["signal"])
+            self.note("scancel", pid=conn.pid, signal=signal.Signals(m["signal"]).name, steps=targets,
+                      batch=m["batch"])
+            conn.send(op="scancel")
+        elif op == "ready":
+            conn.send(op="go", fail=self.training_fails(conn))
+
+    def step(self, conn: Conn, m: dict):
+        self.steps[conn] = dict(cpus={int(k): v for k, v in m["cpus"].items()}, overlap=m["overlap"], tasks={},
+                                granted=False, id=len([e for e in self.events if e["what"] == "step"]))
+        self.note("step", pid=conn.pid, node=conn.node, cpus=m["cpus"], overlap=m["overlap"])
+        busy = not self.grant(conn)
+        conn.send(op="step", busy=busy, step=self.steps[conn]["id"])
+        if busy:
+            self.waiting.append(conn)
+
+    def grant(self, conn: Conn) -> bool:
+        """A step without --overlap gets its cores only where no other step holds them."""
+        step = self.steps[conn]
+        held = {}
+        for other in self.steps.values():
+            if other is not step and other["granted"]:
+                for node, cpus in other["cpus"].items():
+                    held[node] = held.get(node, 0) + cpus
+        if not step["overlap"] and any(held.get(node, 0) + cpus > self.config["cpus_per_node"]
+                                       for node, cpus in step["cpus"].items()):
+            return False
+        step["granted"] = True
+        return True
+
+    def grant_waiting(self):
+        for conn in list(self.waiting):
+            if conn in self.steps and self.grant(conn):
+                self.waiting.remove(conn)
+                conn.send(op="granted")
+
+    def training_fails(self, conn: Conn) -> str | None:
+        """Why a training process stops at its start: the run where training fails, or a master address its
+        node cannot reach."""
+        env = next(e for e in reversed(self.events) if e.get("pid") == conn.pid and e["what"] == "start")
+        if self.config["fail"] and env.get("rank") == "0":
+            return "RuntimeError: the simulated training failed (this run checks that the job then ends)"
+        for round_ in self.rounds.values():
+            if round_["closed"] and round_["master_addr"] == env.get("master_addr") and \
+                    self.resolve(env.get("master_addr") or "", conn.node) != round_["master_node"]:
+                return (f"torch.distributed.DistNetworkError: failed to connect to [{env.get('master_addr')}]:"
+                        f"{env.get('master_port')} (errno: 111 - Connection refused)")
+        return None
+
+    # ------------------------------------------------------------------------------------------ rendezvous
+
+    def resolve(self, host: str, node: int) -> int | None:
+        names = self.config["node_names"]
+        if host in LOOPBACK or host.startswith("127."):
+            return node
+        if host in names:
+            return names.index(host)
+        if host.startswith("10.1.0.") and host[7:].isdigit() and 0 <= int(host[7:]) - 17 < len(names):
+            return int(host[7:]) - 17
+        return None
+
+    def rendezvous(self, conn: Conn, m: dict):
+        """torchrun's agents meet: c10d in a store one of them hosts at the endpoint, static by node rank."""
+        if m["backend"] not in ("c10d", "static"):
+            return self.rdzv_error(conn, f"ValueError: The rendezvous backend '{m['backend']}' is not registered.")
+        target, port, conf = self.resolve(m["host"], conn.node), m["port"], m["conf"]
+        if target is None:
+            return self.rdzv_error(conn, f"torch.distributed.DistNetworkError: failed to connect to [{m['host']}]:"
+                                         f"{port} (errno: -2 - Name or service not known)", host=m["host"])
+        is_host = {"true": True, "1": True, "false": False, "0": False}.get(str(conf.get("is_host", "")).lower())
+        if m["backend"] == "static":
+            is_host = m["node_rank"] == 0
+        hosts = target == conn.node if is_host is None else is_host
+        store = (conn.node if hosts else target, port, str(m["run_id"]))
+        if hosts and 0 < port < 1024:
+            return self.rdzv_error(conn, "torch.distributed.DistNetworkError: The server socket has failed to listen "
+                                         f"on any local network address. port: {port}, code: -13, name: EACCES, "
+                                         "message: permission denied", host=m["host"], port=port)
+        round_ = self.rounds.setdefault(store, dict(members=[], hosted=False, closed=False, master_node=None))
+        round_["hosted"] |= hosts
+        member = dict(conn=conn, node=conn.node, nproc=m["nproc"], rank=m["node_rank"], host=m["host"], port=port,
+                      hosts=hosts, min=m["min"], max=m["max"], local_addr=m["local_addr"])
+        self.note("rdzv_join", pid=conn.pid, node=conn.node, host=m["host"], port=port, target=target, hosts=hosts,
+                  store=list(store), min=m["min"], max=m["max"], backend=m["backend"], node_rank=m["node_rank"])
+        if round_["closed"]:
+            return self.at(self.now + float(conf.get("join_timeout", 600)), "rdzv_timeout", (conn, store))
+        round_["members"].append(member)
+        first = round_["members"][0]
+        if port == 0 and not hosts:  # the host listens on a port the system picked, which nobody else knows
+            return self.rdzv_error(conn, f"torch.distributed.DistNetworkError: failed to connect to [{m['host']}]:0 "
+                                         "(errno: 111 - Connection refused)", host=m["host"], port=0)
+        if m["backend"] == "static":
+            ranks = sorted(x["rank"] for x in round_["members"])
+            if ranks == list(range(first["max"])):
+                self.close(store)
+        elif len(round_["members"]) >= first["max"]:
+            self.close(store)
+        elif len(round_["members"]) == first["min"]:
+            self.at(self.now + float(conf.get("last_call_timeout", 30)), "last_call", store)
+        self.at(self.now + float(conf.get("join_timeout", 600)), "rdzv_timeout", (conn, store))
+        self.at(self.now + 60, "store_check", (conn, store))  # a client gives up on a store nobody hosts
+
+    def close(self, store):
+        round_ = self.rounds[store]
+        if round_["closed"] or not round_["hosted"]:
+            return
+        round_["closed"] = True
+        members = round_["members"]
+        if members[0]["rank"] is not None:
+            members.sort(key=lambda x: x["rank"])
+        world, offset = sum(x["nproc"] for x in members), 0
+        master = members[0]
+        address = master["local_addr"] or self.config["node_names"][master["node"]]
+        round_.update(master_node=master["node"], master_addr=address)
+        self.note("rdzv_done", store=list(store), nodes=[x["node"] for x in members], world=world)
+        for group, x in enumerate(members):
+            x["conn"].send(op="round", group_rank=group, groups=len(members), world=world, rank_offset=offset,
+                           master_addr=address, master_port=29501)
+            offset += x["nproc"]
+
+    def rdzv_error(self, conn: Conn, error: str, **details):
+        """An agent gives up: torchrun stops, and leaves the round it was waiting in."""
+        self.note("rdzv_error", pid=conn.pid, node=conn.node, error=error, **details)
+        for round_ in self.rounds.values():
+            if not round_["closed"]:
+                round_["members"] = [x for x in round_["members"] if x["conn"] is not conn]
+                round_["hosted"] = any(x["hosts"] for x in round_["members"])
+        conn.send(op="round", error=error)
+
+    # ------------------------------------------------------------------------------------------ the clock
+
+    def fire(self, kind: str, payload):
+        if kind == "timer":
+            conn, tag = payload
+            conn.send(op="timer", tag=tag)
+        elif kind == "warn":
+            self.warn(payload)
+        elif kind == "end":
+            self.note("time_limit", running=self.children_of(self.bash) if self.bash_status is None else [])
+            self.signal_all(signal.SIGTERM)
+            self.at(self.now + self.config["kill_wait_s"], "kill")
+        elif kind == "kill":
+            self.signal_all(signal.SIGKILL)
+            self.finish("time_limit")
+        elif kind == "last_call":
+            self.close(payload)
+        elif kind in ("rdzv_timeout", "store_check"):
+            conn, store = payload
+            round_ = self.rounds[store]
+            if conn in self.conns.values() and not (round_["closed"] and conn in [x["conn"] for x in round_["members"]]):
+                if kind == "rdzv_timeout":
+                    self.rdzv_error(conn, "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: the "
+                                          "rendezvous did not complete in time")
+                elif not round_["hosted"]:
+                    self.rdzv_error(conn, f"torch.distributed.DistNetworkError: failed to connect to "
+                                          f"[{self.config['node_names'][store[0]]}]:{store[1]} (errno: 111 - "
+                                          "Connection refused)", nobody_hosts=True)
+
+    def warn(self, number: int):
+        sig, lead, batch = self.config["warning"]
+        if self.bash_status is not None:
+            return
+        takes = self.dispositions(self.bash, sig)
+        if batch:
+            targets = [self.bash]
+            os.kill(self.bash, sig)
+        else:
+            targets = [pid for step in self.steps.values() for pid in step["tasks"]]
+            for pid in targets:
+                try:
+                    os.killpg(pid, sig)
+                except OSError:
+                    pass
+        self.note("warning", number=number, signal=signal.Signals(sig).name, batch=batch, targets=targets,
+                  running=self.children_of(self.bash), batch_takes=takes,
+                  log_size=os.path.getsize(os.path.join(self.sim, "job.log")))
+        if number == 1:
+            self.at(self.now + 1, "warn", 2)
+
+    def snapshot(self) -> dict:
+        """Every process but this one: its name, its state, its time on a CPU (ns)."""
+        found = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or name == "1":
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as file:
+                    comm, rest = file.read().split("(", 1)[1].rsplit(")", 1)
+                with open(f"/proc/{name}/schedstat") as file:
+                    ran = int(file.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            found[int(name)] = (comm, rest.split()[0], ran)
+        return found
+
+    def idle(self) -> bool:
+        """True once two looks at /proc agree that every process waits: nothing can happen until we act."""
+        snap = self.snapshot()
+        # A shell that keeps a CPU busy with nothing happening around it loops for good (while true; do wait; done);
+        # a program that computes (python -c ...) may take its time.
+        spent = {pid: ran - self.base_cpu.get(pid, 0) for pid, (comm, _, ran) in snap.items() if comm in SHELLS}
+        if sum(spent.values()) > self.config["spin_cpu_s"] * 1e9:
+            busy = max(spent, key=spent.get)
+            self.note("spinning", pid=busy, command=self.command_of(busy), role=self.procs.get(busy, {}).get("role"),
+                      bash_children=self.children_of(self.bash))
+            self.signal_all(signal.SIGKILL)
+            self.finish("spinning")
+        quiet = all(state in "SZTtIX" for _, state, _ in snap.values())
+        same, self.last = quiet and snap == self.last, snap if quiet else None
+        return same
+
+    def progress(self):
+        """Something happened: the CPU the processes spend from here on is counted afresh."""
+        self.last = None
+        self.base_cpu = {pid: ran for pid, (_, _, ran) in self.snapshot().items()}
+
+    # ------------------------------------------------------------------------------------------ the run
+
+    def start(self):
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(os.path.join(self.sim, "sock"))
+        listener.listen(64)
+        self.selector.register(listener, selectors.EVENT_READ, "accept")
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector.register(wake_read, selectors.EVENT_READ, "wake")
+        c = self.config
+        for node in range(len(c["node_names"])):
+            self.kernel(node)
+        script = os.path.join(self.sim, "job.sbatch")
+        self.bash = self.spawn(script, [script, *c["args"]], dict(c["env"], JOBSIM_NODE="0"), c["cwd"])
+        self.note("batch_start", pid=self.bash)
+        self.at(c["time_s"], "end")
+        if c["warning"]:
+            self.at(c["time_s"] - c["warning"][1], "warn", 1)
+        self.progress()
+
+    def kernel(self, node: int):
+        """Another job's Jupyter kernel of the same user on the node (bash named python3, so that pgrep takes it
+        for one): it writes down every signal it receives and keeps running."""
+        found = os.path.join(self.sim, f"kernel-{node}.signals")
+        code = (f"for s in {' '.join(s.name[3:] for s in CATCHABLE)}; do trap \"echo SIG$s >> {found}\" $s; done; "
+                f"echo ready; exec 1>&-; exec 3<> {self.sim}/kernel.fifo; while :; do read -u 3 _; done")
+        ready, out = os.pipe()
+        pid = self.spawn(os.path.join(self.sim, "py", "kernel", "python3"), ["python3", "-c", code, "-m",
+                         "ipykernel_launcher", "-f", f"/run/user/jupyter/kernel-{node}.json"],
+                         dict(self.config["env"], JOBSIM_NODE=str(node)), self.config["cwd"], out)
+        os.close(out)
+        with os.fdopen(ready) as said:  # its traps are set once it says so
+            said.readline()
+        self.procs[pid] = dict(role="kernel", node=node, signals=found)
+
+    def serve_once(self, timeout) -> bool:
+        ready = self.selector.select(timeout)
+        for key, _ in ready:
+            if key.data == "accept":
+                sock, _ = key.fileobj.accept()
+                self.conns[sock] = conn = Conn(sock)
+                self.selector.register(sock, selectors.EVENT_READ, conn)
+            elif key.data == "wake":
+                os.read(key.fileobj, 512)
+                self.reap()
+            else:
+                self.receive(key.data)
+        return bool(ready)
+
+    def run(self):
+        pause = 0.0005
+        while True:
+            if self.serve_once(pause):
+                self.progress()
+                pause = 0.0005
+                continue
+            if time.monotonic() - self.started > self.config["wall_s"]:
+                self.note("wall_limit", running=self.children_of(self.bash))
+                self.finish("wall_limit")
+            if not self.idle():
+                pause = min(pause * 2, 0.005)
+            elif self.ending:
+                self.signal_all(signal.SIGKILL)  # the job is over: Slurm ends what is left of it
+                self.finish("batch_end")
+            elif self.timers:
+                when, _, kind, payload = heapq.heappop(self.timers)
+                self.started_now = 0 if when > self.now else self.started_now
+                self.now = max(self.now, when)
+                self.fire(kind, payload)
+                self.progress()
+                pause = 0.0005
+
+    def finish(self, reason: str):
+        for pid, proc in self.procs.items():
+            if proc["role"] == "kernel" and os.path.exists(proc["signals"]):
+                with open(proc["signals"]) as file:
+                    for name in file.read().split():
+                        self.note("signal", pid=pid, role="kernel", node=proc["node"], signal=name)
+        outcome = dict(reason=reason, now=self.now, events=self.events, bash_status=self.bash_status,
+                       procs={str(pid): p for pid, p in self.procs.items()})
+        with open(os.path.join(self.sim, "outcome.json.part"), "w") as file:
+            json.dump(outcome, file)
+        os.rename(os.path.join(self.sim, "outcome.json.part"), os.path.join(self.sim, "outcome.json"))
+        os._exit(0)  # PID 1 leaves: the kernel ends every process left in the namespace
+
+
+def serve(config_path: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 takes no signal it has no handler for: the script's
+    with open(config_path) as file:               # kill -INT 1 must not reach it as a KeyboardInterrupt
+        runner = Runner(json.load(file))
+    runner.start()
+    runner.run()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

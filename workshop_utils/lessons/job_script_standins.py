@@ -1,0 +1,407 @@
+"""Exercise 6.1's simulated cluster, the programs' side: what a job script meets in the check's simulation.
+
+scontrol, scancel, pkill, killall, hostname, sleep, timeout and apptainer (with srun, torchrun and python in
+``job_script_launch``), the training processes torchrun starts, and Slurm's other commands (which refuse: the
+simulated job has no controller, and must never reach a real one) are each this one file under another name, in
+the PID namespace that the check's runner (``job_script_runner``) leads. Each tells the runner what it was given
+and what it did, and waits for it where the real program waits on a cluster: for the other nodes, for the
+clock (the runner's, which moves only when every process waits). The work itself is real: bash runs the script,
+pgrep finds the processes, signals are sent and received.
+
+Standard library only, so that each starts in milliseconds; the training processes load this file by its path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import sys
+
+SIM = ""  # the simulation's folder, given by the wrapper that runs this file as a program
+CATCHABLE = [s for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT,
+                                                     signal.SIGWINCH, signal.SIGURG) and s < 32]
+
+
+class Link:
+    """This process's line to the runner: one JSON object a line over a Unix socket, both ways."""
+
+    def __init__(self, role: str, **hello):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(os.path.join(SIM, "sock"))
+        self.buffer, self.inbox = b"", []
+        self.send(op="hello", role=role, pid=os.getpid(), ppid=os.getppid(), argv=sys.argv, **hello)
+        self.config = self.wait("config")
+
+    def send(self, **message):
+        self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def read(self) -> list[dict]:
+        data = self.sock.recv(1 << 16)
+        if not data:  # the runner has gone: the job is over
+            os._exit(0)
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b"\n")
+        return [json.loads(line) for line in lines]
+
+    def wait(self, op: str) -> dict:
+        while True:
+            for message in self.inbox + self.read():
+                if message.get("op") == op:
+                    self.inbox = [m for m in self.inbox if m is not message]
+                    return message
+                if message not in self.inbox:
+                    self.inbox.append(message)
+
+    def sleep(self, seconds: float, tag: str = "wake") -> None:
+        self.send(op="timer", s=seconds, tag=tag)
+        self.wait("timer")
+
+
+class Loop:
+    """Wait for the runner's messages, signals and children at once; handlers run one at a time."""
+
+    def __init__(self, link: Link, catch=()):
+        self.link, self.pending = link, []
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(link.sock, selectors.EVENT_READ)
+        self.selector.register(read, selectors.EVENT_READ)
+        for sig in {*catch, signal.SIGCHLD}:
+            signal.signal(sig, lambda number, frame: self.pending.append(number))
+        self.pending.append(signal.SIGCHLD)  # a child that ended before the handler was set is reaped all the same
+
+    def run(self, on_message, on_signal, on_child=None):
+        while True:
+            messages = list(self.link.inbox)
+            self.link.inbox.clear()
+            for key, _ in self.selector.select(0 if messages or self.pending else None):
+                if key.fileobj is self.link.sock:
+                    messages += self.link.read()
+                else:
+                    os.read(key.fileobj, 512)
+            for message in messages:
+                on_message(message)
+            while self.pending:
+                number = self.pending.pop(0)
+                if number == signal.SIGCHLD:
+                    while on_child:
+                        try:
+                            pid, status = os.waitpid(-1, os.WNOHANG)
+                        except ChildProcessError:
+                            break
+                        if not pid:
+                            break
+                        on_child(pid, status)
+                else:
+                    on_signal(number)
+
+
+def die_of(link: Link, number: int, role: str) -> None:
+    """Record a signal, then take its default action, as the real program does with a signal it does not handle."""
+    link.send(op="note", what="signal", role=role, signal=signal.Signals(number).name)
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+
+
+def status_code(status: int) -> int:
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def say(text: str, code: int | None = None) -> None:
+    print(text, file=sys.stderr, flush=True)
+    if code is not None:
+        sys.exit(code)
+
+
+def which(program: str, path: str | None) -> str | None:
+    if "/" in program:
+        return program if os.access(program, os.X_OK) else None
+    for folder in (path if path is not None else "/bin:/usr/bin").split(":"):
+        candidate = os.path.join(folder or ".", program)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def hostlist(text: str) -> list[str]:
+    """Slurm's hostlist expression as names: gpu-a[017-018],login1 -> gpu-a017, gpu-a018, login1."""
+    names = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
+        found = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not found:
+            names.append(part)
+            continue
+        for piece in found.group(2).split(","):
+            first, _, last = piece.partition("-")
+            names += [f"{found.group(1)}{n:0{len(first)}d}{found.group(3)}" for n in range(int(first), int(last or first) + 1)]
+    return names
+
+
+# ---------------------------------------------------------------------------------------------- the processes
+
+
+def _fd_target(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "closed"
+
+
+def training() -> None:
+    """A training process as workshop_utils.train behaves toward a job: it greets, trains until SIGUSR1, then
+    writes a checkpoint (which takes a while) and ends; SIGTERM ends it at once."""
+    env = os.environ
+    limit = float(env.get("JOBSIM_MEM_MB") or 0)
+    if 0 < limit < 1024:  # PyTorch alone takes a few hundred MiB: the step's cgroup ends the process
+        say(f"slurmstepd: error: Detected 1 oom-kill event(s) in StepId={env.get('SLURM_JOB_ID')}."
+            f"{env.get('SLURM_STEP_ID')}. Some of your processes may have been killed by the cgroup out-of-memory "
+            "handler.")
+        os.kill(os.getpid(), signal.SIGKILL)
+    link = Link("training", args=sys.argv[1:], stdout=_fd_target(1), stderr=_fd_target(2),
+                **{k.lower(): env.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                    "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                                                    "JOBSIM_CPUS", "SLURMD_NODENAME")})
+    for stream, text in ((sys.stdout, f"rank {env.get('RANK')} of {env.get('WORLD_SIZE')} (local rank "
+                                      f"{env.get('LOCAL_RANK')}, node {env.get('GROUP_RANK')}) on "
+                                      f"{env.get('SLURMD_NODENAME')}, pid {os.getpid()}"),
+                         (sys.stderr, f"rank {env.get('RANK')}: its warnings reach the job's log")):
+        try:
+            print(text, file=stream, flush=True)
+        except (OSError, ValueError):
+            pass
+    loop, warned = Loop(link, catch=CATCHABLE), []
+    link.send(op="ready")
+    go = link.wait("go")
+    if go.get("fail"):
+        link.send(op="note", what="training_failed", error=go["fail"])
+        say(go["fail"])
+        sys.exit(1)
+
+    def on_signal(number):
+        if number != signal.SIGUSR1:
+            die_of(link, number, "training")
+        link.send(op="note", what="signal", role="training", signal="SIGUSR1")
+        if not warned:  # the training loop checkpoints once and stops; a second warning changes nothing
+            warned.append(number)
+            link.send(op="timer", s=link.config["checkpoint_s"], tag="checkpoint")
+
+    def on_message(message):
+        if message.get("tag") == "checkpoint":
+            link.send(op="note", what="checkpoint")
+            sys.exit(0)
+
+    loop.run(on_message, on_signal)
+
+
+# ---------------------------------------------------------------------------------------------- the tools
+
+
+def _signal_number(text: str) -> int | None:
+    """A signal as procps and coreutils name one: USR1, SIGUSR1, usr1 or 10."""
+    if text.isdigit():
+        return int(text) if 0 <= int(text) < 65 else None
+    name = text.upper().removeprefix("SIG")
+    return int(getattr(signal, "SIG" + name)) if re.fullmatch(r"[A-Z0-9]+", name) and hasattr(signal, "SIG" + name) \
+        else None
+
+
+def _signal_matches(argv: list[str], program: str, select, number: int, quiet: bool = False) -> None:
+    """Signal the processes of this node that ``select`` (a pgrep command line) finds, as pkill or killall."""
+    import subprocess
+
+    link = Link(program)
+    found = subprocess.run(["pgrep", *select], capture_output=True, text=True)
+    if found.returncode > 1:
+        say(found.stderr.strip().replace("pgrep", program), found.returncode)
+    link.send(op="same_node", pids=[int(p) for p in found.stdout.split()])
+    hit = []
+    for pid in link.wait("same_node")["pids"]:
+        try:
+            os.kill(pid, number)
+            hit.append(pid)
+        except OSError as err:
+            say(f"{program}: killing pid {pid} failed: {err.strerror}")
+    link.send(op="note", what="signalled", program=program, argv=sys.argv, signal=signal.Signals(number).name, hit=hit)
+    if not hit and program == "killall" and not quiet:
+        say(f"{select[-1]}: no process found")
+    sys.exit(0 if hit else 1)
+
+
+def pkill(argv: list[str]) -> None:
+    number, rest = signal.SIGTERM, list(argv)
+    for i, arg in enumerate(rest):  # procps: the first -SIGNAL anywhere, or --signal SIGNAL
+        if arg.startswith("--signal"):
+            value = arg.partition("=")[2] or (rest[i + 1] if i + 1 < len(rest) else "")
+            number = _signal_number(value) or say(f"pkill: Unknown signal \"{value}\"", 2)
+            del rest[i:i + (1 if "=" in arg else 2)]
+            break
+        if arg[:1] == "-" and _signal_number(arg[1:]) is not None:
+            number = _signal_number(arg[1:])
+            del rest[i]
+            break
+    _signal_matches(argv, "pkill", [a for a in rest if a not in ("-e", "--echo")], number)
+
+
+def killall(argv: list[str]) -> None:
+    number, select, names, quiet, regex = signal.SIGTERM, [], [], False, False
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("-s", "--signal"):
+            number = _signal_number(args.pop(0) if args else "") or say("killall: unknown signal", 1)
+        elif arg in ("-q", "--quiet"):
+            quiet = True
+        elif arg in ("-r", "--regexp"):
+            regex = True
+        elif arg in ("-I", "--ignore-case"):
+            select.append("-i")
+        elif arg in ("-u", "--user") and args:
+            select += ["-u", args.pop(0)]
+        elif arg[:1] == "-" and _signal_number(arg[1:]) is not None:
+            number = _signal_number(arg[1:])
+        elif arg[:1] != "-":
+            names.append(arg)
+    if not names:
+        say("Usage: killall [OPTION]... [--] NAME...", 1)
+    _signal_matches(argv, "killall", [*select, *([] if regex else ["-x"]), "|".join(names) if regex else names[0]],
+                    number, quiet)
+
+
+def scontrol(argv: list[str]) -> None:
+    link = Link("scontrol")
+    words = [a for a in argv if not a.startswith("-")]
+    if len(words) >= 2 and "show".startswith(words[0]) and words[1].startswith("hostn"):
+        text = words[2] if len(words) > 2 else os.environ.get("SLURM_JOB_NODELIST")
+        if not text:
+            say("scontrol: error: No hostlist specified", 1)
+        print("\n".join(hostlist(text)))
+    elif len(words) >= 2 and "show".startswith(words[0]) and "job".startswith(words[1]):
+        config = link.config
+        print(f"JobId={config['job']} JobName=ex61-train JobState=RUNNING NumNodes={len(config['nodes'])} "
+              f"NodeList={os.environ.get('SLURM_JOB_NODELIST', '')}")
+    else:
+        say(f"scontrol: error: {' '.join(argv)}: this simulated scontrol knows show hostnames and show job only", 1)
+
+
+def hostname(argv: list[str]) -> None:
+    config = Link("hostname").config
+    node = config["node"]
+    addresses = any(a in ("-i", "-I", "--ip-address", "--all-ip-addresses") for a in argv)
+    print(f"10.1.0.{17 + node}" if addresses else config["nodes"][node])
+
+
+def _seconds(text: str) -> float:
+    found = re.fullmatch(r"([0-9]*\.?[0-9]+)([smhd]?)|inf(inity)?", text)
+    if not found:
+        say(f"sleep: invalid time interval ‘{text}’\nTry 'sleep --help' for more information.", 1)
+    return 1e12 if found.group(1) is None else float(found.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600,
+                                                                         "d": 86400}[found.group(2)]
+
+
+def sleep(argv: list[str]) -> None:
+    if not argv:
+        say("sleep: missing operand\nTry 'sleep --help' for more information.", 1)
+    Link("sleep").sleep(sum(_seconds(a) for a in argv))
+
+
+def timeout(argv: list[str]) -> None:
+    args, number, kill_after = list(argv), signal.SIGTERM, None
+    while args and args[0].startswith("-") and args[0] != "-":
+        arg = args.pop(0)
+        if arg in ("-s", "--signal") or arg.startswith(("-s", "--signal=")):
+            value = arg[2:] if arg.startswith("-s") and len(arg) > 2 else arg.partition("=")[2] or args.pop(0)
+            number = _signal_number(value) or say(f"timeout: {value}: invalid signal", 125)
+        elif arg in ("-k", "--kill-after") or arg.startswith(("-k", "--kill-after=")):
+            kill_after = _seconds(arg[2:] if arg.startswith("-k") and len(arg) > 2 else
+                                  arg.partition("=")[2] or args.pop(0))
+    if len(args) < 2:
+        say("timeout: missing operand", 125)
+    import subprocess
+
+    link = Link("timeout", duration=_seconds(args[0]), command=args[1:])
+    child = subprocess.Popen(args[1:])
+    outcome = []
+
+    def on_message(message):
+        if message.get("tag") == "due":
+            outcome.append(124)
+            child.send_signal(number)
+            if kill_after:
+                link.send(op="timer", s=kill_after, tag="kill")
+        elif message.get("tag") == "kill":
+            child.kill()
+
+    def on_child(pid, status):
+        if pid == child.pid:
+            sys.exit(outcome[0] if outcome else status_code(status))
+
+    if _seconds(args[0]) > 0:
+        link.send(op="timer", s=_seconds(args[0]), tag="due")
+    Loop(link, catch=CATCHABLE).run(on_message, lambda n: child.send_signal(n), on_child)
+
+
+def container(argv: list[str]) -> None:
+    """apptainer or singularity exec IMAGE COMMAND: the cluster's image holds the same programs."""
+    takes_value = {"-B", "--bind", "--env", "--env-file", "-H", "--home", "--pwd", "-W", "--workdir", "--overlay",
+                   "-S", "--scratch", "--mount", "--network", "--security"}
+    args = list(argv[1:]) if argv[:1] in (["exec"], ["run"]) else say(
+        f"{os.path.basename(sys.argv[0])}: this simulation runs only exec IMAGE COMMAND", 255)
+    while args and args[0].startswith("-"):
+        args = args[2:] if args[0] in takes_value else args[1:]
+    if len(args) < 2:
+        say("FATAL: exec needs an image and a command", 255)
+    program = which(args[1], os.environ.get("PATH"))
+    if program is None:
+        say(f"FATAL: \"{args[1]}\": executable file not found in $PATH", 255)
+    os.execv(program, args[1:])
+
+
+def scancel(argv: list[str]) -> None:
+    """scancel --signal=SIG [--batch|--full] JOB: Slurm signals the job's steps (their every process), or its batch
+    shell; without --signal, scancel would end the job, which this simulation does not allow."""
+    number, batch, steps, job = None, False, True, None
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg.startswith(("--signal", "-s")):
+            value = arg.partition("=")[2] if "=" in arg else arg[2:] if arg.startswith("-s") and len(arg) > 2 else (
+                args.pop(0) if args else "")
+            number = _signal_number(value) or say(f"scancel: error: Invalid job signal: {value}", 1)
+        elif arg in ("-b", "--batch"):
+            batch, steps = True, False
+        elif arg in ("-f", "--full"):
+            batch = True
+        elif not arg.startswith("-"):
+            job = arg
+    link = Link("scancel")
+    if job != str(link.config["job"]):
+        say(f"scancel: error: Kill job error on job id {job}: Invalid job id specified", 1)
+    if number is None:
+        say("scancel: error: this simulation only sends signals (scancel --signal=...)", 1)
+    link.send(op="scancel", signal=number, batch=batch, steps=steps)
+    link.wait("scancel")
+
+
+def slurm_client(argv: list[str]) -> None:
+    """sbatch, squeue, sinfo, ...: the simulated job has no controller to ask, and must never reach a real one."""
+    say(f"{os.path.basename(sys.argv[0])}: error: the check's simulated job has no Slurm controller to ask", 1)
+
+
+CLIENTS = ("sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat", "sattach", "sbcast", "strigger", "sprio",
+           "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
+PROGRAMS = {"scancel": scancel, **{name: slurm_client for name in CLIENTS}, "pkill": pkill, "killall": killall, "scontrol": scontrol, "hostname": hostname, "sleep": sleep,
+            "timeout": timeout, "apptainer": container, "singularity": container}
+
+
+def main(sim: str) -> None:
+    """The program this file stands in for, by the name it was started under (``job_script_launch`` has srun,
+    torchrun and python)."""
+    global SIM
+    SIM = sim
+    PROGRAMS[os.path.basename(sys.argv[0])](sys.argv[1:])

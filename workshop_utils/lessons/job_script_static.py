@@ -1,0 +1,293 @@
+"""Exercise 6.1, what no run of the job script shows: its text as text, its #SBATCH lines as sbatch reads them,
+and what it asks for against the exercise.
+
+The text first: a byte-order mark, DOS line ends, look-alike spaces and dashes, an escaped space at a line's end,
+a #! line that names no bash. Then the #SBATCH lines, read by sbatch itself where it is installed (``sbatch -v``
+with a configuration that names no controller, stopped once it has listed the options it read; its refusals
+quoted), else by Slurm's option tables (``slurm_rules``). Then the request: one node, a time limit with room for
+the work, the warning's lead and the minute by which Slurm may send it early, a warning of at least 30 s, no
+option beyond the template's that changes the job. Last ``bash -n``: a loop never closed stops bash before the
+command that holds it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+
+from .answer_values import Problem, show
+from .job_script import GAPS, JobSpec
+from .slurm_rules import (INT_MAX, NO_LIMIT, SBATCH, directives_and_first_command, getopt_long, node_range,
+                          slurm_signal, time_limit_s)
+
+_ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")  # spaces sbatch and bash do not split on
+_ODD_DASHES = re.compile("(?:^|[\\s=])([\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z0-9]")
+_LONGEST_WORD = 10_000
+_BASH = re.compile(r"#!\s*(?:(?:/usr)?(?:/local)?/bin/bash|(?:/usr)?/bin/env\s+bash)(?:\s.*)?")
+
+
+def line_of(script: str, needle: str) -> str:
+    """" (line N)" for the one line of the script that holds ``needle``; "" when none or several do."""
+    found = [k for k, line in enumerate(script.split("\n"), 1) if needle in line]
+    return f" (line {found[0]})" if len(found) == 1 else ""
+
+
+def text_problem(script: str) -> str | None:
+    """What is wrong with the script as text, before sbatch or bash reads a word of it."""
+    try:
+        script.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return (f"the script holds a character that is no text (U+{ord(script[err.start]):04X}, half of a "
+                "surrogate pair), which no file can hold. Fix: type that character again, or remove it.")
+    if "\x00" in script:
+        return "the script holds a NUL character, which bash cannot read. Fix: remove it."
+    unfilled = [gap for gap in GAPS if "{" + gap + "}" in script]
+    if unfilled:
+        return (f"the script still has its gaps ({', '.join('{' + g + '}' for g in unfilled)}). Fix: pass the answers "
+                "as a dict, or the script with every gap filled.")
+    if script.startswith("\ufeff"):
+        return ("the script starts with a byte-order mark (BOM, U+FEFF), so its first line is not #!: sbatch refuses "
+                "it. Fix: save it as UTF-8 without BOM.")
+    if "\r" in script:
+        kind = "DOS line breaks (\\r\\n)" if "\r\n" in script else "old Mac line breaks (\\r alone)"
+        return (f"the script has {kind}: sbatch refuses such a script before it queues anything. Fix: save it with "
+                "Unix line breaks (dos2unix, or your editor's line-ending setting).")
+    odd = _ODD_SPACES.search(script)
+    if odd:
+        return (f"line {script.count(chr(10), 0, odd.start()) + 1} holds a U+{ord(odd.group()):04X} space (a "
+                "non-breaking space, often pasted from a web page or PDF): sbatch and bash do not take it for a "
+                "space, so it sticks to the word beside it. Fix: replace it with a plain space.")
+    for number, line in enumerate(script.split("\n"), 1):
+        code = re.sub(r"(^|\s)#(?!SBATCH).*", "", re.sub(r"'[^']*'|\"[^\"]*\"", "", line))  # quotes and comments
+        found = _ODD_DASHES.search(code)                                                   # are data
+        if found:
+            looks = "an invisible soft hyphen" if found.group(1)[0] == "\u00ad" else "a dash that looks like a hyphen"
+            return (f"line {number} holds {show(found.group(1))} (U+{ord(found.group(1)[0]):04X}, {looks}, often pasted "
+                    "from slides or a PDF) where an option starts: sbatch, srun, torchrun and kill take only the plain "
+                    "hyphen-minus, so they do not see that option. Fix: type the option's hyphens again.")
+    if len(script) > 50 * _LONGEST_WORD or re.search(r"\S{%d}" % (_LONGEST_WORD + 1), script):
+        return (f"the script holds a word longer than {_LONGEST_WORD} characters (or is longer than "
+                f"{50 * _LONGEST_WORD}), which no job script needs. Fix: the template, its gaps filled.")
+    escaped = re.search(r"(?<!\\)(?:\\\\)*\\[ \t]+\n", script)
+    if escaped:
+        return (f"line {script.count(chr(10), 0, escaped.start()) + 1} ends in a backslash and a space: bash escapes the "
+                "space, not the line break, so the command ends there and the next line runs as a command of its own. "
+                "Fix: nothing after the backslash.")
+    return _shebang_problem(script.split("\n", 1)[0])
+
+
+def _shebang_problem(first: str) -> str | None:
+    """The #! line names the program slurmstepd runs the script with: bash, the template's language."""
+    if not first.startswith("#!"):
+        return ("sbatch refuses a script whose first line is not #! and its interpreter. Fix: #!/bin/bash as the "
+                "first line.")
+    if _BASH.fullmatch(first):
+        return None
+    words = first[2:].split()
+    program = (words[1] if len(words) > 1 and words[0].endswith("/env") else words[0]) if words else ""
+    name = program.rsplit("/", 1)[-1]
+    fix = "Fix: #!/bin/bash as the first line, on a line of its own."
+    if name in ("sh", "dash"):
+        return (f"{show(first)} runs the script in sh, which is dash on Debian and Ubuntu: it stops at bash's own "
+                f"features (set -o pipefail, arrays, <(...)). {fix}")
+    if name in ("zsh", "ksh", "mksh", "csh", "tcsh", "fish", "python", "python3"):
+        return (f"{show(first)} runs the script in {name}, not bash: its traps, waits and arrays differ from the bash "
+                f"the template is written in. {fix}")
+    return (f"the first line, {show(first)}, names {show(program or 'nothing')} as the script's interpreter, which is "
+            "no bash: slurmstepd could not start the script (execve: No such file or directory). " + fix)
+
+
+# ---------------------------------------------------------------------------------------------- #SBATCH lines
+
+
+def _sbatch_reading(script: str) -> dict[str, str] | None:
+    """sbatch's own reading of the #SBATCH lines (``sbatch -v``, its option listing); ``Problem`` with its
+    words where it refuses them; None where this sbatch says neither. The configuration names no controller, so
+    nothing is ever submitted; sbatch is stopped once it has listed its options."""
+    with tempfile.TemporaryDirectory(prefix="sbatch-") as folder:
+        with open(os.path.join(folder, "slurm.conf"), "w") as file:
+            file.write("ClusterName=check\nSlurmctldHost=localhost\n")
+        with open(os.path.join(folder, "job.sbatch"), "w") as file:
+            file.write(script)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_", "SLURM_", "SALLOC_", "SRUN_"))}
+        env["SLURM_CONF"] = os.path.join(folder, "slurm.conf")
+        listed, said, done = {}, [], False
+        with subprocess.Popen(["sbatch", "-v", "job.sbatch"], cwd=folder, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as sbatch:
+            guard = threading.Timer(60, sbatch.kill)  # an sbatch that neither lists nor refuses: the tables decide
+            guard.start()
+            for line in sbatch.stdout:
+                if "end of defined options" in line:
+                    done = True
+                    break
+                found = re.fullmatch(r"sbatch: ([a-z-]+)\s+: (.*)", line.rstrip("\n"))
+                if found:
+                    listed[found.group(1)] = found.group(2)
+                elif re.search(r"error|fatal|option|Invalid|invalid|ambiguous|unrecognized", line):
+                    said.append(re.sub(r"^sbatch: (error: |fatal: )?", "", line.strip()))
+            sbatch.kill()
+            guard.cancel()
+    if said and not done:
+        raise Problem(" ".join(said))
+    listed.pop("verbose", None)
+    return listed if done else None
+
+
+def _table_reading(arguments: list[str]) -> dict[str, str]:
+    """The #SBATCH options as Slurm's own tables read them, where sbatch is not installed."""
+    found, rest = getopt_long(arguments, SBATCH)
+    if rest:
+        raise Problem(f"Invalid directive found in batch script: {rest[0]}")
+    options = dict(found)
+    for name, check in (("time", time_limit_s), ("signal", slurm_signal)):
+        if name in options and check(options[name]) is None:
+            raise Problem(f"Invalid --{name} specification")
+    return {name: "set" if value is None else value for name, value in options.items()}
+
+
+def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(the options as sbatch reads them, the same as written); ``Problem`` for what sbatch refuses."""
+    arguments, first_command, unread = directives_and_first_command(script)
+    if unread:
+        raise Problem(f"sbatch reads #SBATCH lines only above the script's first command "
+                      f"({show(first_command.strip())}), and some come after it: they would be ignored. Fix: every "
+                      "#SBATCH line at the top.")
+    try:
+        written = dict(getopt_long(arguments, SBATCH)[0])
+    except Problem:
+        written = {}
+    try:
+        read = (_sbatch_reading(script) if shutil.which("sbatch") else None) or _table_reading(arguments)
+    except Problem as err:
+        said = re.sub(r"\d{24,}", lambda m: f"{m.group()[:12]}… ({len(m.group())} digits)", str(err))
+        raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: --option=VALUE with the "
+                      "option's whole name, one value for each option.") from None
+    return read, written
+
+
+# ---------------------------------------------------------------------------------------------- the request
+
+_CHANGES_THE_JOB = {
+    "exclusive": "holds whole nodes, every core of them, while the training uses {cores}",
+    "hold": "queues the job held: it never starts until someone releases it",
+    "test-only": "makes sbatch only estimate when the job would start: nothing is queued",
+    "array": "makes the job an array: the same training would run once per task",
+    "cpus-per-gpu": "sets the cores per GPU, which sbatch refuses beside --cpus-per-task (and the job has no GPU)",
+    "nodelist": "ties the job to named nodes: it waits for them, and with --nodes=2 their count must match",
+    "ntasks": "fixes the job's task count: --ntasks-per-node becomes only a maximum, and with --nodes=2 (only "
+              "#SBATCH --nodes changes) the tasks would no longer be one per node",
+    "begin": "delays the job's start: it waits in the queue until then",
+    "dependency": "makes the job wait for another job (and never start if that one fails)",
+    "deadline": "cancels the job when it cannot end by then, which a queue can make it miss",
+    "time-min": "lets Slurm cut the time limit down to it, below what the warning's lead was planned on",
+    **{gpus: "asks for GPUs, which this training does not use (it runs on CPU cores): the job would wait for a GPU "
+             "node and hold its GPUs idle" for gpus in ("gres", "gpus", "gpus-per-node", "gpus-per-task")},
+}
+
+
+def _value_problem(name: str, value: str) -> str | None:
+    """Options the template leaves out that are harmless with some values and break the job with others."""
+    if name == "export" and value.split(",")[0].upper() != "ALL":
+        return ("starts the job without the environment it was submitted from (PATH and the activated Python among "
+                "it): torchrun would not be found")
+    if name in ("output", "error") and value.strip() == "/dev/null":
+        return "throws the job's log away: the ranks' lines that the check (and you) read go nowhere"
+    found = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)B?\s*", value.upper()) if name in ("mem", "mem-per-cpu") else None
+    mib = float(found.group(1)) * {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}[found.group(2)] if found else 0
+    if 0 < mib < 1024:
+        return (f"gives the job {show(value)} of memory (MiB without a unit): Slurm ends it as soon as the processes "
+                "load PyTorch, a few hundred MiB each")
+    return None
+
+
+def _time_problem(read: dict, written: dict, spec: JobSpec, at: str) -> str | None:
+    """The limit fits the work, the warning's lead and the minute by which Slurm may send the warning early."""
+    limit = time_limit_s(read["time"]) if "time" in read else None
+    warning = slurm_signal(read.get("signal"))
+    lead = warning.lead_s if warning else 0
+    shown = show(written.get("time", read.get("time")))
+    if limit is None:
+        return ("no --time: the job would get the partition's default limit, perhaps shorter than it needs, perhaps far "
+                "longer than it asks for. Fix: --time with the work and the warning's lead, e.g. 00:05:00.")
+    if limit == NO_LIMIT:
+        return (f"--time={shown}{at} asks for no time limit: the job gets the partition's longest, waits longer for a "
+                "slot, and its warning comes only then. Fix: a limit the job fits into, e.g. 00:05:00.")
+    if warning is None:
+        return ("no --signal: when the time limit comes, Slurm ends the job without warning and the steps since the "
+                "last checkpoint are lost. Fix: #SBATCH --signal=B:USR1@60 sends SIGUSR1 to the script 60 s before "
+                "the end; its trap passes it on and the training loop checkpoints and stops.")
+    if lead < spec.min_lead_s:
+        return (f"--signal gives {lead} s of warning: too little to write a checkpoint on a busy file system. Fix: at "
+                f"least {spec.min_lead_s} s, a minute to be safe (B:{spec.warning}@60).")
+    need = spec.needed_s + lead + spec.early_s
+    if limit < need:
+        minutes = math.ceil(need / 60)
+        fix = (f"a warning of a minute or two (B:{spec.warning}@60): a {lead} s lead would need a limit of {need} s, "
+               "far more than the work" if need > spec.max_time_s else
+               f"at least {need} s, e.g. {minutes // 60:02d}:{minutes % 60:02d}:00" +
+               (f", or a shorter warning (B:{spec.warning}@60)" if lead > 4 * spec.min_lead_s else ""))
+        return (f"--time of {limit:g} s{at}: the job needs about {spec.needed_s} s, and the warning comes {lead} s "
+                f"before the end, up to {spec.early_s} s earlier still (sbatch's manual), so it could run out of "
+                f"time. Fix: {fix}.")
+    if limit > spec.max_time_s:
+        return (f"--time={shown}{at} asks for {limit / 3600:g} h for about {spec.needed_s // 60} minutes of work: a "
+                "long request waits longer for its slot and holds what it does not use. Fix: the work and the "
+                "warning's lead, with some room: e.g. 00:05:00.")
+    return None
+
+
+def request_problem(script: str, read: dict, written: dict, spec: JobSpec) -> str | None:
+    """What the #SBATCH lines ask for, against the exercise: what no run of the script can show."""
+    nodes = written.get("nodes", read.get("nodes", "1"))
+    try:
+        low, high = node_range(read.get("nodes", "1"))
+    except Problem as why:
+        return f"--nodes={show(nodes)} {why}. Fix: --nodes={spec.nodes}."
+    if (low, high) != (spec.nodes, spec.nodes):
+        suffix = (f" (sbatch reads it as {low if low == high else f'{low}-{high}'} node{'s' * (high != 1)}: k "
+                  "multiplies by 1024, m by 1048576)" if re.search(r"[kKmM]", nodes) else "")
+        return (f"--nodes={show(nodes)}{suffix}: the exercise asks for one node, with {spec.procs_per_node} training "
+                f"processes on it. Fix: --nodes={spec.nodes}.")
+    for name in ("ntasks-per-node", "cpus-per-task"):
+        value, given = read.get(name), written.get(name, read.get(name))
+        if value is None:
+            continue
+        fix = f"Fix: --{name}={spec.tasks_per_node if name == 'ntasks-per-node' else spec.cores_per_task}."
+        if given.isdigit() and value.lstrip("-").isdigit() and int(given) != int(value):
+            return (f"--{name}={show(given)} is too big for sbatch: it reads it as {value}, its counts stop below "
+                    f"{INT_MAX}. {fix}")
+        if not (value.isdigit() and 0 < int(value) < INT_MAX):
+            return f"--{name}={show(given)} is no count sbatch takes (a whole number, 1 or more). {fix}"
+    for name in ("export", "output", "error", "mem", "mem-per-cpu"):
+        why = _value_problem(name, written.get(name, read[name])) if name in read else None
+        if why:
+            return (f"#SBATCH --{name}={show(written.get(name, read[name]))}{line_of(script, '--' + name)} {why}. Fix: "
+                    f"leave --{name} out, as the template does.")
+    for name, why in _CHANGES_THE_JOB.items():
+        if name in read:
+            value = written.get(name)
+            return (f"#SBATCH --{name}{'=' + show(value) if value else ''}{line_of(script, '--' + name)} "
+                    f"{why.format(cores=spec.cores_per_task)}. Fix: leave --{name} out: the template's #SBATCH lines "
+                    "ask for what the exercise needs.")
+    return _time_problem(read, written, spec, line_of(script, "#SBATCH --time") or line_of(script, "#SBATCH -t"))
+
+
+def syntax_problem(script: str) -> str | None:
+    """bash's own reading of the whole script (``bash -n``); None when bash reads it, or where there is no bash."""
+    bash = shutil.which("bash")
+    try:
+        checked = bash and subprocess.run([bash, "-n"], input=script, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if not checked or checked.returncode == 0:
+        return None
+    said = next((line for line in checked.stderr.splitlines() if "syntax error" in line or "unexpected" in line),
+                checked.stderr.strip().splitlines()[0] if checked.stderr.strip() else "a syntax error")
+    return (f"bash would not run it: {show(re.sub(r'^.*?bash: ', '', said), 160)} (what `bash -n` says of the "
+            "script). The commands up to there run, the rest never does. Fix: close every loop, if and quote as the "
+            "template does.")
