@@ -18,7 +18,7 @@ STAMP := $(VENV)/.installed-stamp
 # The kernel the notebooks name (their kernelspec), also what docs/portal.md registers on a portal.
 KERNEL := hpc-dl-workshop
 
-.PHONY: run test test-fast test-loaded slides install clean-venv wheelhouse install-offline
+.PHONY: run test test-fast test-loaded test-every-row slides install clean-venv wheelhouse install-offline
 
 install: $(STAMP)
 
@@ -63,6 +63,12 @@ test: $(STAMP) $(SLIDES_DEPS) $(PORTAL_DEPS)
 # The tests marked neither slow nor notebook (pyproject.toml lists the markers).
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not notebook"
+
+# Every row of Exercise 6.1's answer tables judged by its simulated job too (make test simulates a sample of the
+# rows and judges the rest by what no run shows): bash runs each script in its own namespaces.
+test-every-row: $(STAMP)
+	WORKSHOP_EVERY_ROW=1 $(PY) -m pytest tests/test_slurm_exercise_answers.py tests/test_slurm_exercise_answers_2.py \
+		tests/test_slurm_exercise_answers_3.py tests/test_slurm_exercise_answers_4.py
 
 # The notebook tier with one CPU burner per core beside it (a busy shared runner): verdicts must not change.
 test-loaded: $(STAMP)
