@@ -150,7 +150,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     if not yours(parsed.training_script):
         shown = Path(parsed.training_script).name
         if shown.endswith(".py"):
-            raise NotYet(f"✗ {exercise}: the command runs {parsed.training_script}, not your lab script.",
+            raise NotYet(f"✗ {exercise}: the command runs {shlex.quote(parsed.training_script)}, not your lab script.",
                          f"name the file you edited: {quoted}.")
         raise NotYet(f"✗ {exercise}: torchrun runs its first word after the options, {shown!r}, as the training "
                      f"script, and hands it your file as an argument.",
