@@ -139,3 +139,32 @@ def test_the_sample_of_simulated_rows_names_tests_that_exist():
                 marks = getattr(module, function).pytestmark
                 ids = [m for m in marks if m.name == "parametrize"]
                 assert ids, f"{name}.SIMULATED names a case of {function}, which takes none"
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(time="00:01:00"), ["--time of 60 s (line 6)"]),
+    (dict(nproc_per_node=1), ["--nproc-per-node=1 (line 17)"]),
+    (dict(rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):80"'), ["(line 17)", "port 80"]),
+])
+def test_the_line_at_fault_is_named(change, words, monkeypatch):
+    if change.keys() != {"time"} and job_script_run.namespaces_problem():
+        pytest.skip(f"no PID namespaces here: {job_script_run.namespaces_problem()}")
+    refused(lambda: wu.check_job_script({**SOLVED, **change}), *words)
+
+
+@pytest.mark.skipif(job_script_static.shutil.which("sbatch") is None, reason="no sbatch here to compare with")
+@pytest.mark.parametrize("edit", [lambda s: s, lambda s: s.replace("#SBATCH --nodes=1", "#SBATCH -N 1").replace(
+    "--time=00:05:00", "-t 5"), lambda s: s.replace("--signal=B:USR1@60", "--sig=B:10@45")])
+def test_sbatch_and_slurms_tables_read_the_directives_alike(edit, monkeypatch):
+    """Where sbatch is missing its option tables stand in for it: both must take the same job from a script."""
+    from workshop_utils.lessons.slurm_rules import node_range, slurm_signal, time_limit_s
+
+    def meaning(read):
+        return (node_range(read.get("nodes", "1")), time_limit_s(read.get("time")), slurm_signal(read.get("signal")),
+                read.get("cpus-per-task"), read.get("ntasks-per-node"))
+
+    text = edit(script())
+    by_sbatch = job_script_static.read_directives(text)[0]
+    real = job_script_static.shutil.which
+    monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+    assert meaning(job_script_static.read_directives(text)[0]) == meaning(by_sbatch)

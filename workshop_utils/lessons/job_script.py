@@ -147,8 +147,18 @@ def torchrun_options() -> tuple[dict, ...]:
         kind = "store_true" if takes_none else "remainder" if action.nargs == argparse.REMAINDER else "store"
         type_name = getattr(action.type, "__name__", "str")
         default = action.default if isinstance(action.default, (str, int, float, bool, type(None))) else None
+        if type(action).__name__ in ("env", "check_env"):  # torch's own, which read PET_<NAME> too
+            kind = type(action).__name__
         options.append(dict(flags=list(action.option_strings), dest=action.dest, kind=kind, default=default,
                             type=type_name if type_name in ("int", "float") else "str",
-                            choices=list(action.choices) if action.choices else None,
-                            env="PET_" + action.dest.upper() if type(action).__name__ in ("env", "check_env") else None))
+                            choices=list(action.choices) if action.choices else None))
     return tuple(options)
+
+
+def torch_modules() -> dict[str, str]:
+    """The files of PyTorch's modules that need nothing but the standard library, for the simulated torchrun to
+    load by path: its argument actions and its readers of a rendezvous endpoint and configuration."""
+    from torch.distributed import argparse_util
+    from torch.distributed.elastic.rendezvous import utils
+
+    return dict(argparse_util=argparse_util.__file__, rendezvous_utils=utils.__file__)

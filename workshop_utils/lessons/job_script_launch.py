@@ -28,7 +28,8 @@ from .slurm_rules import slurm_signal
 
 def _megabytes(text: str | None) -> float | None:
     found = re.fullmatch(r"([0-9.]+)([KMGT]?)B?", (text or "").upper())
-    return float(found.group(1)) * {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}[found.group(2)] if found else None
+    units = {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}
+    return float(found.group(1)) * units[found.group(2)] if found else None
 
 
 def srun(argv: list[str]) -> None:
@@ -47,7 +48,8 @@ def srun(argv: list[str]) -> None:
         say("srun: fatal: No command given to execute.", 1)
     names = config["nodes"]
     if "test-only" in options:
-        say(f"srun: Job {job} to start at now using {config['cpus']} processors on nodes {names[0]} in partition cpu", 0)
+        say(f"srun: Job {job} to start at now using {config['cpus']} processors on nodes {names[0]} in partition "
+            "cpu", 0)
     step_nodes = list(range(len(names)))
     if options.get("relative") is not None:
         offset = int(options["relative"]) if options["relative"].isdigit() else -1
@@ -94,7 +96,7 @@ def srun(argv: list[str]) -> None:
 def _task_env(export: str | None, job: str, step: int, names, step_nodes, layout, cpt) -> dict:
     """The tasks' environment: srun's own (--export=ALL), none of it (NONE) or the variables named, then Slurm's."""
     mode = (export or "ALL").split(",")
-    env = dict(os.environ) if mode[0].upper() == "ALL" else {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
+    env = {k: v for k, v in os.environ.items() if mode[0].upper() == "ALL" or k.startswith("SLURM")}
     for item in mode:
         name, equals, value = item.partition("=")
         if equals:
@@ -152,8 +154,9 @@ def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, 
         codes[pid] = status_code(status)
         rank, k = tasks[pid]
         if codes[pid]:
+            killed = {"SIGKILL": "Killed", "SIGTERM": "Terminated"}
             how = (f"Exited with exit code {codes[pid]}" if os.WIFEXITED(status) else
-                   signal.Signals(os.WTERMSIG(status)).name.replace("SIGKILL", "Killed").replace("SIGTERM", "Terminated"))
+                   killed.get(signal.Signals(os.WTERMSIG(status)).name, signal.Signals(os.WTERMSIG(status)).name))
             say(f"srun: error: {names[k]}: task {rank}: {how}")
         try:
             os.killpg(pid, signal.SIGKILL)  # what the task leaves behind ends with it, as slurmstepd does
@@ -209,44 +212,42 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
 # ---------------------------------------------------------------------------------------------- torchrun
 
 
+def _torch(name: str):
+    """One of PyTorch's modules that need only the standard library, loaded by its path (see
+    ``job_script.torch_modules``): importing PyTorch itself would take seconds."""
+    import importlib.util
+
+    with open(os.path.join(standins.SIM, "sim.json")) as file:
+        path = json.load(file)["torch"][name]
+    spec = importlib.util.spec_from_file_location(f"torch_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _torchrun_parser():
-    """torchrun's own parser, rebuilt from its options as the check read them from PyTorch."""
+    """torchrun's own parser, rebuilt from its options as the check read them from PyTorch, with its actions."""
     import argparse
 
+    actions = _torch("argparse_util")
     parser = argparse.ArgumentParser(prog="torchrun")
     with open(os.path.join(standins.SIM, "torchrun.json")) as file:
         options = json.load(file)
     for option in options:
-        default = os.environ.get(option["env"], option["default"]) if option["env"] else option["default"]
-        if option["kind"] == "store_true":
-            parser.add_argument(*option["flags"], dest=option["dest"], action="store_true", default=bool(default))
+        kind = {"int": int, "float": float}.get(option["type"], str)
+        if option["kind"] == "check_env":
+            parser.add_argument(*option["flags"], dest=option["dest"], action=actions.check_env)
+        elif option["kind"] == "store_true":
+            parser.add_argument(*option["flags"], dest=option["dest"], action="store_true")
         elif option["kind"] == "remainder":
             parser.add_argument(option["dest"], nargs=argparse.REMAINDER)
+        elif option["flags"]:
+            parser.add_argument(*option["flags"], dest=option["dest"], type=kind, default=option["default"],
+                                choices=option["choices"], **({"action": actions.env} if option["kind"] == "env"
+                                                              else {}))
         else:
-            kind = {"int": int, "float": float}.get(option["type"], str)
-            named = dict(dest=option["dest"]) if option["flags"] else {}
-            parser.add_argument(*(option["flags"] or [option["dest"]]), type=kind, default=default,
-                                choices=option["choices"], **named)
+            parser.add_argument(option["dest"], type=kind)
     return parser
-
-
-def _endpoint(text: str, default_port: int) -> tuple[str, int]:
-    """torch.distributed.elastic.rendezvous.utils.parse_rendezvous_endpoint, word for word in effect."""
-    endpoint = (text or "").strip()
-    if not endpoint:
-        return "localhost", default_port
-    host, *rest = (endpoint, *[]) if endpoint[0] == "[" and endpoint[-1] == "]" else endpoint.rsplit(":", 1)
-    host = host[1:-1] if len(host) > 1 and host[0] == "[" and host[-1] == "]" else host
-    port = default_port
-    if len(rest) == 1:
-        port = int(rest[0]) if re.match(r"^[0-9]{1,5}$", rest[0]) else None
-        if port is None or port >= 2**16:
-            raise ValueError(f"The port number of the rendezvous endpoint '{endpoint}' must be an integer between 0 "
-                             "and 65536.")
-    if not re.match(r"^[\w\.:-]+$", host):
-        raise ValueError(f"The hostname of the rendezvous endpoint '{endpoint}' must be a dot-separated list of "
-                         "labels, an IPv4 address, or an IPv6 address.")
-    return host, port
 
 
 def _launch_config(args, cores: int) -> dict:
@@ -273,18 +274,11 @@ def _launch_config(args, cores: int) -> dict:
             raise ValueError("Cuda is not available.") from None
         else:
             raise ValueError(f"Unsupported nproc_per_node value: {args.nproc_per_node}") from None
-    conf = {}
-    for pair in filter(None, args.rdzv_conf.strip().split(",")) if args.rdzv_conf.strip() else []:
-        key, _, value = pair.partition("=")
-        if not key.strip():
-            raise ValueError("The rendezvous configuration string must be in format <key1>=<value1>,...,"
-                             "<keyN>=<valueN>.")
-        if not value.strip():
-            raise ValueError(f"The rendezvous configuration option '{key.strip()}' must have a value specified.")
-        conf[key.strip()] = value.strip()
+    rendezvous = _torch("rendezvous_utils")
+    conf = rendezvous._parse_rendezvous_config(args.rdzv_conf)
     static = args.rdzv_backend == "static"
     endpoint = f"{args.master_addr}:{args.master_port}" if static and not args.rdzv_endpoint else args.rdzv_endpoint
-    host, port = _endpoint(endpoint, 29500 if static else 29400)
+    host, port = rendezvous.parse_rendezvous_endpoint(endpoint, 29500 if static else 29400)
     if args.no_python and args.module:
         raise ValueError("Don't use both the '--no-python' flag and the '--module' flag at the same time.")
     return dict(backend=args.rdzv_backend, host=host, port=port, run_id=args.rdzv_id, min=low, max=high,

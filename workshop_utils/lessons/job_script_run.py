@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .job_script import TRAINING, torchrun_options
+from .job_script import TRAINING, torch_modules, torchrun_options
 
 KIT = str(Path(__file__).resolve().parents[2])
 STANDINS = ("srun", "torchrun", "scontrol", "scancel", "pkill", "killall", "hostname", "sleep", "timeout", "python",
@@ -151,7 +151,7 @@ def _build(sim: Path, script: str, run: JobRun) -> Path:
     _write(sim / "fake" / "workshop_utils" / "__init__.py", "")
     _write(sim / "fake" / "workshop_utils" / "train.py", loader + "module.training()\n")
     _write(sim / "torchrun.json", json.dumps(torchrun_options()))
-    _write(sim / "sim.json", json.dumps(dict(python=sys.executable, kit=KIT)))
+    _write(sim / "sim.json", json.dumps(dict(python=sys.executable, kit=KIT, torch=torch_modules())))
     _write(sim / "job.sbatch", script, 0o755)
     env = job_environment(run, str(sim / "work"), str(sim / "bin"))
     if run.random is not None:  # unset, RANDOM is a plain variable: the same in every subshell, one draw of a job

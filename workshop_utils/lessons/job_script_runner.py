@@ -104,7 +104,8 @@ class Runner:
         except OSError:
             return "gone"
         bit = 1 << (number - 1)
-        return "caught" if int(masks["SigCgt"], 16) & bit else "ignored" if int(masks["SigIgn"], 16) & bit else "default"
+        return ("caught" if int(masks["SigCgt"], 16) & bit else "ignored" if int(masks["SigIgn"], 16) & bit else
+                "default")
 
     def children_of(self, pid: int) -> list[dict]:
         return [dict(pid=int(name), command=self.command_of(int(name)), role=self.procs.get(int(name), {}).get("role"))
@@ -367,7 +368,8 @@ class Runner:
         elif kind in ("rdzv_timeout", "store_check"):
             conn, store = payload
             round_ = self.rounds[store]
-            if conn in self.conns.values() and not (round_["closed"] and conn in [x["conn"] for x in round_["members"]]):
+            member = round_["closed"] and conn in [x["conn"] for x in round_["members"]]
+            if conn in self.conns.values() and not member:
                 if kind == "rdzv_timeout":
                     self.rdzv_error(conn, "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: the "
                                           "rendezvous did not complete in time")

@@ -139,7 +139,8 @@ def hostlist(text: str) -> list[str]:
             continue
         for piece in found.group(2).split(","):
             first, _, last = piece.partition("-")
-            names += [f"{found.group(1)}{n:0{len(first)}d}{found.group(3)}" for n in range(int(first), int(last or first) + 1)]
+            numbers = range(int(first), int(last or first) + 1)
+            names += [f"{found.group(1)}{n:0{len(first)}d}{found.group(3)}" for n in numbers]
     return names
 
 
@@ -395,8 +396,9 @@ def slurm_client(argv: list[str]) -> None:
 
 CLIENTS = ("sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat", "sattach", "sbcast", "strigger", "sprio",
            "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
-PROGRAMS = {"scancel": scancel, **{name: slurm_client for name in CLIENTS}, "pkill": pkill, "killall": killall, "scontrol": scontrol, "hostname": hostname, "sleep": sleep,
-            "timeout": timeout, "apptainer": container, "singularity": container}
+PROGRAMS = {"scancel": scancel, **{name: slurm_client for name in CLIENTS}, "pkill": pkill, "killall": killall,
+            "scontrol": scontrol, "hostname": hostname, "sleep": sleep, "timeout": timeout, "apptainer": container,
+            "singularity": container}
 
 
 def main(sim: str) -> None:

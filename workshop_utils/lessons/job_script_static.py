@@ -67,17 +67,17 @@ def text_problem(script: str) -> str | None:
         found = _ODD_DASHES.search(code)                                                   # are data
         if found:
             looks = "an invisible soft hyphen" if found.group(1)[0] == "\u00ad" else "a dash that looks like a hyphen"
-            return (f"line {number} holds {show(found.group(1))} (U+{ord(found.group(1)[0]):04X}, {looks}, often pasted "
-                    "from slides or a PDF) where an option starts: sbatch, srun, torchrun and kill take only the plain "
-                    "hyphen-minus, so they do not see that option. Fix: type the option's hyphens again.")
+            return (f"line {number} holds {show(found.group(1))} (U+{ord(found.group(1)[0]):04X}, {looks}, often "
+                    "pasted from slides or a PDF) where an option starts: sbatch, srun, torchrun and kill take only "
+                    "the plain hyphen-minus, so they do not see that option. Fix: type the option's hyphens again.")
     if len(script) > 50 * _LONGEST_WORD or re.search(r"\S{%d}" % (_LONGEST_WORD + 1), script):
         return (f"the script holds a word longer than {_LONGEST_WORD} characters (or is longer than "
                 f"{50 * _LONGEST_WORD}), which no job script needs. Fix: the template, its gaps filled.")
     escaped = re.search(r"(?<!\\)(?:\\\\)*\\[ \t]+\n", script)
     if escaped:
-        return (f"line {script.count(chr(10), 0, escaped.start()) + 1} ends in a backslash and a space: bash escapes the "
-                "space, not the line break, so the command ends there and the next line runs as a command of its own. "
-                "Fix: nothing after the backslash.")
+        return (f"line {script.count(chr(10), 0, escaped.start()) + 1} ends in a backslash and a space: bash escapes "
+                "the space, not the line break, so the command ends there and the next line runs as a command of its "
+                "own. Fix: nothing after the backslash.")
     return _shebang_problem(script.split("\n", 1)[0])
 
 
@@ -212,8 +212,8 @@ def _time_problem(read: dict, written: dict, spec: JobSpec, at: str) -> str | No
     lead = warning.lead_s if warning else 0
     shown = show(written.get("time", read.get("time")))
     if limit is None:
-        return ("no --time: the job would get the partition's default limit, perhaps shorter than it needs, perhaps far "
-                "longer than it asks for. Fix: --time with the work and the warning's lead, e.g. 00:05:00.")
+        return ("no --time: the job would get the partition's default limit, perhaps shorter than it needs, perhaps "
+                "far longer than it asks for. Fix: --time with the work and the warning's lead, e.g. 00:05:00.")
     if limit == NO_LIMIT:
         return (f"--time={shown}{at} asks for no time limit: the job gets the partition's longest, waits longer for a "
                 "slot, and its warning comes only then. Fix: a limit the job fits into, e.g. 00:05:00.")

@@ -62,7 +62,7 @@ class Judge:
         """How the batch shell ended, in words."""
         end = next(iter(self.o.of("batch_end")), None)
         if end is None:
-            return "the job ran until its time limit" if self.o.reason == "time_limit" else "the batch shell kept running"
+            return "the job ran until its time limit" if self.o.reason == "time_limit" else "the batch shell ran on"
         how = f"with exit status {end['status']}" if end["signal"] is None else f"killed by {end['signal']}"
         return f"the batch shell ended {how} after {end['t']:g} s"
 
@@ -90,8 +90,9 @@ class Judge:
                     "srun" in a["under"] for a in self.agents) else
                     f" (srun {' '.join(self._srun_words(srun))} started it on {NODE_NAMES[0]} only)" if srun else "")
                 return (f"{where}torchrun started on {NODE_NAMES[0]} only, none on {name}{how}: the rendezvous would "
-                        f"wait for {name}'s agent until it times out. Fix: srun --cpus-per-task=\"$SLURM_CPUS_PER_TASK\""
-                        " torchrun ..., as in the template, with no srun option that picks the nodes or tasks.")
+                        f"wait for {name}'s agent until it times out. Fix: srun "
+                        "--cpus-per-task=\"$SLURM_CPUS_PER_TASK\" torchrun ..., as in the template, with no srun "
+                        "option that picks the nodes or tasks.")
             if len(here) > 1:
                 if len({a["ppid"] for a in here}) == 1:  # one srun's tasks
                     nproc = self.launches.get(here[0]["pid"], {}).get("nproc", "?")
@@ -100,9 +101,9 @@ class Judge:
                             f"{_n(nproc, 'process')}, {total} per node: {len(here)} torchrun agents on {name}, each "
                             "taken for a node of its own by the rendezvous. Fix: --ntasks-per-node=1 (the one task is "
                             "torchrun) and --nproc-per-node the processes per node.")
-                return (f"{where}the job started torchrun {len(here)} times on {name}: it would train {len(here)} times "
-                        "over, side by side on the same cores. Fix: one launch line, at the script's top level, as in "
-                        "the template.")
+                return (f"{where}the job started torchrun {len(here)} times on {name}: it would train {len(here)} "
+                        "times over, side by side on the same cores. Fix: one launch line, at the script's top level, "
+                        "as in the template.")
         if not any("srun" in a["under"] for a in self.agents):
             return (f"torchrun is started without srun{line_of(script, 'torchrun')}: the batch shell runs on the job's "
                     "first node only, so with --nodes=2 (the notebook: only #SBATCH --nodes changes) the second node "
@@ -147,7 +148,8 @@ class Judge:
             args = next(a for a in self.agents if a["pid"] == pid)
             if launch["nproc"] != spec.procs_per_node:
                 raw = next((w for w in args["argv"] if "nproc" in w), "--nproc-per-node")
-                return (f"{show(raw)}{line_of(self.script, 'nproc')}: torchrun started {launch['nproc']} training "
+                at = line_of(self.script, raw.split("=")[0] + "=")
+                return (f"{show(raw)}{at}: torchrun started {launch['nproc']} training "
                         f"process(es) on {NODE_NAMES[launch['node']]}, not the {spec.procs_per_node} the exercise asks "
                         f"for. Fix: --nproc-per-node={spec.procs_per_node}.")
             if not launch["module"] or launch["script"] != "workshop_utils.train" or launch["run_path"]:
@@ -159,8 +161,8 @@ class Judge:
                         "template.")
             if launch["port"] == 0 and not launch["implicit"]:
                 return (f"port 0{line_of(self.script, '--rdzv-endpoint')} (in job {self.o.run.job_id}) is not a port "
-                        "torchrun's agents can meet on: the first node's agent would listen on whatever port the system "
-                        f"picks, which the other nodes' agents cannot know. Fix: {RDZV_FIX}.")
+                        "torchrun's agents can meet on: the first node's agent would listen on whatever port the "
+                        f"system picks, which the other nodes' agents cannot know. Fix: {RDZV_FIX}.")
         return None
 
     # ------------------------------------------------------------------------------------------ the rendezvous
@@ -184,8 +186,8 @@ class Judge:
             if error.get("nobody_hosts"):
                 conf = (self.launches.get(error["pid"], {}).get("conf") or {}).get("is_host")
                 told = f" (--rdzv-conf is_host={conf}: no agent decides it hosts)" if conf else ""
-                return (f"{where}no agent hosted the rendezvous{told}: torchrun on {NODE_NAMES[error['node']]} was told "
-                        f"to meet at {show(self._endpoint_of(error['pid']))}, where no agent listens "
+                return (f"{where}no agent hosted the rendezvous{told}: torchrun on {NODE_NAMES[error['node']]} was "
+                        f"told to meet at {show(self._endpoint_of(error['pid']))}, where no agent listens "
                         f"({show(error['error'], 80)}). {fix}")
             conf = self.launches.get(error["pid"], {}).get("conf") or {}
             return (f"{where}torchrun on {NODE_NAMES[error['node']]} stopped waiting for the other nodes' agents "
@@ -196,7 +198,8 @@ class Judge:
         waiting = [j for j in joins if not any(j["store"] == d["store"] for d in done)]
         if self.nodes == 1 and waiting:
             said = self._nnodes()
-            return (f"torchrun waited for {waiting[0]['min']} nodes ({show(said)}{line_of(self.script, '--nnodes')}) in "
+            at = line_of(self.script, "--nnodes").replace(" (line", ", line").rstrip(")")
+            return (f"torchrun waited for {waiting[0]['min']} nodes ({show(said)}{at}) in "
                     "a job of one: the rendezvous never completed, and nothing trained. Fix: "
                     "--nnodes=\"$SLURM_JOB_NUM_NODES\", Slurm's count of the job's nodes.")
         if self.nodes > 1 and not any(len(d["nodes"]) == self.nodes for d in done):
@@ -276,8 +279,8 @@ class Judge:
             return (f"srun starts torchrun without --cpus-per-task{line_of(self.script, 'torchrun')}: Slurm 22.05 to "
                     "23.02 do not pass the job's --cpus-per-task on to srun, so there its one task gets one core and "
                     f"the {spec.procs_per_node} training processes take turns on it. Fix: srun "
-                    "--cpus-per-task=\"$SLURM_CPUS_PER_TASK\" torchrun ..., as in the template, which every Slurm reads "
-                    "alike.")
+                    "--cpus-per-task=\"$SLURM_CPUS_PER_TASK\" torchrun ..., as in the template, which every Slurm "
+                    "reads alike.")
         if cores < need:
             return (f"--cpus-per-task={cores} for {spec.procs_per_node} training processes: they would take turns on "
                     f"{cores} core(s). Fix: --cpus-per-task={need} (one core per process here).")
@@ -342,10 +345,11 @@ class Judge:
                         "to the training alone. Fix: pkill -USR1 -f \"python[0-9.]* -u -m workshop_utils.train\".")
             step = next((e for e in self.sruns.values() if (e.get("options") or {}).get("signal")), None)
             if step:
-                return (f"srun --signal={show(step['options']['signal'])} on the launch{line_of(self.script, '--signal=')}"
-                        " makes Slurm signal the step's tasks, the torchrun agents, which it ends, and their training "
-                        "processes with them. Fix: no --signal on srun: #SBATCH --signal=B:... warns the batch shell, "
-                        "whose trap passes it on.")
+                at = line_of(self.script, "srun --signal")
+                return (f"srun --signal={show(step['options']['signal'])} on the launch{at} makes Slurm signal the "
+                        "step's tasks, the torchrun agents, which it ends, and their training processes with them. "
+                        "Fix: no --signal on srun: #SBATCH --signal=B:... warns the batch shell, whose trap passes it "
+                        "on.")
             return (f"{where}the warning reached torchrun itself{by}, which {hit['signal']} ends, and its training "
                     "processes with it, before any checkpoint: a pattern that matches torchrun's own command line "
                     "(it names the module too) or its name. Fix: pkill -USR1 -f \"python[0-9.]* -u -m "

@@ -321,8 +321,8 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
         raise kit_failure(exercise, err) from err
     if problem:
         _refuse(exercise, problem)
-    folder = _text_then_cluster(exercise, None, f"{len(sweep_lines)} tasks read their lines", "they were not run here", "ex62",
-                                jobs_dir)
+    folder = _text_then_cluster(exercise, None, f"{len(sweep_lines)} tasks read their lines", "they were not run here",
+                                "ex62", jobs_dir)
     if folder is None:
         return True
     (folder / "sweep.txt").write_text("\n".join(sweep_lines) + "\n")
