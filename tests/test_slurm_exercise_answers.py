@@ -78,16 +78,19 @@ STATIC_PART = {"test_exercise_61_answers_anything_given_for_a_gap_in_one_line",
 
 
 def simulate_the_sample(request, monkeypatch) -> None:
-    if EVERY_ROW or request.node.name in getattr(request.module, "SIMULATED", ()):
+    unrunnable = se.namespaces_problem()  # a machine without PID namespaces judges by the first part alone
+    if not unrunnable and (EVERY_ROW or request.node.name in getattr(request.module, "SIMULATED", ())):
         return
     static_part = request.node.originalname in getattr(request.module, "STATIC_PART", ())
 
     def not_simulated(*args):
         if static_part:
             return None
-        pytest.skip("judged by a simulated job, which make test runs for a sample of the rows: "
-                    "WORKSHOP_EVERY_ROW=1 runs it for this one")
+        pytest.skip(f"judged by a simulated job, which this machine cannot run ({unrunnable})" if unrunnable else
+                    "judged by a simulated job, which make test runs for a sample of the rows: WORKSHOP_EVERY_ROW=1 "
+                    "runs it for this one")
 
+    monkeypatch.setattr(se, "namespaces_problem", lambda: None)  # the rows' words are the simulated job's
     monkeypatch.setattr(se, "behaviour_problem", not_simulated)
 
 
