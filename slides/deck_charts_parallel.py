@@ -136,6 +136,9 @@ def ddp_predicted_scaling(d: ChartData) -> Drawn:
     said = str(d.records["section-ddp-comm-model"].get("text", ""))
     estimated = "estimat" in said.lower()
     elsewhere = re.search(r"GPU step measured (on one .+?, \d{4}-\d{2}-\d{2})", said)
+    # The link figures the notebook took from the data sheets, in its sentence: "... -> 450 GB/s each way".
+    speeds = re.findall(r"(\d[\d,.]*) GB/s each way", said)
+    links = f"data-sheet links ({' and '.join(speeds)} GB/s each way)" if speeds else "data-sheet links"
     parts = []
     for name, step in steps.items():
         if step is None:
@@ -143,11 +146,11 @@ def ddp_predicted_scaling(d: ChartData) -> Drawn:
         if "measured" in name.lower():
             parts.append(f"the measured link from this machine's {fmt_ms(step)} step")
         elif estimated:
-            parts.append(f"data-sheet links from an estimated {fmt_ms(step)} GPU step (not measured)")
+            parts.append(f"{links} from an estimated {fmt_ms(step)} GPU step (not measured)")
         elif elsewhere:
-            parts.append(f"data-sheet links from the {fmt_ms(step)} GPU step measured {elsewhere.group(1)}")
+            parts.append(f"{links} from the {fmt_ms(step)} GPU step measured {elsewhere.group(1)}")
         else:
-            parts.append(f"data-sheet links from the measured {fmt_ms(step)} step")
+            parts.append(f"{links} from the measured {fmt_ms(step)} step")
     star = f"; the star measured on {d.device('section-ddp-scaling')}" if weak else ""
     return Drawn(fig, "predicted by the ring model: " + ", ".join(parts) + star)
 

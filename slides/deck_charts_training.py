@@ -193,7 +193,17 @@ PHASES = (("data_ms", "data"), ("forward_ms", "forward"), ("backward_ms", "backw
 
 @chart("ladder_breakdown", "section-ladder-breakdown")
 def ladder_breakdown(d: ChartData) -> Drawn:
-    rows = [row for row in rows_of(d.records["section-ladder-breakdown"]) if number(row.get("step_ms")) is not None]
+    return _breakdown(d, "section-ladder-breakdown")
+
+
+@chart("gpt_ladder_breakdown", "section-gpt-ladder-breakdown")
+def gpt_ladder_breakdown(d: ChartData) -> Drawn:
+    return _breakdown(d, "section-gpt-ladder-breakdown")
+
+
+def _breakdown(d: ChartData, key: str) -> Drawn:
+    """A step's milliseconds by phase for each rung: the phase that is longest on the top rung is the next to fix."""
+    rows = [row for row in rows_of(d.records[key]) if number(row.get("step_ms")) is not None]
     fig, ax = d.figure()
     positions = list(range(len(rows)))[::-1]
     left = [0.0] * len(rows)
@@ -206,12 +216,13 @@ def ladder_breakdown(d: ChartData) -> Drawn:
     for y, row, end in zip(positions, rows, left):
         ax.annotate(f"{fmt_sig(row['step_ms'])} ms", (max(end, row["step_ms"]), y), xytext=(6, 0),
                     textcoords="offset points", va="center")
-    headroom(ax, 1.2, horizontal=True)
+    headroom(ax, 1.2 if d.width > 900 else 1.35, horizontal=True)
     ax.set_yticks(positions, [rung_label(row["rung"]) for row in rows])
-    ax.set_xlabel("milliseconds per profiled step, by phase")
+    ax.set_xlabel("ms per profiled step, by phase" if d.width <= 900 else "milliseconds per profiled step, by phase")
     ax.grid(axis="y", visible=False)
     thousands(ax.xaxis)
-    legend_above(fig, ax)
+    phases = len(ax.get_legend_handles_labels()[0])
+    legend_above(fig, ax, ncols=phases if d.width > 900 else min(phases, 3))  # a side column fits three a row
     return Drawn(fig, f"measured under the profiler on {d.device()} (its overhead included)")
 
 
@@ -226,10 +237,18 @@ def io_layouts(d: ChartData) -> Drawn:
     bars = ax.barh(positions, values, 0.7, color=PALETTE[0])
     label_bars(ax, bars, [fmt_count(v) for v in values], horizontal=True)
     headroom(ax, 1.3, horizontal=True)
-    names = {"device": "device memory", "memory": "host memory"}
-    opened = lambda n: f"{fmt_count(n)} file{'s' if n != 1 else ''} opened" if n else "no file opened"
-    ax.set_yticks(positions, [f"{names.get(row['layout'], human(row['layout']))}\n{opened(row['files'])}"
-                              for row in rows])
+    # On a CPU the device is the CPU: its "device" layout is torch tensors in the same host memory as the arrays.
+    on_gpu = d.environment().get("device_type") == "cuda"
+    in_memory = {"memory": "in host memory\nNumPy arrays, no file",
+                 "device": "in GPU memory\ntensors, no file" if on_gpu else "in host memory\ntorch tensors, no file"}
+
+    def label(row) -> str:
+        if row["layout"] in in_memory and not row["files"]:
+            return in_memory[row["layout"]]
+        files = int(row["files"])
+        return f"{human(row['layout'])}\n{fmt_count(files)} file{'s' if files != 1 else ''} opened"
+
+    ax.set_yticks(positions, [label(row) for row in rows])
     ax.set_xlabel("thousand images read per second")
     ax.grid(axis="y", visible=False)
     thousands(ax.xaxis)

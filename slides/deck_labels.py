@@ -132,3 +132,33 @@ def memory_stop_label(status) -> str | None:
     if cap:
         return f"over the {cap.group(1)} MiB cap"
     return "out of memory" if text.startswith("out of memory") else None
+
+
+GPT_SIZES = {"tiny": "the tiny GPT", "gpt2-small": "GPT-2 small"}
+
+
+def config_words(record: dict) -> str:
+    """What a training record ran, in words from its own config: "the tiny GPT, 16 × 128 tokens a step, 40 steps,
+    fp32" or "SimpleCNN, batch 64, 3 epochs, fp32"; "" for a record that holds no training config."""
+    config, metrics = record.get("config") or {}, record.get("metrics") or {}
+    if not config:  # not a training record: what ran is in its notebook's section
+        return ""
+    model = config.get("model")
+    if model == "gpt":
+        parts = [GPT_SIZES.get(config.get("gpt_size"), f"GPT {config.get('gpt_size', '')}".strip())]
+        if config.get("batch_size") and config.get("sequence_length"):
+            parts.append(f"{config['batch_size']} × {config['sequence_length']} tokens a step")
+    else:
+        parts = [human(model or "model")]
+        if config.get("batch_size"):
+            parts.append(f"batch {config['batch_size']}")
+    if (config.get("accumulation_steps") or 1) > 1:
+        parts.append(f"{config['accumulation_steps']} micro-batches a step")
+    steps = config.get("max_steps") or metrics.get("steps")
+    if steps:
+        parts.append(f"{steps:,} steps")
+    elif config.get("epochs"):
+        parts.append(f"{config['epochs']} epoch{'s' if config['epochs'] != 1 else ''}")
+    if config.get("precision"):
+        parts.append(str(config["precision"]))
+    return ", ".join(parts)

@@ -19,10 +19,10 @@ import deck_charts
 from deck_code import CodeDirectives, _html, _yes
 from deck_day import SESSIONS, session_notebooks, session_of
 from deck_figures import FigureDirectives
-from deck_notes import NOTES
+from deck_notes import NOTES, gpt_time_estimate
 from deck_quotes import THROUGHPUT
 from deck_results import PATH_PART, REPO, RUN_FIRST, BuildError, Results, Source, _date, _device, _lookup
-from deck_labels import table_rows
+from deck_labels import config_words, table_rows
 from deck_tables import curate
 
 DIRECTIVE = re.compile(r"\{\{(\w+)((?:[^{}]|\{[^{}]*\})*)\}\}")
@@ -176,17 +176,43 @@ class Renderer(CodeDirectives, FigureDirectives):
         reasons = self.quote_rows([row], source) if isinstance(row, dict) else []
         return reasons[0] if reasons else None
 
-    def d_gpu(self, what: str, *args: str) -> str:
+    def d_gpu(self, what: str, *args: str, **options: str) -> str:
         """What the kit measured on a GPU, with the GPU and the date, or that nothing was (``system.gpu_records``):
-        ``{{gpu mfu}}`` (GPT-2 small), ``{{gpu simplecnn}}`` (per loader), ``{{gpu precision MODEL MODE}}``."""
+        ``{{gpu mfu}}`` (GPT-2 small), ``{{gpu simplecnn}}`` (per loader), ``{{gpu precision MODEL MODE}}``, and
+        ``{{gpu gpt_time tokens=N batch=B gpus=G steps=S}}``: a job's time estimated from the measured rates."""
         from workshop_utils.system import gpu_records
 
         sentences = {"mfu": gpu_records.gpt_mfu_sentence, "simplecnn": gpu_records.simplecnn_sentence,
                      "precision": gpu_records.precision_sentence}
+        sentences["gpt_time"] = gpt_time_estimate
         if what not in sentences:
             raise BuildError(f"{self.deck}: {{{{gpu {what}}}}}: no such GPU figure", f"use one of {sorted(sentences)}")
         self.sources.append("results/reference/gpu/: GPU records")
-        return _html(sentences[what](*args))
+        try:
+            return _html(sentences[what](*args, **options))
+        except TypeError as err:
+            raise BuildError(f"{self.deck}: {{{{gpu {what}}}}}: {err}", "see slides/README.md") from None
+
+    def d_measured(self, name: str, notebook: str = "") -> str:
+        """Small print under numbers quoted one by one from a training record (``{{value}}``): what ran, in the
+        record's own settings, at which profile, in which run, at which commit, and the file:
+        ``{{measured gpt notebook="01"}}``."""
+        record, source = self.results.record(name)
+        if record is None:
+            return self.notice(f"record {name} is in no run folder and not in the reference results",
+                               f"run `{RUN_FIRST}` first")
+        env = record.get("environment") or source.environment
+        self.provenance(f"values of {name}", source, env)  # a fallback is listed like every other
+        profile = source.profile(notebook)
+        run = "the reference run" if source.kind == "reference results" else f"run {source.folder.name}"
+        commit = str(record.get("git_commit") or source.commit or "")[:7]
+        line = (f"Measured by {f'notebook {notebook}' if notebook else 'its notebook'}"
+                + (f" at its {profile} profile" if profile else "")
+                + (f" ({config_words(record)})" if config_words(record) else "") + ": "
+                f"{run} of {_date(env)}" + (f" at commit {commit}" if commit else "") + f", {_device(env)}; "
+                f"{source.label}/results/{name}.json")
+        self.sources.append(f"{source.label}/results/{name}.json")
+        return f'<p class="fineprint">{_html(line)}</p>'
 
     def d_has(self, name: str, path: str = "") -> str:  # used only inside {{if}}: never rendered
         return ""
@@ -208,6 +234,7 @@ class Renderer(CodeDirectives, FigureDirectives):
             return self.notice(f"section {key} is in no run folder and not in the reference results",
                                f"run `{RUN_FIRST}` first (the notebook that records it writes it into the run folder)")
         fine = [self.provenance(f"section {key}", source, record.get("environment"))]
+        notes = []  # what a column means: read with the numbers, so larger than the small print
         parts, quoted = [], []  # quoted: the rows whose throughput the slide shows (deck_quotes)
         if _yes(text) and record.get("text"):
             parts.append(f'<p class="small">{_html(whole_sentences(record["text"], 420))}</p>')
@@ -215,7 +242,8 @@ class Renderer(CodeDirectives, FigureDirectives):
         if _yes(table) and rows_data:
             rendered = curate(key, rows_data, int(rows) if rows else None)
             parts.append(html_table(rendered))
-            fine = rendered.notes + ([rendered.left_out] if rendered.left_out else []) + fine
+            notes = list(rendered.notes)
+            fine = ([rendered.left_out] if rendered.left_out else []) + fine
             if any(h.startswith("Throughput") for h in rendered.headers):
                 quoted += rendered.shown_rows
         figure_html = ""
@@ -234,9 +262,11 @@ class Renderer(CodeDirectives, FigureDirectives):
         else:
             body = "".join(parts) + figure_html
         if _yes(explain) and key in NOTES:  # under the table and the figure, the slide's full width
-            body += "".join(f'<p class="explain">{paragraph}</p>' for paragraph in NOTES[key](record))
+            body += "".join(f'<p class="explain">{paragraph}</p>'
+                            for paragraph in NOTES[key](record, source.records.get))
         self.sources.append(f"{source.label}/results/section-{key}.json")
-        small = "".join(f'<p class="fineprint">{_html(line)}</p>' for line in fine)
+        small = "".join(f'<p class="note">{_html(line)}</p>' for line in notes) + \
+            "".join(f'<p class="fineprint">{_html(line)}</p>' for line in fine)
         return f"{body}{self.why_html(self.quote_rows(quoted, source))}{small}"
 
     def d_table(self, key: str, rows="", optional="no", notebook="") -> str:

@@ -82,6 +82,21 @@ class Source:
                    if isinstance(r.get("git_commit"), str) and re.fullmatch(r"[0-9a-f]{7,40}", r["git_commit"])]
         return max(sorted(set(commits)), key=commits.count) if commits else None
 
+    def profile(self, notebook: str = "") -> str | None:
+        """The profile (cpu, gpu) the folder's notebook ``NN`` ran at, as the runner recorded it (notebooks.json,
+        else reference.json); None where the folder does not say."""
+        for name in ("notebooks.json", "reference.json"):
+            try:
+                recorded = json.loads((self.folder / name).read_text())
+            except (OSError, ValueError):
+                continue
+            entries = recorded if isinstance(recorded, list) else [recorded]
+            for entry in entries:
+                if (isinstance(entry, dict) and entry.get("profile")
+                        and str(entry.get("notebook", notebook)).startswith(notebook)):
+                    return str(entry["profile"])
+        return None
+
     def describe(self, env: dict | None = None) -> str:
         env = env or self.environment
         at = f" at commit {self.commit}" if self.commit else ""

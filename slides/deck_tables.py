@@ -67,6 +67,8 @@ def _one_baseline_per_column(rows: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         row = dict(row)
+        # What the in-memory layouts hold (on a CPU the "device" is the CPU: tensors in host memory too).
+        row["layout"] = {"memory": "arrays", "device": "tensors"}.get(row.get("layout"), row.get("layout"))
         if _is_empty(row.get("files")):
             row["vs_loader"], row["vs_small_files"] = row.get("vs_small_files"), None
         out.append(row)

@@ -138,6 +138,139 @@ def test_no_list_item_breaks_mid_sentence(deck, rendered):
     assert not continued, continued
 
 
+def _slides(deck: str) -> list[str]:
+    """A deck template's slides, speaker notes left out."""
+    text = (SLIDES / "decks" / f"{deck}.md").read_text()
+    return [re.sub(r"<!--.*?-->", "", slide, flags=re.S) for slide in text.split("\n---\n")]
+
+
+@pytest.mark.parametrize("deck", DECKS)
+def test_every_deck_shows_the_gpt(deck, rendered):
+    """The GPT is the day's second workload: decks 00 and 04 never named it on a slide."""
+    text, _ = rendered[deck]
+    assert "GPT" in re.sub(r"<!--.*?-->", "", text, flags=re.S), deck
+
+
+@pytest.mark.parametrize("deck", DECKS)
+def test_a_slide_quoting_a_record_says_where_it_was_measured(deck):
+    """01's GPT slide quoted tokens/s with no run, profile or commit beside them. A slide quoting a value of a
+    measurement record (not a report section, which says so itself) shows a {{measured}} line, a section or a
+    figure of that run."""
+    for slide in _slides(deck):
+        for name in set(re.findall(r"\{\{value ([\w.-]+)", slide)):
+            record = REFERENCE / "results" / f"{name}.json"
+            if not record.is_file() or json.loads(record.read_text()).get("kind") == "section":
+                continue
+            assert re.search(rf"\{{\{{measured {re.escape(name)}\b|\{{\{{section |\{{\{{figure ", slide), \
+                f"{deck}: a slide quotes {name} without saying where it was measured"
+
+
+def test_the_measured_line_names_the_run_profile_commit_and_record(rendered):
+    text, _ = rendered["01_fundamentals"]
+    slide = next(s for s in text.split("\n---\n") if "The second workload" in s)
+    line = re.search(r'<p class="fineprint">(Measured by notebook 01[^<]*)</p>', slide).group(1)
+    record = json.loads((REFERENCE / "results" / "gpt.json").read_text())
+    profile = json.loads((REFERENCE / "reference.json").read_text())["profile"]
+    assert f"at its {profile} profile" in line and f"at commit {record['git_commit'][:7]}" in line
+    assert f"{record['config']['batch_size']} × {record['config']['sequence_length']} tokens a step" in line
+    assert "results/reference/results/gpt.json" in line and "the reference run of" in line
+    results = build.find_results(None, REFERENCE)
+    renderer = Renderer(results, "x")
+    assert "missing" in renderer.render('{{measured no-such-record notebook="01"}}')
+    assert renderer.missing == ["x: record no-such-record is in no run folder and not in the reference results "
+                                "(run `make run` first)"]
+
+
+def test_deck_03_shows_the_gpts_precision_and_what_bounds_each_gpt_rung(rendered):
+    text, renderer = rendered["03_optimization"]
+    slides = text.split("\n---\n")
+    precision = next(s for s in slides if "The same modes on the GPT" in s)
+    section = json.loads((REFERENCE / "results" / "section-precision-gpt.json").read_text())
+    assert f"{section['table'][1]['tokens/s']:,.0f}" in precision  # the section's own table
+    seed = json.loads((REFERENCE / "results" / "gpt-fp32-seed1.json").read_text())
+    spread = abs(seed["metrics"]["final_test_loss"] - section["table"][0]["test loss (nats/token)"])
+    assert f"seed-to-seed spread of {spread:.3f}" in precision
+    ladder = next(s for s in slides if "The GPT's own ladder" in s)
+    assert 'data-chart="gpt_ladder_breakdown"' in ladder
+    assert {"ladder_breakdown", "gpt_ladder_breakdown"} <= {chart.name for chart in renderer.charts}
+
+
+def test_a_gpt_loss_gap_is_read_against_fp32s_seed_spread():
+    from deck_notes import precision_gpt_note
+
+    def section(bf16_loss, note=""):
+        return {"table": [{"precision": "fp32", "test loss (nats/token)": 3.0, "speed-up vs fp32": 1.0, "note": ""},
+                          {"precision": "bf16", "test loss (nats/token)": bf16_loss, "note": note}]}
+
+    seed = {"gpt-fp32-seed1": {"metrics": {"final_test_loss": 3.02}}}
+    inside = precision_gpt_note(section(3.01), seed.get)[0]
+    assert "+0.010 nats/token" in inside and "inside fp32's own seed-to-seed spread of 0.020" in inside
+    assert "no measurable effect" in inside
+    outside = precision_gpt_note(section(3.1), seed.get)[0]
+    assert "outside" in outside and "no measurable effect" not in outside
+    assert precision_gpt_note(section(3.1, "speed probe: 2 of 40 steps"), seed.get) == \
+        ["bf16: speed probe: 2 of 40 steps."]
+    assert precision_gpt_note(section(3.01), {}.get) == []  # no second seed: no verdict
+
+
+def _gpt_run(folder, tokens_per_s, batch=16):
+    (folder / f"run-{tokens_per_s}.json").write_text(json.dumps({
+        "benchmark": "gpt_throughput", "profile": "gpu",
+        "environment": {"device_name": "NVIDIA H100 80GB HBM3", "date": "2026-11-26T00:00:00"},
+        "settings": {"modes": ["bf16"], "gpt_size": "gpt2-small", "batch_sequences": batch, "sequence_tokens": 1024,
+                     "compile": True},
+        "summary": {"bf16_mfu": 0.4, "bf16_tokens_per_s": tokens_per_s}}))
+
+
+def test_a_jobs_time_is_estimated_from_the_measured_rates_and_says_so(tmp_path):
+    from deck_notes import gpt_time_estimate
+
+    _gpt_run(tmp_path, 2**19 / 60)  # one step of 2^19 tokens a minute on one GPU
+    _gpt_run(tmp_path, 2**19 / 30)
+    _gpt_run(tmp_path, 1.0, batch=64)  # another size: left out
+    said = gpt_time_estimate(tokens=str(2**19), batch="16", gpus="4", steps="120", folder=tmp_path)
+    assert said.startswith("estimated, not measured") and "H100 80GB HBM3, 2026-11-26" in said
+    assert "take 15 to 30 minutes on 4 GPUs" in said  # 120 steps of 30 or 60 GPU-seconds, on 4 GPUs
+    assert "no GPU run" in gpt_time_estimate(batch="16", folder=tmp_path / "empty")
+
+
+def test_the_gpt_job_on_deck_04_asks_for_gpt_2s_batch_with_real_flags():
+    """The command trains what the slide says: --gpus x --batch-size x --accumulation-steps x the context is 2^19
+    tokens, the estimate beside it is of that many tokens and steps, and every flag is one the module takes."""
+    slide = next(s for s in _slides("04_slurm") if "The GPT as a batch job" in s)
+    block = re.search(r"```bash\n(.*?)```", slide, re.S).group(1).replace("\\\n", " ")
+    tokens = shlex.split(block)
+    option = {t.split("=")[0]: t.split("=", 1)[1] for t in tokens if t.startswith("--") and "=" in t}
+    value = lambda flag: tokens[tokens.index(flag) + 1]
+    context = wu.GPT_SIZES[value("--gpt-size")].context
+    batch = int(option["--gpus"]) * int(value("--batch-size")) * int(value("--accumulation-steps")) * context
+    assert batch == 2**19
+    estimate = re.search(r"\{\{gpu gpt_time ([^}]*)\}\}", slide).group(1)
+    assert f"tokens={batch}" in estimate and f"steps={value('--steps')}" in estimate
+    assert f"gpus={option['--gpus']}" in estimate and f"batch={value('--batch-size')}" in estimate
+    helped = subprocess.run([sys.executable, "-m", "workshop_utils.train", "--help"], capture_output=True, text=True,
+                            cwd=REPO, timeout=300).stdout
+    script = tokens.index("slurm/train_one_node.sbatch")
+    for token in tokens[script + 1:]:
+        if token.startswith("--"):
+            assert re.search(rf"(?<![\w-]){re.escape(token)}(?![\w-])", helped), token
+
+
+def test_the_storage_chart_names_no_device_memory_on_a_cpu():
+    """04's I/O chart said "device memory" for a CPU run, where the device is the CPU and its memory the host's."""
+    import deck_charts
+
+    section = json.loads((REFERENCE / "results" / "section-io.json").read_text())
+
+    def labels(device_type):
+        record = {**section, "environment": {**section["environment"], "device_type": device_type}}
+        drawn = deck_charts.draw("io_layouts", {"section-io": record}, 590, 260)
+        return " ".join(t.get_text() for t in drawn.figure.axes[0].get_yticklabels())
+
+    assert "device memory" not in labels("cpu") and "GPU" not in labels("cpu") and "host memory" in labels("cpu")
+    assert "in GPU memory" in labels("cuda")
+
+
 # ------------------------------------------------------------------------------------------- measurements
 
 
