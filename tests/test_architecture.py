@@ -12,8 +12,8 @@ import pytest
 import workshop_utils as wu
 
 PACKAGE = Path(wu.__file__).resolve().parent
-# Lower layers never import higher ones: entries -> lessons -> parallel -> spine -> system.
-LAYERS = {"system": 0, "spine": 1, "parallel": 2, "lessons": 3, "": 4}
+# Lower layers never import higher ones: entries -> exercises -> lessons -> parallel -> spine -> system.
+LAYERS = {"system": 0, "spine": 1, "parallel": 2, "lessons": 3, "exercises": 4, "": 5}
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -62,7 +62,7 @@ def test_every_module_sits_in_a_layer_folder_or_is_an_entry():
     entries = sorted(m for m in MODULES if "." not in m and m not in LAYERS and m)
     assert entries == ["classroom", "comm_model", "data", "gpu_check", "handout", "parallel_demos", "portal_check",
                        "postmortem", "reference", "report", "run_notebooks", "train"], \
-        "new modules go into system/, spine/, parallel/ or lessons/ (ARCHITECTURE.md); entries are commands"
+        "new modules go into system/, spine/, parallel/, lessons/ or exercises/ (ARCHITECTURE.md); entries are commands"
     for module in MODULES:
         assert module == "" or module in LAYERS or layer_of(module) in LAYERS
 

@@ -21,15 +21,15 @@ import torch.distributed as dist
 import pytest
 
 import workshop_utils as wu
-from workshop_utils.lessons import ddp_lab
-from workshop_utils.lessons.ddp_lab import (LAB_EXERCISE, judge_average_gradients, lab_folder, placeholders_left,
-                                            read_launch_line, solution_text)
-from workshop_utils.lessons import ddp_lab_files
-from workshop_utils.lessons.ddp_lab_files import (LIMIT_FACTOR, LIMIT_FLOOR_S, note_progress, run_nodes, scaled_limit,
-                                                  what_ran, write_json)
-from workshop_utils.lessons.ddp_lab_gradients import function_source, gradients_failure, shipped_globals
-from workshop_utils.lessons.ddp_lab_judging import findings, sampler_mistake
-from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.exercises import ddp_lab
+from workshop_utils.exercises.ddp_lab import (LAB_EXERCISE, judge_average_gradients, lab_folder, placeholders_left,
+                                              read_launch_line, solution_text)
+from workshop_utils.exercises import ddp_lab_files
+from workshop_utils.exercises.ddp_lab_files import (LIMIT_FACTOR, LIMIT_FLOOR_S, note_progress, run_nodes, scaled_limit,
+                                                    what_ran, write_json)
+from workshop_utils.exercises.ddp_lab_gradients import function_source, gradients_failure, shipped_globals
+from workshop_utils.exercises.ddp_lab_judging import findings, sampler_mistake
+from workshop_utils.exercises.exercise_cells import NotYet
 from workshop_utils.system.errors import WorkshopError
 
 LAB = Path(__file__).resolve().parent.parent / "notebooks" / "labs" / "ddp_lab"

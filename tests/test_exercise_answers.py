@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 import workshop_utils as wu
-from workshop_utils.lessons import exercise_checks
-from workshop_utils.lessons.exercise_checks import KitDefect
-from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.exercises import exercise_checks
+from workshop_utils.exercises.exercise_checks import KitDefect
+from workshop_utils.exercises.exercise_cells import NotYet
 from workshop_utils.spine.timing import Timings
 from workshop_utils.system.errors import WorkshopError
 

@@ -21,11 +21,12 @@ import torch
 import workshop_utils as wu
 from test_exercise_answers import (ACHIEVED, BATCHES, LARGEST, LOST, MATMUL, SLOPE, breakdown_with, formula_giving,
                                    loader_choice, loader_table, outcome)
-from workshop_utils.lessons import exercise_checks, sweeps
-from workshop_utils.lessons.ddp_lab import read_launch_line
-from workshop_utils.lessons.exercise_judging import rounded_digits
-from workshop_utils.lessons.exercise_checks import KitDefect
-from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.exercises import exercise_checks
+from workshop_utils.exercises.ddp_lab import read_launch_line
+from workshop_utils.exercises.exercise_cells import NotYet
+from workshop_utils.exercises.exercise_checks import KitDefect
+from workshop_utils.exercises.exercise_judging import rounded_digits
+from workshop_utils.lessons import sweeps
 from workshop_utils.system.errors import WorkshopError
 
 REFERENCE_RECORD = Path(__file__).resolve().parents[1] / "results" / "reference" / "results" / "ladder-0-baseline.json"

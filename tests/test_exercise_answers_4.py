@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import workshop_utils as wu
 from test_exercise_answers import COUNTED, GPT_N, GPT_T, TINY
 from test_exercise_answers_3 import one_line_refusal
-from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.exercises.exercise_cells import NotYet
 
 CPU = torch.device("cpu")
 
@@ -122,6 +122,6 @@ def test_1_4_a_formula_that_rounds_to_three_significant_digits_passes_at_both_si
 
 
 def test_a_small_whole_answer_is_no_rounding_of_a_larger_one():
-    from workshop_utils.lessons.exercise_judging import rounded_digits
+    from workshop_utils.exercises.exercise_judging import rounded_digits
 
     assert rounded_digits(30, 32) is None and rounded_digits(1.48e7, 14_765_268) == 3

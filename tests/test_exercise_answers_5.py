@@ -21,7 +21,7 @@ import torch
 
 import workshop_utils as wu
 from test_exercise_answers import CALLS, GRADS, outcome
-from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.exercises.exercise_cells import NotYet
 from workshop_utils.spine.timing import Timings
 
 

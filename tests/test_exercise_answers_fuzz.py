@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from test_exercise_answers import ACHIEVED, BREAKDOWN, CALLS, H100, ONE_PASS, TIMINGS, amp_with, outcome
-from workshop_utils.lessons import exercise_checks
-from workshop_utils.lessons.exercise_checks import KitDefect
+from workshop_utils.exercises import exercise_checks
+from workshop_utils.exercises.exercise_checks import KitDefect
 from workshop_utils.system.errors import WorkshopError
 
 

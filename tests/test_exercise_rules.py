@@ -19,9 +19,9 @@ import pytest
 import workshop_utils as wu
 from test_exercise_answers import (A100, ACHIEVED, BATCHES, CALLS, FLOPS, INTERCEPT, MATMUL, N, SAMPLES_PER_S, SLOPE,
                                    TIMINGS)
-from workshop_utils.lessons import beyond_dp_checks
-from workshop_utils.lessons.exercise_judging import SIGNIFICANT, accepted
-from workshop_utils.lessons.exercises import NotYet
+from workshop_utils.exercises import beyond_dp_checks
+from workshop_utils.exercises.exercise_judging import SIGNIFICANT, accepted
+from workshop_utils.exercises.exercise_cells import NotYet
 from workshop_utils.spine.timing import Timings
 
 ROUNDED = round(ACHIEVED, 3)  # 0.131 for 0.13083: three decimals, as 1.1 accepts it

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 import workshop_utils as wu
-from workshop_utils.lessons import exercise_checks
-from workshop_utils.lessons.exercises import (BEGIN_SOLUTION, END_SOLUTION, PLACEHOLDER, YOUR_CODE_HERE, NotYet,
-                                              attendee_notebook, attendee_source, write_attendee_notebooks)
+from workshop_utils.exercises import exercise_checks
+from workshop_utils.exercises.exercise_cells import (BEGIN_SOLUTION, END_SOLUTION, PLACEHOLDER, YOUR_CODE_HERE, NotYet,
+                                                     attendee_notebook, attendee_source, write_attendee_notebooks)
 from workshop_utils.system.errors import WorkshopError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -260,7 +260,7 @@ def test_the_cuda_graph_rung_is_profiled_after_its_graph_is_recorded(tiny_data, 
 
 def test_the_single_process_lab_run_uses_the_device_of_the_ddp_ranks(monkeypatch, tmp_path):
     """On a node with one GPU the two lab ranks run on the CPU: the single process beside them must too."""
-    from workshop_utils.lessons import ddp_lab
+    from workshop_utils.exercises import ddp_lab
 
     seen = {}
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import workshop_utils as wu
-from workshop_utils.lessons import job_script_run, job_script_static
-from workshop_utils.lessons import slurm_exercises as se
+from workshop_utils.exercises import job_script_run, job_script_static
+from workshop_utils.exercises import slurm_exercises as se
 from test_slurm_exercise_answers import SOLVED, refused
 
 BURN = "while True: sum(i * i for i in range(10_000))"  # what tests/under_load.py's burners run
@@ -157,7 +157,7 @@ def test_the_line_at_fault_is_named(change, words, monkeypatch):
     "--time=00:05:00", "-t 5"), lambda s: s.replace("--signal=B:USR1@60", "--sig=B:10@45")])
 def test_sbatch_and_slurms_tables_read_the_directives_alike(edit, monkeypatch):
     """Where sbatch is missing its option tables stand in for it: both must take the same job from a script."""
-    from workshop_utils.lessons.slurm_rules import node_range, slurm_signal, time_limit_s
+    from workshop_utils.exercises.slurm_rules import node_range, slurm_signal, time_limit_s
 
     def meaning(read):
         return (node_range(read.get("nodes", "1")), time_limit_s(read.get("time")), slurm_signal(read.get("signal")),

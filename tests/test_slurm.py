@@ -560,7 +560,7 @@ def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, sai
     from test_slurm_exercise_answers import simulate_the_sample
 
     simulate_the_sample(request, monkeypatch)
-    monkeypatch.setattr("workshop_utils.lessons.slurm_exercises.submit",
+    monkeypatch.setattr("workshop_utils.exercises.slurm_exercises.submit",
                         lambda *a, **k: pytest.fail("a script with a mistake in its text must not be submitted"))
     with pytest.raises(wu.WorkshopError) as err:
         wu.check_job_script({**SOLVED_61, **change})
@@ -568,7 +568,7 @@ def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, sai
 
 
 def test_exercise_61_without_slurm_judges_the_text_and_says_it_ran_nothing(monkeypatch, capsys):
-    from workshop_utils.lessons.job_script_run import namespaces_problem
+    from workshop_utils.exercises.job_script_run import namespaces_problem
 
     monkeypatch.setenv("WORKSHOP_SLURM", "off")
     assert wu.check_job_script(SOLVED_61)
@@ -615,7 +615,7 @@ def test_exercise_62_runs_the_array_gathers_it_and_finds_each_rate(cluster, tmp_
     (list(reversed(SWEEP_LINES)), "0-2", "not [0.01, 0.03, 0.1]"),
 ])
 def test_exercise_62_names_each_miscount_in_one_line_before_the_queue(lines, array, said, monkeypatch):
-    monkeypatch.setattr("workshop_utils.lessons.slurm_exercises.submit",
+    monkeypatch.setattr("workshop_utils.exercises.slurm_exercises.submit",
                         lambda *a, **k: pytest.fail("a sweep with a mistake must not be submitted"))
     with pytest.raises(wu.WorkshopError) as err:
         wu.check_array_sweep(lines, array, RATES, wu.TrainConfig())

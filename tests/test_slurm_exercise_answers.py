@@ -29,10 +29,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workshop_utils as wu
-from workshop_utils.lessons import slurm_exercises as se
-from workshop_utils.lessons import slurm_rules as rules
-from workshop_utils.lessons import slurm_usage as usage_check
-from workshop_utils.lessons.exercises import BEGIN_SOLUTION, END_SOLUTION, EXERCISE_TAG
+from workshop_utils.exercises import slurm_exercises as se
+from workshop_utils.exercises import slurm_rules as rules
+from workshop_utils.exercises import slurm_usage as usage_check
+from workshop_utils.exercises.exercise_cells import BEGIN_SOLUTION, END_SOLUTION, EXERCISE_TAG
 from workshop_utils.lessons.slurm_jobs import SlurmSite
 
 REPO = Path(__file__).resolve().parent.parent
@@ -705,7 +705,7 @@ def test_exercise_63_answers_any_exercise_cell_in_one_line(cell):
 # ---------------------------------------------------------------- found by an attempt to fool the checks
 
 
-from workshop_utils.lessons import slurm_exercises as _se  # noqa: E402
+from workshop_utils.exercises import slurm_exercises as _se  # noqa: E402
 
 _FIRST = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
 _BASE = dict(nodes=1, ntasks_per_node=1, cpus_per_task=2, time="00:05:00", signal="B:USR1@60", nproc_per_node=2,

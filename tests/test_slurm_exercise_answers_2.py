@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 
 import workshop_utils as wu
-from workshop_utils.lessons import slurm_exercises as se
+from workshop_utils.exercises import slurm_exercises as se
 from test_slurm_exercise_answers import refused as refused_by
 from test_slurm_exercise_answers import simulated_sample  # noqa: F401 (the fixture: which rows run their simulation)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import workshop_utils as wu
-from workshop_utils.lessons import slurm_exercises as se
+from workshop_utils.exercises import slurm_exercises as se
 from test_slurm_exercise_answers import simulated_sample  # noqa: F401 (the fixture: which rows run their simulation)
 from test_slurm_exercise_answers_2 import FIRST, LAUNCH, PKILL, WAIT, host, refused, script
 

@@ -12,7 +12,7 @@ import pytest
 import workshop_utils as wu
 from test_slurm_exercise_answers import simulated_sample  # noqa: F401 (the fixture: which rows run their simulation)
 from test_slurm_exercise_answers_2 import SOLVED, WAIT, refused, script
-from workshop_utils.lessons import slurm_exercises as se
+from workshop_utils.exercises import slurm_exercises as se
 
 TEMPLATE = script()
 LAUNCH = TEMPLATE[TEMPLATE.index("srun --cpus"):TEMPLATE.index("# bash runs")]

@@ -34,14 +34,14 @@ _MODULES = {
     "lessons.checks": (
         "EXPECTED", "check_baseline", "layer_intensities", "seed_spread", "summary_table", "what_you_should_see",
     ),
-    "lessons.ddp_lab": (
+    "exercises.ddp_lab": (
         "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
         "lab_device", "lab_folder", "run_single", "solve_ddp_lab", "start_ddp_lab",
     ),
-    "lessons.exercises": (
+    "exercises.exercise_cells": (
         "NotYet", "Unsolved", "attendee_notebook", "solved", "write_attendee_notebooks",
     ),
-    "lessons.exercise_checks": (
+    "exercises.exercise_checks": (
         "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus", "check_fsdp_traffic",
         "check_loader_choice", "check_lost_fraction", "check_matmul_tflops", "check_mfu", "check_microbatches",
         "check_next_fix", "check_safe_loss_scale", "check_flops_per_token", "check_micro_batch_plan",
@@ -139,10 +139,10 @@ _MODULES = {
         "ProfileRun", "attention_kernels", "nsys_command", "nsys_missing", "nsys_profile", "plot_step_breakdown",
         "profile_rungs", "profile_training", "step_breakdown", "tensor_memory_by_step", "top_ops",
     ),
-    "lessons.job_script": (
+    "exercises.job_script": (
         "JOB_SCRIPT", "fill_job_script",
     ),
-    "lessons.slurm_exercises": (
+    "exercises.slurm_exercises": (
         "array_tasks", "check_array_sweep", "check_job_script", "check_job_usage", "next_request", "script_problem",
         "sweep_problem",
     ),

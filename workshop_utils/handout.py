@@ -68,7 +68,7 @@ def _write_atomically(path: Path, write) -> None:
 
 def hand_out(folder=None, solutions: bool = False, source=None, quiet: bool = False) -> list[Path]:
     """Write the notebooks (attendee copies, or the solved ones) into ``folder``; return what was written."""
-    from .lessons.exercises import attendee_notebook  # nbformat only: the handout loads no PyTorch
+    from .exercises.exercise_cells import attendee_notebook  # nbformat only: the handout loads no PyTorch
 
     target = check_output_path(_path(folder if folder is not None else SOLUTIONS_DEFAULT if solutions else DEFAULT,
                                      "The handout folder"), folder=True, what="handout folder")

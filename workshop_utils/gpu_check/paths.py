@@ -99,17 +99,17 @@ PATHS: tuple[GpuPath, ...] = (
             ("parallel.dist_checkpoint:checkpoint_stall", "parallel.dist_checkpoint:sharded_round_trip",
              "parallel.dist_checkpoint:_device"), two_gpu_demo("checkpoint", round_trip_steps=2,
                                                                          stall_steps=4, every=2), gpus=2),
-    GpuPath("ddp-lab", "notebook 02's DDP lab on GPUs, one per rank", ("lessons.ddp_lab:lab_device",
-            "lessons.ddp_lab:_crash", "lessons.ddp_lab:_gradients", "lessons.ddp_lab:_probe",
-            "lessons.ddp_lab:_backend_of"), check_ddp_lab, gpus=2),
+    GpuPath("ddp-lab", "notebook 02's DDP lab on GPUs, one per rank", ("exercises.ddp_lab:lab_device",
+            "exercises.ddp_lab:_crash", "exercises.ddp_lab:_gradients", "exercises.ddp_lab:_probe",
+            "exercises.ddp_lab:_backend_of"), check_ddp_lab, gpus=2),
 )
 
 # CUDA branches that no path above runs, and why (tests/test_gpu_check.py holds every branch to one or the other).
 ELSEWHERE = {
     "system.profiles:profile_choice": "which profile 'auto' means: read by every notebook and benchmark on a GPU "
                                       "node (the gpt-throughput path asks for 'gpu' explicitly)",
-    "lessons.fp16_checks:check_amp_step": "names torch.cuda.amp.autocast only in a message; the check runs autocast on "
-                                          "the device it is given, one code path for every device",
-    "lessons.tflops_checks:_exercise_n": "Exercise 1.2's matrix size by device type (4096 on a GPU): a constant chosen, "
-                                         "no GPU work",
+    "exercises.fp16_checks:check_amp_step": "names torch.cuda.amp.autocast only in a message; the check runs "
+                                            "autocast on the device it is given, one code path for every device",
+    "exercises.tflops_checks:_exercise_n": "Exercise 1.2's matrix size by device type (4096 on a GPU): a constant "
+                                           "chosen, no GPU work",
 }

@@ -140,7 +140,7 @@ def check_ddp_nccl(ctx: Context) -> str:
 
 
 def check_ddp_lab(ctx: Context) -> str:
-    from ..lessons.ddp_lab import check_ddp_lab as judge, lab_device
+    from ..exercises.ddp_lab import check_ddp_lab as judge, lab_device
 
     if lab_device(2) != "cuda":
         raise Failed("the DDP lab would run on CPU processes although two GPUs are visible")

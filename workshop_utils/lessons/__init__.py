@@ -1,6 +1,6 @@
-"""The lessons' analyses: numerics, sweeps and the optimization ladder, profiling, IO layouts,
-device monitoring, activation recomputation, checks and plots, the exercises' checks, the DDP lab
-and the Slurm lesson (what one notebook shows).
+"""The lessons' analyses, what one notebook teaches: numerics, sweeps and the optimization ladder, profiling,
+IO layouts, device monitoring, activation recomputation, "what you should see" checks and plots, and the
+Slurm lesson. What judges an attendee's answer is in ``exercises``.
 
 Depends on ``parallel``, ``spine`` and ``system``.
 """

@@ -33,10 +33,9 @@ from torch import nn
 from ..spine.data import CifarData, make_loader
 from ..system.errors import WorkshopError
 from ..system.gpu_records import precision_sentence
-from ..system.hardware import PRECISIONS, check_precision
+from ..system.hardware import PRECISIONS, as_device, check_precision
 from ..spine.timing import time_repeats
 from ..spine.precision import autocast, emulated_on_cpu
-from .exercise_judging import as_device
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
                torch.float8_e4m3fn: "fp8 e4m3", torch.float8_e5m2: "fp8 e5m2"}

@@ -62,6 +62,14 @@ def pick_device(prefer: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def as_device(device, what: str) -> torch.device:
+    """``device`` as a ``torch.device``; anything torch cannot read as one is one line naming ``what`` asked."""
+    try:
+        return torch.device(device)
+    except (TypeError, RuntimeError, ValueError):
+        raise WorkshopError(f"{what}: {device!r} is no device.", "pass the device the model trained on.") from None
+
+
 def device_name(device: torch.device | str | None = None) -> str:
     device = torch.device(device) if device is not None else pick_device()
     if device.type == "cuda":

@@ -15,8 +15,8 @@ from __future__ import annotations
 from ..spine.gpt import GPTSize, flops_per_token_closed_form
 from ..system.display import format_number
 from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus
+from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import KitDefect, attendee_error, checked, count, described, number, verdict
-from .exercises import NotYet, passed, require, require_answered
 from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale
 from .measurement_checks import check_batch_memory, check_loader_choice, check_next_fix, constructed_loader_sweep
 from .tflops_checks import check_achieved_tflops, check_matmul_tflops, check_mfu

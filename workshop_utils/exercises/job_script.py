@@ -10,7 +10,7 @@ import dataclasses
 import functools
 
 from .answer_values import Problem, number_of, show, whole_digits
-from .exercises import NotYet, Unsolved
+from .exercise_cells import NotYet, Unsolved
 from .slurm_rules import sbatch_arguments
 
 EXERCISE = "Exercise 6.1"

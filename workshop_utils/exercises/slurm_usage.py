@@ -18,8 +18,8 @@ import types
 
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
+from .exercise_cells import NotYet, passed
 from .exercise_judging import checked, number, verdict
-from .exercises import NotYet, passed
 
 USAGE = "Exercise 6.3"
 TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare

@@ -14,8 +14,8 @@ from ..parallel.comm_model import Link, ring_all_reduce_s
 from ..parallel.pipeline import bubble_fraction
 from ..parallel.sharding import BYTES_PER_PARAMETER, ZERO_STAGES
 from ..system.errors import WorkshopError
+from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import checked, count, number, verdict
-from .exercises import NotYet, passed, require, require_answered
 
 
 def _stage_shards(stage: int, precision: str, exercise: str = "the check"):

@@ -31,14 +31,14 @@ import shlex
 import uuid
 from pathlib import Path
 
+from ..lessons.slurm_jobs import find_slurm, job_env, job_records, submit, wait_for
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, kit_failure, number_of, show
-from .exercises import NotYet, Unsolved, exercise_check, passed
+from .exercise_cells import NotYet, Unsolved, exercise_check, passed
 from .job_script import EXERCISE, GAPS, JOB_SCRIPT, JOB_SPEC, NEEDED_S, TRAINING, JobSpec, fill_job_script
 from .job_script_run import namespaces_problem
 from .job_script_static import read_directives, request_problem, syntax_problem, text_problem
 from .job_script_verdict import behaviour_problem
-from .slurm_jobs import find_slurm, job_env, job_records, submit, wait_for
 from .slurm_rules import NO_LIMIT, array_ranges, array_tasks, time_limit_s, whole
 from .slurm_usage import ANSWERS, OTHER_JOB, USAGE, check_job_usage, next_request
 
@@ -308,7 +308,7 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
                       exercise: str = SWEEP) -> bool:
     """Read the sweep file's lines and the array spec; where Slurm answers, run the array, gather it with a job
     that waits for it, and check one result per learning rate."""
-    from .slurm_jobs import SCRIPT_FIELDS, config_flags, gather_array, template
+    from ..lessons.slurm_jobs import SCRIPT_FIELDS, config_flags, gather_array, template
 
     if sweep_lines is ... or array is ...:
         raise Unsolved(f"… {exercise}: not yet solved: write sweep_lines and array.",

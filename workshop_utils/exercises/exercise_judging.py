@@ -22,7 +22,7 @@ import torch
 
 from ..system.errors import WorkshopError
 from .answer_values import kind
-from .exercises import NotYet, exercise_check, require, require_answered
+from .exercise_cells import NotYet, exercise_check, require, require_answered
 
 LARGEST_COUNT = 2**53  # beyond it a float no longer holds every whole number
 
@@ -284,9 +284,3 @@ def answered_input(value, exercise: str, earlier: str, name: str) -> None:
     require_answered(value, exercise, f"`{name}` from {earlier} is still the placeholder `...`.",
                      f"solve {earlier} first; this exercise builds on it.")
 
-
-def as_device(device, exercise: str) -> torch.device:
-    try:
-        return torch.device(device)
-    except (TypeError, RuntimeError, ValueError):
-        raise WorkshopError(f"{exercise}: {device!r} is no device.", "pass the device the model trained on.") from None

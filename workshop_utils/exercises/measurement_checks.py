@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 
+from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
 from ..system.errors import WorkshopError
+from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import attendee_error, checked, count, described, number, short, verdict
-from .exercises import NotYet, passed, require, require_answered
-from .sweeps import METRICS, amdahl_speedup
 
 
 def _sweep_row(table, exercise: str, **match):

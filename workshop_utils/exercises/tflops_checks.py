@@ -14,9 +14,9 @@ import torch
 
 from ..spine.timing import Timings, time_repeats
 from ..system.errors import WorkshopError
-from ..system.hardware import PRECISIONS, peak_tflops
-from .exercise_judging import answered_input, as_device, attendee_error, carried, checked, described, number, verdict
-from .exercises import NotYet, passed, require, require_answered
+from ..system.hardware import PRECISIONS, as_device, peak_tflops
+from .exercise_cells import NotYet, passed, require, require_answered
+from .exercise_judging import answered_input, attendee_error, carried, checked, described, number, verdict
 
 
 @checked

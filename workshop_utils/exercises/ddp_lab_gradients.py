@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ..parallel.failures import root_cause
 from .ddp_lab_files import limit_words
+from .exercise_cells import NotYet, require
 from .exercise_judging import short
-from .exercises import NotYet, require
 
 # What a rank's side of check_average_gradients watches: every collective the attendee's function starts.
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",

@@ -1,4 +1,4 @@
-"""Exercises: the attendee writes the code, a check right after it says pass or what is wrong.
+"""The exercise cells: the attendee writes the code, a check right after it says pass or what is wrong.
 
 One source. The committed notebooks hold each exercise's solution between two marker lines
 (nbgrader's style)::

@@ -143,7 +143,7 @@ def _build(sim: Path, script: str, run: JobRun) -> Path:
         interpreter = "python3" if name in ("torchrun", "python", "python3") else "rt"
         module = "job_script_launch" if name in ("srun", "torchrun", "python", "python3") else "job_script_standins"
         _write(sim / "bin" / name, f"#!{sim}/py/{interpreter} -IS\nimport sys\nsys.path.insert(0, {KIT!r})\n"
-                                   f"from workshop_utils.lessons.{module} import main\nmain({str(sim)!r})\n", 0o755)
+                                   f"from workshop_utils.exercises.{module} import main\nmain({str(sim)!r})\n", 0o755)
     standins = str(Path(__file__).with_name("job_script_standins.py"))
     loader = ("import importlib.util\nspec = importlib.util.spec_from_file_location('job_script_standins', "
               f"{standins!r})\nmodule = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
@@ -171,7 +171,7 @@ def simulate(script: str, run: JobRun) -> Outcome:
     sim = Path(tempfile.mkdtemp(prefix="jobsim-"))
     try:
         config = _build(sim, script, run)
-        code = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.lessons.job_script_runner import "
+        code = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.exercises.job_script_runner import "
                 "serve\nserve(sys.argv[2])")
         done = subprocess.run([*_unshare()[0], str(sim / "py" / "rt"), "-I", "-S", "-c", code, KIT, str(config)],
                               capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)

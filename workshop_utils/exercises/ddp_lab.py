@@ -2,7 +2,7 @@
 
 The lab. ``notebooks/labs/ddp_lab/train_single.py`` is a plain single-device training script;
 ``train_ddp.py`` beside it is its DDP version, the answers between the exercise markers of
-``lessons.exercises``. ``start_ddp_lab`` writes the attendee's copy of it (markers applied,
+``exercise_cells``. ``start_ddp_lab`` writes the attendee's copy of it (markers applied,
 ``attendee_script``) into the run folder, where the attendee fills the gaps, and
 ``check_ddp_lab`` reads the attendee's launch line as torchrun reads it, then runs the script as two
 nodes on this machine (two torchrun agents meeting at one endpoint: the line's 2 processes on node 0, one
@@ -10,7 +10,7 @@ more on node 1), so that what differs between nodes shows (a rank taken from LOC
 LOCAL_WORLD_SIZE) and a world size typed in for 2 fails.
 
 The checker does not ask the script to report anything. Its ranks run under a probe
-(``python -m workshop_utils.lessons.ddp_lab --probe ...``) that watches PyTorch from the outside: the
+(``python -m workshop_utils.exercises.ddp_lab --probe ...``) that watches PyTorch from the outside: the
 indices every DataLoader draws, each DistributedSampler and DistributedDataParallel built, every
 ``torch.save``, the optimizer's parameters at the end, whether the process group was still open, and
 each rank's output. A script that prints the right lines but trains differently is judged by what it
@@ -59,8 +59,8 @@ from .ddp_lab_gradients import (COLLECTIVES, PER_NODE, SECOND_WORLD, compared, f
                                 judge_comparison, placeholder_body, shipped_globals, wait_for_ranks, watched)
 from .ddp_lab_judging import (LabRun, example_line, findings, placeholders_left, read_launch_line,
                               sampler_mistake)
+from .exercise_cells import NotYet, Unsolved, passed, require, require_answered
 from .exercise_judging import checked, short
-from .exercises import NotYet, Unsolved, passed, require, require_answered
 
 __all__ = [  # the lab's public names, from this one path (wu's table, the GPU check, the tests)
     "LAB_EXERCISE", "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
@@ -581,7 +581,7 @@ def main(argv=None) -> None:
     elif len(argv) == 2 and argv[0] == "--gradients":
         _gradients(argv[1])
     else:
-        print("usage: python -m workshop_utils.lessons.ddp_lab --probe FOLDER SCRIPT [ARGS...] | --gradients SPEC | "
+        print("usage: python -m workshop_utils.exercises.ddp_lab --probe FOLDER SCRIPT [ARGS...] | --gradients SPEC | "
               "--agent TORCHRUN_ARGS  "
               "(started by check_ddp_lab and check_average_gradients)", file=sys.stderr)
         raise SystemExit(2)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .ddp_lab_files import LAB_EXERCISE, LOSS_LINE, THROUGHPUT, read_output, reported_throughput
+from .exercise_cells import NotYet, require
 from .exercise_judging import short
-from .exercises import NotYet, require
 
 CHAINS = ("&&", ";", "||", "|", "&")  # shell operators that put a second command beside the launch
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun

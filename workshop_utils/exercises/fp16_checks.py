@@ -14,8 +14,9 @@ from torch import nn
 from ..spine.precision import autocast
 from ..system.display import format_number
 from ..system.errors import WorkshopError
-from .exercise_judging import as_device, attendee_error, checked, described, number, verdict
-from .exercises import NotYet, passed, require, require_answered
+from ..system.hardware import as_device
+from .exercise_cells import NotYet, passed, require, require_answered
+from .exercise_judging import attendee_error, checked, described, number, verdict
 
 
 def _gradient_values(gradients, exercise: str) -> torch.Tensor:

@@ -7,8 +7,8 @@ import math
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
 from ..system.errors import WorkshopError
 from .ddp_lab_files import EFFICIENCY_EXERCISE
+from .exercise_cells import passed
 from .exercise_judging import checked, number, verdict
-from .exercises import passed
 
 
 @checked

@@ -109,7 +109,7 @@ def whole_digits(value) -> str | None:
 
 def kit_failure(exercise: str, err: Exception):
     """A bug of a check itself, still one line for the attendee (and a test failure for the kit)."""
-    from .exercises import NotYet
+    from .exercise_cells import NotYet
 
     return NotYet(f"✗ {exercise}: the check itself failed on this answer ({type(err).__name__}: {show(str(err))}).",
                   "this is a bug in the kit: tell the instructor, with your answer.")

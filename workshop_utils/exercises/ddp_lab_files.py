@@ -23,12 +23,12 @@ from ..parallel.failures import LOST_PEER
 from ..parallel.launch import stream
 from ..system.errors import WorkshopError
 from ..system.results import repo_root
-from .exercises import NotYet, attendee_source
+from .exercise_cells import NotYet, attendee_source
 
 LAB_EXERCISE = "Exercise 2.2"
 GRADIENTS_EXERCISE = "Exercise 2.1"
 EFFICIENCY_EXERCISE = "Exercise 2.3"
-PROBE_MODULE = "workshop_utils.lessons.ddp_lab"
+PROBE_MODULE = "workshop_utils.exercises.ddp_lab"
 TORCHRUN_LOGS = "torchrun"  # the check folder's subfolder where torchrun has the ranks write their error files
 SOLUTION_FILE = "train_ddp.py"
 STARTER_NAME = "my_train_ddp.py"
