@@ -50,6 +50,19 @@ def test_the_kits_gpt_mfu_sentence_is_the_folders_best_run_with_its_gpu_and_date
     assert len(gpt_throughput_figures()) == len(runs)
 
 
+def test_a_low_run_slowed_by_what_ran_before_it_is_named_as_such(tmp_path):
+    """The GPU check's GPT run came after its profiler sessions: the sentence must not show 20 % bare beside 42 %."""
+    record = json.loads((GPU_RECORDS / "gpt_throughput-nvidia-h100-80gb-hbm3-2026-11-26.json").read_text())
+    fast = dict(record, summary=dict(record["summary"], bf16_mfu=0.4, bf16_tokens_per_s=480_000.0))
+    slow = dict(record, measured_after="after something else in the same process")
+    (tmp_path / "fast.json").write_text(json.dumps({k: v for k, v in fast.items() if k != "measured_after"}))
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    low = f"{record['summary']['bf16_mfu']:.1%}"
+    assert f"; the {low} was measured after something else in the same process" in gpu_records.gpt_mfu_sentence(tmp_path)
+    (tmp_path / "slow.json").write_text(json.dumps({k: v for k, v in slow.items() if k != "measured_after"}))
+    assert "was measured" not in gpu_records.gpt_mfu_sentence(tmp_path)
+
+
 def test_without_records_every_sentence_says_nothing_was_measured(tmp_path):
     assert "has not been measured on a GPU" in gpu_records.gpt_mfu_sentence(tmp_path)
     assert gpu_records.precision_sentence("simplecnn", "bf16", tmp_path).startswith("no GPU run of simplecnn in bf16")

@@ -121,7 +121,8 @@ def gpt_throughput_figures(folder: Path | None = None) -> list[GpuFigure]:
                 continue
             config = {"model": "gpt", "gpt_size": settings.get("gpt_size"), "precision": mode,
                       "batch_size": settings.get("batch_sequences"), "sequence_length": settings.get("sequence_tokens"),
-                      "compile": settings.get("compile"), "tokens_per_s": rate}
+                      "compile": settings.get("compile"), "tokens_per_s": rate,
+                      "measured_after": record.get("measured_after")}
             found.append(GpuFigure(float(mfu), "MFU", f"GPT-2 small, {mode}, {settings.get('batch_sequences')} x "
                                    f"{settings.get('sequence_tokens')} tokens a step"
                                    + (", compiled" if settings.get("compile") else ""),
@@ -179,6 +180,8 @@ def gpt_mfu_sentence(folder: Path | None = None) -> str:
     low = min(runs, key=lambda f: f.value)
     places = sorted({f.where for f in runs})
     spread = f", {low.value:.1%} to {top.value:.1%} in {len(runs)} runs" if len(runs) > 1 else ""
+    if spread and low.config.get("measured_after"):  # a low run slowed by what ran before it says so
+        spread += f"; the {low.value:.1%} was measured {low.config['measured_after']}"
     return (f"{'; '.join(places)}: GPT-2 small, compiled in bf16, reached {top.value:.1%} MFU at best "
             f"({top.config.get('batch_size')} x {top.config.get('sequence_length')} tokens a step, "
             f"{top.config['tokens_per_s']:,.0f} tokens/s){spread} (results/reference/gpu/)")
