@@ -617,6 +617,17 @@ def test_an_mfu_above_1_of_a_rate_timed_on_a_busy_machine_passes_and_says_why(sl
     assert "idle machine" in said
 
 
+def test_a_gpus_rate_reads_as_a_number_not_an_exponent(capsys):
+    """On a GPU, 1.1's TFLOP/s and a wrong rate in samples/s run into the thousands: 1,234, not 1.23e+03."""
+    flops, rate = 4.0e9, 308_640.0  # 1,234.56 TFLOP/s
+    assert wu.check_achieved_tflops(flops * rate / 1e12, flops, rate) is True
+    said = capsys.readouterr().out.strip()
+    assert "1,235 TFLOP/s" in said and "e+" not in said, said
+    with pytest.raises(NotYet) as refused:
+        wu.check_achieved_tflops(12_345.6, flops, rate)
+    assert "= 12,346" in str(refused.value) and "e+" not in str(refused.value)
+
+
 def test_a_measured_gain_above_amdahls_ceiling_is_said_so(capsys):
     sweep = pd.DataFrame({"num_workers": [0, 2], "pin_memory": [False, False], "samples_per_s": [1000.0, 1500.0],
                           "data_wait_fraction": [0.1, 0.05]})

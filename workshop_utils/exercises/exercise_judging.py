@@ -220,7 +220,7 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
             f"`{name}` = {value:g} keeps fewer than {SIGNIFICANT_WORDS} of the answer, too few to tell the right "
             "answer from a mistake.", f"give at least {SIGNIFICANT_WORDS}: round to more decimals, or leave `{name}` "
                                       "unrounded.")
-    shown = f"`{name}` = {value:.4g}"
+    shown = f"`{name}` = {written(value)}"
     if len(matched) == 1:
         raise NotYet(f"✗ {exercise}: {shown}: {matched[0][0]}", matched[0][1])
     if matched:
@@ -229,6 +229,14 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint
     for holds, problem, fix in limits:
         require(holds, exercise, f"{shown}: {problem}", fix)
     raise NotYet(f"✗ {exercise}: {shown} is not right.", hint)
+
+
+def written(value: float) -> str:
+    """A number as an answer line shows it: four significant digits, and 1,235 rather than 1.235e+03 (a GPU's
+    TFLOP/s, a rate in samples/s): exponents only for the tiny and the huge."""
+    if math.isfinite(value) and 1e3 <= abs(value) < 1e15:
+        return f"{value:,.0f}"
+    return f"{value:.4g}" if value == 0 or not math.isfinite(value) or abs(value) >= 1e-4 else f"{value:.3e}"
 
 
 def rounded_digits(value: float, right: float) -> int | None:
@@ -258,7 +266,7 @@ def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
     answered_input(given, exercise, earlier, name)
     value = number(given, exercise, f"{name} ({earlier})")
     require(any(accepted(value, right) for right in rights), exercise,
-            f"`{name}` = {value:.4g} from {earlier} is not right yet, and this exercise builds on it.",
+            f"`{name}` = {written(value)} from {earlier} is not right yet, and this exercise builds on it.",
             f"fix {earlier} first: its check says what is wrong.")
     return value
 

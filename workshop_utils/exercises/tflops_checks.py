@@ -16,7 +16,7 @@ from ..spine.timing import Timings, time_repeats
 from ..system.errors import WorkshopError
 from ..system.hardware import PRECISIONS, as_device, peak_tflops
 from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import answered_input, attendee_error, carried, checked, described, number, verdict
+from .exercise_judging import answered_input, attendee_error, carried, checked, described, number, verdict, written
 
 
 @checked
@@ -39,7 +39,7 @@ def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_
         (flops_per_sample / samples_per_s / 1e12, "you divided by the throughput.",
          "FLOP/s = FLOPs per sample x samples per second."),
     ], "achieved TFLOP/s = FLOPs per sample x samples per second / 1e12.")
-    return passed(exercise, f"{value:.3g} TFLOP/s")
+    return passed(exercise, f"{written(value)} TFLOP/s")
 
 
 def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
@@ -197,7 +197,7 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
                 "wu.time_repeats(..., device=device).")
         compared = (f" (this check's own timing of `a @ b`: {own:.3g} s against your {right_seconds:.3g} s; far apart "
                     "on an idle machine means something else was timed)")
-    return passed(exercise, f"{value:.3g} TFLOP/s for a {n} x {n} matmul{compared}")
+    return passed(exercise, f"{written(value)} TFLOP/s for a {n} x {n} matmul{compared}")
 
 
 def _device_name(name, exercise: str, optional: bool = False) -> str | None:
