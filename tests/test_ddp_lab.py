@@ -728,3 +728,16 @@ def test_a_launch_line_without_its_f_says_the_f_is_missing(tmp_path):
     script = tmp_path / "my_train_ddp.py"
     with pytest.raises(NotYet, match=r"holds \{lab_file\} as written: the f in front of the quotes.*is missing"):
         read_launch_line("torchrun --nproc-per-node=2 {lab_file}", script, 2, LAB_EXERCISE)
+
+
+@pytest.mark.parametrize("gpus, device", [(0, "cpu"), (1, "cpu"), (2, "cpu"), (3, "cuda"), (8, "cuda")])
+def test_every_machine_runs_the_lab_as_two_plus_one_so_a_typed_world_size_fails(monkeypatch, gpus, device):
+    """With exactly two GPUs, splitting the ranks 1 + 1 let a world size typed in as 2 pass: the ranks go to the CPU
+    instead, three of them, unless a GPU is there for each of the three."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    per_node = ddp_lab.lab_nodes(2)
+    assert per_node == (2, 1) and sum(per_node) != 2
+    assert ddp_lab.lab_device(sum(per_node)) == device

@@ -295,10 +295,8 @@ LAUNCH_HERE = _LaunchHere()
 def lab_nodes(nproc: int) -> tuple[int, ...]:
     """The processes of each of the two nodes a lab launch runs as: the line's ``nproc`` on node 0 and one more on
     node 1, so that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ, and a world size typed in for
-    ``nproc`` is wrong; on a machine with a GPU for each of ``nproc`` ranks but not one more, ``nproc`` split over
-    the two nodes (NCCL takes one GPU per rank), where a typed-in world size cannot show."""
-    if nproc >= 2 and lab_device(nproc) != lab_device(nproc + 1):
-        return nproc - nproc // 2, nproc // 2
+    ``nproc`` is wrong. Everywhere: with a GPU for each of ``nproc`` ranks but not one more, the ranks run on the
+    CPU (``lab_device`` of the sum), since splitting ``nproc`` over the nodes would let a typed-in world size pass."""
     return nproc, 1
 
 
