@@ -259,7 +259,7 @@ def test_the_cuda_graph_rung_is_profiled_after_its_graph_is_recorded(tiny_data, 
 
 
 def test_the_single_process_lab_run_uses_the_device_of_the_ddp_ranks(monkeypatch, tmp_path):
-    """On a node with one GPU the two lab ranks run on the CPU: the single process beside them must too."""
+    """On a node with one or two GPUs the lab's three ranks run on the CPU: the single process beside them must too."""
     from workshop_utils.exercises import ddp_lab
 
     seen = {}
@@ -271,7 +271,7 @@ def test_the_single_process_lab_run_uses_the_device_of_the_ddp_ranks(monkeypatch
     monkeypatch.setattr(ddp_lab, "stream", fake_stream)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for gpus, visible in ((1, ""), (2, None)):
+    for gpus, visible in ((1, ""), (2, ""), (3, None)):
         monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
         assert wu.run_single("train_single.py", tmp_path, echo=False) == 1000
         assert seen["visible"] == visible, f"{gpus} GPU(s)"

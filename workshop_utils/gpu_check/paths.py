@@ -99,9 +99,9 @@ PATHS: tuple[GpuPath, ...] = (
             ("parallel.dist_checkpoint:checkpoint_stall", "parallel.dist_checkpoint:sharded_round_trip",
              "parallel.dist_checkpoint:_device"), two_gpu_demo("checkpoint", round_trip_steps=2,
                                                                          stall_steps=4, every=2), gpus=2),
-    GpuPath("ddp-lab", "notebook 02's DDP lab on GPUs, one per rank", ("exercises.ddp_lab:lab_device",
+    GpuPath("ddp-lab", "notebook 02's DDP lab on GPUs, one per rank (2 + 1 ranks as two nodes)", ("exercises.ddp_lab:lab_device",
             "exercises.ddp_lab:_crash", "exercises.ddp_lab:_gradients", "exercises.ddp_lab:_probe",
-            "exercises.ddp_lab:_backend_of"), check_ddp_lab, gpus=2),
+            "exercises.ddp_lab:_backend_of"), check_ddp_lab, gpus=3),
 )
 
 # CUDA branches that no path above runs, and why (tests/test_gpu_check.py holds every branch to one or the other).

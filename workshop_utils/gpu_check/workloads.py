@@ -142,11 +142,11 @@ def check_ddp_nccl(ctx: Context) -> str:
 def check_ddp_lab(ctx: Context) -> str:
     from ..exercises.ddp_lab import check_ddp_lab as judge, lab_device
 
-    if lab_device(2) != "cuda":
-        raise Failed("the DDP lab would run on CPU processes although two GPUs are visible")
+    if lab_device(3) != "cuda":  # its launch of 2 runs as two nodes of 2 + 1 ranks
+        raise Failed("the DDP lab would run on CPU processes although three GPUs are visible")
     script = (repo_root() or Path.cwd()) / "notebooks" / "labs" / "ddp_lab" / "train_ddp.py"
     if not script.exists():
         raise Skip("notebooks/labs/ddp_lab/train_ddp.py is not in this checkout")
     with contextlib.redirect_stdout(sys.stderr):
         judge(script, ctx.folder / "ddp_lab", nproc=2, echo=False)
-    return "the DDP lab's solution judged on 2 GPUs over NCCL"
+    return "the DDP lab's solution judged on 3 GPUs over NCCL (a launch of 2 as two nodes, 2 + 1 ranks)"
