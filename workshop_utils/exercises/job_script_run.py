@@ -1,8 +1,8 @@
 """Exercise 6.1's simulated job, the check's side: run a job script as Slurm would, on simulated nodes.
 
 A folder holds the script, the stand-ins on ``PATH`` (``job_script_standins``: srun, torchrun, scontrol, pkill,
-killall, hostname, sleep, timeout, python, apptainer) and a module ``workshop_utils.train`` that behaves like the
-training toward a job. The runner (``job_script_runner``) starts as PID 1 of new PID and mount namespaces
+killall, hostname, getent, sleep, timeout, python, apptainer) and a module ``workshop_utils.train`` that behaves
+like the training toward a job. The runner (``job_script_runner``) starts as PID 1 of new PID and mount namespaces
 (``unshare --pid --fork --mount-proc``): whatever the script does (``kill -9 -1``, ``pkill -f python``,
 ``kill $PPID``) reaches only processes inside them, never the attendee's kernel or the test suite. The job's
 environment is what sbatch and slurmd give a batch shell, for the job the #SBATCH lines ask for, or for the same
@@ -25,11 +25,13 @@ from pathlib import Path
 from .job_script import TRAINING, torch_modules, torchrun_options
 
 KIT = str(Path(__file__).resolve().parents[2])
-STANDINS = ("srun", "torchrun", "scontrol", "scancel", "pkill", "killall", "hostname", "sleep", "timeout", "python",
-            "python3", "apptainer", "singularity", "sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat", "sattach",
-            "sbcast", "strigger", "sprio", "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
+STANDINS = ("srun", "torchrun", "scontrol", "scancel", "pkill", "killall", "hostname", "getent", "sleep", "timeout",
+            "python", "python3", "apptainer", "singularity", "sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat",
+            "sattach", "sbcast", "strigger", "sprio", "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
 NODE_NAMES = ("gpu-a017", "gpu-a018")
 SUBMIT_HOST = "login01"  # sbatch passes the submitting shell's environment on, HOSTNAME among it
+MOST_PROCESSES = 400  # a job of the exercise runs about 30 at once; more, and the runner ends it as a fork bomb
+MACHINE_SLEEP_S = 10  # a sleep on the machine's clock (/bin/sleep) the check waits for; a longer one it refuses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,7 @@ class JobRun:
 
 @dataclasses.dataclass
 class Outcome:
-    reason: str  # batch_end, time_limit, spinning, wall_limit
+    reason: str  # batch_end, time_limit, spinning, wall_limit, runaway, machine_sleep
     now: float  # the job's clock at the end, in seconds
     events: list
     bash_status: int | None
@@ -82,7 +84,9 @@ def job_environment(run: JobRun, work: str, bin_dir: str) -> dict:
                SLURM_JOB_CPUS_PER_NODE=f"{cpus}(x{nodes})" if nodes > 1 else str(cpus),
                SLURM_TASKS_PER_NODE=f"{per_node or 1}(x{nodes})" if nodes > 1 else str(per_node or 1),
                SLURM_SUBMIT_DIR=work, SLURM_SUBMIT_HOST=SUBMIT_HOST, SLURM_CLUSTER_NAME="cluster",
-               SLURM_JOB_PARTITION="cpu", SLURM_JOB_USER="attendee", SLURM_GTIDS="0")
+               SLURM_JOB_PARTITION="cpu", SLURM_JOB_USER="attendee", SLURM_GTIDS="0", SLURM_JOB_UID="1000",
+               SLURM_JOB_GID="1000", SLURM_JOB_QOS="normal", SLURM_JOB_ACCOUNT="workshop", SLURM_PRIO_PROCESS="0",
+               SLURM_TOPOLOGY_ADDR=names[0], SLURM_TOPOLOGY_ADDR_PATTERN="node", SLURM_TASK_PID="3")
     if cpt:
         env["SLURM_CPUS_PER_TASK"] = str(cpt)
     if ntasks:
@@ -161,7 +165,7 @@ def _build(sim: Path, script: str, run: JobRun) -> Path:
                   job_id=run.job_id, time_s=run.time_s, warning=run.warning, cpus_per_node=int(
                       env["SLURM_CPUS_ON_NODE"]), skew_s=5, checkpoint_s=20, kill_wait_s=30,
                   python=python, max_workers=4, fail=run.fail, spin_cpu_s=1, wall_s=120,
-                  most_starts=60)
+                  most_starts=60, most_processes=MOST_PROCESSES, machine_sleep_s=MACHINE_SLEEP_S)
     _write(sim / "config.json", json.dumps(config))
     return sim / "config.json"
 

@@ -5,7 +5,10 @@ It starts a Jupyter kernel of the same user on each node (a bystander no signal 
 it knows which node each process is on, hands out steps' cores, holds the rendezvous and keeps the job's clock.
 
 The clock is the job's, not the machine's: it moves only when nothing in the namespace can move by itself,
-every process asleep in a wait (for a child, a pipe, the runner) and two looks at /proc agreeing on it. Then
+every process asleep in a wait (for a child, a pipe, the runner) and two looks at /proc agreeing on it. A
+process asleep on the machine's clock (/bin/sleep, time.sleep) wakes by itself: it is waited for, up to
+``machine_sleep_s`` of such sleeps in all (the seconds each asked for, read from /proc, not timed), and a longer
+one ends the run at once. A job of more than ``most_processes`` processes (a fork bomb) is ended too. Then
 the next thing due happens: a sleep ends, a node starts, the warning comes (``--signal``: ``B:`` to the batch
 shell, else to the steps' tasks; once more a second later, as a second ``scancel --signal`` would), a checkpoint
 is written, the time limit ends the job. So what happens depends on the order of events, never on how fast this
@@ -22,6 +25,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import sys
 import time
 
@@ -29,6 +33,8 @@ CATCHABLE = [s for s in signal.Signals if s < 32 and s not in (signal.SIGKILL, s
                                                                  signal.SIGCONT, signal.SIGWINCH, signal.SIGURG)]
 SHELLS = ("bash", "sh", "dash", "job.sbatch")  # the batch shell goes by its script's name
 LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1", "0.0.0.0")
+# nanosleep and clock_nanosleep, by machine: a process asleep in one wakes by the machine's clock, by itself
+NANOSLEEP = {"x86_64": (35, 230), "aarch64": (101, 115)}.get(os.uname().machine, ())
 
 
 class Conn:
@@ -51,6 +57,7 @@ class Runner:
         self.selector = selectors.DefaultSelector()
         self.last, self.base_cpu, self.started, self.ending = None, {}, time.monotonic(), False
         self.started_now = 0  # programs started since the clock last moved
+        self.slept = {}  # (pid, runs): the seconds each sleep on the machine's clock asked for
 
     # ------------------------------------------------------------------------------------------ bookkeeping
 
@@ -110,6 +117,13 @@ class Runner:
     def children_of(self, pid: int) -> list[dict]:
         return [dict(pid=int(name), command=self.command_of(int(name)), role=self.procs.get(int(name), {}).get("role"))
                 for name in os.listdir("/proc") if name.isdigit() and self.parent(int(name)) == pid]
+
+    def leaves_of(self, pid: int) -> list[str]:
+        """The commands a process waits for in the end: the ends of its tree (a subshell's command, not the
+        subshell)."""
+        children = self.children_of(pid)
+        return [c["command"] for c in children if not self.children_of(c["pid"])] + [
+            leaf for c in children for leaf in self.leaves_of(c["pid"])]
 
     # ------------------------------------------------------------------------------------------ processes
 
@@ -357,7 +371,8 @@ class Runner:
         elif kind == "warn":
             self.warn(payload)
         elif kind == "end":
-            self.note("time_limit", running=self.children_of(self.bash) if self.bash_status is None else [])
+            self.note("time_limit", running=self.children_of(self.bash) if self.bash_status is None else [],
+                      waiting=self.leaves_of(self.bash) if self.bash_status is None else [])
             self.signal_all(signal.SIGTERM)
             self.at(self.now + self.config["kill_wait_s"], "kill")
         elif kind == "kill":
@@ -400,7 +415,7 @@ class Runner:
             self.at(self.now + 1, "warn", 2)
 
     def snapshot(self) -> dict:
-        """Every process but this one: its name, its state, its time on a CPU (ns)."""
+        """Every process but this one: its name, its state, its time on a CPU (ns), how often it has run."""
         found = {}
         for name in os.listdir("/proc"):
             if not name.isdigit() or name == "1":
@@ -409,32 +424,70 @@ class Runner:
                 with open(f"/proc/{name}/stat") as file:
                     comm, rest = file.read().split("(", 1)[1].rsplit(")", 1)
                 with open(f"/proc/{name}/schedstat") as file:
-                    ran = int(file.read().split()[0])
+                    ran, _, runs = (int(word) for word in file.read().split()[:3])
             except (OSError, ValueError, IndexError):
                 continue
-            found[int(name)] = (comm, rest.split()[0], ran)
+            found[int(name)] = (comm, rest.split()[0], ran, runs)
         return found
+
+    @staticmethod
+    def machine_sleep(pid: int) -> float | None:
+        """The seconds a process sleeps on the machine's clock (/bin/sleep, Python's time.sleep), which the job's
+        clock cannot skip; 0 when it does for a time this cannot read; None when it waits for something else."""
+        try:
+            with open(f"/proc/{pid}/syscall") as file:
+                words = file.read().split()
+            number = int(words[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if number not in NANOSLEEP:
+            return None
+        args = [int(word, 16) for word in words[1:4]]
+        clock, flags, request = args if number == NANOSLEEP[1] else (time.CLOCK_MONOTONIC, 0, args[0])
+        try:
+            with open(f"/proc/{pid}/mem", "rb") as memory:
+                memory.seek(request)
+                seconds, nanoseconds = struct.unpack("qq", memory.read(16))
+            asked = seconds + nanoseconds / 1e9
+            return max(asked - time.clock_gettime(clock), 0.0) if flags & 1 else asked  # 1: TIMER_ABSTIME
+        except (OSError, ValueError, OverflowError, struct.error):
+            return 0.0
 
     def idle(self) -> bool:
         """True once two looks at /proc agree that every process waits: nothing can happen until we act."""
         snap = self.snapshot()
+        if len(snap) > self.config["most_processes"]:  # a fork bomb: stopped before it fills the machine
+            names = [comm for comm, *_ in snap.values()]
+            self.note("runaway", processes=len(snap), command=max(set(names), key=names.count))
+            self.finish("runaway")
         # A shell that keeps a CPU busy with nothing happening around it loops for good (while true; do wait; done);
         # a program that computes (python -c ...) may take its time.
-        spent = {pid: ran - self.base_cpu.get(pid, 0) for pid, (comm, _, ran) in snap.items() if comm in SHELLS}
+        spent = {pid: ran - self.base_cpu.get(pid, 0) for pid, (comm, _, ran, _) in snap.items() if comm in SHELLS}
         if sum(spent.values()) > self.config["spin_cpu_s"] * 1e9:
             busy = max(spent, key=spent.get)
             self.note("spinning", pid=busy, command=self.command_of(busy), role=self.procs.get(busy, {}).get("role"),
                       bash_children=self.children_of(self.bash))
             self.signal_all(signal.SIGKILL)
             self.finish("spinning")
-        quiet = all(state in "SZTtIX" for _, state, _ in snap.values())
+        quiet = all(state in "SZTtIX" for _, state, *_ in snap.values())
+        sleeps = {}  # a sleep on the machine's clock ends by itself: waited for, up to machine_sleep_s in all
+        for pid, (_, state, _, runs) in snap.items() if quiet else ():
+            seconds = self.machine_sleep(pid) if state == "S" else None
+            if seconds is not None:
+                sleeps[pid] = self.slept.setdefault((pid, runs), seconds)  # one sleep: the runs it has had
+        if sleeps and sum(self.slept.values()) > self.config["machine_sleep_s"]:
+            pid = max(sleeps, key=lambda p: sum(s for (q, _), s in self.slept.items() if q == p))
+            self.note("machine_sleep", pid=pid, command=self.command_of(pid), bash_children=self.children_of(
+                self.bash), seconds=round(sum(s for (q, _), s in self.slept.items() if q == pid), 3))
+            self.finish("machine_sleep")
+        quiet = quiet and not sleeps
         same, self.last = quiet and snap == self.last, snap if quiet else None
         return same
 
     def progress(self):
         """Something happened: the CPU the processes spend from here on is counted afresh."""
         self.last = None
-        self.base_cpu = {pid: ran for pid, (_, _, ran) in self.snapshot().items()}
+        self.base_cpu = {pid: ran for pid, (_, _, ran, _) in self.snapshot().items()}
 
     # ------------------------------------------------------------------------------------------ the run
 

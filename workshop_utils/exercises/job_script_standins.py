@@ -1,6 +1,6 @@
 """Exercise 6.1's simulated cluster, the programs' side: what a job script meets in the check's simulation.
 
-scontrol, scancel, pkill, killall, hostname, sleep, timeout and apptainer (with srun, torchrun and python in
+scontrol, scancel, pkill, killall, hostname, getent, sleep, timeout and apptainer (with srun, torchrun and python in
 ``job_script_launch``), the training processes torchrun starts, and Slurm's other commands (which refuse: the
 simulated job has no controller, and must never reach a real one) are each this one file under another name, in
 the PID namespace that the check's runner (``job_script_runner``) leads. Each tells the runner what it was given
@@ -297,6 +297,21 @@ def hostname(argv: list[str]) -> None:
     print(f"10.1.0.{17 + node}" if addresses else config["nodes"][node])
 
 
+def getent(argv: list[str]) -> None:
+    """getent hosts, ahosts or ahostsv4 NODE: the cluster's name service knows the job's nodes (at the addresses
+    hostname -i gives); every other question goes to this machine's getent."""
+    nodes = Link("getent").config["nodes"]
+    if len(argv) > 1 and argv[0] in ("hosts", "ahosts", "ahostsv4") and all(key in nodes for key in argv[1:]):
+        for key in argv[1:]:
+            address = f"10.1.0.{17 + nodes.index(key)}"
+            print(f"{address:<15} {key}" if argv[0] == "hosts" else
+                  f"{address:<15} STREAM {key}\n{address:<15} DGRAM\n{address:<15} RAW")
+        return
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != os.path.join(SIM, "bin"))
+    program = which("getent", path) or say("getent: command not found", 127)
+    os.execv(program, ["getent", *argv])
+
+
 def _seconds(text: str) -> float:
     found = re.fullmatch(r"([0-9]*\.?[0-9]+)([smhd]?)|inf(inity)?", text)
     if not found:
@@ -397,8 +412,8 @@ def slurm_client(argv: list[str]) -> None:
 CLIENTS = ("sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat", "sattach", "sbcast", "strigger", "sprio",
            "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
 PROGRAMS = {"scancel": scancel, **{name: slurm_client for name in CLIENTS}, "pkill": pkill, "killall": killall,
-            "scontrol": scontrol, "hostname": hostname, "sleep": sleep, "timeout": timeout, "apptainer": container,
-            "singularity": container}
+            "scontrol": scontrol, "hostname": hostname, "getent": getent, "sleep": sleep, "timeout": timeout,
+            "apptainer": container, "singularity": container}
 
 
 def main(sim: str) -> None:

@@ -10,7 +10,7 @@ import re
 
 from .answer_values import show
 from .job_script import RDZV_FIX, TRAINING, JobSpec
-from .job_script_run import NODE_NAMES, JobRun, Outcome, simulate
+from .job_script_run import MACHINE_SLEEP_S, MOST_PROCESSES, NODE_NAMES, JobRun, Outcome, simulate
 from .job_script_static import line_of
 from .slurm_rules import slurm_signal, time_limit_s
 
@@ -66,11 +66,74 @@ class Judge:
         how = f"with exit status {end['status']}" if end["signal"] is None else f"killed by {end['signal']}"
         return f"the batch shell ended {how} after {end['t']:g} s"
 
+    @staticmethod
+    def bare(command: str) -> str:
+        """A command line as the script wrote it, without the simulation's paths to its stand-ins."""
+        return re.sub(r"^\S+/(py/rt|py/python3[.0-9]*) -IS \S+/bin/", "", command)
+
+    def stopped_problem(self) -> str | None:
+        """The check stopped the job before its end: a fork bomb, a long sleep on the machine's clock, no rest."""
+        if self.o.reason not in ("runaway", "machine_sleep", "wall_limit"):
+            return None
+        event, where = self.o.of(self.o.reason)[0], self.where
+        command = show(self.bare(event.get("command") or ""), 50)
+        if "processes" in event:
+            most = "copies of the batch shell" if command in ("bash", "sh", "job.sbatch") else f"`{command}`"
+            return (f"{where}the job ran more than {MOST_PROCESSES} processes at once (most of them {most}): a "
+                    "function or loop that keeps starting programs (a fork bomb) fills the node until nothing can "
+                    "start, so the check stopped it there. Fix: the template's lines, each command started once.")
+        if "starts" in event:
+            return (f"{where}the job started {event['starts']} programs while its clock stood still (the last: "
+                    f"`{command}`): a trap that signals its own shell, or a loop that starts programs without end. "
+                    "Fix: the template's trap and wait loop.")
+        if "seconds" in event:
+            return (f"{where}`{command}`{line_of(self.script, command)} sleeps on the machine's own clock "
+                    f"({event['seconds']:g} s asked; a sleep program by its path, a program that polls, Python's "
+                    "time.sleep), which the simulated job cannot skip, and the check waits for at most "
+                    f"{MACHINE_SLEEP_S} s of such sleeps. Fix: before the launch, only commands that end soon (sleep "
+                    "by its name, sleep N, is the job's own, which the check skips).")
+        return (f"{where}the simulated job never came to rest ({self._running()}): something in it keeps working "
+                "without end. Fix: the template's lines.")
+
+    def unlaunched_problem(self) -> str | None:
+        """Why bash never reached the launch: the time limit came first, set -u stopped it, a signal ended it."""
+        where, events = self.where, self.o.events
+        start = f"{where}nothing started torchrun, so the job would train nothing: "
+        limit = next((k for k, e in enumerate(events) if e["what"] == "time_limit"), None)
+        if limit is not None and not any(e["what"] == "start" and e["role"] == "srun" and "torchrun" in " ".join(
+                e.get("command") or []) for e in events[:limit]):
+            waiting = [self.bare(c) for c in events[limit].get("waiting") or []]
+            what = f"still waited for `{show(waiting[-1], 50)}`{line_of(self.script, waiting[-1])}" if waiting else \
+                "had not reached it"
+            return (f"{start}its time limit came while the batch shell {what}, a command that does not end by itself "
+                    "(bash runs the next line only once it has). Fix: before the launch, only commands that end; "
+                    "the launch itself in the background (&), as in the template.")
+        unbound = re.search(r"line (\d+): (\S+): unbound variable", self.o.log)
+        if unbound:
+            line, name = unbound.groups()
+            why = ("Slurm sets it only in the tasks of a job array (sbatch --array), and this job is none" if
+                   name.startswith("SLURM_ARRAY_") else "Slurm does not set it in this job's batch shell (srun sets "
+                   "some, such as SLURM_STEP_ID or SLURM_LAUNCH_NODE_IPADDR, only in the tasks it starts)" if
+                   name.startswith("SLURM") else "nothing in the script or the job's environment sets it by then")
+            return (f"{start}bash stopped at line {line}, `{name}: unbound variable`: {why}, and set -u ends the "
+                    f"script at the first variable that is not set. Fix: a variable the batch shell has (SLURM_JOB_ID, "
+                    f"SLURM_JOB_NODELIST, ...), or a default: ${{{name}:-VALUE}}.")
+        end = next(iter(self.o.of("batch_end")), None)
+        if end is not None and end["signal"]:
+            return (f"{start}the batch shell was killed by {end['signal']} before it reached the launch"
+                    f"{self.bash_said()}: a command of the script signalled it (kill -9 -1 or pkill -u $USER reach "
+                    "every process of yours in the job, the batch shell too). Fix: nothing before the launch that "
+                    "signals your own processes; the template's lines.")
+        return None
+
     # ------------------------------------------------------------------------------------------ the launch
 
     def launch_problem(self) -> str | None:
         script, where = self.script, self.where
         if not self.agents:
+            unlaunched = self.unlaunched_problem()
+            if unlaunched:
+                return unlaunched
             srun = _said(self.o.log, r"^srun: (error|fatal|unrecognized|option|invalid)", r"slurmstepd: error",
                          r"^srun: Job")
             if srun:
@@ -407,7 +470,7 @@ class Judge:
         return next((e.get("argv") or [] for e in self.o.of("start") if e["pid"] == pid), [])
 
     def _running(self) -> str:
-        limit = next(iter(self.o.of("time_limit")), None) or next(iter(self.o.of("spinning")), {})
+        limit = next((e for e in self.o.events if e["what"] in ("time_limit", "spinning", "wall_limit")), {})
         running = limit.get("running") or limit.get("bash_children") or []
         shown = [show(re.sub(r"^\S+/(py/rt|py/python3[.0-9]*) -IS \S+/bin/", "", r["command"]), 50) for r in running]
         return "the batch shell was running: " + ", ".join(shown) if shown else "nothing else was running"
@@ -483,6 +546,9 @@ def behaviour_problem(script: str, read: dict, written: dict, spec: JobSpec) -> 
             JobRun(read, limit, sent, nodes=1, job_id=1000, fail=True)]
     for run in runs:
         judge = Judge(script, simulate(script, run), spec, written)
+        stopped = judge.stopped_problem()
+        if stopped:
+            return stopped
         if run.fail:
             problem = judge.failed_run_problem()
         else:

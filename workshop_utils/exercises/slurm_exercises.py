@@ -26,6 +26,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
+import numbers
+import os
 import re
 import shlex
 import uuid
@@ -108,6 +111,22 @@ def _refuse(exercise: str, problem: str):
     raise NotYet(f"✗ {exercise}: {said}.", fix)
 
 
+def _check_call(exercise: str, jobs_dir, timeout_s) -> None:
+    """The check's own arguments, read first and alike with or without a cluster: where one answers, they say
+    where the jobs go and how long to wait for them, and a mistake there must not show only in class."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+        raise NotYet(f"✗ {exercise}: timeout_s={show(repr(timeout_s), 30)} is no time to wait: where a Slurm cluster "
+                     "answers, the check waits that many seconds for its job.", "a number of seconds above 0, e.g. "
+                     "timeout_s=300.")
+    if jobs_dir is not None and not isinstance(jobs_dir, (str, os.PathLike)):
+        raise NotYet(f"✗ {exercise}: jobs_dir is {kind(jobs_dir)}, not a folder's path.",
+                     "a folder's path (made if missing), or None for the current folder.")
+    if jobs_dir is not None and Path(jobs_dir).exists() and not Path(jobs_dir).is_dir():
+        raise NotYet(f"✗ {exercise}: jobs_dir {show(str(jobs_dir))} is a file, not a folder: where a Slurm cluster "
+                     "answers, the check writes its jobs' scripts and outputs in a folder of their own there.",
+                     "a folder's path (made if missing), or None for the current folder.")
+
+
 def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, unsubmitted: str, prefix: str,
                        jobs_dir) -> Path | None:
     """First the text: a mistake is the check's one line. Then the cluster: without one, the check passes on
@@ -127,6 +146,7 @@ def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, uns
 def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: str = EXERCISE) -> bool:
     """Read the script (or ``JOB_SCRIPT`` filled from a dict of answers) against ``JOB_SPEC``, then run it on the
     cluster when one answers, and judge what it did."""
+    _check_call(exercise, jobs_dir, timeout_s)
     if script is ...:
         raise Unsolved(f"… {exercise}: not yet solved: fill the gaps of the job script.",
                        "each is what goes after its flag in the script.")
@@ -310,6 +330,7 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
     that waits for it, and check one result per learning rate."""
     from ..lessons.slurm_jobs import SCRIPT_FIELDS, config_flags, gather_array, template
 
+    _check_call(exercise, jobs_dir, timeout_s)
     if sweep_lines is ... or array is ...:
         raise Unsolved(f"… {exercise}: not yet solved: write sweep_lines and array.",
                        "one line of flags per learning rate; --array names the task ids.")

@@ -1,0 +1,193 @@
+"""Exercise 6.1's check, tried as an attendee would try to fool it: through its one public call and nothing else.
+
+Each test holds a finding of a review that read only the notebook and help(wu.check_job_script): a right answer
+the check refused, a refusal that named the wrong mistake or gave a fix that was already there, an answer whose
+verdict changed from one run to the next, a script that could harm the machine the check runs on, and calls
+that pass here and would fail only in class. A pass returns True; a refusal is a WorkshopError, one line that
+starts "✗ Exercise 6.1" and names the mistake. No Slurm is asked (WORKSHOP_SLURM=off, tests/conftest.py): the
+verdicts come from the #SBATCH lines and from bash running the script in the check's simulated job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import workshop_utils as wu
+
+FIRST = 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1'
+SOLVED = dict(nodes=1, ntasks_per_node=1, cpus_per_task=2, time="00:05:00", signal="B:USR1@60", nproc_per_node=2,
+              rdzv_endpoint=f'"$({FIRST}):$((29500 + SLURM_JOB_ID % 1000))"')
+
+
+def answers(**change) -> dict:
+    return {**SOLVED, **change}
+
+
+def first_node_after(command: str) -> dict:
+    """The notebook's answers, with ``command`` run in the batch shell where it reads the first node's name."""
+    return answers(rdzv_endpoint=f'"$({command}; {FIRST}):29500"')
+
+
+def verdict(answer, **call) -> str:
+    """The one line the check gives: its pass line, or its refusal."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):
+            assert wu.check_job_script(answer, **call) is True
+    except wu.WorkshopError as err:
+        message = str(err)
+        assert len(message.splitlines()) == 1 and message.startswith("✗ Exercise 6.1: ") and err.fix, message
+        assert "the check itself failed" not in message, message
+        return message
+    line = said.getvalue().strip()
+    assert line.startswith("✓ Exercise 6.1: correct") and len(line.splitlines()) == 1, line
+    return line
+
+
+def refused(answer, *words, **call) -> str:
+    message = verdict(answer, **call)
+    assert message.startswith("✗"), f"a wrong answer passed: {message}"
+    for word in words:
+        assert word in message, f"{word!r} not in: {message}"
+    return message
+
+
+@pytest.fixture(scope="module")
+def simulated() -> str:
+    """The notebook's own answer passes; where this machine cannot run the simulated job, the tests that need
+    it are skipped, with the check's own reason."""
+    line = verdict(SOLVED)
+    assert line.startswith("✓"), line
+    if "bash ran it right in a simulated job" not in line:
+        pytest.skip(f"the check could not run its simulated job here: {line}")
+    return line
+
+
+# ------------------------------------------------------------------------------------------ no stopwatch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sleep", ["/bin/sleep 0.2", "python3 -c 'import time; time.sleep(0.2)'"])
+def test_a_short_sleep_on_the_machines_clock_before_the_launch_passes(simulated, sleep):
+    """The job's clock moved on while bash slept on the machine's: the warning and the time limit came before
+    the launch, and each run named another mistake (srun's options, srun --overlap, pkill's pattern)."""
+    assert verdict(first_node_after(sleep)) == simulated
+
+
+@pytest.mark.slow
+def test_the_same_answer_gets_the_same_line_twice(simulated):
+    assert verdict(SOLVED) == simulated
+
+
+def test_a_long_sleep_on_the_machines_clock_is_named_at_once(simulated):
+    """Neither skipped nor waited for: a sleep the job's clock cannot skip is named, whatever the machine."""
+    refused(first_node_after("/bin/sleep 1000"), "`/bin/sleep 1000`", "machine's own clock", "1000 s")
+
+
+# ------------------------------------------------------------------------------------------ the right mistake
+
+
+def test_a_command_that_never_ends_before_the_launch_is_named(simulated):
+    """It was "srun did not start the launch ... Fix: srun ... with no other srun option": the launch line was
+    the template's; the job's time ran out while bash waited for the command before it."""
+    message = refused(first_node_after("sleep 400"), "time limit", "`sleep 400`", "does not end")
+    assert "srun did not start" not in message
+
+
+def test_a_variable_slurm_sets_only_in_job_arrays_is_named(simulated):
+    """It was "Fix: keep the template's launch line", which the answer kept: set -u stopped bash at a variable
+    that only an array job has."""
+    message = refused(answers(rdzv_endpoint=f'"$({FIRST}):$((29500 + SLURM_ARRAY_TASK_ID))"'),
+                      "SLURM_ARRAY_TASK_ID: unbound variable", "job array", "${SLURM_ARRAY_TASK_ID:-")
+    assert "keep the template's launch line" not in message
+
+
+# ------------------------------------------------------------------------------------------ right answers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint", [
+    f'"$(getent hosts "$({FIRST})" | cut -d " " -f 1):29500"',  # the first node's address, from the name service
+    '"$SLURM_TOPOLOGY_ADDR:29500"',  # slurmd sets it in the batch shell: the batch host, the first node
+])
+def test_the_first_node_however_the_batch_shell_reads_it_passes(simulated, endpoint):
+    assert verdict(answers(rdzv_endpoint=endpoint)) == simulated
+
+
+# ------------------------------------------------------------------------------------------ no harm
+
+
+def test_killing_every_process_of_yours_reaches_only_the_simulated_job(simulated):
+    """kill -9 -1 ends every process its user may signal: in the check, only the simulated job's."""
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        refused(first_node_after("kill -9 -1"), "killed by SIGKILL", "kill -9 -1")
+        assert bystander.poll() is None, "kill -9 -1 in the check reached a process of the test's"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_pkill_python_reaches_only_the_simulated_job(simulated):
+    refused(first_node_after("pkill -f python"), "Jupyter kernel")  # the simulated node's, not this one
+
+
+@pytest.mark.slow
+def test_the_scripts_home_is_the_simulated_jobs(simulated):
+    """rm -rf ~, harmlessly: what the script does to ~ stays in the simulated job's folder."""
+    marker = Path.home() / "ex61-check-was-here"
+    assert not marker.exists()
+    assert verdict(first_node_after(f"touch ~/{marker.name}")) == simulated
+    assert not marker.exists()
+
+
+def test_a_fork_bomb_is_stopped_and_named(simulated):
+    """A loop that starts processes without end (the shape of :(){ :|:& };:, here bounded at 450) is stopped
+    before it fills the machine, and nothing of it is left."""
+    script = wu.fill_job_script(SOLVED).replace(
+        "set -uo pipefail\n", 'set -uo pipefail\nmkfifo ~/never; exec 3<> ~/never\n'
+        'for _ in $(seq 450); do cat - ex61-fork-bomb <&3 & done\n', 1)  # each waits on the pipe for good
+    refused(script, "processes at once", "`cat`", "fork bomb")
+    left = subprocess.run(["pgrep", "-f", "cat - ex61-fork-bomb"], capture_output=True, text=True).stdout.split()
+    assert not left, f"the simulated job left processes behind: {left}"
+
+
+# ------------------------------------------------------------------------------------------ the call itself
+
+
+@pytest.mark.parametrize("value", [
+    "1; rm -rf ~", "1\nrm -rf ~", "1\nkill -9 -1", "1\n:(){ :|:& };:", "1 `reboot`", "1 $(pkill -f python)",
+])
+def test_commands_in_a_number_gap_are_refused_before_bash_runs_anything(value):
+    refused(answers(nodes=value), "nodes")
+
+
+@pytest.mark.parametrize("call, words", [
+    (dict(timeout_s=0), ["timeout_s=0"]), (dict(timeout_s=-5), ["timeout_s=-5"]),
+    (dict(timeout_s=float("nan")), ["timeout_s=nan"]), (dict(timeout_s="60"), ["timeout_s='60'"]),
+    (dict(timeout_s=None), ["timeout_s=None"]), (dict(jobs_dir=3), ["jobs_dir is an int"]),
+])
+def test_a_wrong_call_is_named_with_or_without_a_cluster(call, words):
+    """Without Slurm these went unread and the check passed; with Slurm, timeout_s=nan would wait for good and
+    timeout_s="60" fail after the job was submitted."""
+    refused(SOLVED, *words, **call)
+
+
+def test_a_jobs_dir_that_is_a_file_is_named(tmp_path):
+    taken = tmp_path / "jobs"
+    taken.write_text("")
+    refused(SOLVED, "is a file, not a folder", jobs_dir=taken)
+
+
+def test_the_template_as_print_shows_it_is_read_as_python_wrote_it():
+    """print(wu.JOB_SCRIPT) shows forward() {{ ...; }}: copied with the gaps filled by hand, bash stopped at
+    {{ and the fix said "as the template does"."""
+    script = wu.JOB_SCRIPT
+    for gap, value in SOLVED.items():
+        script = script.replace("{" + gap + "}", str(value))
+    refused(script, "{{", "one brace each")
