@@ -372,7 +372,8 @@ class Runner:
             self.warn(payload)
         elif kind == "end":
             self.note("time_limit", running=self.children_of(self.bash) if self.bash_status is None else [],
-                      waiting=self.leaves_of(self.bash) if self.bash_status is None else [])
+                      waiting=self.leaves_of(self.bash) if self.bash_status is None else [],
+                      log_size=os.path.getsize(os.path.join(self.sim, "job.log")))
             self.signal_all(signal.SIGTERM)
             self.at(self.now + self.config["kill_wait_s"], "kill")
         elif kind == "kill":
