@@ -184,10 +184,13 @@ def test_a_jobs_dir_that_is_a_file_is_named(tmp_path):
     refused(SOLVED, "is a file, not a folder", jobs_dir=taken)
 
 
-def test_the_template_as_print_shows_it_is_read_as_python_wrote_it():
-    """print(wu.JOB_SCRIPT) shows forward() {{ ...; }}: copied with the gaps filled by hand, bash stopped at
-    {{ and the fix said "as the template does"."""
+def test_the_template_as_print_shows_it_is_bash_as_bash_reads_it(simulated):
+    """print(wu.JOB_SCRIPT) showed forward() {{ ...; }} (a Python format string): copied and filled by hand, bash
+    stopped at {{. The template now prints as bash reads it, and a script with doubled braces is named."""
+    assert "forward() { srun" in wu.JOB_SCRIPT and "{{" not in wu.JOB_SCRIPT
     script = wu.JOB_SCRIPT
     for gap, value in SOLVED.items():
         script = script.replace("{" + gap + "}", str(value))
-    refused(script, "{{", "one brace each")
+    assert verdict(script).startswith("✓")
+    refused(script.replace("forward() { ", "forward() {{ ").replace("|| true; }", "|| true; }}"), "{{",
+            "one brace each")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import re
 
 from .answer_values import Problem, number_of, show, whole_digits
 from .exercise_cells import NotYet, Unsolved
@@ -30,7 +31,7 @@ set -uo pipefail
 export OMP_NUM_THREADS=1  # each of the processes torchrun starts computes in one thread
 # The warning signal reaches this script (B:); pass it on to the training processes on every node, not to
 # torchrun itself (its command line names the module too, but only the processes it starts run python -u).
-forward() {{ srun --overlap --ntasks-per-node=1 pkill -USR1 -f "python[0-9.]* -u -m workshop_utils.train" || true; }}
+forward() { srun --overlap --ntasks-per-node=1 pkill -USR1 -f "python[0-9.]* -u -m workshop_utils.train" || true; }
 trap forward USR1
 # srun starts one task per node (torchrun); torchrun starts --nproc-per-node training processes.
 srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun --nnodes="$SLURM_JOB_NUM_NODES" \\
@@ -127,7 +128,9 @@ def fill_job_script(answers: dict, exercise: str = EXERCISE) -> str:
     if unknown:
         raise NotYet(f"✗ {exercise}: answers has {', '.join(show(k) for k in unknown)}, which the script has no gap "
                      "for.", f"keep to the gaps: {', '.join(GAPS)}.")
-    return JOB_SCRIPT.format(**{gap: _gap_text(gap, answers[gap], exercise) for gap in GAPS})
+    filled = {gap: _gap_text(gap, answers[gap], exercise) for gap in GAPS}
+    # the gaps alone: the script's own braces (forward() { ...; }) print and stay as bash reads them
+    return re.sub(r"\{(" + "|".join(GAPS) + r")\}", lambda gap: filled[gap.group(1)], JOB_SCRIPT)
 
 
 # ---------------------------------------------------------------------------------------------- torchrun

@@ -50,11 +50,11 @@ def text_problem(script: str) -> str | None:
     if unfilled:
         return (f"the script still has its gaps ({', '.join('{' + g + '}' for g in unfilled)}). Fix: pass the answers "
                 "as a dict, or the script with every gap filled.")
-    doubled = re.search(r"\(\)\s*\{\{|;\s*\}\}", script)  # the template's forward() as print(JOB_SCRIPT) shows it
+    doubled = re.search(r"\(\)\s*\{\{|;\s*\}\}", script)  # braces doubled as in a Python format string
     if doubled:
         return (f"line {script.count(chr(10), 0, doubled.start()) + 1} holds {show(doubled.group().strip(' ;'))}: "
-                "JOB_SCRIPT is a Python format string, where {{ and }} stand for one brace each (str.format, and the "
-                "check with a dict of answers, write them so). Fix: one brace each, forward() { ...; }.")
+                "bash reads {{ as a command of that name, not as the start of the function's body. Fix: one brace "
+                "each, forward() { ...; }, as the template prints it.")
     if script.startswith("\ufeff"):
         return ("the script starts with a byte-order mark (BOM, U+FEFF), so its first line is not #!: sbatch refuses "
                 "it. Fix: save it as UTF-8 without BOM.")
