@@ -1,30 +1,21 @@
 """The exercise cells: the attendee writes the code, a check right after it says pass or what is wrong.
 
-One source. The committed notebooks hold each exercise's solution between two marker lines
-(nbgrader's style)::
+The committed notebooks hold each solution between two marker lines (nbgrader's style), so that the main job and
+CI execute them as they are and every exercise is proven solvable::
 
     ### BEGIN SOLUTION
     ### PLACEHOLDER achieved_tflops = ...
     achieved_tflops = flops_per_step / step_s / 1e12
     ### END SOLUTION
 
-The main job and CI execute them as they are, so every exercise is proven solvable. The
-attendees' copies are generated from them: the block between the markers becomes
-``# YOUR CODE HERE`` followed by the block's ``### PLACEHOLDER`` lines without that prefix
-(``achieved_tflops = ...`` assigns Python's Ellipsis, which every check reads as "not done").
-A block inside a function keeps its indentation, and needs a placeholder line (``return ...``)
-so that the attendee's copy still parses.
+The attendees' copies (``write_attendee_notebooks``, ``make attendee``) replace the block with ``# YOUR CODE HERE``
+and its ``### PLACEHOLDER`` lines without that prefix, indentation kept (a block inside a function needs one,
+``return ...``, to still parse). ``...`` is Python's Ellipsis, which every check reads as "not done".
 
-A cell holding a block is tagged ``exercise``; the cell after it, tagged ``check``, calls a check
-(``wu.check_...``, in ``exercise_checks``). A check passes with one line (and returns True). A wrong
-answer raises ``NotYet``: a ``WorkshopError``, so a notebook shows it as one line (what is wrong,
-then a hint) instead of a traceback, and a headless run of the solved notebooks fails. An answer
-still left as the placeholder is no mistake: the check prints one "not yet solved" line and returns
-False, so the attendees' copy runs from top to bottom before anyone has written a line (the
-cells after an exercise that use its answer skip with one line too, see ``solved``).
-
-``write_attendee_notebooks("notebooks", "notebooks/attendee")`` (``make attendee``) writes the
-copies, outputs cleared; a marker out of place stops it with one line naming the notebook and cell.
+A cell holding a block is tagged ``exercise``; the next, tagged ``check``, calls a check. A pass is one ✓ line (and
+True); a wrong answer raises ``NotYet``, a ``WorkshopError`` shown as one line (so a headless run of the solved
+notebooks fails); an answer still ``...`` prints one "not yet solved" line and returns False, so that the
+attendees' copy runs from top to bottom before anyone has written a line (cells using it skip: ``solved``).
 """
 
 from __future__ import annotations
@@ -80,11 +71,6 @@ def solved(*answers, exercise: str) -> bool:
     return True
 
 
-def unanswered(value) -> bool:
-    """True for an untouched placeholder (``...``) or ``None``."""
-    return value is ... or value is None
-
-
 def passed(exercise: str, detail: str = "") -> bool:
     """Show the one line a passing check shows (bold and green in a notebook, plain text elsewhere)."""
     show_verdict(f"✓ {exercise}: correct" + (f" ({detail})" if detail else "") + ".")
@@ -100,53 +86,37 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
 # ---------------------------------------------------------------- the attendees' copies
 
 
-def _marker_error(where: str, line: int, problem: str, fix: str) -> WorkshopError:
-    return WorkshopError(f"{where}, line {line}: {problem}", fix)
-
-
 def attendee_source(source: str, where: str = "cell") -> str:
-    """A code cell's source with every solution block replaced by ``# YOUR CODE HERE`` and its placeholders.
-
-    ``where`` names the cell in the one-line error a malformed block raises (BEGIN without END,
-    END without BEGIN, a block inside a block, a placeholder outside a block, a misspelt marker).
-    """
+    """A code cell's source with every solution block replaced by ``# YOUR CODE HERE`` and its placeholders;
+    a malformed block (unclosed, nested, a stray END or placeholder, a misspelt marker) is one line naming ``where``."""
     out, opened = [], None
     for number, line in enumerate(source.splitlines(), start=1):
-        text = line.strip()
-        indent = line[: len(line) - len(line.lstrip())]
+        text, indent = line.strip(), line[: len(line) - len(line.lstrip())]
+        problem = None
         if text == BEGIN_SOLUTION:
-            if opened is not None:
-                raise _marker_error(where, number, f"'{BEGIN_SOLUTION}' inside the block opened on line {opened}.",
-                                    f"close that block with '{END_SOLUTION}' first: blocks do not nest.")
+            problem = opened and (f"'{BEGIN_SOLUTION}' inside the block opened on line {opened}.",
+                                  f"close that block with '{END_SOLUTION}' first: blocks do not nest.")
             opened = number
             out.append(indent + YOUR_CODE_HERE)
         elif text == END_SOLUTION:
-            if opened is None:
-                raise _marker_error(where, number, f"'{END_SOLUTION}' without a '{BEGIN_SOLUTION}' before it.",
-                                    f"open the block with '{BEGIN_SOLUTION}' or delete this line.")
+            problem = not opened and (f"'{END_SOLUTION}' without a '{BEGIN_SOLUTION}' before it.",
+                                      f"open the block with '{BEGIN_SOLUTION}' or delete this line.")
             opened = None
         elif text == PLACEHOLDER.strip() or text.startswith(PLACEHOLDER):
-            if opened is None:
-                raise _marker_error(where, number, "a placeholder line outside a solution block.",
-                                    f"move it between '{BEGIN_SOLUTION}' and '{END_SOLUTION}'.")
+            problem = not opened and ("a placeholder line outside a solution block.",
+                                      f"move it between '{BEGIN_SOLUTION}' and '{END_SOLUTION}'.")
             out.append(indent + text[len(PLACEHOLDER):])
         elif text.startswith(("### BEGIN", "### END", "### PLACEHOLDER")):
-            raise _marker_error(where, number, f"unknown marker {text!r}.",
-                                f"spell it '{BEGIN_SOLUTION}', '{END_SOLUTION}' or '{PLACEHOLDER}<code>'.")
+            problem = (f"unknown marker {text!r}.",
+                       f"spell it '{BEGIN_SOLUTION}', '{END_SOLUTION}' or '{PLACEHOLDER}<code>'.")
         elif opened is None:
             out.append(line)
+        if problem:
+            raise WorkshopError(f"{where}, line {number}: {problem[0]}", problem[1])
     if opened is not None:
-        raise _marker_error(where, opened, f"'{BEGIN_SOLUTION}' has no '{END_SOLUTION}'.",
+        raise WorkshopError(f"{where}, line {opened}: '{BEGIN_SOLUTION}' has no '{END_SOLUTION}'.",
                             f"end the solution with a line '{END_SOLUTION}'.")
     return "\n".join(out)
-
-
-def has_solution(source: str) -> bool:
-    return any(line.strip() == BEGIN_SOLUTION for line in source.splitlines())
-
-
-def cell_tags(cell) -> list[str]:
-    return list(cell.get("metadata", {}).get("tags", []))
 
 
 def attendee_notebook(source_path, out_path) -> int:
@@ -163,22 +133,22 @@ def attendee_notebook(source_path, out_path) -> int:
     notebook = nbformat.read(source_path, as_version=4)
     exercises = 0
     for index, cell in enumerate(notebook.cells):
-        where = f"{source_path.name}, cell {index} (id {cell.get('id', '?')})"
         if cell.cell_type != "code":
             continue
+        where = f"{source_path.name}, cell {index} (id {cell.get('id', '?')})"
         attendee = attendee_source(cell.source, where)  # a malformed block stops here, naming its line
-        tagged, blocked = EXERCISE_TAG in cell_tags(cell), has_solution(cell.source)
+        tags = list(cell.get("metadata", {}).get("tags", []))
+        tagged, blocked = EXERCISE_TAG in tags, any(line.strip() == BEGIN_SOLUTION for line in cell.source.splitlines())
         if tagged != blocked:
             raise WorkshopError(
                 f"{where}: " + ("tagged 'exercise' but holds no solution block." if tagged else
                                 "holds a solution block but is not tagged 'exercise'."),
                 "an exercise cell holds its solution between the markers and carries the tag 'exercise'.")
         cell.source = attendee
-        if CHECK_TAG in cell_tags(cell):
+        if CHECK_TAG in tags:
             # The solved check's expected output is its ✓ line; the attendee's first run prints "not yet solved".
-            cell.metadata["tags"] = [tag for tag in cell_tags(cell) if tag != NBVAL_CHECKED_TAG]
-        cell.outputs = []
-        cell.execution_count = None
+            cell.metadata["tags"] = [tag for tag in tags if tag != NBVAL_CHECKED_TAG]
+        cell.outputs, cell.execution_count = [], None
         cell.metadata.pop("execution", None)  # papermill's timings of the solved run
         exercises += tagged
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,13 +158,12 @@ def attendee_notebook(source_path, out_path) -> int:
 
 def write_attendee_notebooks(folder_in="notebooks", folder_out="notebooks/attendee") -> list[Path]:
     """The attendees' copies of every notebook in ``folder_in``, written to ``folder_out`` (``make attendee``)."""
-    folder_in, folder_out = Path(folder_in), Path(folder_out)
-    sources = sorted(folder_in.glob("*.ipynb"))
+    sources = sorted(Path(folder_in).glob("*.ipynb"))
     if not sources:
         raise WorkshopError(f"No notebook in {folder_in}.", "pass the folder that holds the committed notebooks.")
     written = []
     for source in sources:
-        target = folder_out / source.name
+        target = Path(folder_out) / source.name
         count = attendee_notebook(source, target)
         print(f"{target}: {count} exercise{'s' * (count != 1)}")
         written.append(target)
