@@ -445,7 +445,7 @@ def test_a_limit_reached_says_where_each_rank_was(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ddp_lab_files, "stream", too_long)
     with pytest.raises(NotYet) as caught:
-        run_nodes({}, {}, 7, False, tmp_path, 3, LAB_EXERCISE)
+        run_nodes([], (2, 1), tmp_path, "cpu", 7, False, LAB_EXERCISE)
     said = str(caught.value)
     assert "reached the check's limit of 7 s" in said and "rank 0: finished" in said
     assert re.search(r"rank 1: drawing batch 3 of epoch 1, \d+ s before", said) and "rank 2: not started" in said
@@ -696,7 +696,7 @@ def test_the_outer_limit_with_every_rank_started_gives_no_busy_machine_advice(tm
 
     monkeypatch.setattr(ddp_lab_files, "stream", too_long)
     with pytest.raises(NotYet) as caught:
-        run_nodes({}, {}, 7, False, tmp_path, 3, "Exercise 2.1")
+        run_nodes([], (2, 1), tmp_path, "cpu", 7, False, "Exercise 2.1")
     assert "never got going" not in str(caught.value) and "larger timeout_s" in str(caught.value)
 
 

@@ -38,19 +38,20 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     row = predict_scaling(step_s, grad_bytes, [world_size], within, between, gpus_per_node).iloc[0]
     right = float(row.efficiency_no_overlap)
     link = between if world_size > gpus_per_node else within
-    buckets = ddp_buckets(grad_bytes)
+    p, lat, bw = world_size, link.latency_us * 1e-6, link.bandwidth_gbps * 1e9
 
     def efficiency_with(comm_s: float) -> float:
         return step_s / (step_s + comm_s)
 
-    def ring(n: float, lat_s: float, bytes_per_s: float, steps: float, latency_steps: float | None = None) -> float:
-        return (steps if latency_steps is None else latency_steps) * lat_s + steps / world_size * n / bytes_per_s
+    def ring(lat_s: float = lat, bytes_per_s: float = bw, steps: float = 2 * (p - 1), latency_steps=None) -> float:
+        """The efficiency with the buckets' ring all-reduces written out, one part of the formula changed."""
+        return efficiency_with(sum((steps if latency_steps is None else latency_steps) * lat_s
+                                   + steps / p * n / bytes_per_s for n in ddp_buckets(grad_bytes)))
 
-    p, lat, bw = world_size, link.latency_us * 1e-6, link.bandwidth_gbps * 1e9
     mistakes = [
         (1.0, "that leaves the communication out: an efficiency of 1 is a step with no all-reduce at all.",
          "add the buckets' ring all-reduce times to the step: efficiency = step / (step + communication)."),
-        (efficiency_with(sum(ring_all_reduce_s(b, p, within) for b in buckets)),
+        (efficiency_with(sum(ring_all_reduce_s(b, p, within) for b in ddp_buckets(grad_bytes))),
          "that is NVLink's figure, the link inside a node.",
          f"{p} GPUs fill {math.ceil(p / gpus_per_node)} nodes: the ring crosses InfiniBand (wu.LINKS['ib_ndr']), "
          "its slowest link, which sets the pace."),
@@ -60,19 +61,17 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
         (float(row.efficiency_overlap), "that is the bound with overlap.",
          "this exercise asks for no overlap: every bucket's all-reduce after the backward pass."),
         (100 * right, "that looks like a percentage.", "give the efficiency as a fraction (0.85, not 85)."),
-        (efficiency_with(sum(ring(b, lat, bw, p - 1) for b in buckets)), "a ring all-reduce takes 2(p-1) steps.",
+        (ring(steps=p - 1), "a ring all-reduce takes 2(p-1) steps.",
          "it is a reduce-scatter (p-1 steps) followed by an all-gather (p-1 steps)."),
-        (efficiency_with(sum(ring(b, link.latency_us, bw, 2 * (p - 1)) for b in buckets)),
-         "the latency went in as seconds.", "latency_us is in microseconds: multiply by 1e-6."),
-        (efficiency_with(sum(ring(b, lat, link.bandwidth_gbps, 2 * (p - 1)) for b in buckets)),
-         "the bandwidth went in as bytes per second.", "bandwidth_gbps is in GB/s: multiply by 1e9."),
-        (efficiency_with(sum(ring(b, lat, link.bandwidth_gbps * 2**30, 2 * (p - 1)) for b in buckets)),
-         "the bandwidth went in as GiB/s (x 2**30).", "bandwidth_gbps is in GB/s, decimal: multiply by 1e9."),
-        (efficiency_with(sum(ring(b, lat, bw / 8, 2 * (p - 1)) for b in buckets)),
-         "that treats GB/s as Gbit/s (divided by 8).",
+        (ring(lat_s=link.latency_us), "the latency went in as seconds.",
+         "latency_us is in microseconds: multiply by 1e-6."),
+        (ring(bytes_per_s=link.bandwidth_gbps), "the bandwidth went in as bytes per second.",
+         "bandwidth_gbps is in GB/s: multiply by 1e9."),
+        (ring(bytes_per_s=link.bandwidth_gbps * 2**30), "the bandwidth went in as GiB/s (x 2**30).",
+         "bandwidth_gbps is in GB/s, decimal: multiply by 1e9."),
+        (ring(bytes_per_s=bw / 8), "that treats GB/s as Gbit/s (divided by 8).",
          "bandwidth_gbps is in gigabytes per second: B = bandwidth_gbps * 1e9 bytes/s."),
-        (efficiency_with(sum(ring(b, lat, bw, 2 * (p - 1), latency_steps=1) for b in buckets)),
-         "that pays the latency once per bucket; the ring pays it at each of its 2(p-1) steps.",
+        (ring(latency_steps=1), "that pays the latency once per bucket; the ring pays it at each of its 2(p-1) steps.",
          "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth, for each bucket."),
     ]
 

@@ -1,35 +1,19 @@
 """Notebook 02's DDP lab and its exercises: the attendee writes the code, these functions judge it.
 
-The lab. ``notebooks/labs/ddp_lab/train_single.py`` is a plain single-device training script;
-``train_ddp.py`` beside it is its DDP version, the answers between the exercise markers of
-``exercise_cells``. ``start_ddp_lab`` writes the attendee's copy of it (markers applied,
-``attendee_script``) into the run folder, where the attendee fills the gaps, and
-``check_ddp_lab`` reads the attendee's launch line as torchrun reads it, then runs the script as two
-nodes on this machine (two torchrun agents meeting at one endpoint: the line's 2 processes on node 0, one
-more on node 1), so that what differs between nodes shows (a rank taken from LOCAL_RANK, a world size from
-LOCAL_WORLD_SIZE) and a world size typed in for 2 fails.
+``start_ddp_lab`` writes the attendee's copy of ``notebooks/labs/ddp_lab/train_ddp.py`` (the answers between the
+markers taken out); ``check_ddp_lab`` reads the attendee's launch line as torchrun reads it, then runs the script as
+two nodes on this machine (two torchrun agents at one endpoint: the line's 2 processes on node 0, one more on
+node 1), so that a rank from LOCAL_RANK, a world size from LOCAL_WORLD_SIZE or one typed in for 2 fails. Its ranks
+run under a probe (``python -m workshop_utils.exercises.ddp_lab --probe ...``) that watches PyTorch from the
+outside (the indices every DataLoader draws, the samplers and DDP built, ``torch.save``, the final parameters, the
+process group, each rank's output): a script is judged by what it did (``ddp_lab_judging.findings``), not by what
+it prints. A rank that makes no progress for a limit scaled to this machine's start-up is stopped and named; a
+crash is named by the rank that failed first, with its own traceback.
 
-The checker does not ask the script to report anything. Its ranks run under a probe
-(``python -m workshop_utils.exercises.ddp_lab --probe ...``) that watches PyTorch from the outside: the
-indices every DataLoader draws, each DistributedSampler and DistributedDataParallel built, every
-``torch.save``, the optimizer's parameters at the end, whether the process group was still open, and
-each rank's output. A script that prints the right lines but trains differently is judged by what it
-did (``ddp_lab_judging.findings``). A rank that makes no progress for five times what this machine took
-to start it (at least 30 s: a pause for an evaluation is no hang) is stopped, and the line names the rank
-that stopped progressing first and says where each rank was; a crash is named by the rank that failed
-first, with its own traceback (the probe's frames and torchrun's report left out).
-
-The other exercises: ``check_average_gradients`` (gradients averaged by hand with ``torch.distributed``,
-compared with DDP's in one launch on three ranks as two nodes, then on two, so that neither a world size
-typed in nor LOCAL_WORLD_SIZE passes) and ``check_ddp_efficiency`` (the weak-scaling efficiency at 64 GPUs
-from the ring all-reduce model).
-
-This module is what starts the ranks and what they run (``python -m``, ``main``): ``run_single``, the
-two checks that launch torchrun, and each rank's side of them (``_probe``, ``_gradients``). The code
-that branches on CUDA stays here because the GPU check's list of paths names it here. Below it:
-``ddp_lab_files`` (the scripts, the ranks' environment, the two nodes and their limits), ``ddp_lab_judging``
-(the launch line and a finished run's records), ``ddp_lab_gradients`` (Exercise 2.1's files between the
-ranks and its verdicts) and ``ddp_efficiency`` (Exercise 2.3).
+``check_average_gradients`` (2.1) compares gradients averaged by hand with DDP's on three ranks as two nodes,
+then on two; ``check_ddp_efficiency`` (2.3) is in ``ddp_efficiency``. This module holds what the ranks run
+(``main``) and the checks that launch them; the code that branches on CUDA stays here because the GPU check's
+list of paths names it here.
 """
 
 from __future__ import annotations
@@ -46,15 +30,14 @@ from collections import Counter
 from pathlib import Path
 
 from ..parallel.failures import LOST_PEER, record_failure, record_failures, root_cause
-from ..parallel.launch import cpu_threads_per_process, free_port, stream, visible_gpu_ids
+from ..parallel.launch import cpu_threads_per_process, free_port, stream
 from ..system.errors import WorkshopError
 from ..system.results import fresh_folder
 from .ddp_efficiency import check_ddp_efficiency
-from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, TORCHRUN_LOGS, Tee, attendee_script, clean_env,
-                            first_to_stall, lab_folder, limit_words, node_commands, node_envs, note_progress,
-                            read_output, reported_throughput, run_nodes, scaled_limit, solution_text, solve_ddp_lab,
-                            start_ddp_lab, started_at, torchrun_agent, torchrun_reports, watch_progress, what_ran,
-                            write_json)
+from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, TORCHRUN_LOGS, attendee_script, clean_env,
+                            first_to_stall, lab_folder, limit_words, note_progress, read_output, reported_throughput,
+                            run_nodes, scaled_limit, solution_text, solve_ddp_lab, start_ddp_lab, started_at,
+                            torchrun_agent, torchrun_reports, watch_progress, what_ran, write_json)
 from .ddp_lab_gradients import (COLLECTIVES, PER_NODE, SECOND_WORLD, compared, function_source, gradients_failure,
                                 judge_comparison, placeholder_body, shipped_globals, wait_for_ranks, watched)
 from .ddp_lab_judging import (LabRun, example_line, findings, placeholders_left, read_launch_line,
@@ -113,6 +96,24 @@ def lab_device(nproc: int) -> str:
 
 
 # ---------------------------------------------------------------- the probe: runs in every rank
+
+
+class Tee:
+    """A text stream that also copies what it is given into a file (one rank's output, for the checker)."""
+
+    def __init__(self, stream, path: Path):
+        self._stream, self._file = stream, open(path, "a", buffering=1)
+
+    def write(self, text):
+        self._file.write(text)
+        return self._stream.write(text)
+
+    def flush(self):
+        self._file.flush()
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _probe(folder: Path, script: str, args: list[str]) -> None:
@@ -314,15 +315,13 @@ def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, e
                   "--out-dir", str(out_dir)]
     per_node = lab_nodes(nproc)
     ranks = sum(per_node)
-    commands = node_commands(probe_args, per_node, folder, free_port())
-    envs = node_envs(commands, per_node, lab_device(ranks), visible_gpu_ids(), cpu_threads_per_process(ranks),
-                     launch.assigned, idle_limit_s)
     if echo:
         print(f"$ {' '.join([given, *map(shlex.quote, map(str, args))])} --out-dir {shlex.quote(str(out_dir))}   "
               f"(under the checker's probe, as two nodes on this machine: torchrun --nnodes=2, "
               f"{' + '.join(map(str, per_node))} processes)", flush=True)
     started = time.perf_counter()
-    codes, lines = run_nodes(commands, envs, timeout_s, echo, folder, ranks, exercise)
+    codes, lines = run_nodes(probe_args, per_node, folder, lab_device(ranks), timeout_s, echo, exercise,
+                             launch.assigned, idle_limit_s)
     seconds = time.perf_counter() - started
     code = max(codes, key=abs)
     if code:
@@ -500,10 +499,8 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
     spec = folder / "spec.json"
     spec.write_text(json.dumps({"functions": files, "folder": str(folder), "second_port": free_port()}))
     ranks = sum(PER_NODE)
-    commands = node_commands(["--gradients", str(spec)], PER_NODE, folder, free_port())
-    envs = node_envs(commands, PER_NODE, lab_device(ranks), visible_gpu_ids(), cpu_threads_per_process(ranks),
-                     idle_limit_s=idle_limit_s)
-    codes, lines = run_nodes(commands, envs, timeout_s, False, folder, ranks, exercise)
+    codes, lines = run_nodes(["--gradients", str(spec)], PER_NODE, folder, lab_device(ranks), timeout_s, False,
+                             exercise, idle_limit_s=idle_limit_s)
     lines += torchrun_reports(folder)
     verdicts = []
     for index in range(len(functions)):

@@ -1,37 +1,29 @@
-"""The DDP lab's files and settings: where its scripts are, the attendee's copy, the finished script,
-the environment the ranks start in, the two nodes they run as, their time limits, and the throughput line
-a run prints.
-
-Both the checks that launch ranks (``ddp_lab``) and the judging of what the ranks did
-(``ddp_lab_judging``) read these, so they sit below both.
+"""The DDP lab's files and settings: its scripts and the attendee's copy, the two nodes the ranks run as (torchrun
+on each, its report folded to a line), their time limits, and the throughput line a run prints. Both the checks
+that launch ranks (``ddp_lab``) and the judging of what the ranks did (``ddp_lab_judging``) read these.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
 from ..parallel.failures import LOST_PEER
-from ..parallel.launch import stream
+from ..parallel.launch import cpu_threads_per_process, free_port, stream, visible_gpu_ids
 from ..system.errors import WorkshopError
 from ..system.results import repo_root
 from .exercise_cells import NotYet, attendee_source
 
-LAB_EXERCISE = "Exercise 2.2"
-GRADIENTS_EXERCISE = "Exercise 2.1"
-EFFICIENCY_EXERCISE = "Exercise 2.3"
+LAB_EXERCISE, GRADIENTS_EXERCISE, EFFICIENCY_EXERCISE = "Exercise 2.2", "Exercise 2.1", "Exercise 2.3"
 PROBE_MODULE = "workshop_utils.exercises.ddp_lab"
 TORCHRUN_LOGS = "torchrun"  # the check folder's subfolder where torchrun has the ranks write their error files
 SOLUTION_FILE = "train_ddp.py"
-STARTER_NAME = "my_train_ddp.py"
 # Variables a kernel started inside a job would otherwise hand on to the ranks it launches.
 DIST_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                   "GROUP_RANK", "TORCHELASTIC_RUN_ID")
@@ -83,7 +75,7 @@ def attendee_script(src, dst) -> Path:
 
 def start_ddp_lab(run_dir, lab=None) -> Path:
     """The attendee's DDP script in ``run_dir/ddp_lab/``: written once, kept as edited when run again."""
-    path = Path(run_dir) / "ddp_lab" / STARTER_NAME
+    path = Path(run_dir) / "ddp_lab" / "my_train_ddp.py"
     if path.exists():
         print(f"Your script (kept as you left it): {path}")
         return path
@@ -102,11 +94,8 @@ def solve_ddp_lab(path, lab=None) -> Path:
 
 
 def clean_env(threads: int | None = None, hide_gpus: bool = False) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for name in DIST_VARIABLES:
-        env.pop(name, None)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARIABLES}
+    env.update(PYTHONUNBUFFERED="1", **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     if hide_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks on a GPU node must not reach for GPU 0
     return env
@@ -126,15 +115,48 @@ def read_output(path: Path) -> str:
 # ---------------------------------------------------------------- two nodes on this machine, and their limits
 
 
-def node_commands(module_args: list[str], per_node: tuple[int, ...], folder: Path, port: int) -> dict[str, list[str]]:
-    """One torchrun agent per node, all on this machine: ``--nnodes``, each its own ``--node-rank``, one rendezvous
-    endpoint (127.0.0.1:``port``), as ``srun torchrun`` starts them on a cluster; ranks numbered node by node, so
-    that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ as they do on two machines. Each agent is
-    torchrun itself, run by ``torchrun_agent``, which folds its report of a failure into one line."""
-    return {f"[node {k}] ": [sys.executable, "-m", PROBE_MODULE, "--agent", f"--nnodes={len(per_node)}",
-                             f"--node-rank={k}", f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
-                             f"--master-port={port}", "--max-restarts=0", f"--log-dir={folder / TORCHRUN_LOGS}",
-                             "-m", PROBE_MODULE, *module_args] for k, n in enumerate(per_node)}
+def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, device: str, timeout_s: float,
+              echo: bool, exercise: str, assigned: dict | None = None,
+              idle_limit_s: float | None = None) -> tuple[list[int], list[str]]:
+    """``python -m PROBE_MODULE module_args`` as the ranks of one torchrun agent per node, all on this machine:
+    ``--nnodes``, each its own ``--node-rank``, one endpoint, as ``srun torchrun`` starts them on a cluster; ranks
+    numbered node by node, so that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ as on two machines.
+
+    Each agent gets its own GPUs where the ranks run on GPUs (NCCL refuses two ranks on one), the time the check
+    started them (and ``idle_limit_s``, where given), and ``assigned``, what the attendee's line sets in front of the
+    launch. Once one agent has ended, the other is stopped 5 s later, as a cluster ends a job whose task failed (an
+    agent whose ranks all succeeded waits at torchrun's exit barrier, minutes, for the others). Past the check's
+    outer ``timeout_s``, one line saying where each rank was.
+    """
+    port, ranks = free_port(), sum(per_node)
+    env = {**clean_env(cpu_threads_per_process(ranks), hide_gpus=device == "cpu"), STARTED: repr(time.time()),
+           **(assigned or {})}
+    if "TORCH_CPP_LOG_LEVEL" not in env:  # read once, as the agent starts; torchrun_agent keeps it from the ranks
+        env.update({"TORCH_CPP_LOG_LEVEL": "ERROR", AGENT_QUIET: "1"})
+    if idle_limit_s is not None:
+        env[IDLE_LIMIT] = repr(float(idle_limit_s))
+    visible = visible_gpu_ids()
+    ids = visible if visible is not None else [str(i) for i in range(ranks)]
+    commands, envs = {}, {}
+    for node, n in enumerate(per_node):
+        label, first = f"[node {node}] ", sum(per_node[:node])
+        commands[label] = [sys.executable, "-m", PROBE_MODULE, "--agent", f"--nnodes={len(per_node)}",
+                           f"--node-rank={node}", f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
+                           f"--master-port={port}", "--max-restarts=0", f"--log-dir={folder / TORCHRUN_LOGS}",
+                           "-m", PROBE_MODULE, *module_args]
+        envs[label] = env if device == "cpu" else {**env, "CUDA_VISIBLE_DEVICES": ",".join(ids[first:first + n])}
+    try:
+        return stream(commands, None, timeout_s, echo, envs, linger_s=5)
+    except WorkshopError as err:
+        if "longer than" not in str(err):
+            raise
+        where = what_ran(folder, ranks)
+        fix = ("a rank that never got going: on a very busy machine, run the check again, or pass a larger timeout_s."
+               if "not started" in where else
+               "every rank got going, and each rank's own limit stops one that makes no progress: the run was "
+               "still progressing when the check's limit came, so pass a larger timeout_s or run fewer steps.")
+        raise NotYet(f"✗ {exercise}: the run reached the check's limit of {timeout_s:.0f} s and was stopped: "
+                     f"{where}.", fix) from None
 
 
 def torchrun_agent(argv: list[str]) -> None:
@@ -176,22 +198,6 @@ def torchrun_reports(folder: Path) -> list[str]:
         "node*.report")) for line in path.read_text().splitlines()]
 
 
-def node_envs(commands: dict, per_node: tuple[int, ...], device: str, visible: list[str] | None, threads: int,
-              assigned: dict | None = None, idle_limit_s: float | None = None) -> dict[str, dict]:
-    """Each agent's environment: its own GPUs where the ranks run on GPUs (NCCL refuses two ranks on one), none
-    otherwise; the time the check started them (and the idle limit, where the caller gives one); and what the
-    attendee's line sets in front of the launch."""
-    env = {**clean_env(threads, hide_gpus=device == "cpu"), STARTED: repr(time.time()), **(assigned or {})}
-    if "TORCH_CPP_LOG_LEVEL" not in env:  # read once, as the agent starts; torchrun_agent keeps it from the ranks
-        env.update({"TORCH_CPP_LOG_LEVEL": "ERROR", AGENT_QUIET: "1"})
-    if idle_limit_s is not None:
-        env[IDLE_LIMIT] = repr(float(idle_limit_s))
-    ids = visible if visible is not None else [str(i) for i in range(sum(per_node))]
-    first = [sum(per_node[:k]) for k in range(len(per_node))]
-    return {label: env if device == "cpu" else {**env, "CUDA_VISIBLE_DEVICES": ",".join(ids[start:start + n])}
-            for label, start, n in zip(commands, first, per_node)}
-
-
 def scaled_limit(startup_s: float) -> float:
     """How long a rank may make no progress: ``LIMIT_FACTOR`` x what this machine took to start it, at least
     ``LIMIT_FLOOR_S``; or what the check's caller gave (``IDLE_LIMIT``)."""
@@ -215,62 +221,44 @@ def started_at() -> float:
         return time.time()
 
 
+# ---------------------------------------------------------------- where each rank was
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` where another process may read it at any moment: whole, or not at all (an infinite gap too,
+    which the kit's ``results.write_json`` would write as null)."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
 def note_progress(folder: Path, rank: int, what: str, **more) -> None:
     """What this rank is doing now, for the check to say where each rank was if a limit is reached."""
-    partial = folder / f"rank{rank}.progress.partial"
-    partial.write_text(json.dumps({"what": what, "time": time.time(), **more}))
-    partial.replace(folder / f"rank{rank}.progress")
+    write_json(folder / f"rank{rank}.progress", {"what": what, "time": time.time(), **more})
+
+
+def _progress(folder: Path, ranks: int) -> dict[int, dict | None]:
+    """Each rank's last ``note_progress``, None for a rank that never wrote one."""
+    paths = {rank: folder / f"rank{rank}.progress" for rank in range(ranks)}
+    return {rank: json.loads(path.read_text()) if path.exists() else None for rank, path in paths.items()}
 
 
 def first_to_stall(folder: Path, ranks: int) -> tuple[int, float] | None:
     """(the rank, when) that stopped making progress first, of those that had not finished: the one whose last
     progress is oldest, not the one whose limit came first (each rank's limit is its own start-up's); None when
     every rank finished or none said where it was."""
-    last = {}
-    for rank in range(ranks):
-        path = folder / f"rank{rank}.progress"
-        note = json.loads(path.read_text()) if path.exists() else None
-        if note is not None and note["what"] != "finished":
-            last[rank] = note["time"]
+    last = {rank: note["time"] for rank, note in _progress(folder, ranks).items()
+            if note and note["what"] != "finished"}
     return min(last.items(), key=lambda item: (item[1], item[0])) if last else None
 
 
 def what_ran(folder: Path, ranks: int, at: float | None = None) -> str:
-    """Where each rank was, from its progress: "rank 0: finished; rank 1: after its training loop, 41 s ago"."""
+    """Where each rank was, from its progress: "rank 0: finished; rank 1: after its training loop, 41 s before"."""
     at = at or time.time()
-    said = []
-    for rank in range(ranks):
-        path = folder / f"rank{rank}.progress"
-        note = json.loads(path.read_text()) if path.exists() else None
-        said.append(f"rank {rank}: " + ("not started (no output from it yet)" if note is None else
-                                        note["what"] if note["what"] == "finished" else
-                                        f"{note['what']}, {at - note['time']:.0f} s before"))
-    return "; ".join(said)
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` where another process may read it at any moment: whole, or not at all."""
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(data))
-    partial.replace(path)
-
-
-class Tee:
-    """A text stream that also copies what it is given into a file (one rank's output, for the checker)."""
-
-    def __init__(self, stream, path: Path):
-        self._stream, self._file = stream, open(path, "a", buffering=1)
-
-    def write(self, text):
-        self._file.write(text)
-        return self._stream.write(text)
-
-    def flush(self):
-        self._file.flush()
-        self._stream.flush()
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
+    return "; ".join(f"rank {rank}: " + ("not started (no output from it yet)" if note is None else note["what"]
+                                         if note["what"] == "finished" else
+                                         f"{note['what']}, {at - note['time']:.0f} s before")
+                     for rank, note in _progress(folder, ranks).items())
 
 
 def watch_progress(folder: Path, rank: int, record: dict, lock: threading.Lock) -> None:
@@ -295,63 +283,3 @@ def watch_progress(folder: Path, rank: int, record: dict, lock: threading.Lock) 
                                                         "startup_s": startup, "limit_s": limit, "time": time.time()})
             sys.stdout.flush()
             os._exit(STALLED_EXIT)
-
-
-def run_nodes(commands: dict, envs: dict, timeout_s: float, echo: bool, folder: Path, ranks: int,
-               exercise: str) -> tuple[list[int], list[str]]:
-    """Both agents, their output streamed; past the check's outer limit, one line saying where each rank was."""
-    ended = threading.Event()
-    threading.Thread(target=_end_with_the_first_failed_node, args=(folder, ended), daemon=True).start()
-    try:
-        return stream(commands, None, timeout_s, echo, envs)
-    except WorkshopError as err:
-        if "longer than" not in str(err):
-            raise
-        where = what_ran(folder, ranks)
-        fix = ("a rank that never got going: on a very busy machine, run the check again, or pass a larger timeout_s."
-               if "not started" in where else
-               "every rank got going, and each rank's own limit stops one that makes no progress: the run was "
-               "still progressing when the check's limit came, so pass a larger timeout_s or run fewer steps.")
-        raise NotYet(f"✗ {exercise}: the run reached the check's limit of {timeout_s:.0f} s and was stopped: "
-                     f"{where}.", fix) from None
-    finally:
-        ended.set()
-
-
-def _end_with_the_first_failed_node(folder: Path, ended: threading.Event, grace_s: float = 5) -> None:
-    """Stop every agent once one has exited and the others still run ``grace_s`` later, as a cluster ends a job whose
-    task failed: an agent whose ranks all succeeded waits at torchrun's exit barrier, minutes, for the others."""
-    import psutil
-
-    first_exit, agents = None, {}
-    while not ended.wait(0.5):
-        # known by their command line while they run (an agent that exited has none left to read)
-        agents.update({p.pid: p for p in psutil.Process().children() if str(folder) in " ".join(_cmdline(p))})
-        gone = [p for p in agents.values() if _status(p) in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)]
-        first_exit = first_exit or (time.time() if gone else None)
-        if gone and len(gone) < len(agents) and time.time() - first_exit > grace_s:
-            running = [agent for agent in agents.values() if agent not in gone]
-            # SIGTERM, then SIGKILL: an agent blocked in its exit barrier's store call runs no signal handler
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                for agent in running:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(agent.pid, sig)  # the agent and what it started: its own session
-                if ended.wait(grace_s):
-                    return
-            return
-
-
-def _cmdline(process) -> list[str]:
-    try:
-        return process.cmdline()
-    except Exception:  # noqa: BLE001 - a process that ended or that this user may not read has none to show
-        return []
-
-
-def _status(process) -> str:
-    try:
-        return process.status()
-    except Exception:  # noqa: BLE001 - gone already
-        return "dead"
-
-

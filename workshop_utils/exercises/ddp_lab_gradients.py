@@ -1,10 +1,7 @@
-"""Exercise 2.1's machinery around the ranks: the attendee's function as source the ranks can run
-(with the modules it reads from its notebook; a helper or variable of the notebook named before launch),
-the files through which the ranks wait for each other, and the one line for each world size a function ran
-on: its comparison with DDP's gradients, or why there was none (an error in the function, collectives only
-some ranks made, a rank that never finished).
-
-What each rank runs, and the check that launches them, are in ``ddp_lab``.
+"""Exercise 2.1 around the ranks: the attendee's function as source the ranks can run (with the modules it reads
+from its notebook; a helper or variable of the notebook named before launch), the files through which the ranks
+wait for each other, and the one line for each world size the function ran on. What each rank runs, and the check
+that launches them, are in ``ddp_lab``.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from ..parallel.failures import root_cause
+from ..parallel.failures import LOST_PEER, root_cause
 from .ddp_lab_files import limit_words
 from .exercise_cells import NotYet, require
 from .exercise_judging import short
@@ -36,17 +33,12 @@ PER_NODE, SECOND_WORLD = (2, 1), 2
 
 def placeholder_body(source: str) -> bool:
     """True when a function's body (or a lambda's) is only ``...`` (after a docstring and comments)."""
-    tree = ast.parse(source)
-    function = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
-                    None)
-    if function is None:
-        return False
+    function = next((n for n in ast.walk(ast.parse(source))
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))), None)
     if isinstance(function, ast.Lambda):
         return isinstance(function.body, ast.Constant) and function.body.value is Ellipsis
-    body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                             and isinstance(s.value.value, str))]
-    return all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and s.value.value is Ellipsis
-               for s in body)
+    return function is not None and all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and (
+        s.value.value is Ellipsis or isinstance(s.value.value, str)) for s in function.body)
 
 
 def function_source(function, exercise: str) -> tuple[str, str]:
@@ -84,23 +76,16 @@ def _global_names(code) -> set[str]:
     return names
 
 
-def _importable(module_name: str) -> bool:
-    """A module a fresh process imports as this one did: the standard library's, or an installed package's."""
-    top = module_name.partition(".")[0]
-    origin = getattr(sys.modules.get(top), "__file__", None) or ""
-    return top in sys.stdlib_module_names or "site-packages" in origin or top == __name__.partition(".")[0]
-
-
 def _home(value) -> str | None:
-    """The shortest importable module path that has ``value`` under its own name (torch.distributed for
-    all_reduce, whose __module__ is torch.distributed.distributed_c10d), or None."""
+    """The module ``value`` can be imported from under its own name, in a fresh process as in this one (the standard
+    library's, an installed package's: the notebook's own ``__main__`` is none), or None."""
     module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not (isinstance(module, str) and isinstance(qualname, str) and qualname.isidentifier()
-            and _importable(module)):
+    if not (isinstance(module, str) and isinstance(qualname, str) and qualname.isidentifier()):
         return None
-    parts = module.split(".")
-    return next((path for path in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
-                 if getattr(sys.modules.get(path), qualname, None) is value), None)
+    top = module.partition(".")[0]
+    origin = getattr(sys.modules.get(top), "__file__", None) or ""
+    importable = top in sys.stdlib_module_names or "site-packages" in origin or top == __name__.partition(".")[0]
+    return module if importable and getattr(sys.modules.get(module), qualname, None) is value else None
 
 
 def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> str:
@@ -117,7 +102,7 @@ def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> s
             lines.append(f"import {value.__name__} as {name}")
             continue
         home = _home(value)
-        if home:  # imported from a module (from math import sqrt): from the shortest path that has it
+        if home:  # imported from a module (from math import sqrt)
             lines.append(f"from {home} import {value.__qualname__} as {name}")
             continue
         kind = "function" if inspect.isroutine(value) or inspect.isclass(value) else "variable"
@@ -166,12 +151,9 @@ def started_calls(folder: Path, rank: int) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def _stopped(path: Path) -> bool:
-    """A rank's record says it left without a comparison (an error in the function, or the ranks' calls differ)."""
-    if not path.exists():
-        return False
-    record = json.loads(path.read_text())
-    return bool(record.get("error") or record.get("stopped"))
+def _record(folder: Path, rank: int, ending: str = "json") -> dict | None:
+    path = folder / f"rank{rank}.{ending}"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str], limit_s: float) -> str | None:
@@ -185,11 +167,12 @@ def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str], li
     """
     deadline = time.time() + limit_s
     while True:
-        done = {r: json.loads((folder / f"rank{r}.done").read_text()) for r in range(world_size)
-                if (folder / f"rank{r}.done").exists()}
+        done = {r: _record(folder, r, "done") for r in range(world_size) if (folder / f"rank{r}.done").exists()}
         if len(done) == world_size:
             return None if all(d["calls"] == mine for d in done.values()) else "mismatch"
-        if any(_stopped(folder / f"rank{r}.json") for r in range(world_size) if r != rank and r not in done):
+        # a rank that left without a comparison (an error in the function, or the ranks' calls differ)
+        if any((_record(folder, r) or {}).get("error") or (_record(folder, r) or {}).get("stopped")
+               for r in range(world_size) if r != rank and r not in done):
             return "peer failed"
         waiting = [r for r in range(world_size) if r not in done]
         if any(len(started_calls(folder, r)) > len(mine) for r in waiting):
@@ -212,10 +195,7 @@ def _collective_summary(calls: dict[int, list[str]]) -> str:
 def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exercise: str) -> NotYet:
     """The one line for a run of the attendee's function that did not end in a comparison on every rank of one
     world size (``folder``: that world size's files; ``logs``: torchrun's error files)."""
-    from ..parallel.failures import LOST_PEER
-
-    records = {r: json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)
-               if (folder / f"rank{r}.json").exists()}
+    records = {r: _record(folder, r) for r in range(nproc) if (folder / f"rank{r}.json").exists()}
     errors = sorted((r for r in records.values() if r.get("error")), key=lambda r: r["time"])
     first = next((r for r in errors if not LOST_PEER.search(r["error"])), None)
     calls = {r: started_calls(folder, r) for r in range(nproc)}
@@ -275,20 +255,18 @@ def _time_limit(folder: Path, nproc: int, records: dict, calls: dict[int, list[s
                                            "on those ranks.")
 
 
-def _divisors(results: list[dict]) -> dict[int, int] | None:
-    """Each rank's divisor d, where its gradients are the sum over the ranks divided by a whole d; else None."""
+def _divided_by(results: list[dict], key: str | None = None) -> dict[int, int] | bool | None:
+    """Each rank's divisor d, where its gradients are the sum over the ranks divided by a whole d (sum / d = ratio x
+    the average, so d = world / ratio), else None; with ``key``, whether each rank's d is its own value of that
+    environment count."""
     found = {r["rank"]: r["world_size"] / r["ratio"] for r in results if r["ratio"] and r["residual"] is not None
              and r["residual"] < 1e-4 and r["ratio"] > 0}
-    if len(found) < len(results) or any(abs(d - round(d)) >= 1e-3 for d in found.values()):
-        return None
-    return {rank: round(d) for rank, d in found.items()}
-
-
-def _divided_by(results: list[dict], key: str) -> bool:
-    """Every rank's gradients are the sum divided by its own value of ``key`` (an environment count it recorded)."""
-    divisors = _divisors(results)
+    divisors = None if len(found) < len(results) or any(abs(d - round(d)) >= 1e-3 for d in found.values()) else \
+        {rank: round(d) for rank, d in found.items()}
+    if key is None:
+        return divisors
     return bool(results) and divisors is not None and all(r.get(key) is not None and divisors[r["rank"]] == int(r[key])
-                                        for r in results)
+                                                          for r in results)
 
 
 def judge_comparison(results: list[dict], world: int, exercise: str, rounds=()) -> dict:
@@ -307,8 +285,6 @@ def judge_comparison(results: list[dict], world: int, exercise: str, rounds=()) 
                 "divide by dist.get_world_size() after the all-reduce: DDP averages.")
         require(worst["to_own"] > tolerance, exercise, "the gradients are still each rank's own.",
                 "write the all-reduced result back into p.grad (dist.all_reduce works in place).")
-        # sum / d = ratio x average: each rank's divisor d = world / ratio, where the gradients are proportional
-        divisors = _divisors(results)
         if _divided_by(results, "local_world_size"):
             sizes = sorted({(r["node"], int(r["local_world_size"])) for r in results})
             raise NotYet(f"✗ {exercise}: your gradients are the sum divided by LOCAL_WORLD_SIZE, the processes of "
@@ -320,6 +296,7 @@ def judge_comparison(results: list[dict], world: int, exercise: str, rounds=()) 
             raise NotYet(f"✗ {exercise}: your gradients are the sum divided by GROUP_WORLD_SIZE, the number of nodes "
                          f"(torchrun's agents, {results[0]['group_world_size']} here), but {world} ranks ran on them.",
                          "divide by dist.get_world_size() (or WORLD_SIZE), which counts the ranks, not the nodes.")
+        divisors = _divided_by(results)
         if divisors and len(set(divisors.values())) == 1:
             divisor = next(iter(divisors.values()))
             require(divisor == world, exercise, f"your gradients are the sum divided by {divisor}, but {world} ranks "

@@ -192,36 +192,35 @@ def _words(line: str) -> list[str]:
 
 
 def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], dict[str, str]]:
-    """The launch itself in a line as typed in a terminal or a Slurm script, the folder a ``cd`` moved to,
-    what the line chains after the launch (``&&``, ``;``, ``||``, ``|``, ``&``), which the check does not run,
-    and the ``VAR=value`` assignments in front of it.
+    """The launch itself in a line as typed in a terminal or a Slurm script, the folder a ``cd`` moved to, what the
+    line chains after the launch (``&&``, ``;``, ``||``, ``|``, ``&``), which the check does not run, and the
+    ``VAR=value`` assignments in front of it.
 
-    ``cd dir && ...`` (or ``;``), leading ``VAR=value`` assignments (``env`` too) and an ``srun ...`` prefix
-    are taken off: what follows them is the launch.
+    The launch is the first command that starts torchrun, srun or python (else the last command); what comes before
+    it (``cd dir &&``, ``module load ... &&``) is taken off, and so are its ``VAR=value`` words, ``env`` and an
+    ``srun ...`` prefix.
     """
-    folder = None
-    while True:
-        ends = [i for i, t in enumerate(tokens) if t in CHAINS]
-        if not ends:
-            break
-        head = tokens[:ends[0]]
+    folder, start = None, 0
+    for end in [i for i, t in enumerate(tokens) if t in CHAINS] + [len(tokens)]:
+        head = tokens[start:end]
         command = next((Path(t).name for t in head if not _assignment(t) and t != "env"), "")
-        if command in ("torchrun", "srun") or command.startswith("python"):
-            return head, folder, tokens[ends[0]:], {}  # the launch, then a second command
-        tokens = tokens[ends[0] + 1:]
+        if command in ("torchrun", "srun") or command.startswith("python") or end == len(tokens):
+            break
         if len(head) == 2 and head[0] == "cd":
             moved = Path(head[1]).expanduser()
             folder = str(moved if folder is None or moved.is_absolute() else Path(folder) / moved)
+        start = end + 1
+    if end < len(tokens):
+        return head, folder, tokens[end:], {}  # the launch, then a second command
     assigned = {}
-    while tokens and (tokens[0] == "env" or _assignment(tokens[0])):
-        if _assignment(tokens[0]):
-            name, _, value = tokens[0].partition("=")
-            assigned[name] = value
-        tokens = tokens[1:]
-    if tokens and Path(tokens[0]).name == "srun":
-        launch = [i for i, t in enumerate(tokens) if Path(t).name == "torchrun" or Path(t).name.startswith("python")]
-        tokens = tokens[launch[0]:] if launch else tokens
-    return tokens, folder, [], assigned
+    while head and (head[0] == "env" or _assignment(head[0])):
+        word = head.pop(0)
+        if _assignment(word):
+            name, _, assigned[name] = word.partition("=")
+    if head and Path(head[0]).name == "srun":
+        launch = [i for i, t in enumerate(head) if Path(t).name == "torchrun" or Path(t).name.startswith("python")]
+        head = head[launch[0]:] if launch else head
+    return head, folder, [], assigned
 
 
 def _assignment(word: str) -> bool:

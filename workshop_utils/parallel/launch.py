@@ -115,10 +115,13 @@ def stop_process_group(process: subprocess.Popen, grace_s: float = 10) -> None:
 
 
 def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: float = 600,
-           echo: bool = True, envs: dict[str, dict] | None = None) -> tuple[list[int], list[str]]:
+           echo: bool = True, envs: dict[str, dict] | None = None,
+           linger_s: float | None = None) -> tuple[list[int], list[str]]:
     """Run commands side by side, print their merged output line by line (prefixed by label), stop all at the end.
 
-    ``envs`` gives a command its own environment (by label), in place of ``env``.
+    ``envs`` gives a command its own environment (by label), in place of ``env``. ``linger_s``: once one command's
+    output has ended, those still running that much later are stopped, as a cluster ends a job whose task failed
+    (a torchrun agent whose ranks succeeded would otherwise wait minutes at its exit barrier for one that failed).
     """
     lines: queue.Queue = queue.Queue()
     processes = {}
@@ -134,17 +137,24 @@ def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: f
                                                 bufsize=1, env=(envs or {}).get(label, env), start_new_session=True)
             threading.Thread(target=pump, args=(label, processes[label]), daemon=True).start()
         output, open_streams, deadline = [], len(processes), time.monotonic() + timeout_s
+        lingered = deadline
         while open_streams:
             try:
-                remaining = deadline - time.monotonic()
+                remaining = min(deadline, lingered) - time.monotonic()
                 if remaining <= 0:  # checked on every line: a hung job that keeps printing still times out
                     raise queue.Empty
                 line = lines.get(timeout=remaining)
             except queue.Empty:
+                if time.monotonic() < deadline:  # lingered long enough after the first end: stop the rest
+                    for process in processes.values():
+                        stop_process_group(process, grace_s=linger_s)
+                    break
                 raise WorkshopError(f"The job ran longer than {timeout_s:.0f} s and was stopped.",
                                     "give it more time (timeout_s=...) or fewer steps.") from None
             if line is None:
                 open_streams -= 1
+                if linger_s is not None:
+                    lingered = min(lingered, time.monotonic() + linger_s)
                 continue
             output.append(line)
             if echo:
