@@ -37,7 +37,7 @@ def kind(value) -> str:
     return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
 
 
-def _scalar(value):
+def scalar(value):
     """The one number ``value`` holds, unwrapped from a NumPy 0-d array or a 0-d tensor; ``Problem`` saying
     what it is otherwise (None, a truth value, text, a list, an array of several, ...)."""
     if value is None:
@@ -58,7 +58,7 @@ def _scalar(value):
             item = value.item()
         except Exception:
             raise Problem(f"is {kind(value)}, not a number") from None
-        return _scalar(item)
+        return scalar(item)
     if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
         raise Problem("is a complex number")
     # Decimal is a Number but not a Real (it does not mix with floats); as an answer it is as good as one.
@@ -70,7 +70,7 @@ def _scalar(value):
 def number_of(value) -> float:
     """One real number from an int, a float, a Decimal, a Fraction, a NumPy scalar or 0-d array, a 0-d tensor;
     ``Problem`` saying what ``value`` is otherwise (NaN and infinities included)."""
-    value = _scalar(value)
+    value = scalar(value)
     if isinstance(value, decimal.Decimal) and not value.is_finite():
         raise Problem("is nan" if value.is_nan() else f"is {'-' if value.is_signed() else ''}inf")
     try:
@@ -91,7 +91,7 @@ def number_of(value) -> float:
 def whole_digits(value) -> str | None:
     """A whole number's exact digits (a huge int stays exact, never through a float); None for a fraction.
     ``Problem`` for what is no number at all."""
-    value = _scalar(value)
+    value = scalar(value)
     size = (abs(int(value)).bit_length() * 0.30103 if isinstance(value, numbers.Integral) else
             value.adjusted() if isinstance(value, decimal.Decimal) and value.is_finite() else
             abs(value.numerator).bit_length() * 0.30103 if isinstance(value, fractions.Fraction) else 0)

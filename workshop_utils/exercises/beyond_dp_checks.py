@@ -13,7 +13,7 @@ from ..parallel.comm_model import Link, ring_all_reduce_s
 from ..parallel.pipeline import bubble_fraction
 from ..parallel.sharding import BYTES_PER_PARAMETER, ZERO_STAGES
 from ..system.errors import WorkshopError
-from .answer_values import _scalar
+from .answer_values import scalar
 from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import checked, count, number, verdict
 
@@ -69,7 +69,7 @@ OTHER_STAGE = {1: ("that is ZeRO-1's count; ZeRO-3 shards the parameters and gra
 
 def _is_infinite(value) -> bool:
     try:
-        return math.isinf(float(_scalar(value)))
+        return math.isinf(float(scalar(value)))
     except Exception:  # noqa: BLE001 - whatever it is (text, a truth value, a list), it is no infinity
         return False
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from ..spine.gpt import GPTSize, flops_per_token_closed_form
 from ..system.display import format_number
 from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus
-from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import KitDefect, attendee_error, checked, count, described, number, verdict
+from .exercise_cells import NotYet, passed, require
+from .exercise_judging import KitDefect, attendee_function, called, checked, count, number, verdict
 from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale
 from .measurement_checks import check_batch_memory, check_loader_choice, check_next_fix, constructed_loader_sweep
 from .tflops_checks import check_achieved_tflops, check_matmul_tflops, check_mfu
@@ -37,14 +37,8 @@ SECOND_GPT = {"parameters": 2_345_678, "layers": 3, "width": 96, "sequence": 200
 
 
 def _formula_value(formula, args: dict, exercise: str) -> float:
-    try:
-        value = formula(*args.values())
-    except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): one line, their line
-        raise attendee_error(err, formula, exercise, "gpt_flops_per_token") from None
-    require_answered(value, exercise, "`gpt_flops_per_token` still returns the placeholder `...`.",
-                     "replace the `...` with the formula, run that cell, then this one.")
-    return number(value, exercise, "gpt_flops_per_token", "one number, FLOPs per token",
-                  returned_by="gpt_flops_per_token")
+    return number(called(formula, exercise, "gpt_flops_per_token", *args.values()), exercise, "gpt_flops_per_token",
+                  "one number, FLOPs per token", returned_by="gpt_flops_per_token")
 
 
 def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float | None, first: float | None):
@@ -86,11 +80,7 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
     formula comes out above the counter (2.5% for the tiny GPT). Both count attention's 12·L·d·T whole,
     although a causal mask lets a fused kernel compute about half of it.
     """
-    require_answered(gpt_flops_per_token, exercise, "`gpt_flops_per_token` is still the placeholder `...`.",
-                     "write the function in the exercise cell and run it.")
-    require(callable(gpt_flops_per_token), exercise,
-            f"`gpt_flops_per_token` should be a function, got {described(gpt_flops_per_token)}.",
-            "define it with def gpt_flops_per_token(parameters, layers, width, sequence): return ...")
+    attendee_function(gpt_flops_per_token, exercise, "gpt_flops_per_token", "parameters, layers, width, sequence")
     L, d, T, N = size.layers, size.width, sequence_length, parameters
     value = _formula_value(gpt_flops_per_token, {"parameters": N, "layers": L, "width": d, "sequence": T}, exercise)
     right = flops_per_token_closed_form(size, T, N)

@@ -122,19 +122,16 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
 
 def _real(value, exercise: str, expected: str, give: str) -> float:
     """The float an answer holds (a tensor's or an array's one element), or ``NotYet`` saying what it is."""
-    if torch.is_tensor(value) or isinstance(value, np.ndarray):
-        holder = "a tensor" if torch.is_tensor(value) else "an array"
-        size = value.numel() if torch.is_tensor(value) else value.size
-        if size != 1:
+    tensor = torch.is_tensor(value)
+    if tensor or isinstance(value, np.ndarray):
+        holder = "a tensor" if tensor else "an array"
+        if (value.numel() if tensor else value.size) != 1:
             raise NotYet(f"✗ {exercise}: {expected}, got {holder} of shape {tuple(value.shape)}.",
                          "reduce it to one number (a sum, a mean, one element), then .item().")
-        numeric = (value.dtype != torch.bool and not value.dtype.is_complex) if torch.is_tensor(value) else \
-            value.dtype.kind in "iuf"
-        if not numeric:
+        if not ((value.dtype != torch.bool and not value.dtype.is_complex) if tensor else value.dtype.kind in "iuf"):
             raise NotYet(f"✗ {exercise}: {expected}, got {holder} of {value.dtype}.",
                          f"{give} a real number (an int or a float).")
-        item = value.detach().cpu().reshape(()).item() if torch.is_tensor(value) else value.reshape(()).item()
-        return float(item)
+        return float((value.detach().cpu() if tensor else value).reshape(()).item())
     if isinstance(value, decimal.Decimal):  # nan of either kind, or finite beyond a float: named as such
         converted = math.nan if value.is_nan() else float(value)
         if math.isinf(converted) and value.is_finite():
@@ -180,22 +177,16 @@ def accepted(value: float, right: float, whole: bool = False, through=None) -> b
 
 def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint: str, *, whole: bool = False,
             also=(), through=None, limits=()) -> None:
-    """Return when ``value`` is ``right`` (or one of ``also``) under the one rule; else ``NotYet`` naming the
-    mistake(s) it matches, or showing the value.
+    """Return when ``value`` is ``right`` (or one of ``also``: the same formula on an earlier answer as the attendee
+    rounded it) under the one rule; else ``NotYet`` naming the mistake(s) it matches, or showing the value.
 
-    ``mistakes`` holds ``(what that mistake gives, problem, fix)``; one that gives a right value (or
-    nothing, None) is skipped, and one rounded as a right answer may be is that mistake still. When two
-    mistakes give ``value`` here, the message names both: naming one would be a guess. ``limits`` holds
+    ``mistakes`` holds ``(what that mistake gives, problem, fix)``; one that gives a right value (or None) is
+    skipped. When two give ``value`` here, the message names both: naming one would be a guess. A rounding to
+    fewer than two digits is named as the mistake it matches, or told that it keeps too few. ``limits`` holds
     ``(holds, problem, fix)``: physical bounds, said when no mistake is recognised and one does not hold.
-    ``also``: values as right as ``right``, the same formula on an earlier answer as the attendee rounded it.
-    The right value rounded keeping two significant digits or more is right, even where a mistake's value rounds
-    to the same digits; one rounded to fewer is named as the mistake it matches, or told that it keeps too few.
     """
     rights = [right, *also]
-
-    def hits(a: float, b: float) -> bool:
-        return a == b if whole else close(a, b, through)
-
+    hits = (lambda a, b: a == b) if whole else (lambda a, b: close(a, b, through))
     if any(hits(value, r) for r in rights):
         return
     roundings = [] if whole else [d for d in (rounded_digits(value, r) for r in rights) if d is not None]
@@ -285,6 +276,26 @@ def attendee_error(err: BaseException, function, exercise: str, name: str, hint:
                       hint or "that line of your code raised it; fix it and run the exercise cell again.")
     return NotYet(f"✗ {exercise}: calling `{name}` raised {error}.",
                   hint or f"check how `{name}` is defined: its arguments and what it calls.")
+
+
+def attendee_function(function, exercise: str, name: str, arguments: str) -> None:
+    """``Unsolved`` while the function an exercise asks for is still ``...``; ``NotYet`` when it is no function."""
+    require_answered(function, exercise, f"`{name}` is still the placeholder `...`.",
+                     "write the function in the exercise cell and run it.")
+    require(callable(function), exercise, f"`{name}` should be a function, got {described(function)}.",
+            f"define it with def {name}({arguments}):")
+
+
+def called(function, exercise: str, name: str, *args, failure=None):
+    """What the attendee's ``function`` returns for ``args``; ``Unsolved`` when that is still ``...``. An exception in
+    it (``sys.exit`` too) is one line: ``failure(err)`` where given, else their line and the error."""
+    try:
+        result = function(*args)
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code: one line, their line
+        raise (failure(err) if failure else attendee_error(err, function, exercise, name)) from None
+    require_answered(result, exercise, f"`{name}` still returns the placeholder `...`.",
+                     "replace the `...` with your code, run that cell, then this one.")
+    return result
 
 
 def answered_input(value, exercise: str, earlier: str, name: str) -> None:

@@ -15,8 +15,8 @@ from ..spine.precision import autocast
 from ..system.display import format_number
 from ..system.errors import WorkshopError
 from ..system.hardware import as_device
-from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import attendee_error, checked, described, number, verdict
+from .exercise_cells import NotYet, passed, require
+from .exercise_judging import attendee_error, attendee_function, called, checked, number, verdict
 
 
 def _gradient_values(gradients, exercise: str) -> torch.Tensor:
@@ -184,10 +184,8 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: boo
     hook = model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
     try:
         if amp_step is not None:
-            try:
-                loss = amp_step(model, images, labels, optimizer, scaler)
-            except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): one line
-                raise _amp_failure(err, amp_step, scaler, exercise) from None
+            loss = called(amp_step, exercise, "amp_step", model, images, labels, optimizer, scaler,
+                          failure=lambda err: _amp_failure(err, amp_step, scaler, exercise))
         else:
             if zero_grad:
                 optimizer.zero_grad(set_to_none=True)
@@ -234,16 +232,11 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     dtype the first layer produced tell the common mistakes apart; any loss that computes the
     cross-entropy of the logits passes, whichever operations autocast runs it in on this device.
     """
-    require_answered(amp_step, exercise, "`amp_step` is still the placeholder.",
-                     "write the function body in the exercise cell and run it.")
-    require(callable(amp_step), exercise, f"`amp_step` should be a function, got {described(amp_step)}.",
-            "define it with def amp_step(model, images, labels, optimizer, scaler):")
+    attendee_function(amp_step, exercise, "amp_step", "model, images, labels, optimizer, scaler")
     device = as_device(device, exercise)
     scale = 2.0**8
     start = _amp_model(device)
     model, scaler, loss, dtypes = _amp_trial(amp_step, device, scale, exercise=exercise)
-    require_answered(loss, exercise, "`amp_step` still returns the placeholder `...`.",
-                     "replace the placeholder with your code; return the loss.")
     require(loss is not None, exercise, "`amp_step` returns nothing.", "end it with `return loss`.")
     require(bool(dtypes), exercise, "`amp_step` never ran the model.", "compute the loss from model(images).")
     require(dtypes[0] != torch.float32, exercise,

@@ -14,7 +14,7 @@ from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
 from ..system.errors import WorkshopError
 from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import attendee_error, checked, count, described, number, short, verdict
+from .exercise_judging import attendee_function, called, checked, count, described, number, short, verdict
 
 
 def _sweep_row(table, exercise: str, **match):
@@ -55,12 +55,7 @@ def constructed_loader_sweep(pinned: bool = True):
 
 
 def _loader_answers(loader_choice, sweep, start, exercise: str) -> tuple:
-    try:
-        answers = loader_choice(sweep.copy(), start.copy())
-    except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): one line, their line
-        raise attendee_error(err, loader_choice, exercise, "loader_choice") from None
-    require_answered(answers, exercise, "`loader_choice` still returns the placeholder `...`.",
-                     "replace the placeholder with your code; return best_workers, measured_speedup, amdahl_bound.")
+    answers = called(loader_choice, exercise, "loader_choice", sweep.copy(), start.copy())
     if getattr(answers, "ndim", None) == 1 and not isinstance(answers, (str, bytes)):  # an array or tensor of three
         answers = list(answers)
     require(isinstance(answers, (tuple, list)) and len(answers) == 3, exercise,
@@ -130,10 +125,7 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
     on a measured sweep whose starting row is the fastest, "upside down" and the fastest row's f give the
     right numbers by chance.
     """
-    require_answered(loader_choice, exercise, "`loader_choice` is still the placeholder.",
-                     "write the function body in the exercise cell and run it.")
-    require(callable(loader_choice), exercise, f"`loader_choice` should be a function, got {described(loader_choice)}.",
-            "define it with def loader_choice(sweep, start):")
+    attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
     start = _sweep_row(loader_sweep, exercise, num_workers=start_workers, pin_memory=False)
     measured = _loader_answers(loader_choice, loader_sweep, start, exercise)
     workers, speedup, bound = _judge_loader(measured, loader_sweep, start, exercise)
