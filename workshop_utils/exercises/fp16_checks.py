@@ -5,6 +5,7 @@ training step with autocast and GradScaler, run against the textbook step on a s
 from __future__ import annotations
 
 import math
+import traceback
 from collections import Counter
 
 import torch
@@ -139,32 +140,38 @@ def _amp_model(device: torch.device) -> nn.Module:
     return model.to(device)
 
 
+def _scaler_misuse(calls: Counter) -> tuple[str, str] | None:
+    """The first rule of GradScaler's order that a step's calls break: (problem, fix); None when they keep all."""
+    return next(((problem, fix) for broken, problem, fix in [
+        (calls["scale"] == 0, "the loss never went through scaler.scale, so GradScaler does not know the scale the "
+                              "gradients carry (scaling it by hand does not tell it).",
+         "call scaler.scale(loss).backward() in place of loss.backward() or a loss you scaled."),
+        (calls["step"] == 0, "scaler.update() ran without scaler.step(optimizer) before it." if calls["update"] else
+         "scaler.step was never called.",
+         "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips steps with inf/NaN."),
+        (calls["step"] > 1, f"scaler.step(optimizer) ran {calls['step']} times in one call of `amp_step`: that is more "
+                            "than one training step.",
+         "one call, one step: forward, scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update()."),
+        (calls["unscale_"] > 1, "scaler.unscale_ or scaler.step ran twice for one update.",
+         "once per step: scaler.step(optimizer), then scaler.update()."),
+        (calls["update"] > calls["step"], f"scaler.update() ran {calls['update']} times for {calls['step']} "
+                                          "scaler.step(): GradScaler refuses an update with no step since the last one.",
+         "call scaler.update() once per step, after scaler.step(optimizer)."),
+        (calls["update"] == 0, "scaler.update() was never called.",
+         "call scaler.update() after scaler.step(): without it the scale never adapts."),
+    ] if broken), None)
+
+
 def _amp_failure(err: Exception, amp_step, scaler: _WatchedScaler, exercise: str) -> NotYet:
-    """The one line for an exception raised while ``amp_step`` ran: GradScaler's protests by their cause."""
-    calls, text = scaler.calls, str(err)
-    if isinstance(err, AssertionError):  # GradScaler's own protests at a call out of order
-        if calls["scale"] == 0:
-            return NotYet(f"✗ {exercise}: the loss never went through scaler.scale, so GradScaler does not know "
-                          "the scale the gradients carry (scaling it by hand does not tell it).",
-                          "call scaler.scale(loss).backward() in place of loss.backward() or a loss you scaled.")
-        if calls["step"] == 0:
-            return NotYet(f"✗ {exercise}: scaler.update() ran without scaler.step(optimizer) before it.",
-                          "call scaler.step(optimizer) instead of optimizer.step().")
-        if calls["update"] > calls["step"]:
-            return NotYet(f"✗ {exercise}: scaler.update() ran {calls['update']} times for {calls['step']} "
-                          "scaler.step(): GradScaler refuses an update with no step since the last one.",
-                          "call scaler.update() once per step, after scaler.step(optimizer).")
-    if isinstance(err, ValueError) and "unscale FP16 gradients" in text:
+    """The one line for an exception raised while ``amp_step`` ran: GradScaler's protests by the rule broken."""
+    if isinstance(err, ValueError) and "unscale FP16 gradients" in str(err):
         return NotYet(f"✗ {exercise}: the gradients are float16: the model's weights were cast to float16 "
                       "(model.half()?), and GradScaler unscales only float32 gradients.",
                       "keep the weights in float32: autocast runs the forward pass in float16 by itself.")
-    if isinstance(err, RuntimeError) and "unscale_() has already been called" in text:
-        return NotYet(f"✗ {exercise}: scaler.unscale_ or scaler.step ran twice for one update.",
-                      "once per step: scaler.step(optimizer), then scaler.update().")
-    if isinstance(err, RuntimeError) and "step() has already been called" in text:
-        return NotYet(f"✗ {exercise}: scaler.step(optimizer) ran twice before scaler.update().",
-                      "once per step: scaler.step(optimizer), then scaler.update().")
-    return attendee_error(err, amp_step, exercise, "amp_step")
+    frames = traceback.extract_tb(err.__traceback__)
+    misuse = _scaler_misuse(scaler.calls) if frames and "grad_scaler" in frames[-1].filename else None
+    return NotYet(f"✗ {exercise}: {misuse[0]}", misuse[1]) if misuse else attendee_error(err, amp_step, exercise,
+                                                                                          "amp_step")
 
 
 def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: bool = True,
@@ -197,11 +204,6 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: boo
     finally:
         hook.remove()
     return model, scaler, loss, dtypes
-
-
-def _same_parameters(a: nn.Module, b: nn.Module) -> bool:
-    return all(p.shape == q.shape and torch.allclose(p.float(), q.float(), rtol=1e-3, atol=1e-6)
-               for p, q in zip(a.parameters(), b.parameters()))
 
 
 def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, tolerance: float = 0.02) -> bool:
@@ -245,19 +247,11 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
             "compute the output and the loss inside `with wu.autocast('fp16', device):`.")
     require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
             "use autocast with dtype torch.float16 (wu.autocast('fp16', device)): the mode that needs a scaler.")
-    require(scaler.calls["scale"] > 0, exercise, "the loss never went through scaler.scale, so GradScaler does not "
-            "know the scale the gradients carry (scaling it by hand does not tell it).",
-            "call scaler.scale(loss).backward() in place of loss.backward() or a loss you scaled.")
-    require(scaler.calls["step"] > 0, exercise, "scaler.step was never called.",
-            "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips steps with inf/NaN.")
-    require(scaler.calls["update"] > 0, exercise, "scaler.update() was never called.",
-            "call scaler.update() after scaler.step(): without it the scale never adapts.")
-    require(scaler.calls["step"] == 1, exercise, f"scaler.step(optimizer) ran {scaler.calls['step']} times in one "
-                                                 "call of `amp_step`: that is more than one training step.",
-            "one call, one step: forward, scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update().")
+    misuse = _scaler_misuse(scaler.calls)
+    require(misuse is None, exercise, *(misuse or ("", "")))
     overflow = 2.0**40  # times a logit gradient of order 1/16, far beyond fp16's 65,504
     skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise=exercise)
-    require(_same_parameters(skipped, start), exercise, "a step whose gradients overflowed changed the weights.",
+    require(_same_update(skipped, start, start, tolerance=0), exercise, "a step whose gradients overflowed changed the weights.",
             "let scaler.step(optimizer) decide: do not also call optimizer.step().")
     require(skipped_scaler.get_scale() == overflow / 2, exercise, "after an overflow the scale was not halved.",
             "call scaler.update() once, after scaler.step(optimizer).")
