@@ -687,6 +687,20 @@ def test_a_function_stopped_at_the_limit_is_named_by_where_each_rank_was(tmp_pat
     assert "busy machine" not in said
 
 
+def test_an_agent_left_waiting_is_stopped_soon_after_the_other_ended():
+    """An agent whose ranks succeeded waits minutes at torchrun's exit barrier for one that failed: the launch stops
+    it a few seconds after the other's end, as a cluster ends a job whose task failed, and keeps both statuses."""
+    from workshop_utils.parallel.launch import stream
+
+    started = time.monotonic()
+    codes, lines = stream({"[node 0] ": [sys.executable, "-c", "print('failed'); raise SystemExit(1)"],
+                           "[node 1] ": [sys.executable, "-c", "import time; print('waiting', flush=True); "
+                                                               "time.sleep(120)"]},
+                          None, 60, False, linger_s=1)
+    assert time.monotonic() - started < 30 and codes[0] == 1 and codes[1] != 0
+    assert sorted(lines) == ["[node 0] failed", "[node 1] waiting"]
+
+
 def test_the_outer_limit_with_every_rank_started_gives_no_busy_machine_advice(tmp_path, monkeypatch):
     for rank in range(3):
         note_progress(tmp_path, rank, "in your function (world of 3)")

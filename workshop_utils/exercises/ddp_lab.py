@@ -58,10 +58,9 @@ def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 3
                args=()) -> float | None:
     """``python script --out-dir out_dir``, its output streamed; the samples/s it reported (None if none).
 
-    It runs where each rank of the lab's launch runs (``lab_device`` of the ``lab_nodes(2)`` ranks): on a node
-    with one GPU the ranks are CPU processes, and a single process on the GPU beside them would compare a GPU with
-    a CPU. ``threads`` is OMP_NUM_THREADS; None gives it what each of those ranks gets, so that on a CPU the one
-    process and each DDP rank compute with the same share of the machine.
+    It runs where each rank of the lab's launch runs, with the threads (``threads``: OMP_NUM_THREADS) each of them
+    gets: on a node with one GPU the ranks are CPU processes, and one process on the GPU would compare a GPU with
+    a CPU.
     """
     command = [sys.executable, str(script), *map(str, args), "--out-dir", str(out_dir)]
     if echo:
@@ -129,7 +128,8 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
     sys.stdout = Tee(sys.stdout, folder / f"rank{rank}.stdout")
     sys.stderr = Tee(sys.stderr, folder / f"rank{rank}.stderr")
     record = {"rank": rank, "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
-                                                                   "LOCAL_WORLD_SIZE", "GROUP_RANK")},
+                                                                   "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                                                   "GROUP_WORLD_SIZE")},
               "epochs": [], "ddp": 0, "samplers": [], "backend": None, "saves": [], "first_draw": None, "end": None,
               "torn_down": None, "error": None, "progress": {"what": "starting (before its first batch)",
                                                              "time": time.time()}}
@@ -214,13 +214,9 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
         record["end"] = time.time()
         note_progress(folder, rank, "finished" if not code else "failed")
     record["torn_down"] = not (dist.is_available() and dist.is_initialized())
-    parameters, seen = [], set()
-    for tensor in [p for o in optimizers for g in o.param_groups for p in g["params"]] or \
-            [p for m in ddp_modules for p in m.parameters()]:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            parameters.append(tensor.detach().float().cpu().clone())
-    save(parameters, folder / f"rank{rank}-params.pt")
+    trained = {id(p): p for o in optimizers for g in o.param_groups for p in g["params"]} or \
+        {id(p): p for m in ddp_modules for p in m.parameters()}
+    save([p.detach().float().cpu().clone() for p in trained.values()], folder / f"rank{rank}-params.pt")
     write_json(folder / f"rank{rank}.json", {k: v for k, v in record.items() if k != "progress"})
     sys.stdout.flush()
     sys.stderr.flush()
@@ -504,17 +500,15 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
     lines += torchrun_reports(folder)
     verdicts = []
     for index in range(len(functions)):
-        rounds = {}
-        for round_, world in ((1, ranks), (2, SECOND_WORLD)):
-            where = folder / f"round{round_}" / f"fn{index}"
-            rounds[world] = (where, [json.loads((where / f"rank{r}.json").read_text()) for r in range(world)
-                                     if (where / f"rank{r}.json").exists()])
+        where = {world: folder / f"round{round_}" / f"fn{index}" for round_, world in ((1, ranks), (2, SECOND_WORLD))}
+        rounds = {world: [json.loads(path.read_text()) for path in sorted(place.glob("rank*.json"))]
+                  for world, place in where.items()}
         try:
             facts = {}
-            for world, (where, results) in rounds.items():
+            for world, results in rounds.items():
                 if len(results) < world or any(r.get("error") or r.get("stopped") for r in results):
-                    raise gradients_failure(where, world, codes, lines, folder / TORCHRUN_LOGS, exercise)
-                facts[world] = judge_comparison(results, world, exercise, [r for _, r in rounds.values()])
+                    raise gradients_failure(where[world], world, codes, lines, folder / TORCHRUN_LOGS, exercise)
+                facts[world] = judge_comparison(results, world, exercise, list(rounds.values()))
             verdicts.append(facts)
         except NotYet as mistake:
             verdicts.append(mistake)
@@ -525,17 +519,13 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
 def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
                             exercise: str = GRADIENTS_EXERCISE, idle_limit_s: float | None = None) -> dict:
     """Run ``average_gradients(model)`` under torchrun, on 3 ranks as two nodes, then on node 0's 2 ranks; its
-    gradients must be DDP's.
+    gradients must be DDP's, on the same model and batch, on every rank at both world sizes.
 
-    Every rank computes the gradients of one small model on its own batch, calls the attendee's function on
-    them, and compares them with DDP's on the same model and batch. Passes when both agree on every rank at
-    both world sizes; otherwise names what the result looks like (a sum, this rank's own gradients, a division
-    by a number typed in, or by LOCAL_WORLD_SIZE, the processes of one node). An error in the function is its
-    line and the error; collectives that only some ranks make are named as such, from the calls each rank
-    started. The ranks run the function's source with the modules it reads from the notebook (``import os`` in
-    its cell); a function or variable of the notebook it reads is named before any launch.
-    A function that does not return within a limit scaled to this machine (``idle_limit_s`` where given) is
-    stopped there, and the line names the rank that had not made the calls the others waited in.
+    Otherwise the line names what the result looks like (a sum, each rank's own, a division by a number typed in,
+    LOCAL_WORLD_SIZE or GROUP_WORLD_SIZE), the error and its line, the collectives only some ranks made, or the rank
+    still in the function at a limit scaled to this machine (``idle_limit_s`` where given). The ranks run the
+    function's source with the modules it reads from the notebook; a function or variable of the notebook it reads
+    is named before any launch.
     """
     require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
                      "define the function in the exercise cell and run it.")

@@ -1,10 +1,7 @@
 """Reading and judging one run of the DDP lab: the attendee's launch line, as torchrun itself reads it, then what
-the probe recorded on every rank (the samples each drew, the parameters each ended with, the checkpoint, each
-rank's output).
-
-``findings`` judges a finished run one part at a time (the data, the model, the checkpoint, the output, the
-end), the first mistake of each part, in the order an attendee makes them: the first is the one to fix first,
-and one run shows every part's. A run that crashed is judged in ``ddp_lab``, which knows the crash's ranks.
+the probe recorded on every rank. ``findings`` gives each part of a finished run (the data, the model, the
+checkpoint, the output, the end) its first mistake, in the order an attendee makes them: one run shows every
+part's. A run that crashed is judged in ``ddp_lab``, which knows the crash's ranks.
 """
 
 from __future__ import annotations
@@ -64,10 +61,12 @@ def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
 
 def torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
     """``args`` as torchrun's own parser reads them (with ``--use-env``, which ``torch.distributed.launch`` adds to
-    it); ``ValueError`` with torchrun's message where it would stop."""
+    it; ``nproc_per_node`` None where no option gave it); ``ValueError`` with torchrun's message where it would
+    stop."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
+    parser.set_defaults(nproc_per_node=None)
     if launch:
         parser.add_argument("--use-env", "--use_env", default=False, action="store_true")
 
@@ -168,8 +167,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     require(int(parsed.node_rank) == 0, exercise,
             f"--node-rank={parsed.node_rank} on a one-node launch: the ranks would wait for a node 0 that never "
             "starts, until the time limit.", "leave --node-rank out: one node is node 0.")
-    flags = rest[:rest.index(parsed.training_script)]
-    require(any(f.startswith("--nproc") for f in flags), exercise, "torchrun starts one process unless told how many.",
+    require(parsed.nproc_per_node is not None, exercise, "torchrun starts one process unless told how many.",
             f"add --nproc-per-node={nproc}.")
     require(str(parsed.nproc_per_node) == str(nproc), exercise,
             f"--nproc-per-node={parsed.nproc_per_node}: the lab runs on {nproc} processes.",
@@ -243,14 +241,11 @@ def _state_dict(obj):
     """The model state dict inside a loaded checkpoint (a dict of tensors), or None."""
     import torch
 
-    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+    if not isinstance(obj, dict):
+        return None
+    if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
         return obj
-    if isinstance(obj, dict):
-        for value in obj.values():
-            found = _state_dict(value)
-            if found is not None:
-                return found
-    return None
+    return next((found for value in obj.values() if (found := _state_dict(value)) is not None), None)
 
 
 # The reported throughput must be within this factor of what the probe saw: one rank's rate (1/nproc of the
