@@ -253,10 +253,10 @@ def rounded_digits(value: float, right: float) -> int | None:
 def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
     """An earlier exercise's answer that this one builds on: the attendee's own value, as rounded as that exercise's
     check accepts it against any of its ``rights`` (so that this answer is judged from it), or ``NotYet`` asking to
-    fix that exercise first."""
+    fix that exercise first; read as it is where no ``rights`` are known."""
     answered_input(given, exercise, earlier, name)
     value = number(given, exercise, f"{name} ({earlier})")
-    require(any(accepted(value, right) for right in rights), exercise,
+    require(not rights or any(accepted(value, right) for right in rights), exercise,
             f"`{name}` = {written(value)} from {earlier} is not right yet, and this exercise builds on it.",
             f"fix {earlier} first: its check says what is wrong.")
     return value

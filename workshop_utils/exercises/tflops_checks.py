@@ -46,17 +46,12 @@ def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
     """The seconds of each repeat in what ``wu.time_repeats`` returned (or a list of seconds)."""
     require_answered(timings, exercise, f"`{name}` is still the placeholder `...`.",
                      "store what wu.time_repeats(...) returns in it, run that cell, then this one.")
-    if isinstance(timings, Timings):
-        values = list(timings.seconds)
-    elif torch.is_tensor(timings):
-        values = list(timings.detach().cpu().reshape(-1))
-    elif isinstance(timings, np.ndarray):
-        values = list(timings.reshape(-1))
-    elif isinstance(timings, (list, tuple)):
-        values = list(timings)
-    else:
+    values = timings.seconds if isinstance(timings, Timings) else timings
+    values = values.detach().cpu() if torch.is_tensor(values) else values
+    if not isinstance(values, (list, tuple, np.ndarray, torch.Tensor)):
         raise NotYet(f"✗ {exercise}: `{name}` should be what wu.time_repeats returns, got {described(timings)}.",
                      f"{name} = wu.time_repeats(lambda: a @ b, repeats=10, device=device)")
+    values = list(values.reshape(-1)) if hasattr(values, "reshape") else list(values)
     require(len(values) > 0, exercise, f"`{name}` holds no timing.", "time at least one repeat.")
     seconds = np.array([number(v, exercise, f"{name}[{i}]") for i, v in enumerate(values)], dtype=float)
     require(bool((seconds > 0).all()), exercise, f"`{name}` holds a time of {seconds.min():g} s.",
@@ -146,14 +141,14 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
     if measured is not None:
         median, repeats = float(np.median(measured)), len(measured)
         verdict(given, median, exercise, "seconds", [
-            (1e3 * median, "that is milliseconds, not seconds.", "keep the median in seconds, as timings gives it."),
-            (1e6 * median, "that is microseconds, not seconds.", "keep the median in seconds, as timings gives it."),
+            *[(factor * median, f"that is {unit}, not seconds.", "keep the median in seconds, as timings gives it.")
+              for factor, unit in ((1e3, "milliseconds"), (1e6, "microseconds"))],
             (float(measured.sum()), f"that is the total of the {repeats} repeats, not the time of one multiply.",
              "take the median: timings.median."),
             (float(measured.mean()), "that is the mean of the repeats; the exercise asks for the median, which a "
                                      "slow outlier does not move.", "take timings.median."),
-            (float(measured.min()), "that is the fastest repeat, not the median.", "take timings.median."),
-            (float(measured.max()), "that is the slowest repeat, not the median.", "take timings.median."),
+            *[(float(value), f"that is the {which} repeat, not the median.", "take timings.median.")
+              for value, which in ((measured.min(), "fastest"), (measured.max(), "slowest"))],
         ], "seconds = timings.median: the median of the repeats, in seconds.")
         right_seconds = median
     else:
@@ -238,21 +233,18 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     _device_name(device_name, exercise)
-    answered_input(achieved_tflops, exercise, "Exercise 1.1", "achieved_tflops")
-    achieved = exact_achieved = number(achieved_tflops, exercise, "achieved_tflops (Exercise 1.1)")
-    if flops_per_sample is not None and samples_per_s is not None:
-        exact_achieved = flops_per_sample * samples_per_s / 1e12
-        achieved = carried(achieved_tflops, [exact_achieved], exercise, "achieved_tflops", "Exercise 1.1")
+    exact = [flops_per_sample * samples_per_s / 1e12] if None not in (flops_per_sample, samples_per_s) else []
+    achieved = carried(achieved_tflops, exact, exercise, "achieved_tflops", "Exercise 1.1")
+    exact_achieved = exact[0] if exact else achieved
     table_peak = peak_tflops(device_name, precision)
     if table_peak:  # the measured rate only names a mistake here: an unreadable one names none
         try:
-            measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
+            measured = exact_measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
         except NotYet:
-            measured = None
-        exact_measured = measured
+            measured = exact_measured = None
     else:
         answered_input(measured_peak_tflops, exercise, "Exercise 1.2", "matmul_tflops")
-        measured = exact_measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
+        rates = []  # the rate of 1.2's timings, and as 1.2 accepts it, the rate from `seconds` as the attendee rounded it
         if n is not None and timings is not None:
             answered_input(timings, exercise, "Exercise 1.2", "timings")
             require(isinstance(n, numbers.Integral) and n >= EXERCISE_N["cpu"], exercise,
@@ -260,16 +252,15 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                     "device divides by the rate measured there.",
                     "fix Exercise 1.2 first: its check says what is wrong.")
             median = float(np.median(timed_seconds(timings, exercise)))
-            exact_measured = 2 * n**3 / median / 1e12
-            rates = [exact_measured]  # and, as 1.2 accepts it, the rate from `seconds` as the attendee rounded it
-            if seconds is not None:
-                rates.append(2 * n**3 / carried(seconds, [median], exercise, "seconds", "Exercise 1.2") / 1e12)
-            measured = carried(measured_peak_tflops, rates, exercise, "matmul_tflops", "Exercise 1.2")
+            rates = [2 * n**3 / median / 1e12] + ([] if seconds is None else [
+                2 * n**3 / carried(seconds, [median], exercise, "seconds", "Exercise 1.2") / 1e12])
+        measured = carried(measured_peak_tflops, rates, exercise, "matmul_tflops", "Exercise 1.2")
+        exact_measured = rates[0] if rates else measured
         require(measured > 0, exercise, f"`matmul_tflops` = {measured:g} from Exercise 1.2 is no rate.",
                 "fix Exercise 1.2 first.")
     peak = table_peak or measured
     right = achieved / peak
-    if table_peak and not 0 < right <= 1 and flops_per_sample is None:
+    if table_peak and not 0 < right <= 1 and not exact:
         raise NotYet(f"✗ {exercise}: `achieved_tflops` = {achieved:.4g} from Exercise 1.1 is not between 0 and "
                      f"{device_name}'s {precision} peak of {table_peak:g} TFLOP/s.",
                      "fix Exercise 1.1 first: its check says what is wrong.")
