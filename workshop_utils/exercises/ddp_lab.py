@@ -128,8 +128,7 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
     sys.stdout = Tee(sys.stdout, folder / f"rank{rank}.stdout")
     sys.stderr = Tee(sys.stderr, folder / f"rank{rank}.stderr")
     record = {"rank": rank, "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
-                                                                   "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                                                   "GROUP_WORLD_SIZE")},
+                                                                   "LOCAL_WORLD_SIZE", "GROUP_RANK")},
               "epochs": [], "ddp": 0, "samplers": [], "backend": None, "saves": [], "first_draw": None, "end": None,
               "torn_down": None, "error": None, "progress": {"what": "starting (before its first batch)",
                                                              "time": time.time()}}
