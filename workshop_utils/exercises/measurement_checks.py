@@ -17,15 +17,6 @@ from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import attendee_function, called, checked, count, described, number, short, verdict
 
 
-def _sweep_row(table, exercise: str, **match):
-    rows = table
-    for column, value in match.items():
-        rows = rows[rows[column] == value]
-    if rows.empty:
-        raise WorkshopError(f"{exercise}: no row of the table has {match}.", "pass the table the notebook measured.")
-    return rows.iloc[0]
-
-
 LOADER_ANSWERS = ("best_workers", "measured_speedup", "amdahl_bound")
 
 
@@ -126,7 +117,11 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
     right numbers by chance.
     """
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
-    start = _sweep_row(loader_sweep, exercise, num_workers=start_workers, pin_memory=False)
+    rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
+    if rows.empty:
+        raise WorkshopError(f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
+                            "pass the table the notebook measured.")
+    start = rows.iloc[0]
     measured = _loader_answers(loader_choice, loader_sweep, start, exercise)
     workers, speedup, bound = _judge_loader(measured, loader_sweep, start, exercise)
     table, table_start = constructed_loader_sweep(pinned=bool(loader_sweep.pin_memory.any()))
