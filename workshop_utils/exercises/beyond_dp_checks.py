@@ -154,7 +154,8 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
          "bandwidth_gbps is in GB/s: multiply by 1e9."),
         (dict(by=link.bandwidth_gbps * 2**30), "the bandwidth went in as GiB/s (x 2**30).",
          "bandwidth_gbps is in GB/s, decimal: multiply by 1e9."),
-        (dict(share=1), "the factor (p-1)/p is missing.", "each rank sends p-1 pieces of n/p bytes a pass: (p-1)/p * n / B."),
+        (dict(share=1), "the factor (p-1)/p is missing.",
+         "each rank sends p-1 pieces of n/p bytes a pass: (p-1)/p * n / B."),
     ]
     in_passes = "each pass (p-1) * alpha + (p-1)/p * n / B, alpha in seconds, B in bytes/s."
     verdict(ddp, right_ddp, exercise, "ddp_s", [

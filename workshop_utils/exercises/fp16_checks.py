@@ -102,7 +102,8 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
                     f"rounds to inf (only values below {overflow:,.0f} round to {limit:,.0f}, the largest finite).",
          "round log2 down (math.floor), not up."),
         (right / 2, f"one power short: twice that, {right:g} x {largest:.3g} = {right * largest:,.6g}, still fits "
-                    f"below {limit:,.0f}.", "take the largest power that fits: 2 ** floor(log2(max / largest)), nothing less."),
+                    f"below {limit:,.0f}.",
+         "take the largest power that fits: 2 ** floor(log2(max / largest)), nothing less."),
     ], "the largest k with 2**k * largest <= finfo(float16).max, i.e. 2 ** floor(log2(max / largest)).")
     return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
                             f"{value * largest:,.0f}, below {limit:,.0f}")
@@ -154,8 +155,9 @@ def _scaler_misuse(calls: Counter) -> tuple[str, str] | None:
          "one call, one step: forward, scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update()."),
         (calls["unscale_"] > 1, "scaler.unscale_ or scaler.step ran twice for one update.",
          "once per step: scaler.step(optimizer), then scaler.update()."),
-        (calls["update"] > calls["step"], f"scaler.update() ran {calls['update']} times for {calls['step']} "
-                                          "scaler.step(): GradScaler refuses an update with no step since the last one.",
+        (calls["update"] > calls["step"],
+         f"scaler.update() ran {calls['update']} times for {calls['step']} scaler.step(): GradScaler refuses an "
+         "update with no step since the last one.",
          "call scaler.update() once per step, after scaler.step(optimizer)."),
         (calls["update"] == 0, "scaler.update() was never called.",
          "call scaler.update() after scaler.step(): without it the scale never adapts."),
@@ -247,11 +249,12 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
             "compute the output and the loss inside `with wu.autocast('fp16', device):`.")
     require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
             "use autocast with dtype torch.float16 (wu.autocast('fp16', device)): the mode that needs a scaler.")
-    misuse = _scaler_misuse(scaler.calls)
-    require(misuse is None, exercise, *(misuse or ("", "")))
+    if misuse := _scaler_misuse(scaler.calls):
+        raise NotYet(f"✗ {exercise}: {misuse[0]}", misuse[1])
     overflow = 2.0**40  # times a logit gradient of order 1/16, far beyond fp16's 65,504
     skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise=exercise)
-    require(_same_update(skipped, start, start, tolerance=0), exercise, "a step whose gradients overflowed changed the weights.",
+    require(_same_update(skipped, start, start, tolerance=0), exercise,
+            "a step whose gradients overflowed changed the weights.",
             "let scaler.step(optimizer) decide: do not also call optimizer.step().")
     require(skipped_scaler.get_scale() == overflow / 2, exercise, "after an overflow the scale was not halved.",
             "call scaler.update() once, after scaler.step(optimizer).")

@@ -244,7 +244,7 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
             measured = exact_measured = None
     else:
         answered_input(measured_peak_tflops, exercise, "Exercise 1.2", "matmul_tflops")
-        rates = []  # the rate of 1.2's timings, and as 1.2 accepts it, the rate from `seconds` as the attendee rounded it
+        rates = []  # 1.2's timings' rate, and as 1.2 accepts it, the rate from `seconds` as the attendee rounded it
         if n is not None and timings is not None:
             answered_input(timings, exercise, "Exercise 1.2", "timings")
             require(isinstance(n, numbers.Integral) and n >= EXERCISE_N["cpu"], exercise,
