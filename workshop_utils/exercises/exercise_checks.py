@@ -1,13 +1,11 @@
 """The checks of the notebooks' exercises, importable from one place; the GPT's two (Exercises 1.4 and 2.4) live here.
 
-A check takes the attendee's answer and the inputs the exercise names, works the right answer out itself (never
-a number typed in; from an earlier exercise's answer only as that exercise's check accepted it), and prints one
-✓ line or raises ``NotYet``: what is wrong, naming the mistake a predictable value gives (both, where two give
-it), and a hint. Where the data cannot tell a mistake from the right answer, the attendee writes a function and
-the check also runs it where they differ (4.1's sweep, 1.4's second GPT). Answers are read strictly and judged
-by one tolerance (``exercise_judging``); an exception in the attendee's code is one line naming their line, one
-inside a check a one-line ``KitDefect``. The others live beside their notebook: ``tflops_checks`` (01),
-``fp16_checks`` (03), ``measurement_checks`` (04), ``beyond_dp_checks`` (05).
+A check works the right answer out itself from the inputs the exercise names (never a number typed in; from an
+earlier exercise's answer only as that exercise's check accepted it) and prints one ✓ line or raises ``NotYet``
+naming the mistake a predictable value gives (``exercise_judging``). Where the data cannot tell a mistake from the
+right answer, the attendee writes a function and the check also runs it where they differ (4.1's sweep, 1.4's
+second GPT). The others live beside their notebook: ``tflops_checks`` (01), ``fp16_checks`` (03),
+``measurement_checks`` (04), ``beyond_dp_checks`` (05).
 """
 
 from __future__ import annotations
