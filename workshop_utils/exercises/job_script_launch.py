@@ -20,16 +20,10 @@ import sys
 from . import job_script_standins as standins
 from .answer_values import Problem
 from .job_script_standins import CATCHABLE, Link, Loop, die_of, hostlist, say, status_code, which
-from .slurm_rules import slurm_signal
+from .slurm_rules import megabytes, slurm_signal
 
 
 # ---------------------------------------------------------------------------------------------- srun
-
-
-def _megabytes(text: str | None) -> float | None:
-    found = re.fullmatch(r"([0-9.]+)([KMGT]?)B?", (text or "").upper())
-    units = {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}
-    return float(found.group(1)) * units[found.group(2)] if found else None
 
 
 def srun(argv: list[str]) -> None:
@@ -89,8 +83,8 @@ def srun(argv: list[str]) -> None:
         link.wait("granted")
     env = _task_env(options.get("export"), job, reply["step"], names, step_nodes, layout, cpt)
     limit = None if limit == float("inf") else limit
-    _run_step(link, options, command, env, layout, names, limit, _megabytes(options.get("mem")) or (
-        _megabytes(options.get("mem-per-cpu")) or 0) * cpt or None)
+    _run_step(link, options, command, env, layout, names, limit, megabytes(options.get("mem")) or (
+        megabytes(options.get("mem-per-cpu")) or 0) * cpt or None)
 
 
 def _task_env(export: str | None, job: str, step: int, names, step_nodes, layout, cpt) -> dict:

@@ -29,8 +29,8 @@ import struct
 import sys
 import time
 
-CATCHABLE = [s for s in signal.Signals if s < 32 and s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD,
-                                                                 signal.SIGCONT, signal.SIGWINCH, signal.SIGURG)]
+from .job_script_standins import CATCHABLE
+
 SHELLS = ("bash", "sh", "dash", "job.sbatch")  # the batch shell goes by its script's name
 LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1", "0.0.0.0")
 # nanosleep and clock_nanosleep, by machine: a process asleep in one wakes by the machine's clock, by itself

@@ -22,8 +22,8 @@ import threading
 
 from .answer_values import Problem, show
 from .job_script import GAPS, JobSpec
-from .slurm_rules import (INT_MAX, NO_LIMIT, SBATCH, directives_and_first_command, getopt_long, node_range,
-                          slurm_signal, time_limit_s)
+from .slurm_rules import (INT_MAX, NO_LIMIT, SBATCH, directives_and_first_command, getopt_long, megabytes,
+                          node_range, slurm_signal, time_limit_s)
 
 _ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")  # spaces sbatch and bash do not split on
 _ODD_DASHES = re.compile("(?:^|[\\s=])([\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z0-9]")
@@ -202,9 +202,8 @@ def _value_problem(name: str, value: str) -> str | None:
                 "it): torchrun would not be found")
     if name in ("output", "error") and value.strip() == "/dev/null":
         return "throws the job's log away: the ranks' lines that the check (and you) read go nowhere"
-    found = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)B?\s*", value.upper()) if name in ("mem", "mem-per-cpu") else None
-    mib = float(found.group(1)) * {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}[found.group(2)] if found else 0
-    if 0 < mib < 1024:
+    mib = megabytes(value) if name in ("mem", "mem-per-cpu") else None
+    if mib is not None and 0 < mib < 1024:
         return (f"gives the job {show(value)} of memory (MiB without a unit): Slurm ends it as soon as the processes "
                 "load PyTorch, a few hundred MiB each")
     return None

@@ -281,7 +281,7 @@ class Judge:
         where, fix = self.where, f"Fix: {RDZV_FIX}."
         at = {j["node"]: j for j in joins}
         if len(at) < self.nodes:
-            return f"{where}the agents never met. {fix}"
+            return f"{where}the agents on {NODE_NAMES[0]} and {NODE_NAMES[1]} never met. {fix}"
         first, second = at[0], at[1]
         if first["backend"] == "static":
             return (f"{where}the agents never met: torchrun's static rendezvous (the default without "
@@ -465,7 +465,7 @@ class Judge:
     def _running(self) -> str:
         limit = next((e for e in self.o.events if e["what"] in ("time_limit", "spinning", "wall_limit")), {})
         running = limit.get("running") or limit.get("bash_children") or []
-        shown = [show(re.sub(r"^\S+/(py/rt|py/python3[.0-9]*) -IS \S+/bin/", "", r["command"]), 50) for r in running]
+        shown = [show(self.bare(r["command"]), 50) for r in running]
         return "the batch shell was running: " + ", ".join(shown) if shown else "nothing else was running"
 
     def _not_reached(self, first: dict, warned: set, total: int) -> str:
@@ -490,7 +490,7 @@ class Judge:
         started = [e for e in self.o.of("start") if first["t"] <= e["t"] < until.get("t", 1e12)]
         running = [r for r in first.get("running") or [] if r.get("role") != "kernel"]
         if running and not sent and not started and until.get("log_size") == first.get("log_size"):
-            command = re.sub(r"^\S+/(py/rt|py/python3[.0-9]*) -IS \S+/bin/", "", running[-1]["command"])
+            command = self.bare(running[-1]["command"])
             return (f"{where}{reached}: after the warning nothing in the job ran: the trap does nothing, or bash had "
                     f"not run it, as it runs a trap only once the command it waits for in the foreground has ended, "
                     f"here `{show(command, 50)}` (a command without &). {WAIT_FIX}.")
