@@ -99,23 +99,22 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
                      f"write it as one string, e.g. {example}.") from None
     require(bool(tokens), exercise, "the command is empty.", f"write the launch line, e.g. {example}.")
     text = command if isinstance(command, str) else " ".join(tokens)
-    braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
-    require(braces is None, exercise, f"the command holds {braces.group(0) if braces else ''} as written: the f in "
-                                      "front of the quotes, which puts the value in, is missing.",
-            f"write it as an f-string: {example}.")
     quoted = shlex.quote(str(script))
-    require(not (quoted != str(script) and str(script) in text and str(script) not in tokens), exercise,
-            f"the path of your script ({quoted}) holds a space or another character the shell splits at: unquoted, "
-            "torchrun would get it as several words.", f"quote it for the shell: {example}.")
+    braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
     redirect = next((t for t in tokens if set(t) <= set("<>&|0123456789") and ("<" in t or ">" in t)), None)
-    require(redirect is None, exercise, f"the command redirects ({redirect}): the check reads the ranks' output "
-                                        "itself and runs the launch without a shell.",
-            f"leave the redirection out, e.g. {example}.")
-    expanded = next((t for t in (command.split() if isinstance(command, str) else tokens) if "$" in t or "`" in t),
-                    None)
-    require(expanded is None, exercise, f"the command holds a shell expansion ({short(expanded or '', 40)}), which "
-                                        "the check does not run through a shell.",
-            f"write the values themselves, e.g. {example} (an f-string puts Python's values in).")
+    expanded = next((t for t in (text.split() if isinstance(command, str) else tokens) if "$" in t or "`" in t), None)
+    for found, problem, fix in (  # what a shell would do to the line, which the check, running no shell, does not
+            (braces, f"the command holds {braces and braces.group(0)} as written: the f in front of the quotes, "
+                     "which puts the value in, is missing.", f"write it as an f-string: {example}."),
+            (quoted != str(script) and str(script) in text and str(script) not in tokens,
+             f"the path of your script ({quoted}) holds a space or another character the shell splits at: "
+             "unquoted, torchrun would get it as several words.", f"quote it for the shell: {example}."),
+            (redirect, f"the command redirects ({redirect}): the check reads the ranks' output itself and runs the "
+                       "launch without a shell.", f"leave the redirection out, e.g. {example}."),
+            (expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does "
+                       "not run through a shell.",
+             f"write the values themselves, e.g. {example} (an f-string puts Python's values in).")):
+        require(not found, exercise, problem, fix)
     tokens, folder, chained, assigned = _launch_part(tokens)
     require(not chained, exercise, f"the command chains a second command after the launch "
                                    f"({short(' '.join(chained), 60)}); the check runs the one torchrun launch alone.",
