@@ -63,6 +63,22 @@ def test_what_the_script_kills_stays_inside_its_namespaces(line, bystander):
 
 
 @needs_namespaces
+def test_what_the_script_writes_outside_its_folder_stays_unwritten(tmp_path):
+    """A gap's $(touch FILE) ran with the attendee's rights on the real file system: every folder but the
+    simulated job's own is read-only to it now, and the script, its other lines right, still passes."""
+    if not job_script_run.read_only_elsewhere():
+        pytest.skip("this machine's unshare cannot make the file system read-only around the simulated job")
+    marker = tmp_path / "written-by-the-job"
+    endpoint = f'"$(touch {marker}; scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):29500"'
+    assert wu.check_job_script({**SOLVED, "rdzv_endpoint": endpoint})
+    assert not marker.exists(), "the simulated job wrote outside its folder"
+    refused(lambda: wu.check_job_script(script().replace(WAIT, f"rm -f {marker}; wait")), "the batch shell ended")
+    marker.write_text("")
+    refused(lambda: wu.check_job_script(script().replace(WAIT, f"rm -f {marker}; wait")), "the batch shell ended")
+    assert marker.exists(), "the simulated job removed a file outside its folder"
+
+
+@needs_namespaces
 def test_the_same_script_gets_the_same_verdict_every_time():
     text = script().replace(WAIT, "wait")
     assert len({se.script_problem(text) for _ in range(3)}) == 1

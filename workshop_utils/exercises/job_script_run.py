@@ -4,7 +4,9 @@ A folder holds the script, the stand-ins on ``PATH`` (``job_script_standins``: s
 killall, hostname, getent, sleep, timeout, python, apptainer) and a module ``workshop_utils.train`` that behaves
 like the training toward a job. The runner (``job_script_runner``) starts as PID 1 of new PID and mount namespaces
 (``unshare --pid --fork --mount-proc``): whatever the script does (``kill -9 -1``, ``pkill -f python``,
-``kill $PPID``) reaches only processes inside them, never the attendee's kernel or the test suite. The job's
+``kill $PPID``) reaches only processes inside them, never the attendee's kernel or the test suite; and where
+unshare permits it, every folder but the simulation's own is read-only to the job (``job_script_runner.confine``),
+so a ``$(rm ...)`` in a gap changes none of the attendee's files. The job's
 environment is what sbatch and slurmd give a batch shell, for the job the #SBATCH lines ask for, or for the same
 job on more nodes. What happened comes back as an ``Outcome``.
 """
@@ -22,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import job_script_launch, job_script_runner  # noqa: F401 (compiled here: the job sees their folder read-only)
 from .job_script import TRAINING, torch_modules, torchrun_options
 
 KIT = str(Path(__file__).resolve().parents[2])
@@ -102,22 +105,41 @@ def job_environment(run: JobRun, work: str, bin_dir: str) -> dict:
 _USERS = (["--user", "--map-user=1000", "--map-group=1000"], ["--user", "--map-root-user"], [])
 
 
+# Before those, a user and mount namespace where everything but the simulation's folder is read-only
+# (``job_script_runner.confine``): what the script writes stays in its folder.
+_CONFINE = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.exercises.job_script_runner import "
+            "confine\nconfine(sys.argv[2], sys.argv[3:])")
+
+
+def _confined(keep: str, command: list[str]) -> list[str]:
+    return ["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-I", "-S", "-c", _CONFINE, KIT, keep,
+            *command]
+
+
 @functools.cache
-def _unshare() -> tuple[list[str] | None, str]:
-    """The unshare command line this machine permits, or None and unshare's reason."""
+def _unshare() -> tuple[list[str] | None, str, bool]:
+    """The unshare command line this machine permits (None and unshare's reason where none), and whether the
+    file system can be made read-only around the job (``_confined``)."""
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
-        return None, "no Linux unshare here"
+        return None, "no Linux unshare here", False
     said = "?"
     for user in _USERS:
         command = ["unshare", *user, "--pid", "--fork", "--mount-proc", "--kill-child"]
         try:
             tried = subprocess.run([*command, "true"], capture_output=True, text=True, timeout=30)
+            if tried.returncode == 0:
+                with tempfile.TemporaryDirectory(prefix="jobsim-") as keep:
+                    confined = subprocess.run([*_confined(keep, command), "true"], capture_output=True, timeout=30)
+                return command, "", confined.returncode == 0
         except (OSError, subprocess.TimeoutExpired) as err:
-            return None, f"unshare failed ({err})"
-        if tried.returncode == 0:
-            return command, ""
+            return None, f"unshare failed ({err})", False
         said = (tried.stderr.strip().splitlines() or ["?"])[-1]
-    return None, f"unshare --pid is not permitted here ({said})"
+    return None, f"unshare --pid is not permitted here ({said})", False
+
+
+def read_only_elsewhere() -> bool:
+    """Whether the simulated job sees every folder but its own read-only."""
+    return _unshare()[2]
 
 
 def namespaces_problem() -> str | None:
@@ -177,7 +199,9 @@ def simulate(script: str, run: JobRun) -> Outcome:
         config = _build(sim, script, run)
         code = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.exercises.job_script_runner import "
                 "serve\nserve(sys.argv[2])")
-        done = subprocess.run([*_unshare()[0], str(sim / "py" / "rt"), "-I", "-S", "-c", code, KIT, str(config)],
+        command, _, confined = _unshare()
+        command = _confined(str(sim), command) if confined else command
+        done = subprocess.run([*command, str(sim / "py" / "rt"), "-I", "-S", "-c", code, KIT, str(config)],
                               capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
         outcome = sim / "outcome.json"
         if not outcome.exists():
