@@ -392,12 +392,12 @@ def test_the_synthetic_banner_is_shown_once_per_launch(monkeypatch, capsys):
 
     monkeypatch.setattr(data, "_banner_shown", False)
     monkeypatch.delenv(data.SYNTHETIC_SHOWN, raising=False)
-    assert data.SYNTHETIC_SHOWN not in launch._job_env(1)
+    assert data.SYNTHETIC_SHOWN not in launch.job_env(1)
     data.announce_synthetic(["/nowhere"])
     data.announce_synthetic(["/nowhere"])
     err = capsys.readouterr().err
     assert err.count("NO CIFAR-10 FOUND") == 2 and err.count("#####\n") == 2  # the banner once, then one line
-    assert launch._job_env(1)[data.SYNTHETIC_SHOWN] == "1"  # and the ranks of the next launch say it in one line
+    assert launch.job_env(1)[data.SYNTHETIC_SHOWN] == "1"  # and the ranks of the next launch say it in one line
 
 
 def test_a_relayed_banner_marks_it_shown(monkeypatch):

@@ -30,11 +30,11 @@ from collections import Counter
 from pathlib import Path
 
 from ..parallel.failures import LOST_PEER, record_failure, record_failures, root_cause
-from ..parallel.launch import cpu_threads_per_process, free_port, stream
+from ..parallel.launch import cpu_threads_per_process, free_port, job_env, stream
 from ..system.errors import WorkshopError
 from ..system.results import fresh_folder
 from .ddp_efficiency import check_ddp_efficiency
-from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, TORCHRUN_LOGS, attendee_script, clean_env,
+from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, TORCHRUN_LOGS, attendee_script,
                             first_to_stall, lab_folder, limit_words, note_progress, read_output, reported_throughput,
                             run_nodes, scaled_limit, solution_text, solve_ddp_lab, start_ddp_lab, started_at,
                             torchrun_agent, torchrun_reports, watch_progress, what_ran, write_json)
@@ -66,7 +66,7 @@ def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 3
     if echo:
         print("$ python " + " ".join(shlex.quote(str(a)) for a in command[1:]), flush=True)
     ranks = sum(lab_nodes(2))
-    env = clean_env(threads or cpu_threads_per_process(ranks), hide_gpus=lab_device(ranks) == "cpu")
+    env = job_env(threads or cpu_threads_per_process(ranks), hide_gpus=lab_device(ranks) == "cpu")
     codes, lines = stream({"": command}, env, timeout_s, echo)
     if codes[0]:
         raise WorkshopError(f"{Path(script).name} exited with status {codes[0]}: {(lines or ['(no output)'])[-1]}",

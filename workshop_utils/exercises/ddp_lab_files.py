@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..parallel.failures import LOST_PEER
-from ..parallel.launch import cpu_threads_per_process, free_port, stream, visible_gpu_ids
+from ..parallel.launch import cpu_threads_per_process, free_port, job_env, stream, visible_gpu_ids
 from ..system.errors import WorkshopError
 from ..system.results import repo_root
 from .exercise_cells import NotYet, attendee_source
@@ -24,9 +24,6 @@ LAB_EXERCISE, GRADIENTS_EXERCISE, EFFICIENCY_EXERCISE = "Exercise 2.2", "Exercis
 PROBE_MODULE = "workshop_utils.exercises.ddp_lab"
 TORCHRUN_LOGS = "torchrun"  # the check folder's subfolder where torchrun has the ranks write their error files
 SOLUTION_FILE = "train_ddp.py"
-# Variables a kernel started inside a job would otherwise hand on to the ranks it launches.
-DIST_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                  "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 THROUGHPUT = re.compile(r"(\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*(?:samples|images|imgs?|examples)\s*"
                         r"(?:/\s*s(?:ec(?:ond)?)?\b|per\s+s(?:ec(?:ond)?)?\b)", re.IGNORECASE)
 LOSS_LINE = re.compile(r"\bloss\b", re.IGNORECASE)
@@ -93,14 +90,6 @@ def solve_ddp_lab(path, lab=None) -> Path:
     return path
 
 
-def clean_env(threads: int | None = None, hide_gpus: bool = False) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in DIST_VARIABLES}
-    env.update(PYTHONUNBUFFERED="1", **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
-    if hide_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks on a GPU node must not reach for GPU 0
-    return env
-
-
 def reported_throughput(lines) -> float | None:
     """The last samples/s figure in ``lines`` ("throughput: 1234 samples/s"), or None."""
     found = [m.group(1) for line in lines for m in THROUGHPUT.finditer(line)]
@@ -129,7 +118,7 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
     outer ``timeout_s``, one line saying where each rank was.
     """
     port, ranks = free_port(), sum(per_node)
-    env = {**clean_env(cpu_threads_per_process(ranks), hide_gpus=device == "cpu"), STARTED: repr(time.time()),
+    env = {**job_env(cpu_threads_per_process(ranks), hide_gpus=device == "cpu"), STARTED: repr(time.time()),
            **(assigned or {})}
     if "TORCH_CPP_LOG_LEVEL" not in env:  # read once, as the agent starts; torchrun_agent keeps it from the ranks
         env.update({"TORCH_CPP_LOG_LEVEL": "ERROR", AGENT_QUIET: "1"})

@@ -167,12 +167,16 @@ def stream(commands: dict[str, list[str]], env: dict | None = None, timeout_s: f
             stop_process_group(process)
 
 
-def _job_env(threads: int) -> dict:
+def job_env(threads: int, hide_gpus: bool = False) -> dict:
+    """The environment a launch's processes start in: ``threads`` OMP threads each, no GPU where ``hide_gpus``."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
     if synthetic_banner_shown():  # the ranks then say "synthetic" in one line, not the nine of the banner
         env[SYNTHETIC_SHOWN] = "1"
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                 "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)  # a kernel started inside a job must not pass its own rank on
+    if hide_gpus:  # CPU ranks on a GPU node must not reach for GPU 0
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -230,7 +234,7 @@ def launch_torchrun(module: str, args: list[str], nproc: int = 1, *, max_restart
     if echo:  # the line a reader would type; the run adds a --log-dir of its own for the error files
         print("$ torchrun " + shlex.join(torchrun_command(module, args, nproc, port=port,
                                                           max_restarts=max_restarts)[3:]), flush=True)
-    env = _job_env(threads or cpu_threads_per_process(nproc))
+    env = job_env(threads or cpu_threads_per_process(nproc))
     if device == "cpu":
         # CPU ranks on a GPU node must not see the GPUs: library code (Adam's step, checkpoint writers)
         # would otherwise start CUDA on GPU 0 in every rank, costing time and memory there.
@@ -346,7 +350,7 @@ def launch_nodes(nnodes: int = 2, nproc_per_node: int = 1, *, port: int | None =
             for label, command in commands.items():
                 print(f"{label}$ torchrun " + shlex.join(command[3:]), flush=True)
         started = time.perf_counter()
-        env = _job_env(threads or cpu_threads_per_process(nnodes * nproc_per_node))
+        env = job_env(threads or cpu_threads_per_process(nnodes * nproc_per_node))
         envs = {label: {**env, "CUDA_VISIBLE_DEVICES": visible}
                 for label, visible in zip(commands, layout.visible_devices)}
         codes, lines = stream(commands, env, timeout_s, echo, envs)
