@@ -5,7 +5,7 @@ killall, hostname, getent, sleep, timeout, python, apptainer) and a module ``wor
 like the training toward a job. The runner (``job_script_runner``) starts as PID 1 of new PID and mount namespaces
 (``unshare --pid --fork --mount-proc``): whatever the script does (``kill -9 -1``, ``pkill -f python``,
 ``kill $PPID``) reaches only processes inside them, never the attendee's kernel or the test suite; and where
-unshare permits it, every folder but the simulation's own is read-only to the job (``job_script_runner.confine``),
+unshare permits it, every folder but the simulation's own is read-only to the job (``job_script_standins.confine``),
 so a ``$(rm ...)`` in a gap changes none of the attendee's files. The job's
 environment is what sbatch and slurmd give a batch shell, for the job the #SBATCH lines ask for, or for the same
 job on more nodes. What happened comes back as an ``Outcome``.
@@ -106,8 +106,8 @@ _USERS = (["--user", "--map-user=1000", "--map-group=1000"], ["--user", "--map-r
 
 
 # Before those, a user and mount namespace where everything but the simulation's folder is read-only
-# (``job_script_runner.confine``): what the script writes stays in its folder.
-_CONFINE = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.exercises.job_script_runner import "
+# (``job_script_standins.confine``): what the script writes stays in its folder.
+_CONFINE = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.exercises.job_script_standins import "
             "confine\nconfine(sys.argv[2], sys.argv[3:])")
 
 

@@ -409,6 +409,42 @@ def slurm_client(argv: list[str]) -> None:
     say(f"{os.path.basename(sys.argv[0])}: error: the check's simulated job has no Slurm controller to ask", 1)
 
 
+MOUNT_FLAGS = {"ro": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1 << 10, "nodiratime": 1 << 11,
+               "relatime": 1 << 21}  # a mount's flags as mountinfo names them, as mount(2) takes them
+MS_REMOUNT, MS_BIND, MS_REC = 1 << 5, 1 << 12, 1 << 14
+
+
+def confine(keep: str, argv: list[str]) -> None:
+    """Every mount read-only but ``keep`` (the simulation's folder), then ``argv``: the unshare that starts the
+    job's own namespaces, whose copy of these mounts cannot make them writable again. Run as root of a user and
+    mount namespace of its own (``unshare --user --map-root-user --mount``), which needs no privilege: a script's
+    ``touch /tmp/x`` or ``rm -rf "$SLURM_SUBMIT_DIR"`` then fails as on a read-only disk, outside its folder.
+    /proc and /sys stay as they are: the job's namespace mounts a /proc of its own, which the kernel permits only
+    where the /proc it sees is not more restricted."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def mount(source: str, target: str, flags: int) -> None:
+        if libc.mount(source.encode(), target.encode(), None, flags, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {target}: {os.strerror(ctypes.get_errno())}")
+
+    mount(keep, keep, MS_BIND | MS_REC)  # a mount of its own, which the remounts below leave writable
+    with open("/proc/self/mountinfo") as file:
+        mounts = [(line.split(" - ")[0].split(), line.split(" - ")[1].split()[0]) for line in file]
+    for fields, kind in mounts:
+        target = re.sub(r"\\([0-7]{3})", lambda code: chr(int(code.group(1), 8)), fields[4])
+        if kind in ("proc", "sysfs") or target == keep or target.startswith(("/proc/", "/sys/")):
+            continue
+        flags = sum(MOUNT_FLAGS.get(option, 0) for option in fields[5].split(","))  # its locked flags kept
+        try:
+            mount("none", target, MS_REMOUNT | MS_BIND | MOUNT_FLAGS["ro"] | flags)
+        except OSError:
+            if target == "/":
+                raise
+    os.execvp(argv[0], argv)
+
+
 CLIENTS = ("sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat", "sattach", "sbcast", "strigger", "sprio",
            "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
 PROGRAMS = {"scancel": scancel, **{name: slurm_client for name in CLIENTS}, "pkill": pkill, "killall": killall,
