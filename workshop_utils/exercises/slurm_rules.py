@@ -34,52 +34,37 @@ def whole(text) -> int | None:
     return value if value is not None and 0 <= value < INT_MAX and not rest else None
 
 
-def _nodes(text: str) -> tuple[int, str]:
-    """Slurm's ``str_to_nodes``: a count with an optional k (x1024) then m (x1048576); -1 when none."""
-    value, rest = strtol(text)
-    if value is None:
-        return -1, text
-    if rest[:1] in ("k", "K"):
-        value, rest = value * 1024, rest[1:]
-    if rest[:1] in ("m", "M"):
-        value, rest = value * 1024 * 1024, rest[1:]
-    return (-1 if value < 0 or value > INT_MAX else value), rest
-
-
 MAX_JOB_SIZE = 16384  # Slurm's MAX_JOB_SIZE_BITMAP: a list of node counts stays below it
+
+
+def _node_count(text: str) -> int:
+    """Slurm's ``str_to_nodes``: a count with an optional k (x1024) then m (x1048576)."""
+    value, rest = strtol(text)
+    for suffix, scale in (("k", 1024), ("m", 1024 * 1024)):
+        if value is not None and rest[:1].lower() == suffix:
+            value, rest = value * scale, rest[1:]
+    if value is None or not 0 <= value <= INT_MAX or rest.strip():
+        raise Problem("is not a node count sbatch reads (N, MIN-MAX, or a list of them)")
+    return value
 
 
 def node_range(text) -> tuple[int, int]:
     """``--nodes=N``, ``MIN-MAX`` or a list of counts as Slurm's ``verify_node_count`` reads it: (MIN, MAX),
     MAX 0 for no maximum; ``Problem`` (the reason, without a fix) where sbatch refuses it."""
     if not isinstance(text, str):
-        raise Problem("is not text")
+        raise Problem("is not a node count sbatch reads (N, MIN-MAX, or a list of them)")
     if "," in text or ":" in text:
         counts = []
         for part in text.split(","):
             found = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part)
             if not found or any(int(g) >= MAX_JOB_SIZE for g in found.groups() if g):
-                raise Problem("is not a node count sbatch reads (N, MIN-MAX, or a list of them)")
+                return _node_count("")  # the same refusal
             low, high = int(found.group(1)), int(found.group(2) or found.group(1))
-            counts += range(low, high + 1, int(found.group(3) or 1)) if high >= low else []
-        if not counts:
-            raise Problem("is not a node count sbatch reads (N, MIN-MAX, or a list of them)")
-        return min(counts), max(counts)
-    if "-" in text:
-        low_text, _, high_text = text.partition("-")
-        low, rest = _nodes(low_text)
-        if rest.strip():
-            raise Problem(f"is not a node count sbatch reads (\"{show(low_text)}\" is no count)")
-        high, rest = _nodes(high_text)
-        if rest.strip():
-            raise Problem(f"is not a node count sbatch reads (\"{show(high_text)}\" is no count)")
-        low = 1 if low < 0 else low
-    else:
-        low, rest = _nodes(text)
-        if rest.strip() or low < 0:
-            beyond = strtol(text)[0] is not None and not rest.strip()
-            raise Problem("is not a node count sbatch reads" + (f" (its counts stop at {INT_MAX})" if beyond else ""))
-        high = low
+            counts += range(low, high + 1, int(found.group(3) or 1))
+        return (min(counts), max(counts)) if counts else _node_count("")
+    low_text, dash, high_text = text.partition("-")
+    low = 1 if dash and not low_text.strip() else _node_count(low_text)
+    high = _node_count(high_text) if dash else low
     if high != 0 and high < low:
         raise Problem(f"is not a node count sbatch reads: it reads {low}-{high}, a maximum below the minimum")
     return low, high
@@ -105,22 +90,18 @@ def time_limit_s(text) -> float | None:
         return None
     if text.lower() in ("-1", "infinite", "unlimited"):
         return NO_LIMIT
-    if re.fullmatch(r"[0-9:-]+", text) is None:
+    found = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", text)
+    if not found:
         return None
-    dashes, colons = text.count("-"), text.count(":")
-    if dashes > 1 or colons > 2 or (dashes and ":" in text.split("-")[0]):
-        return None
-    fields = re.split(r"[-:]", text)
-    if any(not f for f in fields):
-        return None
-    numbers_ = [int(f) for f in fields]
-    if dashes:  # days-hours[:minutes[:seconds]]
-        days, hours, minutes, seconds = (numbers_ + [0, 0, 0])[:4]
-    elif colons == 2:  # hours:minutes:seconds
-        days, (hours, minutes, seconds) = 0, numbers_
+    days, *fields = found.groups()
+    numbers_ = [int(f) for f in fields if f is not None]
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = (numbers_ + [0, 0])[:3]
+        total = int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+    elif len(numbers_) == 3:  # hours:minutes:seconds
+        total = numbers_[0] * 3600 + numbers_[1] * 60 + numbers_[2]
     else:  # minutes[:seconds]
-        days, hours, (minutes, seconds) = 0, 0, (numbers_ + [0])[:2]
-    total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+        total = numbers_[0] * 60 + sum(numbers_[1:])
     return NO_LIMIT if total == 0 else 60 * math.ceil(total / 60)
 
 
