@@ -5,7 +5,6 @@ training step with autocast and GradScaler, run against the textbook step on a s
 from __future__ import annotations
 
 import math
-import traceback
 from collections import Counter
 
 import torch
@@ -110,27 +109,98 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
 
 
 class _WatchedScaler(torch.amp.GradScaler):
-    """A GradScaler that counts which of its methods were called."""
+    """A GradScaler that logs its calls in order (with each backward pass and each optimizer.step() of the
+    attendee's) and stops at the first call that breaks GradScaler's order, naming it: GradScaler's own protest,
+    where it makes one, says what it lacks ("No inf checks were recorded"), not which call came too early."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, exercise: str, **kwargs):
         super().__init__(*args, **kwargs)
-        self.calls = Counter()
+        self.calls, self.log, self.stepping, self.exercise = Counter(), [], False, exercise
+
+    def _call(self, name: str, optimizer=None) -> None:
+        since = self.log[len(self.log) - self.log[::-1].index("update"):] if "update" in self.log else self.log
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]] if optimizer else []
+        if misuse := _out_of_order(name, self.calls, self.log, since, grads):
+            raise NotYet(f"✗ {self.exercise}: {misuse[0]}", misuse[1])
+        self.calls[name] += 1
+        self.log.append(name)
 
     def scale(self, outputs):
-        self.calls["scale"] += 1
+        self._call("scale")
         return super().scale(outputs)
 
     def unscale_(self, optimizer):
-        self.calls["unscale_"] += 1
+        if not self.stepping:  # scaler.step unscales by itself: only the attendee's own calls are judged
+            self._call("unscale_")
         return super().unscale_(optimizer)
 
     def step(self, optimizer, *args, **kwargs):
-        self.calls["step"] += 1
-        return super().step(optimizer, *args, **kwargs)
+        self._call("step", optimizer)
+        self.stepping = True
+        try:
+            return super().step(optimizer, *args, **kwargs)
+        finally:
+            self.stepping = False
 
     def update(self, new_scale=None):
-        self.calls["update"] += 1
+        self._call("update")
         return super().update(new_scale)
+
+
+_UNSCALED = ("the loss never went through scaler.scale, so GradScaler does not know the scale the gradients carry "
+             "(scaling it by hand does not tell it).",
+             "call scaler.scale(loss).backward() in place of loss.backward() or a loss you scaled.")
+_IN_PLACE = ("optimizer.step() ran in place of scaler.step(optimizer).",
+             "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips steps with inf/NaN.")
+_ONE_STEP = "one call, one step: forward, scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update()."
+
+
+def _out_of_order(name: str, calls: Counter, log: list, since: list, grads: list) -> tuple[str, str] | None:
+    """The rule of GradScaler's order that calling ``name`` now ("end": ending the step) breaks, given the ``log``
+    of this step's calls so far (``since`` the last update): (problem, fix); None when it keeps them all."""
+    rules = {"step": [
+        (calls["step"], f"scaler.step(optimizer) ran {calls['step'] + 1} times in one call of `amp_step`: that is "
+                        "more than one training step.", _ONE_STEP),
+        (calls["scale"] == 0, *_UNSCALED),
+        ("backward" not in log, "scaler.step(optimizer) ran before the backward pass: there were no gradients of "
+                                "this batch yet.",
+         "backward first: scaler.scale(loss).backward(), then scaler.step(optimizer), then scaler.update()."),
+        (all(g is None or not g.any() for g in grads), "the gradients were cleared after the backward pass, before "
+         "scaler.step(optimizer): it had nothing to apply, and no overflow to find.",
+         "clear them at the start of the step, before the forward pass: optimizer.zero_grad(set_to_none=True)."),
+    ], "update": [
+        (calls["update"] and "step" not in since,
+         f"scaler.update() ran {calls['update'] + 1} times for {calls['step']} scaler.step(): GradScaler refuses an "
+         "update with no step since the last one.",
+         "call scaler.update() once per step, after scaler.step(optimizer)."),
+        ("step" not in since and "optimizer.step" in log, *_IN_PLACE),
+        ("step" not in since, "scaler.update() ran before scaler.step(optimizer): update sets the next scale from "
+                              "what step found.", "call scaler.step(optimizer) first, then scaler.update()."),
+    ], "unscale_": [
+        ("unscale_" in since, "scaler.unscale_(optimizer) ran twice for one update: a step's gradients are unscaled "
+                              "once.", "call it at most once, before scaler.step(optimizer)."),
+        ("step" in since, "scaler.unscale_(optimizer) ran after scaler.step(optimizer), which unscales by itself.",
+         "call unscale_ before scaler.step(optimizer) (to clip the gradients), or not at all."),
+    ], "end": [
+        (calls["scale"] == 0, *_UNSCALED),
+        (calls["step"] == 0 and "optimizer.step" in log, *_IN_PLACE),
+        (calls["step"] == 0, "scaler.step was never called.", _IN_PLACE[1]),
+        (calls["update"] == 0, "scaler.update() was never called.",
+         "call scaler.update() after scaler.step(): without it the scale never adapts."),
+    ]}.get(name, [])
+    return next(((problem, fix) for broken, problem, fix in rules if broken), None)
+
+
+def _amp_failure(err: Exception, amp_step, exercise: str) -> NotYet:
+    """The one line for an exception raised while ``amp_step`` ran: a call out of order, float16 weights, or
+    the attendee's line."""
+    if isinstance(err, NotYet):
+        return err
+    if isinstance(err, ValueError) and "unscale FP16 gradients" in str(err):
+        return NotYet(f"✗ {exercise}: the gradients are float16: the model's weights were cast to float16 "
+                      "(model.half()?), and GradScaler unscales only float32 gradients.",
+                      "keep the weights in float32: autocast runs the forward pass in float16 by itself.")
+    return attendee_error(err, amp_step, exercise, "amp_step")
 
 
 def _amp_model(device: torch.device) -> nn.Module:
@@ -139,41 +209,6 @@ def _amp_model(device: torch.device) -> nn.Module:
     with torch.no_grad():  # logits far from uniform: the first loss is not ln(10), which a constant could return
         model[2].bias.copy_(torch.linspace(-3.0, 3.0, 10))
     return model.to(device)
-
-
-def _scaler_misuse(calls: Counter) -> tuple[str, str] | None:
-    """The first rule of GradScaler's order that a step's calls break: (problem, fix); None when they keep all."""
-    return next(((problem, fix) for broken, problem, fix in [
-        (calls["scale"] == 0, "the loss never went through scaler.scale, so GradScaler does not know the scale the "
-                              "gradients carry (scaling it by hand does not tell it).",
-         "call scaler.scale(loss).backward() in place of loss.backward() or a loss you scaled."),
-        (calls["step"] == 0, "scaler.update() ran without scaler.step(optimizer) before it." if calls["update"] else
-         "scaler.step was never called.",
-         "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips steps with inf/NaN."),
-        (calls["step"] > 1, f"scaler.step(optimizer) ran {calls['step']} times in one call of `amp_step`: that is more "
-                            "than one training step.",
-         "one call, one step: forward, scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update()."),
-        (calls["unscale_"] > 1, "scaler.unscale_ or scaler.step ran twice for one update.",
-         "once per step: scaler.step(optimizer), then scaler.update()."),
-        (calls["update"] > calls["step"],
-         f"scaler.update() ran {calls['update']} times for {calls['step']} scaler.step(): GradScaler refuses an "
-         "update with no step since the last one.",
-         "call scaler.update() once per step, after scaler.step(optimizer)."),
-        (calls["update"] == 0, "scaler.update() was never called.",
-         "call scaler.update() after scaler.step(): without it the scale never adapts."),
-    ] if broken), None)
-
-
-def _amp_failure(err: Exception, amp_step, scaler: _WatchedScaler, exercise: str) -> NotYet:
-    """The one line for an exception raised while ``amp_step`` ran: GradScaler's protests by the rule broken."""
-    if isinstance(err, ValueError) and "unscale FP16 gradients" in str(err):
-        return NotYet(f"✗ {exercise}: the gradients are float16: the model's weights were cast to float16 "
-                      "(model.half()?), and GradScaler unscales only float32 gradients.",
-                      "keep the weights in float32: autocast runs the forward pass in float16 by itself.")
-    frames = traceback.extract_tb(err.__traceback__)
-    misuse = _scaler_misuse(scaler.calls) if frames and "grad_scaler" in frames[-1].filename else None
-    return NotYet(f"✗ {exercise}: {misuse[0]}", misuse[1]) if misuse else attendee_error(err, amp_step, exercise,
-                                                                                          "amp_step")
 
 
 def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: bool = True,
@@ -188,13 +223,16 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: boo
     for p in model.parameters():
         p.grad = torch.full_like(p, 1e3)  # the previous step's gradients, which the step must clear
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = _WatchedScaler(device.type, init_scale=init_scale, growth_interval=1)
+    scaler = _WatchedScaler(device.type, init_scale=init_scale, growth_interval=1, exercise=exercise)
     dtypes = []
-    hook = model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+    log = scaler.log.append
+    hooks = [model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype)),
+             model[0].weight.register_hook(lambda grad: log("backward")),
+             optimizer.register_step_pre_hook(lambda *_: None if scaler.stepping else log("optimizer.step"))]
     try:
         if amp_step is not None:
             loss = called(amp_step, exercise, "amp_step", model, images, labels, optimizer, scaler,
-                          failure=lambda err: _amp_failure(err, amp_step, scaler, exercise))
+                          failure=lambda err: _amp_failure(err, amp_step, exercise))
         else:
             if zero_grad:
                 optimizer.zero_grad(set_to_none=True)
@@ -204,7 +242,8 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: boo
             scaler.step(optimizer)
             scaler.update()
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     return model, scaler, loss, dtypes
 
 
@@ -249,7 +288,7 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
             "compute the output and the loss inside `with wu.autocast('fp16', device):`.")
     require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
             "use autocast with dtype torch.float16 (wu.autocast('fp16', device)): the mode that needs a scaler.")
-    if misuse := _scaler_misuse(scaler.calls):
+    if misuse := _out_of_order("end", scaler.calls, scaler.log, [], []):
         raise NotYet(f"✗ {exercise}: {misuse[0]}", misuse[1])
     overflow = 2.0**40  # times a logit gradient of order 1/16, far beyond fp16's 65,504
     skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise=exercise)

@@ -1,0 +1,79 @@
+"""Wrong answers to the exercises of notebooks 01-05 whose one line named another mistake than the one made, or that
+passed: each is the notebook's solution with one change, judged through the public ``wu.check_*``, and its line
+must name what happened (and not the mistake it was mistaken for).
+"""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import workshop_utils as wu
+from workshop_utils.exercises.exercise_cells import NotYet
+
+CPU = torch.device("cpu")
+
+
+def refusal(call) -> str:
+    with pytest.raises(NotYet) as caught:
+        call()
+    message = str(caught.value)
+    assert message.startswith("✗ Exercise ") and "\n" not in message, message
+    return message
+
+
+def said(message: str, named: list[str], not_named: list[str]) -> None:
+    for words in named:
+        assert words in message, message
+    for words in not_named:
+        assert words not in message, message
+
+
+# ---------------------------------------------------------------- 3.3: GradScaler's calls out of order
+
+
+def amp_step(zero=lambda optimizer: optimizer.zero_grad(set_to_none=True), middle=None,
+             calls=lambda scaler, optimizer, scaled: (scaled.backward(), scaler.step(optimizer), scaler.update())):
+    """Exercise 3.3's solution with its zero_grad, what runs after the backward pass, or its scaler calls changed."""
+    def step(model, images, labels, optimizer, scaler):
+        zero(optimizer)
+        with wu.autocast("fp16", CPU):
+            loss = F.cross_entropy(model(images), labels)
+        calls(scaler, optimizer, scaler.scale(loss), *([middle] if middle else []))
+        return loss
+    return step
+
+
+def backward_then(*rest):
+    return lambda scaler, optimizer, scaled: (scaled.backward(), *[call(scaler, optimizer) for call in rest])
+
+
+STEP, UPDATE = (lambda scaler, optimizer: scaler.step(optimizer)), (lambda scaler, optimizer: scaler.update())
+UNSCALE = lambda scaler, optimizer: scaler.unscale_(optimizer)  # noqa: E731
+
+
+@pytest.mark.parametrize("step, named, not_named", [
+    (amp_step(calls=backward_then(UPDATE, STEP)), ["scaler.update() ran before scaler.step(optimizer)"],
+     ["optimizer.step()", "without"]),
+    (amp_step(calls=backward_then(lambda s, o: o.zero_grad(set_to_none=True), STEP, UPDATE)),
+     ["cleared after the backward pass"], ["never called"]),
+    (amp_step(calls=backward_then(lambda s, o: o.zero_grad(set_to_none=False), STEP, UPDATE)),
+     ["cleared after the backward pass"], ["not halved", "never called"]),
+    (amp_step(calls=lambda scaler, optimizer, scaled: (scaler.step(optimizer), scaled.backward(), scaler.update())),
+     ["ran before the backward pass"], ["never called"]),
+    (amp_step(calls=backward_then(UNSCALE, UNSCALE, STEP, UPDATE)), ["unscale_(optimizer) ran twice"],
+     ["never called", "instead of optimizer.step()"]),
+    (amp_step(calls=backward_then(STEP, UNSCALE, UPDATE)), ["unscale_(optimizer) ran after scaler.step"], []),
+    (amp_step(calls=backward_then(lambda s, o: o.step(), UPDATE)), ["optimizer.step() ran in place of scaler.step"],
+     ["before scaler.step"]),
+], ids=["update-before-step", "zero-grad-to-none-after-backward", "zero-grad-to-zeros-after-backward",
+        "step-before-backward", "unscale-twice", "unscale-after-step", "optimizer-step-then-update"])
+def test_3_3_a_call_out_of_order_is_named_as_such(step, named, not_named):
+    said(refusal(lambda: wu.check_amp_step(step, CPU)), named, not_named)
+
+
+def test_3_3_the_solution_still_passes(capsys):
+    assert wu.check_amp_step(amp_step(), CPU) is True
+    assert capsys.readouterr().out.startswith("✓ Exercise 3.3: correct")
