@@ -4,7 +4,8 @@ Three parts:
 
 * ``RIGHT``: every check of notebooks 01-05 (those that launch no process) on its right answer, in every
   form an attendee's code may produce it: int, float, NumPy scalar, 0-d tensor or array, a one-element
-  tensor, array or list; for the exercises that take a function, the function written in the ways that are right.
+  tensor or array (no list or tuple: the cells after an exercise compute with the answer); for the exercises
+  that take a function, the function written in the ways that are right.
 * ``WRONG``: wrong answers and non-answers, each with the words its one-line message must contain: the
   mistakes an audit found accepted, the right answers it found refused, the crashes, the refusals that named
   the wrong mistake, and the mistakes that data could not tell apart; text, lists, None, NaN, booleans.
@@ -247,7 +248,7 @@ def forms(value: float, whole: bool) -> dict:
     out = {"float": float(value), "numpy-float64": np.float64(value), "numpy-float32": np.float32(value),
            "tensor-0d": torch.tensor(float(value), dtype=torch.float64), "tensor-float32": torch.tensor(float(value)),
            "tensor-one-element": torch.tensor([float(value)], dtype=torch.float64), "array-0d": np.array(value),
-           "array-one-element": np.array([value]), "list-one-element": [value], "tuple-one-element": (value,),
+           "array-one-element": np.array([value]),
            "fraction": fractions.Fraction(value)}
     if whole:
         out.update({"int": int(value), "numpy-int64": np.int64(value), "tensor-int64": torch.tensor(int(value))})
@@ -333,6 +334,8 @@ WRONG = [
       for kind, bad, words in [
           ("text", str(int(value)) if whole else str(value), ["got the text"]),
           ("list", [value, value], ["got a list"]),
+          ("list-of-one", [value], ["got a list"]),
+          ("tuple-of-one", (value,), ["got a tuple", "a comma after the number"]),
           ("none", None, ["is None"]),
           ("nan", math.nan, ["is nan"]),
           ("inf", math.inf, ["is inf"]),

@@ -77,3 +77,19 @@ def test_3_3_a_call_out_of_order_is_named_as_such(step, named, not_named):
 def test_3_3_the_solution_still_passes(capsys):
     assert wu.check_amp_step(amp_step(), CPU) is True
     assert capsys.readouterr().out.startswith("✓ Exercise 3.3: correct")
+
+
+# ---------------------------------------------------------------- a list or tuple of one number is no number
+
+RATE = 1.2345e9 * 456.78 / 1e12  # Exercise 1.1's TFLOP/s for these inputs
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: wu.check_achieved_tflops((RATE,), 1.2345e9, 456.78), ["got a tuple", "a comma after the number"]),
+    (lambda: wu.check_mfu(RATE / 19.5, (RATE,), "NVIDIA A100-SXM4-80GB", "fp32", 50.0), ["got a tuple"]),
+    (lambda: wu.check_matmul_tflops([2 * 1024**3 / 0.02 / 1e12], 1024, 0.02), ["got a list"]),
+    (lambda: wu.check_microbatches((63,), 8, 0.1), ["got a tuple", "a comma after the number"]),
+    (lambda: wu.check_fewest_gpus([3], 7e9, 35, stage=3), ["got a list"]),
+], ids=["1.1-trailing-comma", "1.3-carried-tuple", "1.2-list", "5.3-tuple", "5.1-list"])
+def test_a_sequence_of_one_number_is_refused(call, words):
+    said(refusal(call), ["should be", *words], ["correct"])

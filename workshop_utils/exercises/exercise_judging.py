@@ -73,7 +73,8 @@ def described(value) -> str:
 
 
 def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None) -> float:
-    """``value`` as a float: an int, a float, a NumPy scalar, or a one-element tensor, array or list.
+    """``value`` as a float: an int, a float, a NumPy scalar, or a one-element tensor or array. A list or a tuple,
+    even of one number (a trailing comma makes one), is refused: the cells after the exercise compute with it.
 
     ``...`` is "not yet solved" (``Unsolved``); anything else that is no finite number is ``NotYet``
     saying what is expected: text ("64"), a list, None, a bool, NaN, an infinity. ``returned_by`` names
@@ -97,8 +98,6 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
     if isinstance(value, (bool, np.bool_)):
         raise NotYet(f"✗ {exercise}: {expected}, got {value}.",
                      f"a comparison gives True or False: {give} the number.")
-    if isinstance(value, (list, tuple)) and len(value) == 1:  # one number in a list, as in a one-element array
-        return number(value[0], exercise, name, what, returned_by)
     try:
         with warnings.catch_warnings():  # what the conversion would warn of is said in the answer's line
             warnings.simplefilter("ignore")
@@ -140,7 +139,8 @@ def _real(value, exercise: str, expected: str, give: str) -> float:
     if isinstance(value, numbers.Real):
         return float(value)
     raise NotYet(f"✗ {exercise}: {expected}, got {described(value)}.",
-                 f"{give} one number (an int or a float); a tensor's .item() gives one.")
+                 "a comma after the number makes a tuple of one: remove it." if isinstance(value, tuple)
+                 and len(value) == 1 else f"{give} one number (an int or a float); a tensor's .item() gives one.")
 
 
 def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
