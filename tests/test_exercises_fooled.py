@@ -5,6 +5,7 @@ must name what happened (and not the mistake it was mistaken for).
 
 from __future__ import annotations
 
+import math
 
 import pytest
 import torch
@@ -93,3 +94,29 @@ RATE = 1.2345e9 * 456.78 / 1e12  # Exercise 1.1's TFLOP/s for these inputs
 ], ids=["1.1-trailing-comma", "1.3-carried-tuple", "1.2-list", "5.3-tuple", "5.1-list"])
 def test_a_sequence_of_one_number_is_refused(call, words):
     said(refusal(call), ["should be", *words], ["correct"])
+
+
+# ---------------------------------------------------------------- 5.1, 5.2: the mistakes that give a count or a time
+
+G = 7e9 / 2**30  # GiB per byte a parameter, 7e9 parameters
+NDR = wu.LINKS["ib_ndr"]
+
+
+def one_pass(n_bytes: float = 14e9, bandwidth: float = NDR.bandwidth_gbps * 1e9) -> float:
+    return 63 * NDR.latency_us * 1e-6 + 63 / 64 * n_bytes / bandwidth
+
+
+@pytest.mark.parametrize("call, named, not_named", [
+    # ZeRO-1 with all 16 bytes divided into what the whole parameters and gradients leave: 12, as GB for GiB gives
+    (lambda: wu.check_fewest_gpus(math.ceil(16 * G / (35 - 4 * G)), 7e9, 35, stage=1),
+     ["which 2 mistakes", "all 16 bytes", "GB (10^9 bytes)"], []),
+    # ZeRO-1 with Adam's 8 bytes, the fp32 master copy forgotten: 6, rounded up as asked
+    (lambda: wu.check_fewest_gpus(math.ceil(8 * G / (35 - 4 * G)), 7e9, 35, stage=1),
+     ["master copy"], ["round up", "math.ceil"]),
+    # the link's bandwidth doubled (both directions): the same time as one byte per parameter
+    (lambda: wu.check_fsdp_traffic(2 * one_pass(bandwidth=2 * NDR.bandwidth_gbps * 1e9),
+                                   3 * one_pass(bandwidth=2 * NDR.bandwidth_gbps * 1e9), 14e9, 64, NDR),
+     ["which 2 mistakes", "doubles the bandwidth", "one byte per parameter"], []),
+], ids=["5.1-all-bytes-into-the-rest", "5.1-no-master-copy", "5.2-bandwidth-doubled"])
+def test_5_a_mistake_is_named_and_a_collision_says_both(call, named, not_named):
+    said(refusal(call), named, not_named)

@@ -79,8 +79,9 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
                       exercise: str = "Exercise 5.1") -> bool:
     """The smallest number of GPUs whose ZeRO ``stage`` share of ``parameters`` fits ``budget_gib`` each.
 
-    The exercise's numbers (7e9 parameters, 35 GiB) are chosen so that every mistake named here gives its
-    own count: ZeRO-3's count for ZeRO-1, rounding down, GB for GiB.
+    The exercise's numbers (7e9 parameters, 35 GiB) give most mistakes named here a count of their own; where
+    two give the same count (ZeRO-1's 12: GB for GiB, or all 16 bytes divided into what the whole copies leave),
+    the line names both.
     """
     name = f"zero{stage}_gpus"
     right = fewest_gpus(parameters, budget_gib, stage, precision)
@@ -96,6 +97,8 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
     value = count(gpus, exercise, name, "a whole number of GPUs")
     require(value >= 1, exercise, f"`{name}` = {value}: at least one GPU is needed.", "count GPUs from 1.")
     kept = {0: "everything", 1: "the parameters and gradients", 2: "the parameters"}.get(stage, "nothing")
+    whole, sharded = _kept_and_split(parameters, stage, precision)
+    rest, master = budget_gib - whole, BYTES_PER_PARAMETER[precision][2] - BYTES_PER_PARAMETER["fp32"][2]
     mistakes = [
         (fewest_gpus(parameters, budget_gib, stage, precision, rounding=math.floor),
          "rounded down: at that many GPUs each one holds more than the budget.", "round up (math.ceil)."),
@@ -107,6 +110,14 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
         (fewest_gpus(parameters, H100_GIB, stage, precision) if budget_gib != H100_GIB else None,
          f"that fills the H100's whole {H100_GIB:.1f} GiB; the budget is budget_gib ({budget_gib:g} GiB), the rest "
          "goes to activations.", "divide by budget_gib."),
+        *([] if rest <= 0 or not sharded else [
+            (math.ceil((whole + sharded) / rest), f"that divides all {sum(BYTES_PER_PARAMETER[precision])} bytes a "
+             f"parameter into what {kept} leave; they stay whole, only the rest divides.",
+             f"divide only what stage {stage} shards into budget_gib minus what stays whole."),
+            (math.ceil((sharded - master * parameters / 2**30) / rest) if master else None, "that counts Adam's two "
+             f"moments but not the fp32 master copy of the weights ({master} bytes a parameter more).",
+             "use optimizer_bytes as the cell gives it: master copy and moments."),
+        ]),
         (right + 1, "one GPU more than the fewest that hold it (a spare?).",
          f"{right} GPUs hold it already: take the smallest p that fits."),
         (2 ** math.ceil(math.log2(right)), "that is the next power of two; the fewest need not be one.",
@@ -150,6 +161,8 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
         (dict(alpha=link.latency_us), "the latency is in microseconds.", "multiply latency_us by 1e-6."),
         (dict(by=bandwidth / 8), "that treats GB/s as Gbit/s.",
          "bandwidth_gbps is in gigabytes per second: B = bandwidth_gbps * 1e9 bytes/s."),
+        (dict(by=2 * bandwidth), "that doubles the bandwidth (both directions added): a ring step sends each byte "
+                                 "one way.", "bandwidth_gbps is per direction: B = bandwidth_gbps * 1e9."),
         (dict(by=link.bandwidth_gbps), "the bandwidth went in as bytes per second.",
          "bandwidth_gbps is in GB/s: multiply by 1e9."),
         (dict(by=link.bandwidth_gbps * 2**30), "the bandwidth went in as GiB/s (x 2**30).",
