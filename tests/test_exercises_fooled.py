@@ -120,3 +120,22 @@ def one_pass(n_bytes: float = 14e9, bandwidth: float = NDR.bandwidth_gbps * 1e9)
 ], ids=["5.1-all-bytes-into-the-rest", "5.1-no-master-copy", "5.2-bandwidth-doubled"])
 def test_5_a_mistake_is_named_and_a_collision_says_both(call, named, not_named):
     said(refusal(call), named, not_named)
+
+
+# ---------------------------------------------------------------- 3.2 at float16's edge: the arithmetic shown reads true
+
+
+def gradients(largest: float) -> dict:
+    return {"parameters": torch.tensor([1e-3, largest]), "activations": torch.tensor([0.0, 1e-3])}
+
+
+def test_3_2_65536_taken_for_the_largest_value_is_named():
+    largest = 65521 / 2**10  # 1024 x largest = 65,521: inf in float16, though floor(log2(65536 / largest)) = 10
+    message = refusal(lambda: wu.check_safe_loss_scale(2.0 ** math.floor(math.log2(65536 / largest)),
+                                                       gradients(largest)))
+    said(message, ["2**16 = 65,536", "1024 x 63.9854 = 65,521"], [])
+
+
+def test_3_2_one_power_short_at_exactly_the_largest_value_says_at_most():
+    message = refusal(lambda: wu.check_safe_loss_scale(512.0, gradients(65504 / 2**10)))
+    said(message, ["one power short", "1024 x 63.9688 = 65,504, is still at most 65,504"], ["below 65,504", "x 64 ="])

@@ -97,11 +97,13 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
          "that uses bfloat16's largest value.", f"use float16's, {limit:,.0f}."),
         (2.0 ** min(127, math.floor(math.log2(torch.finfo(torch.float32).max / largest))),
          "that uses float32's largest value.", f"use float16's, {limit:,.0f}."),
-        (2 * right, f"one power too far: {2 * right:g} x {largest:.3g} = {2 * right * largest:,.6g}, which the cast "
+        (2.0 ** math.floor(math.log2(2.0**16 / largest)), f"that takes 2**16 = 65,536 for float16's largest value; "
+         f"it is {limit:,.0f}.", f"divide torch.finfo(torch.float16).max ({limit:,.0f}) by the largest gradient."),
+        (2 * right, f"one power too far: {2 * right:g} x {largest:.6g} = {2 * right * largest:,.6g}, which the cast "
                     f"rounds to inf (only values below {overflow:,.0f} round to {limit:,.0f}, the largest finite).",
          "round log2 down (math.floor), not up."),
-        (right / 2, f"one power short: twice that, {right:g} x {largest:.3g} = {right * largest:,.6g}, still fits "
-                    f"below {limit:,.0f}.",
+        (right / 2, f"one power short: twice that, {right:g} x {largest:.6g} = {right * largest:,.6g}, is still at "
+                    f"most {limit:,.0f}.",
          "take the largest power that fits: 2 ** floor(log2(max / largest)), nothing less."),
     ], "the largest k with 2**k * largest <= finfo(float16).max, i.e. 2 ** floor(log2(max / largest)).")
     return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
