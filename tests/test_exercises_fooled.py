@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -139,3 +140,37 @@ def test_3_2_65536_taken_for_the_largest_value_is_named():
 def test_3_2_one_power_short_at_exactly_the_largest_value_says_at_most():
     message = refusal(lambda: wu.check_safe_loss_scale(512.0, gradients(65504 / 2**10)))
     said(message, ["one power short", "1024 x 63.9688 = 65,504, is still at most 65,504"], ["below 65,504", "x 64 ="])
+
+
+# ---------------------------------------------------------------- 4.1 and 1.3: what a pass says reads true
+
+def loader_sweep(rows) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["num_workers", "pin_memory", "samples_per_s", "step_ms_median",
+                                       "data_wait_fraction"])
+
+
+def loader_choice(pick=lambda samples: samples.idxmax()):
+    def choose(sweep, start):
+        fastest = sweep.loc[pick(sweep.samples_per_s)]
+        return fastest.num_workers, fastest.samples_per_s / start.samples_per_s, 1 / (1 - start.data_wait_fraction)
+    return choose
+
+
+def test_4_1_either_row_of_a_tie_for_fastest_passes(capsys):
+    tie = loader_sweep([(0, False, 500.0, 127.0, 0.06), (0, True, 600.0, 120.0, 0.05),
+                        (2, False, 600.0, 120.0, 0.02), (2, True, 550.0, 125.0, 0.02)])
+    assert wu.check_loader_choice(loader_choice(lambda samples: samples[::-1].idxmax()), tie, 0) is True
+    assert capsys.readouterr().out.startswith("✓ Exercise 4.1: correct (2 workers")
+
+
+def test_4_1_a_speed_up_a_little_above_amdahls_bound_is_not_said_to_be_within_it(capsys):
+    sweep = loader_sweep([(0, False, 500.0, 127.0, 0.123), (2, False, 575.0, 120.0, 0.02),
+                          (4, False, 560.0, 125.0, 0.02)])
+    assert wu.check_loader_choice(loader_choice(), sweep, 0) is True
+    out = capsys.readouterr().out
+    said(out, ["1.15x measured, above the 1.14x that Amdahl allows by less than 2%"], ["within"])
+
+
+def test_1_3_an_mfu_just_above_a_measured_rate_is_shown_above_100_percent(capsys):
+    assert wu.check_mfu(1.004, 0.1004, "x86_64", "fp32", 0.1) is True
+    said(capsys.readouterr().out, ["MFU 100.4% of the measured matmul rate: above 100% means"], ["MFU 100%"])

@@ -70,7 +70,9 @@ def _judge_loader(answers, sweep, start, exercise: str) -> tuple[int, float, flo
          "take the row with the highest samples_per_s."),
         (int(sweep.loc[sweep.data_wait_fraction.idxmin()].num_workers), "that is the row that waits least for "
          "data, not the fastest.", "take the row with the highest samples_per_s: the wait is a share of each step."),
-    ], "take the num_workers of the row with the highest samples_per_s.", whole=True)
+    ], "take the num_workers of the row with the highest samples_per_s.", whole=True, also=[  # ties, as 4.3's
+        int(row.num_workers) for _, row in sweep.iterrows()
+        if format_number(float(row.samples_per_s)) == format_number(float(fastest.samples_per_s))])
     speedup = number(answers[1], exercise, "measured_speedup", "one number, a ratio")
     right = float(fastest.samples_per_s / start.samples_per_s)
     others = [row for _, row in sweep.iterrows()
@@ -139,7 +141,9 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
         return passed(exercise, f"{workers} workers: {speedup:.2f}x measured exceeds the {bound:.2f}x ceiling that "
                                 "the starting row's wait allows, so part of that gain is not the loader's (noise, "
                                 "or the step itself changed)")
-    return passed(exercise, f"{workers} workers: {speedup:.2f}x measured, within the {bound:.2f}x that Amdahl allows")
+    return passed(exercise, f"{workers} workers: {speedup:.2f}x measured, "
+                            + (f"within the {bound:.2f}x that Amdahl allows" if speedup <= bound else
+                               f"above the {bound:.2f}x that Amdahl allows by less than 2%, a measurement's noise"))
 
 
 def _row_name(row) -> str:

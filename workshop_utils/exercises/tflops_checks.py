@@ -293,7 +293,9 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     if right > 1:
         # Only a measured stand-in gets here (a data-sheet peak above was enforced): the arithmetic is right,
         # and whether the multiply was timed on a busy machine is a stopwatch's matter, so it is said, not refused.
-        return passed(exercise, f"MFU {100 * value:.0f}% of the measured matmul rate: above 100% means the multiply "
+        percent = 100 * (value if value > 1 else right)  # as many decimals as show it above 100 (100.4, not 100)
+        percent = next((f"{percent:.{d}f}" for d in range(6) if round(percent, d) > 100), f"{percent:.6f}")
+        return passed(exercise, f"MFU {percent}% of the measured matmul rate: above 100% means the multiply "
                                 f"in Exercise 1.2 ran slower than this machine can, most likely beside other work; "
                                 f"rerun 1.2 and this cell on an idle machine for a rate that is a ceiling")
     source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
