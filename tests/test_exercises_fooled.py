@@ -114,16 +114,18 @@ def one_pass(n_bytes: float = 14e9, bandwidth: float = NDR.bandwidth_gbps * 1e9)
     # ZeRO-1 with Adam's 8 bytes, the fp32 master copy forgotten: 6, rounded up as asked
     (lambda: wu.check_fewest_gpus(math.ceil(8 * G / (35 - 4 * G)), 7e9, 35, stage=1),
      ["master copy"], ["round up", "math.ceil"]),
+    # a count no mistake gives, too few: what each GPU would hold, and no guess at a rounding
+    (lambda: wu.check_fewest_gpus(7, 7e9, 35, stage=1), ["at 7 GPUs each holds"], ["round up", "math.ceil"]),
     # the link's bandwidth doubled (both directions): the same time as one byte per parameter
     (lambda: wu.check_fsdp_traffic(2 * one_pass(bandwidth=2 * NDR.bandwidth_gbps * 1e9),
                                    3 * one_pass(bandwidth=2 * NDR.bandwidth_gbps * 1e9), 14e9, 64, NDR),
      ["which 2 mistakes", "doubles the bandwidth", "one byte per parameter"], []),
-], ids=["5.1-all-bytes-into-the-rest", "5.1-no-master-copy", "5.2-bandwidth-doubled"])
+], ids=["5.1-all-bytes-into-the-rest", "5.1-no-master-copy", "5.1-too-few", "5.2-bandwidth-doubled"])
 def test_5_a_mistake_is_named_and_a_collision_says_both(call, named, not_named):
     said(refusal(call), named, not_named)
 
 
-# ---------------------------------------------------------------- 3.2 at float16's edge: the arithmetic shown reads true
+# ---------------------------------------------------------------- 3.2 at float16's edge: the arithmetic reads true
 
 
 def gradients(largest: float) -> dict:

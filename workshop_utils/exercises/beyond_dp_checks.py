@@ -129,7 +129,7 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
             "the smallest p with kept + sharded / p <= budget.", whole=True,
             limits=[(per_gpu <= budget_gib, f"at {value} GPUs each holds {per_gpu:.1f} GiB, more than the "
                                             f"{budget_gib:g} GiB budget.",
-                     "round up (math.ceil): a GPU more, never a fraction less."),
+                     "take the smallest p with kept + sharded / p <= budget: each GPU's share must fit."),
                     (fewer > budget_gib, f"{value - 1} GPUs already hold it ({fewer:.1f} GiB each).",
                      "find the smallest p with kept + sharded / p <= budget.")])
     return passed(exercise, f"ZeRO-{stage}: {value} GPUs, {per_gpu:.1f} GiB each")
