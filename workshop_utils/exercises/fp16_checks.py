@@ -117,14 +117,13 @@ class _WatchedScaler(torch.amp.GradScaler):
 
     def __init__(self, *args, exercise: str, **kwargs):
         super().__init__(*args, **kwargs)
-        self.calls, self.log, self.stepping, self.exercise = Counter(), [], False, exercise
+        self.log, self.stepping, self.exercise = [], False, exercise
 
     def _call(self, name: str, optimizer=None) -> None:
         since = self.log[len(self.log) - self.log[::-1].index("update"):] if "update" in self.log else self.log
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]] if optimizer else []
-        if misuse := _out_of_order(name, self.calls, self.log, since, grads):
+        if misuse := _out_of_order(name, self.log, since, grads):
             raise NotYet(f"✗ {self.exercise}: {misuse[0]}", misuse[1])
-        self.calls[name] += 1
         self.log.append(name)
 
     def scale(self, outputs):
@@ -157,9 +156,10 @@ _IN_PLACE = ("optimizer.step() ran in place of scaler.step(optimizer).",
 _ONE_STEP = "one call, one step: forward, scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update()."
 
 
-def _out_of_order(name: str, calls: Counter, log: list, since: list, grads: list) -> tuple[str, str] | None:
+def _out_of_order(name: str, log: list, since: list = (), grads: list = ()) -> tuple[str, str] | None:
     """The rule of GradScaler's order that calling ``name`` now ("end": ending the step) breaks, given the ``log``
     of this step's calls so far (``since`` the last update): (problem, fix); None when it keeps them all."""
+    calls = Counter(log)
     rules = {"step": [
         (calls["step"], f"scaler.step(optimizer) ran {calls['step'] + 1} times in one call of `amp_step`: that is "
                         "more than one training step.", _ONE_STEP),
@@ -290,7 +290,7 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
             "compute the output and the loss inside `with wu.autocast('fp16', device):`.")
     require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
             "use autocast with dtype torch.float16 (wu.autocast('fp16', device)): the mode that needs a scaler.")
-    if misuse := _out_of_order("end", scaler.calls, scaler.log, [], []):
+    if misuse := _out_of_order("end", scaler.log):
         raise NotYet(f"✗ {exercise}: {misuse[0]}", misuse[1])
     overflow = 2.0**40  # times a logit gradient of order 1/16, far beyond fp16's 65,504
     skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise=exercise)
