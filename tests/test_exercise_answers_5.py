@@ -4,8 +4,9 @@ Right answers rounded to two or three significant digits that were refused: betw
 304.9), landing on 1.0, 0.1 or 10 (1.0 for 1.004), or landing on a mistake's value too (0.74 for 2.3's 0.74038,
 which is also the GiB/s mistake's value to two digits); an MFU built on seconds that 1.2 refused; 6.3 refusing a
 right cell that reads a value from an earlier cell; a near-whole count shown as the whole number it is not; and
-the smaller things (a one-element list, an array of three, 35.0000%, "a int", warnings printed, 19224.0 GiB,
-GiB named GB). The inputs and ``outcome`` are those of tests/test_exercise_answers.py.
+the smaller things (an array of three, 35.0000%, "a int", warnings printed, 19224.0 GiB,
+GiB named GB). A one-element list, once accepted here too, is refused now: it is how a trailing comma
+looks (tests/test_exercises_fooled.py). The inputs and ``outcome`` are those of tests/test_exercise_answers.py.
 """
 
 from __future__ import annotations
