@@ -429,6 +429,7 @@ def confine(keep: str, argv: list[str]) -> None:
         if libc.mount(source.encode(), target.encode(), None, flags, None) != 0:
             raise OSError(ctypes.get_errno(), f"mount {target}: {os.strerror(ctypes.get_errno())}")
 
+    keep = os.path.realpath(keep)  # as mountinfo names it
     mount(keep, keep, MS_BIND | MS_REC)  # a mount of its own, which the remounts below leave writable
     with open("/proc/self/mountinfo") as file:
         mounts = [(line.split(" - ")[0].split(), line.split(" - ")[1].split()[0]) for line in file]
