@@ -646,7 +646,7 @@ def sampler_records(world: int, per_node, given) -> list[dict]:
 @pytest.mark.parametrize("given, words", [
     (lambda rank, local, nodes: local, "num_replicas=LOCAL_WORLD_SIZE, the processes of one node (2 on node 0, 1 on "
                                        "node 1)"),
-    (lambda rank, local, nodes: nodes, "num_replicas=2, GROUP_WORLD_SIZE, the number of nodes"),
+    (lambda rank, local, nodes: nodes, "num_replicas=2: a world size typed in is right only on that many ranks"),
     (lambda rank, local, nodes: 4, "num_replicas=4: a world size typed in is right only on that many ranks"),
     (lambda rank, local, nodes: 3, None),
 ], ids=["local-world-size", "group-world-size", "typed-in", "right"])
