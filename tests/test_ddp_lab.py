@@ -150,6 +150,8 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("torchrun --nproc-per-node=2 --nproc-per-node=1 {s}", "--nproc-per-node=1: the lab runs on 2"),
     ("torchrun --nproc=2 {s}", "ambiguous option"),
     ("torchrun --nproc-per-node=2 python {s}", "'python', as the training script"),
+    # --no-python: torchrun runs python as a program, with the script: it would run, and is named as what it does
+    ("torchrun --nproc-per-node=2 --no-python python3 {s}", "--no-python makes torchrun run 'python3' as a program"),
     ("torchrun --nproc-per-node=2 --node-rank=1 {s}", "--node-rank=1 on a one-node launch"),
     # The launcher torchrun replaced passes --local-rank=<n> as an argument, and the lab's script stops on it.
     ("python -m torch.distributed.launch --nproc-per-node=2 {s}", "passes --local-rank=<n> to the script"),

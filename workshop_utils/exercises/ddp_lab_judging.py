@@ -147,6 +147,10 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
                      f"write its options in full: torchrun --nproc-per-node={nproc} {quoted}.") from None
     if not yours(parsed.training_script):
         shown = Path(parsed.training_script).name
+        require(not (parsed.no_python and shown.startswith("python") and any(map(yours, parsed.training_script_args))),
+                exercise, f"--no-python makes torchrun run {shown!r} as a program with your file: that line runs, "
+                          "but the check starts your script as torchrun does without it.",
+                f"drop --no-python and {shown!r}: torchrun --nproc-per-node={nproc} {quoted}.")
         if shown.endswith(".py"):
             raise NotYet(f"✗ {exercise}: the command runs {shlex.quote(parsed.training_script)}, not your lab script.",
                          f"name the file you edited: {quoted}.")
