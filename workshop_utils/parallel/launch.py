@@ -234,11 +234,9 @@ def launch_torchrun(module: str, args: list[str], nproc: int = 1, *, max_restart
     if echo:  # the line a reader would type; the run adds a --log-dir of its own for the error files
         print("$ torchrun " + shlex.join(torchrun_command(module, args, nproc, port=port,
                                                           max_restarts=max_restarts)[3:]), flush=True)
-    env = job_env(threads or cpu_threads_per_process(nproc))
-    if device == "cpu":
-        # CPU ranks on a GPU node must not see the GPUs: library code (Adam's step, checkpoint writers)
-        # would otherwise start CUDA on GPU 0 in every rank, costing time and memory there.
-        env["CUDA_VISIBLE_DEVICES"] = ""
+    # CPU ranks on a GPU node must not see the GPUs: library code (Adam's step, checkpoint writers) would
+    # otherwise start CUDA on GPU 0 in every rank, costing time and memory there.
+    env = job_env(threads or cpu_threads_per_process(nproc), hide_gpus=device == "cpu")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="workshop-torchrun-") as logs:
         command = torchrun_command(module, args, nproc, port=port, max_restarts=max_restarts, log_dir=logs)
