@@ -86,7 +86,19 @@ def kind_of(name: str) -> str:
     raise AssertionError(f"parameter {name!r} is new: add it to SIZES, SWITCHES or RANKS in this test")
 
 
-def valid(name: str, value) -> bool:
+def smallest_of(notebook: str) -> dict:
+    """{setting: its least value} from the notebook's own ``at_least=`` in its pick_settings call, if any."""
+    _, statements, setup, _ = RESOLUTIONS[notebook]
+    calls = [node for statement in statements for node in ast.walk(statement)
+             if isinstance(node, ast.Call) and "pick_settings" in ast.unparse(node.func)]
+    given_ = [k.value for c in calls for k in c.keywords if k.arg == "at_least"]
+    space = {"wu": wu}
+    exec(setup, space)
+    return {name: least for g in given_ for name, (least, _why) in eval(compile(ast.Expression(g), notebook, "eval"),
+                                                                            space).items()}
+
+
+def valid(name: str, value, smallest: dict | None = None) -> bool:
     if name == "profile":  # None is no profile: the parameters cell says "auto", "cpu" or "gpu"
         return value in ("auto", "cpu") or (value == "gpu" and torch.cuda.is_available())
     if value is None:
@@ -96,7 +108,8 @@ def valid(name: str, value) -> bool:
         return isinstance(value, bool)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
-    return isinstance(value, int) and not isinstance(value, bool) and (2 if kind == "ranks" else 1) <= value <= LARGEST
+    least = (smallest or {}).get(name, 2 if kind == "ranks" else 1)
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= LARGEST
 
 
 def draw_parameters(data, names: list[str]) -> dict:
@@ -130,13 +143,14 @@ def test_every_drawn_parameter_resolves_or_is_a_one_line_workshop_error(notebook
     assert "profile" in names and len(names) >= 3, names
     consumed = set().union(*(_names(s) for s in statements))
     assert set(names) <= consumed, f"parameters the resolution never reads: {set(names) - consumed}"
+    smallest = smallest_of(notebook)
 
     @settings(max_examples=200, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(data=st.data())
     def check(data):
         drawn = draw_parameters(data, names)
-        bad = [name for name, value in drawn.items() if not valid(name, value)]
+        bad = [name for name, value in drawn.items() if not valid(name, value, smallest)]
         try:
             space = resolve(notebook, drawn)
         except WorkshopError as err:
@@ -177,6 +191,18 @@ def test_garbage_sizes_name_the_parameter_and_the_fix(overrides, message):
     with pytest.raises(WorkshopError) as caught:
         wu.pick_settings(profiles, "cpu", **overrides)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_a_notebook_that_needs_a_least_value_refuses_a_smaller_one_before_any_work_and_says_why():
+    assert smallest_of("01_single_gpu_baseline.ipynb") == {"epochs": 2}  # its resume section needs two checkpoints
+    with pytest.raises(WorkshopError) as caught:
+        resolve("01_single_gpu_baseline.ipynb", {"profile": "cpu", "epochs": 1, "batch_size": None,
+                                                 "train_size": None})
+    assert str(caught.value) == ("epochs=1 is too small for this notebook: section 7 resumes from the checkpoint "
+                                 "before the last, so it needs epochs=2 or more. Fix: pass epochs=2 or more, or None "
+                                 "to take the cpu profile's value (3).")
+    assert resolve("01_single_gpu_baseline.ipynb", {"profile": "cpu", "epochs": 2, "batch_size": None,
+                                                    "train_size": None})["hp"]["epochs"] == 2
 
 
 def test_valid_overrides_keep_their_meaning(capsys):

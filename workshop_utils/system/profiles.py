@@ -135,11 +135,15 @@ def check_setting(name: str, value, defaults: list, profile: str | None = None):
     return value
 
 
-def pick_settings(profiles: dict[str, dict], profile: str = "auto", **overrides) -> dict:
+def pick_settings(profiles: dict[str, dict], profile: str = "auto", *, at_least: dict | None = None,
+                  **overrides) -> dict:
     """The chosen profile's settings, with every override that is not None applied on top.
 
     An override is checked against what the profiles hold for it (see ``check_setting``): a negative
     epoch count, a batch size of "64" or 2.5, or a switch set to 1 is a WorkshopError naming it.
+    ``at_least`` maps a setting to (the smallest value the notebook's sections work with, why), e.g.
+    ``{"epochs": (2, "section 7 resumes from the checkpoint before the last")}``: a smaller override stops
+    here in one line instead of failing minutes later in the section that needs it.
     Then the process is sized to its server (``fit_to_server``: PyTorch's threads, one line on what the
     server has), and a server below the profile's ``memory_gib`` or ``gpu_memory_gib`` stops here in one line.
     """
@@ -152,6 +156,11 @@ def pick_settings(profiles: dict[str, dict], profile: str = "auto", **overrides)
         if value is not None:
             defaults = [settings.get(key), *(p.get(key) for other, p in profiles.items() if other != name)]
             settings[key] = check_setting(key, value, defaults, name)
+            smallest, why = (at_least or {}).get(key, (None, ""))
+            if smallest is not None and settings[key] < smallest:
+                raise WorkshopError(f"{key}={_shown(value)} is too small for this notebook: {why}, so it needs "
+                                    f"{key}={smallest} or more.", f"pass {key}={smallest} or more, or None to take "
+                                    f"the {name} profile's value ({profiles[name][key]}).")
     settings["profile"] = name
     print(f"Profile {name!r}: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k not in ("profile", *NEEDS)))
     fit_to_server(*(settings.get(key) for key in NEEDS), what=f"This notebook's {name} profile")
