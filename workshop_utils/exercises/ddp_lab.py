@@ -1,19 +1,12 @@
-"""Notebook 02's DDP lab and its exercises: the attendee writes the code, these functions judge it.
+"""Notebook 02's DDP lab and Exercise 2.1: the ranks' side (``main``) and the checks that launch them.
 
-``start_ddp_lab`` writes the attendee's copy of ``notebooks/labs/ddp_lab/train_ddp.py`` (the answers between the
-markers taken out); ``check_ddp_lab`` reads the attendee's launch line as torchrun reads it, then runs the script as
-two nodes on this machine (two torchrun agents at one endpoint: the line's 2 processes on node 0, one more on
-node 1), so that a rank from LOCAL_RANK, a world size from LOCAL_WORLD_SIZE or one typed in for 2 fails. Its ranks
-run under a probe (``python -m workshop_utils.exercises.ddp_lab --probe ...``) that watches PyTorch from the
-outside (the indices every DataLoader draws, the samplers and DDP built, ``torch.save``, the final parameters, the
-process group, each rank's output): a script is judged by what it did (``ddp_lab_judging.findings``), not by what
-it prints. A rank that makes no progress for a limit scaled to this machine's start-up is stopped and named; a
-crash is named by the rank that failed first, with its own traceback.
-
-``check_average_gradients`` (2.1) compares gradients averaged by hand with DDP's on three ranks as two nodes,
-then on two; ``check_ddp_efficiency`` (2.3) is in ``ddp_efficiency``. This module holds what the ranks run
-(``main``) and the checks that launch them; the code that branches on CUDA stays here because the GPU check's
-list of paths names it here.
+``check_ddp_lab`` reads the attendee's launch line as torchrun reads it, then runs the script as two nodes on this
+machine (two torchrun agents: the line's processes on node 0, one more on node 1), so that a rank from LOCAL_RANK
+or a world size from LOCAL_WORLD_SIZE or typed in fails. Each rank runs under a probe that watches PyTorch (the
+indices every DataLoader draws, the samplers and DDP built, ``torch.save``, the final parameters): a script is
+judged by what it did, not by what it prints. ``check_average_gradients`` compares gradients averaged by hand
+with DDP's on the same two nodes, then on node 0 alone. The code that branches on CUDA stays here: the GPU
+check's list of paths names it.
 """
 
 from __future__ import annotations
@@ -56,12 +49,8 @@ __all__ = [  # the lab's public names, from this one path (wu's table, the GPU c
 
 def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 300, echo: bool = True,
                args=()) -> float | None:
-    """``python script --out-dir out_dir``, its output streamed; the samples/s it reported (None if none).
-
-    It runs where each rank of the lab's launch runs, with the threads (``threads``: OMP_NUM_THREADS) each of them
-    gets: on a node with one GPU the ranks are CPU processes, and one process on the GPU would compare a GPU with
-    a CPU.
-    """
+    """``python script --out-dir out_dir``, its output streamed; the samples/s it reported (None if none). It runs
+    where, and with the threads, each rank of the lab runs: a GPU process would be no baseline for CPU ranks."""
     command = [sys.executable, str(script), *map(str, args), "--out-dir", str(out_dir)]
     if echo:
         print("$ python " + " ".join(shlex.quote(str(a)) for a in command[1:]), flush=True)
@@ -75,8 +64,7 @@ def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 3
 
 
 def _backend_of(module) -> str:
-    """The backend the DDP module's collectives run on: init_process_group() with no backend says "undefined",
-    and its config names one per device type ("cpu:gloo,cuda:nccl")."""
+    """The backend the DDP module's collectives run on (with no backend given, the config names one per device)."""
     import torch.distributed as dist
 
     backend = dist.get_backend()
@@ -138,12 +126,11 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
 
     def next_index(self, _original=dataloader._BaseDataLoaderIter._next_index):
         index = _original(self)
-        # A new sampler iterator (a new epoch, or a persistent loader reset) starts a new entry.
         if getattr(self, "_lab_probe_source", None) is not self._sampler_iter:
             self._lab_probe_source = self._sampler_iter
             self._lab_probe_entry = {"dataset": id(self._dataset), "indices": []}
             record["epochs"].append(self._lab_probe_entry)
-        entry = self._lab_probe_entry  # when this loader's batches were drawn: the throughput's clock
+        entry = self._lab_probe_entry
         entry["indices"].extend(index if isinstance(index, list) else [index])
         now = time.time()
         record["first_draw"] = record["first_draw"] or now
@@ -195,15 +182,14 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
             record_failure(stop)
     except BaseException as err:  # noqa: BLE001 - recorded, shown as the script's own traceback, then exit 1
         record["error"] = f"{type(err).__name__}: {err}"
-        frames = err.__traceback__  # from the script's first frame on: the probe's and runpy's are noise
+        frames = err.__traceback__  # from the script's first frame on
         while frames is not None and Path(frames.tb_frame.f_code.co_filename).resolve() != Path(script).resolve():
             frames = frames.tb_next
-        # Before anything closes the process group: the ranks this failure stops come later in time.
         record_failure(err.with_traceback(frames or err.__traceback__))
-        if LOST_PEER.search(str(err)):  # a consequence of another rank's failure: its traceback tells nothing
+        if LOST_PEER.search(str(err)):  # a consequence of another rank's failure
             print(f"rank {rank} stopped: it lost its connection to a rank that failed ({type(err).__name__})",
                   file=sys.stderr)
-        else:  # the script's frames and PyTorch's, not the probe's wrappers around the sampler, DDP or torch.save
+        else:  # the script's frames and PyTorch's, not the probe's
             shown = [f for f in traceback.extract_tb(err.__traceback__)
                      if Path(f.filename).resolve() != Path(__file__).resolve() and "runpy" not in f.filename]
             print("Traceback (most recent call last):\n", *traceback.format_list(shown),
@@ -211,7 +197,7 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
         code = 1
     with lock:
         record["end"] = time.time()
-        note_progress(folder, rank, "finished" if not code else "failed")
+        note_progress(folder, rank, "finished" if not code else "failed", was=record["progress"])
     record["torn_down"] = not (dist.is_available() and dist.is_initialized())
     trained = {id(p): p for o in optimizers for g in o.param_groups for p in g["params"]} or \
         {id(p): p for m in ddp_modules for p in m.parameters()}
@@ -228,12 +214,8 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
 
 
 def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...], exercise: str) -> NotYet:
-    """The one line a failed run gets: a rank the time limit stopped, a known mistake by its symptom, else the
-    rank that failed first.
-
-    Every rank a failure stops records an error of its own too (a lost connection), so the rank
-    is picked by ``root_cause``, from the error files the probe writes under torchrun.
-    """
+    """The one line a failed run gets: a rank the time limit stopped, a sampler given another rank's numbers, else
+    the rank that failed first (``root_cause``: the others' lost connections are consequences)."""
     nproc = sum(per_node)
     stalled = sorted((json.loads(p.read_text()) for p in folder.glob("rank*.stalled")), key=lambda s: s["time"])
     if stalled:
@@ -252,14 +234,12 @@ def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...],
         return mistake
     errors = {r["rank"]: r["error"] for r in records if r.get("error")}
     stderr = {rank: read_output(folder / f"rank{rank}.stderr") for rank in range(nproc)}
-    # PyTorch's own errors name the mistake (a sampler built before the process group, a sampler beside
-    # shuffle=True) in the failing rank's line below; NCCL's refusal of two ranks on one GPU may end in an abort
-    # whose signal says nothing, so it is named here.
+    # NCCL's refusal of two ranks on one GPU may end in an abort whose signal says nothing
     if "Duplicate GPU detected" in "\n".join([*lines, *errors.values(), *stderr.values()]):
         return NotYet(f"✗ {exercise}: two ranks use the same GPU.",
                       "give each rank its own: torch.device('cuda', local_rank) and torch.cuda.set_device(device).")
     cause = root_cause([*lines, *torchrun_reports(folder)], nproc, folder / TORCHRUN_LOGS, rank_output=stderr)
-    if cause is not None:  # the streamed output above interleaves the ranks: these lines are the failing one's alone
+    if cause is not None:  # the streamed output interleaves the ranks: these lines are the failing one's alone
         if cause.last_lines:
             print(cause.last_lines_text())
         return NotYet(f"✗ {exercise}: the run failed (exit status {code}); {cause.line}.", cause.fix)
@@ -282,10 +262,9 @@ LAUNCH_HERE = _LaunchHere()
 
 
 def lab_nodes(nproc: int) -> tuple[int, ...]:
-    """The processes of each of the two nodes a lab launch runs as: the line's ``nproc`` on node 0 and one more on
-    node 1, so that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ, and a world size typed in for
-    ``nproc`` is wrong. Everywhere: with a GPU for each of ``nproc`` ranks but not one more, the ranks run on the
-    CPU (``lab_device`` of the sum), since splitting ``nproc`` over the nodes would let a typed-in world size pass."""
+    """The processes of each node a lab launch runs as: the line's ``nproc`` on node 0, one more on node 1, so that
+    the local counts differ from the global ones and a world size typed in for ``nproc`` is wrong (everywhere:
+    without a GPU for each, the ranks run on the CPU rather than split ``nproc`` over the nodes)."""
     return nproc, 1
 
 
@@ -329,14 +308,10 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
     """Run the attendee's DDP script under the probe as ``nproc`` processes and one more on a second node; pass, or
     ``NotYet`` naming the mistake.
 
-    ``command`` is the launch line the attendee wrote ("torchrun --nproc-per-node=2 my_train_ddp.py"), a
-    string or a list of words, read as torchrun reads it; left out (``LAUNCH_HERE``), the checker writes it.
-    A torchrun line runs as two nodes on this machine (``lab_nodes``: the line's processes on node 0, one more on
-    node 1). The checker appends ``--out-dir`` (a fresh folder under ``workdir``) to the script's arguments, and
-    ``args`` before it. NCCL ranks when this machine has a GPU for each, else gloo ranks that see no GPU. The
-    throughput the script reports must be the whole job's, within ``THROUGHPUT_TOLERANCE`` of what the probe saw
-    the ranks draw. ``timeout_s`` is the outer limit; a rank that makes no progress is stopped sooner, at a limit
-    scaled to this machine (``idle_limit_s`` where given).
+    ``command`` is the attendee's launch line (a string or a list of words), read as torchrun reads it; left out
+    (``LAUNCH_HERE``), the checker writes it. ``args``, then ``--out-dir`` (a fresh folder under ``workdir``), go
+    after the script's own arguments. ``timeout_s`` is the outer limit; a rank that makes no progress is stopped
+    sooner, at a limit scaled to this machine (``idle_limit_s`` where given).
     """
     script = Path(script)
     require(script.exists(), exercise, f"{script} does not exist.", "run the cell that writes your copy first.")
@@ -368,13 +343,9 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
 
 def _gradients(spec_file: str) -> None:
     """One rank's side of ``judge_average_gradients``: each function's average against DDP's, same model and batch,
-    on the launch's world, then on node 0's ranks alone (a second process group of ``SECOND_WORLD``).
-
-    Writes ``round<k>/fn<i>/rank<r>.json``: the comparison, or the function's error (with its line), or why
-    the ranks could not be compared (their collective calls differ, a rank never finished). Each collective a
-    function starts is logged to ``rank<r>.calls`` first, so that a hang or an abort still shows who called what.
-    A function that raised on every rank after the same calls leaves no rank waiting: the next one runs.
-    """
+    on the launch's world, then on node 0's ranks alone (``SECOND_WORLD``). Writes ``round<k>/fn<i>/rank<r>.json``:
+    the comparison, the function's error, or why the ranks could not be compared; each collective it starts is
+    logged first (``rank<r>.calls``), so that a hang or an abort still shows who called what."""
     import copy
 
     import torch
@@ -392,12 +363,11 @@ def _gradients(spec_file: str) -> None:
     note_progress(Path(spec["folder"]), rank, "started")
     originals = {op: getattr(dist, op) for op in COLLECTIVES if hasattr(dist, op)}
     for round_, world in enumerate((info.world_size, SECOND_WORLD), start=1):
-        if round_ == 2:  # node 0's ranks, now a job of their own; the environment says so, as torchrun's would
+        if round_ == 2:  # node 0's ranks, now a job of their own, as torchrun's environment would say
             teardown_distributed()
             if rank >= world:
                 note_progress(Path(spec["folder"]), rank, "finished")
                 return
-            # rank 0 serves this job's store itself: torchrun's agent serves only the launch's
             os.environ.update(WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                               GROUP_RANK="0", GROUP_WORLD_SIZE="1", MASTER_PORT=str(spec["second_port"]),
                               TORCHELASTIC_USE_AGENT_STORE="False")
@@ -436,8 +406,7 @@ def _gradients(spec_file: str) -> None:
             started: list[str] = []
             note_progress(Path(spec["folder"]), rank, f"in your function (world of {world})")
             returned = threading.Event()
-            # A function that does not return (a loop, a sleep, a collective the others never join) is stopped at
-            # the limit, wherever it waits: in its own code or inside a collective.
+            # a function that does not return is stopped at the limit, wherever it waits
             threading.Thread(target=lambda: returned.wait(limit) or stop(stopped="timeout", calls=list(started)),
                              daemon=True).start()
             error = None
@@ -474,11 +443,9 @@ def _gradients(spec_file: str) -> None:
 
 def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise: str = GRADIENTS_EXERCISE,
                             idle_limit_s: float | None = None) -> list:
-    """Each of ``functions`` (sources the ranks can run: ``function_source`` and ``shipped_globals``), run in one
-    launch; for each, its facts on both world sizes or the ``NotYet`` naming its first mistake. A function that
-    raises on some ranks only, that does not return within the ranks' limit (scaled to this machine, or
-    ``idle_limit_s``), or whose ranks call different collectives, ends the launch: those after it are not judged
-    (one that raises on every rank alike does not)."""
+    """Each of ``functions`` (sources the ranks can run), run in one launch; for each, its facts on both world sizes
+    or the ``NotYet`` naming its first mistake. One that fails on some ranks only, does not return within the ranks'
+    limit, or whose ranks call different collectives, ends the launch: those after it are not judged."""
     folder = fresh_folder(workdir, "gradients")
     files = []
     for index, (source, name) in enumerate(functions):
@@ -511,14 +478,8 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
 def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
                             exercise: str = GRADIENTS_EXERCISE, idle_limit_s: float | None = None) -> dict:
     """Run ``average_gradients(model)`` under torchrun, on 3 ranks as two nodes, then on node 0's 2 ranks; its
-    gradients must be DDP's, on the same model and batch, on every rank at both world sizes.
-
-    Otherwise the line names what the result looks like (a sum, each rank's own, a division by a number typed in,
-    LOCAL_WORLD_SIZE or GROUP_WORLD_SIZE), the error and its line, the collectives only some ranks made, or the rank
-    still in the function at a limit scaled to this machine (``idle_limit_s`` where given). The ranks run the
-    function's source with the modules it reads from the notebook; a function or variable of the notebook it reads
-    is named before any launch.
-    """
+    gradients must be DDP's, on the same model and batch, on every rank at both world sizes. The ranks run the
+    function's source with the modules it reads; a function or variable of the notebook it reads is named first."""
     require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
                      "define the function in the exercise cell and run it.")
     require(callable(average_gradients), exercise, "`average_gradients` is not a function.",

@@ -1,7 +1,5 @@
-"""The DDP lab's files and settings: its scripts and the attendee's copy, the two nodes the ranks run as (torchrun
-on each, its report folded to a line), their time limits, and the throughput line a run prints. Both the checks
-that launch ranks (``ddp_lab``) and the judging of what the ranks did (``ddp_lab_judging``) read these.
-"""
+"""The DDP lab's files (its scripts, the attendee's copy), the two nodes its ranks run as (torchrun on each, its
+report folded to a line), their time limits and progress: what ``ddp_lab`` and ``ddp_lab_judging`` both read."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ LOSS_LINE = re.compile(r"\bloss\b", re.IGNORECASE)
 STARTED = "WORKSHOP_CHECK_STARTED"  # when the check started the ranks (time.time()), in every rank's environment
 IDLE_LIMIT = "WORKSHOP_CHECK_IDLE_LIMIT"  # seconds a rank may make no progress, where the caller gives them
 AGENT_QUIET = "WORKSHOP_CHECK_AGENT_QUIET"  # the agents' C++ log level was set for them alone
-# A rank that makes no progress for LIMIT_FACTOR times what this machine took to start it (import PyTorch, join
-# the process group, reach its work), and at least LIMIT_FLOOR_S, is stopped: a busy machine gets more time, and a
-# pause for an evaluation or a checkpoint (25 s where the start took 7.5) is no hang.
+# A rank that makes no progress for LIMIT_FACTOR times what this machine took to start it, and at least
+# LIMIT_FLOOR_S, is stopped: a busy machine gets more time, and a pause for an evaluation is no hang.
 LIMIT_FACTOR, LIMIT_FLOOR_S = 5.0, 30.0
 STALLED_EXIT = 124  # a rank the time limit stopped (as `timeout` exits)
 
@@ -107,16 +104,11 @@ def read_output(path: Path) -> str:
 def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, device: str, timeout_s: float,
               echo: bool, exercise: str, assigned: dict | None = None,
               idle_limit_s: float | None = None) -> tuple[list[int], list[str]]:
-    """``python -m PROBE_MODULE module_args`` as the ranks of one torchrun agent per node, all on this machine:
-    ``--nnodes``, each its own ``--node-rank``, one endpoint, as ``srun torchrun`` starts them on a cluster; ranks
-    numbered node by node, so that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ as on two machines.
-
-    Each agent gets its own GPUs where the ranks run on GPUs (NCCL refuses two ranks on one), the time the check
-    started them (and ``idle_limit_s``, where given), and ``assigned``, what the attendee's line sets in front of the
-    launch. Once one agent has ended, the other is stopped 5 s later, as a cluster ends a job whose task failed (an
-    agent whose ranks all succeeded waits at torchrun's exit barrier, minutes, for the others). Past the check's
-    outer ``timeout_s``, one line saying where each rank was.
-    """
+    """``python -m PROBE_MODULE module_args`` as the ranks of one torchrun agent per node, all on this machine, as
+    ``srun torchrun`` starts them on a cluster (``--nnodes``, a ``--node-rank`` each, one endpoint): RANK and
+    LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ as on two machines. Each agent gets its own GPUs, and
+    ``assigned`` (what the line sets in front of the launch); once one agent has ended, the other is stopped 5 s
+    later, as a cluster ends a job whose task failed. Past ``timeout_s``, one line saying where each rank was."""
     port, ranks = free_port(), sum(per_node)
     env = {**job_env(cpu_threads_per_process(ranks), hide_gpus=device == "cpu"), STARTED: repr(time.time()),
            **(assigned or {})}
@@ -149,9 +141,8 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
 
 
 def torchrun_agent(argv: list[str]) -> None:
-    """torchrun, as ``python -m torch.distributed.run ARGV`` runs it (its own parser and launch), with its report of
-    a failure written to ``<log dir>/node<k>.report`` for the checker (``root_cause`` reads it) and said here in one
-    line: the attendee reads the failing rank's own traceback, not torchrun's frames and box around it."""
+    """torchrun itself (``python -m torch.distributed.run ARGV``), its report of a failure written to
+    ``<log dir>/node<k>.report`` for ``root_cause`` and said here in one line, without its frames and box."""
     import logging
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -214,8 +205,7 @@ def started_at() -> float:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` where another process may read it at any moment: whole, or not at all (an infinite gap too,
-    which the kit's ``results.write_json`` would write as null)."""
+    """Write ``data`` where another process may read it at any moment: whole, or not at all."""
     partial = path.with_suffix(path.suffix + ".partial")
     partial.write_text(json.dumps(data))
     partial.replace(path)
@@ -233,26 +223,28 @@ def _progress(folder: Path, ranks: int) -> dict[int, dict | None]:
 
 
 def first_to_stall(folder: Path, ranks: int) -> tuple[int, float] | None:
-    """(the rank, when) that stopped making progress first, of those that had not finished: the one whose last
-    progress is oldest, not the one whose limit came first (each rank's limit is its own start-up's); None when
-    every rank finished or none said where it was."""
+    """(the rank, when) that stopped making progress first, of those not finished (not the one whose own limit
+    came first); None when every rank finished or none said where it was."""
     last = {rank: note["time"] for rank, note in _progress(folder, ranks).items()
             if note and note["what"] != "finished"}
     return min(last.items(), key=lambda item: (item[1], item[0])) if last else None
 
 
 def what_ran(folder: Path, ranks: int, at: float | None = None) -> str:
-    """Where each rank was, from its progress: "rank 0: finished; rank 1: after its training loop, 41 s before"."""
+    """Where each rank was at ``at``, from its progress: "rank 0: finished; rank 1: called torch.save, 41 s before"
+    (a rank that failed after ``at``, as one waiting in a collective does when the others stop: where it was)."""
     at = at or time.time()
+    notes = {rank: note.get("was", note) if note and note["what"] == "failed" and note["time"] > at else note
+             for rank, note in _progress(folder, ranks).items()}
     return "; ".join(f"rank {rank}: " + ("not started (no output from it yet)" if note is None else note["what"]
                                          if note["what"] == "finished" else
                                          f"{note['what']}, {at - note['time']:.0f} s before")
-                     for rank, note in _progress(folder, ranks).items())
+                     for rank, note in notes.items())
 
 
 def watch_progress(folder: Path, rank: int, record: dict, lock: threading.Lock) -> None:
-    """This rank's progress, for the check; a rank that makes none for ``scaled_limit`` of what this machine took to
-    start it and reach its first batch stops itself (exit ``STALLED_EXIT``), saying where it was."""
+    """This rank's progress, for the check; one that makes none for ``scaled_limit`` of what this machine took to
+    reach its first batch stops itself (exit ``STALLED_EXIT``), saying where it was."""
     launched, said = started_at(), None
     while True:
         time.sleep(0.25)

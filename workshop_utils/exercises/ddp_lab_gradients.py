@@ -201,7 +201,18 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
     calls = {r: started_calls(folder, r) for r in range(nproc)}
     stopped = {r.get("stopped") for r in records.values()}
     if first is None and "timeout" in stopped:
-        return _time_limit(folder, nproc, records, calls, exercise)
+        timed = next(r for r in records.values() if r.get("stopped") == "timeout")
+        late = [r for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
+        behind = [r for r in late if len(calls[r]) == min(len(calls[k]) for k in late)]
+        waited = [r for r in range(nproc) if r not in behind]
+        ranks = f"rank{'s' * (len(behind) > 1)} {', '.join(map(str, behind))}"
+        limit = limit_words(timed["limit_s"], timed["startup_s"])
+        return NotYet(f"✗ {exercise}: stopped at the time limit of {limit}: {ranks} had not returned from your "
+                      "function" + (", nor started the collective the others waited in" if waited and all(
+                          len(calls[r]) > len(calls[behind[0]]) for r in waited) else "")
+                      + f" ({_collective_summary(calls)}).",
+                      f"find what {ranks} waited for: a loop that never ends, a sleep or input(), or a collective "
+                      "only some ranks make (`if dist.get_rank() == 1:`); the function should take milliseconds.")
     if first is None and ("mismatch" in stopped or len({tuple(c) for c in calls.values()}) > 1):
         return NotYet(f"✗ {exercise}: the ranks made different collective calls ({_collective_summary(calls)}): a "
                       "collective completes only when every rank makes it, so a rank waited for the others forever.",
@@ -210,20 +221,11 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
     first = first or (errors[0] if errors else None)
     if first is not None:
         where = f" on line {first['line']} (`{short(first['code'], 80)}`)" if first.get("line") else ""
-        hint = {"NameError": "on the ranks your function has torch, dist, nn and the modules it uses, not the "
-                             "notebook's other functions and variables: get what it needs inside it "
-                             "(dist.get_world_size()).",
-                "SystemExit": "that line ends the rank's process (sys.exit, exit() or quit()): leave the function "
-                              "with return instead."}.get(first["error_type"],
-                                                          "that line of your function raised it; fix it and run the "
-                                                          "exercise cell again.")
-        lost = [str(r) for r in sorted(records) if r != first["rank"] and LOST_PEER.search(records[r].get("error", ""))]
-        failed = [str(r) for r in sorted(records) if r != first["rank"] and records[r].get("error")
-                  and str(r) not in lost]
-        then = "".join(f"; rank{'s' * (len(ranks) > 1)} {', '.join(ranks)} {what}"
-                       for ranks, what in ((failed, "failed too"), (lost, "lost their connection to it")) if ranks)
-        return NotYet(f"✗ {exercise}: your function raised {first['error']} on rank {first['rank']}{where}{then}.",
-                      hint)
+        others = [str(r) for r in sorted(records) if r != first["rank"] and records[r].get("error")]
+        return NotYet(f"✗ {exercise}: your function raised {first['error']} on rank {first['rank']}{where}"
+                      + (f"; rank(s) {', '.join(others)} failed too, or lost their connection to it" if others else ""),
+                      "fix that line: on the ranks your function has torch, dist, nn and the modules it imports, not "
+                      "the notebook's other names; return from it (sys.exit ends the rank's process).")
     cause = root_cause(lines, nproc, logs)
     print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
     return NotYet(f"✗ {exercise}: the ranks failed outside your function: "
@@ -231,36 +233,12 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
                   "the lines above show the error.")
 
 
-def _time_limit(folder: Path, nproc: int, records: dict, calls: dict[int, list[str]], exercise: str) -> NotYet:
-    """The line for a function that had not returned on some rank when the limit came: which ranks, and whether
-    the others waited for them in a collective they had not started."""
-    timed = next(r for r in records.values() if r.get("stopped") == "timeout")
-    limit = limit_words(timed["limit_s"], timed["startup_s"])
-    late = [r for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
-    behind = [r for r in late if len(calls[r]) == min(len(calls[k]) for k in late)]
-    waited = [r for r in range(nproc) if r not in behind]
-    ranks = f"rank{'s' * (len(behind) > 1)} {', '.join(map(str, behind))}"
-    if waited and all(len(calls[r]) > len(calls[behind[0]]) for r in waited):
-        return NotYet(f"✗ {exercise}: stopped at the time limit of {limit}: {ranks} had not returned from your "
-                      f"function, nor started the collective the others waited in ({_collective_summary(calls)}).",
-                      f"find what {ranks} waits for in your function: a loop that never ends, a sleep or input(), or "
-                      "a test that sends that rank another way (`if dist.get_rank() == 1:`).")
-    if len(late) == nproc:
-        return NotYet(f"✗ {exercise}: stopped at the time limit of {limit}: your function had not returned on any "
-                      f"rank ({_collective_summary(calls)}).",
-                      "the function should take milliseconds: look for a loop that never ends (a `while` whose "
-                      "condition never changes), or a sleep or input().")
-    return NotYet(f"✗ {exercise}: stopped at the time limit of {limit}: {ranks} had not returned from your function, "
-                  "while the others had.", "the function should take milliseconds: look for a loop that never ends "
-                                           "on those ranks.")
-
-
 def _divided_by(results: list[dict], key: str | None = None) -> dict[int, int] | bool | None:
     """Each rank's divisor d, where its gradients are the sum over the ranks divided by a whole d (sum / d = ratio x
     the average, so d = world / ratio), else None; with ``key``, whether each rank's d is its own value of that
     environment count."""
-    found = {r["rank"]: r["world_size"] / r["ratio"] for r in results if r["ratio"] and r["residual"] is not None
-             and r["residual"] < 1e-4 and r["ratio"] > 0}
+    found = {r["rank"]: r["world_size"] / r["ratio"] for r in results if (r.get("ratio") or 0) > 0
+             and r.get("residual") is not None and r["residual"] < 1e-4}
     divisors = None if len(found) < len(results) or any(abs(d - round(d)) >= 1e-3 for d in found.values()) else \
         {rank: round(d) for rank, d in found.items()}
     if key is None:
@@ -271,37 +249,27 @@ def _divided_by(results: list[dict], key: str | None = None) -> dict[int, int] |
 
 def judge_comparison(results: list[dict], world: int, exercise: str, rounds=()) -> dict:
     """The function's gradients on every rank of one world size against DDP's: the facts of a pass, or ``NotYet``
-    naming what they look like (a sum, each rank's own, a division by another count: a number typed in,
-    LOCAL_WORLD_SIZE, the processes of one node, or GROUP_WORLD_SIZE, the nodes, told from a number typed in by
-    ``rounds``, the results on every world size the function ran on)."""
+    saying what they are (each rank's own, the sum divided by what: the count of torchrun's it matches on every
+    world size of ``rounds``, the results on each, where one does)."""
     worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own", "to_sum")}
-    tolerance = 1e-5 * max(1.0, max(r["scale"] for r in results))
     calls = results[0]["calls"]
-    if worst["to_ddp"] > tolerance:
+    if worst["to_ddp"] > 1e-5 * max(1.0, max(r["scale"] for r in results)):
         require(bool(calls), exercise, "your function made no collective call: every rank kept its own gradients.",
-                "all-reduce each parameter's .grad: dist.all_reduce(p.grad).")
-        require(worst["to_sum"] > tolerance, exercise,
-                f"your gradients are the sum over the {world} ranks, {world} times DDP's.",
-                "divide by dist.get_world_size() after the all-reduce: DDP averages.")
-        require(worst["to_own"] > tolerance, exercise, "the gradients are still each rank's own.",
-                "write the all-reduced result back into p.grad (dist.all_reduce works in place).")
-        if _divided_by(results, "local_world_size"):
-            sizes = sorted({(r["node"], int(r["local_world_size"])) for r in results})
-            raise NotYet(f"✗ {exercise}: your gradients are the sum divided by LOCAL_WORLD_SIZE, the processes of "
-                         f"each rank's own node ({', '.join(f'{n} on node {node}' for node, n in sizes)}), but "
-                         f"{world} ranks ran on the nodes together.",
-                         "divide by dist.get_world_size() (or WORLD_SIZE), which counts every node's ranks.")
-        # GROUP_WORLD_SIZE and a number typed in agree on one world: the world sizes the function ran on tell them
-        if len(rounds) > 1 and all(_divided_by(other, "group_world_size") for other in rounds):
-            raise NotYet(f"✗ {exercise}: your gradients are the sum divided by GROUP_WORLD_SIZE, the number of nodes "
-                         f"(torchrun's agents, {results[0]['group_world_size']} here), but {world} ranks ran on them.",
-                         "divide by dist.get_world_size() (or WORLD_SIZE), which counts the ranks, not the nodes.")
+                "all-reduce each parameter's .grad: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
+        fix = "divide the all-reduced p.grad by dist.get_world_size() (WORLD_SIZE), which counts every node's ranks."
         divisors = _divided_by(results)
-        if divisors and len(set(divisors.values())) == 1:
-            divisor = next(iter(divisors.values()))
-            require(divisor == world, exercise, f"your gradients are the sum divided by {divisor}, but {world} ranks "
-                    "ran: a world size typed in is right only on that many ranks.",
-                    "divide by dist.get_world_size(), which is right on any number of ranks.")
-        raise NotYet(f"✗ {exercise}: your gradients differ from DDP's by up to {worst['to_ddp']:.2g} on {world} ranks.",
-                     "every parameter's gradient: summed over the ranks, divided by the world size.")
+        if divisors and set(divisors.values()) == {1}:
+            raise NotYet(f"✗ {exercise}: your gradients are the sum over the {world} ranks, {world}x DDP's.", fix)
+        if divisors:
+            nodes = sorted({(r["node"], divisors[r["rank"]]) for r in results})
+            by = str(nodes[0][1]) if len({d for _, d in nodes}) == 1 else \
+                ", ".join(f"{d} on node {node}" for node, d in nodes)
+            named = next((f" ({key.upper()})" for key in ("local_world_size", "group_world_size")
+                          if all(_divided_by(other, key) for other in (rounds or [results]))), "")
+            raise NotYet(f"✗ {exercise}: your gradients are the sum over the {world} ranks divided by {by}{named}, "
+                         f"where DDP divides by {world}.", fix)
+        raise NotYet(f"✗ {exercise}: your gradients differ from DDP's by up to {worst['to_ddp']:.2g} on {world} ranks"
+                     + (": they are still each rank's own." if worst["to_own"] <= 1e-6 else "."),
+                     "every parameter's gradient, summed over the ranks in place (dist.all_reduce(p.grad)), divided "
+                     "by the world size.")
     return {"calls_made": calls, "ddp_buckets": results[0]["ddp_buckets"], "max_difference": worst["to_ddp"]}

@@ -1,7 +1,6 @@
 """Reading and judging one run of the DDP lab: the attendee's launch line, as torchrun itself reads it, then what
-the probe recorded on every rank. ``findings`` gives each part of a finished run (the data, the model, the
-checkpoint, the output, the end) its first mistake, in the order an attendee makes them: one run shows every
-part's. A run that crashed is judged in ``ddp_lab``, which knows the crash's ranks.
+the probe recorded on every rank. ``findings`` gives each part of a finished run its first mistake, so that one run
+shows every part's; a run that crashed is judged in ``ddp_lab``, which knows the crash's ranks.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ class LabRun:
 
 @dataclass
 class LaunchLine:
-    """The attendee's torchrun line as the check runs it: the script's own arguments, and the ``VAR=value`` words
-    in front of it (set for the launch, as the shell would)."""
+    """The script's own arguments in the line, and the ``VAR=value`` words in front of it (set for the launch)."""
 
     script_args: list[str]
     assigned: dict[str, str]
@@ -60,9 +58,8 @@ def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
 
 
 def torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
-    """``args`` as torchrun's own parser reads them (with ``--use-env``, which ``torch.distributed.launch`` adds to
-    it; ``nproc_per_node`` None where no option gave it); ``ValueError`` with torchrun's message where it would
-    stop."""
+    """``args`` as torchrun's own parser reads them (``torch.distributed.launch`` adds ``--use-env``;
+    ``nproc_per_node`` None where no option gave it); ``ValueError`` with torchrun's message where it would stop."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -97,7 +94,6 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     except (ValueError, TypeError) as err:
         raise NotYet(f"✗ {exercise}: the command cannot be read as a command line ({err}).",
                      f"write it as one string, e.g. {example}.") from None
-    require(bool(tokens), exercise, "the command is empty.", f"write the launch line, e.g. {example}.")
     text = command if isinstance(command, str) else " ".join(tokens)
     quoted = shlex.quote(str(script))
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
@@ -118,19 +114,15 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     tokens, folder, chained, assigned = _launch_part(tokens)
     require(not chained, exercise, f"the command chains a second command after the launch "
                                    f"({short(' '.join(chained), 60)}); the check runs the one torchrun launch alone.",
-            f"make it the launch line only, e.g. {example}, without &&, ;, || or |; run anything else in a cell "
-            "of its own.")
-    require(bool(tokens), exercise, "the command has no launch line after its prefixes.",
-            f"write the launch line, e.g. {example}.")
+            f"make it the launch line only, e.g. {example}; run anything else in a cell of its own.")
+    require(bool(tokens), exercise, "the command has no launch line.", f"write the launch line, e.g. {example}.")
     first = Path(tokens[0]).name
     module = tokens[2] if tokens[1:2] == ["-m"] and len(tokens) > 2 else None
     python = first.startswith("python") or tokens[0] == sys.executable
-    require(first == "torchrun" or python, exercise, f"the command starts with {tokens[0]!r}.",
-            f"start it with torchrun: {example}.")
-    require(first == "torchrun" or module in TORCH_LAUNCHERS, exercise,
-            f"`{first}` starts one process and sets none of torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE): "
-            f"one process would train alone, not the lab's {nproc}.",
-            f"launch it with torchrun, which starts the processes and sets those variables in each: {example}.")
+    require(first == "torchrun" or (python and module in TORCH_LAUNCHERS), exercise,
+            f"the command starts {tokens[0]!r}, not torchrun: nothing starts the lab's {nproc} processes or sets "
+            "RANK, LOCAL_RANK and WORLD_SIZE in them, so one process would train alone.",
+            f"launch it with torchrun: {example}.")
     launcher, rest = (module or "torchrun"), tokens[1 if first == "torchrun" else 3:]
     require(any(t.endswith(".py") for t in rest), exercise, "the command names no .py script.",
             f"put your script's path after the launcher's options: torchrun --nproc-per-node={nproc} {quoted}.")
@@ -145,43 +137,26 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     except ValueError as refusal:
         raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
                      f"write its options in full: torchrun --nproc-per-node={nproc} {quoted}.") from None
-    if not yours(parsed.training_script):
-        shown = Path(parsed.training_script).name
-        require(not (parsed.no_python and shown.startswith("python") and any(map(yours, parsed.training_script_args))),
-                exercise, f"--no-python makes torchrun run {shown!r} as a program with your file: that line runs, "
-                          "but the check starts your script as torchrun does without it.",
-                f"drop --no-python and {shown!r}: torchrun --nproc-per-node={nproc} {quoted}.")
-        if shown.endswith(".py"):
-            raise NotYet(f"✗ {exercise}: the command runs {shlex.quote(parsed.training_script)}, not your lab script.",
-                         f"name the file you edited: {quoted}.")
-        raise NotYet(f"✗ {exercise}: torchrun runs its first word after the options, {shown!r}, as the training "
-                     f"script, and hands it your file as an argument.",
-                     "name only your script after torchrun's options: torchrun starts it with Python itself."
-                     if shown.startswith("python") else f"write the launch line as {example}.")
+    how = "as a program (--no-python), your file its argument" if parsed.no_python else "as the training script"
+    require(yours(parsed.training_script), exercise, f"torchrun would run {Path(parsed.training_script).name!r} "
+            f"{how}, not your lab script {quoted}.", f"name only your script after torchrun's options: {example}.")
     require(launcher != "torch.distributed.launch" or parsed.use_env, exercise,
             "torch.distributed.launch (the launcher torchrun replaced) passes --local-rank=<n> to the script as an "
             "argument; the lab's script takes no such argument, and its argparse would stop every rank "
             "(\"unrecognized arguments: --local-rank=0\").",
             f"launch with torchrun, which sets LOCAL_RANK in each process's environment instead: {example}.")
-    nodes = str(parsed.nnodes)
-    require(nodes in ("1", "1:1"), exercise,
-            f"--nnodes={nodes}: torchrun would wait for {nodes} nodes to join, and the check runs on this one.",
-            f"leave --nnodes out (or --nnodes=1): --nproc-per-node={nproc} on one node.")
-    require(int(parsed.node_rank) == 0, exercise,
-            f"--node-rank={parsed.node_rank} on a one-node launch: the ranks would wait for a node 0 that never "
-            "starts, until the time limit.", "leave --node-rank out: one node is node 0.")
-    require(parsed.nproc_per_node is not None, exercise, "torchrun starts one process unless told how many.",
-            f"add --nproc-per-node={nproc}.")
-    require(str(parsed.nproc_per_node) == str(nproc), exercise,
-            f"--nproc-per-node={parsed.nproc_per_node}: the lab runs on {nproc} processes.",
-            f"use --nproc-per-node={nproc}.")
+    wrong = [f"{option}={value}" if value is not None else f"no {option} (one process)" for option, value, right in (
+        ("--nproc-per-node", parsed.nproc_per_node, {str(nproc)}), ("--nnodes", parsed.nnodes, {"1", "1:1"}),
+        ("--node-rank", parsed.node_rank, {"0"})) if str(value) not in right]
+    require(not wrong, exercise, f"torchrun would start {', '.join(wrong)}; the lab is {nproc} processes on one "
+                                 "node (a node that waits for another never starts training).",
+            f"use --nproc-per-node={nproc} alone: {example}.")
     return LaunchLine(list(parsed.training_script_args), assigned)
 
 
 def _words(line: str) -> list[str]:
-    """A shell line's words, its operators apart: "x.py;rm" is three words, as the shell reads it. A backslash
-    at a line's end continues it, a word that starts with # starts a comment, and a second line is a second
-    command (read as after a ;)."""
+    """A shell line's words, its operators apart ("x.py;rm" is three words); a backslash at a line's end continues
+    it, a word that starts with # starts a comment, and a second line is a second command (as after a ;)."""
     words: list[str] = []
     for part in line.replace("\\\n", " ").split("\n"):
         lexer = shlex.shlex(part, posix=True, punctuation_chars=True)
@@ -193,13 +168,10 @@ def _words(line: str) -> list[str]:
 
 
 def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], dict[str, str]]:
-    """The launch itself in a line as typed in a terminal or a Slurm script, the folder a ``cd`` moved to, what the
-    line chains after the launch (``&&``, ``;``, ``||``, ``|``, ``&``), which the check does not run, and the
-    ``VAR=value`` assignments in front of it.
+    """(the launch, the folder a ``cd`` before it moved to, what is chained after it, its ``VAR=value`` words).
 
-    The launch is the first command that starts torchrun, srun or python (else the last command); what comes before
-    it (``cd dir &&``, ``module load ... &&``) is taken off, and so are its ``VAR=value`` words, ``env`` and an
-    ``srun ...`` prefix.
+    The launch is the first command that starts torchrun, srun or python (else the last); what comes before it
+    (``cd dir &&``, ``module load ... &&``), its ``VAR=value`` words, ``env`` and an ``srun ...`` prefix are taken off.
     """
     folder, start = None, 0
     for end in [i for i, t in enumerate(tokens) if t in CHAINS] + [len(tokens)]:
@@ -212,7 +184,7 @@ def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], d
             folder = str(moved if folder is None or moved.is_absolute() else Path(folder) / moved)
         start = end + 1
     if end < len(tokens):
-        return head, folder, tokens[end:], {}  # the launch, then a second command
+        return head, folder, tokens[end:], {}
     assigned = {}
     while head and (head[0] == "env" or _assignment(head[0])):
         word = head.pop(0)
@@ -259,10 +231,8 @@ THROUGHPUT_TOLERANCE = 1.4
 def _measured_throughput(records: list[dict]) -> tuple[float, float]:
     """(at least, at most): samples per second of the whole job over its training loop, as the probe saw it.
 
-    At most: the training loader's samples from its first draw to about one step after its last (each
-    draw starts a step; a loader with workers draws a few batches ahead, which makes this an upper bound).
-    At least: the same samples from the first draw to the end of the script, which adds what runs after
-    the loop (the checkpoint, the process group's end).
+    At most: the training loader's samples from its first draw to about one step after its last (a loader with
+    workers draws ahead, so this bounds it from above). At least: the same samples until the script's end.
     """
     entries = [_training_entries(r) for r in records]
     drawn = sum(len(e["indices"]) for mine in entries for e in mine)
@@ -278,52 +248,34 @@ def _measured_throughput(records: list[dict]) -> tuple[float, float]:
 
 
 def _local_firsts(records: list[dict], ranks: list[int]) -> str:
-    """", each the first process (LOCAL_RANK 0) of its node: ..." when ``ranks`` are exactly those, on 2+ nodes."""
+    """What ``ranks`` are when they are exactly the first process (LOCAL_RANK 0) of each node."""
     firsts = sorted(r["rank"] for r in records if r["env"].get("LOCAL_RANK") == "0")
-    if len(firsts) < 2 or sorted(ranks) != firsts:
-        return ""
-    return (", each the first process (LOCAL_RANK 0) of its node: a test that lets every rank through, or a "
-            "`rank` read from LOCAL_RANK, which is 0 on every node")
+    return (", each the first process (LOCAL_RANK 0) of its node: a `rank` read from LOCAL_RANK, which is 0 on every "
+            "node" if len(firsts) > 1 and sorted(ranks) == firsts else "")
 
 
 def sampler_mistake(records: list[dict], per_node: tuple[int, ...], exercise: str) -> NotYet | None:
-    """The first DistributedSampler given another rank or world size than its process's, by what it was given (a
-    LOCAL_RANK, a LOCAL_WORLD_SIZE, a number typed in); None when every sampler was given its own. Read from what
-    the probe recorded before the sampler ran, so that one that refused its arguments is named too. GROUP_WORLD_SIZE
-    is not told apart: on the lab's two nodes it is 2, as a world size typed in for 2 is."""
-    layout = f"the check runs your script as two nodes, {' + '.join(map(str, per_node))} processes"
-    for r in records:
-        env, rank = r["env"], r["rank"]
-        for sampler in r.get("samplers", []):
-            if sampler["rank"] != rank:
-                local = str(sampler["rank"]) == env.get("LOCAL_RANK")
-                return NotYet(f"✗ {exercise}: rank {rank}'s DistributedSampler was given rank={sampler['rank']}"
-                              + (f", its LOCAL_RANK: torchrun numbers the processes from 0 on every node, so on two "
-                                 f"nodes two ranks read the same shard ({layout})." if local else
-                                 f", but it is rank {rank}: two ranks read the same shard."),
-                              "take the global rank from RANK: rank = int(os.environ['RANK']) for the sampler, the "
-                              "logging and the checkpoint; LOCAL_RANK only picks the GPU (step 1).")
-    wrong = [(r, s["num_replicas"]) for r in records for s in r.get("samplers", [])
-             if s["num_replicas"] != int(r["env"]["WORLD_SIZE"])]
-    if not wrong:
-        return None
-    record, given = wrong[0]
-    world = record["env"]["WORLD_SIZE"]
-    if all(str(n) == r["env"].get("LOCAL_WORLD_SIZE") for r, n in wrong):
-        sizes = sorted({(r["env"].get("GROUP_RANK"), n) for r, n in wrong})
-        what = (f"LOCAL_WORLD_SIZE, the processes of one node ("
-                f"{', '.join(f'{n} on node {node}' for node, n in sizes)})")
-    else:
-        what = f"{given}: a world size typed in is right only on that many ranks"
-    return NotYet(f"✗ {exercise}: rank {record['rank']}'s DistributedSampler was given num_replicas={what}; the job "
-                  f"has {world} ranks ({layout}), so the shards overlap or leave ranks out.",
-                  "take the world size from WORLD_SIZE: world_size = int(os.environ['WORLD_SIZE']), every node's "
-                  "ranks (step 1).")
+    """The first DistributedSampler given another rank or world size than its process's, by what it was given
+    (LOCAL_RANK, LOCAL_WORLD_SIZE where every wrong one was that, else the number); None when each got its own.
+    Recorded before the sampler ran, so that one that refused its arguments is named too."""
+    for given, local in (("rank", "LOCAL_RANK"), ("num_replicas", "LOCAL_WORLD_SIZE")):
+        wrong = [(r, s[given]) for r in records for s in r.get("samplers", [])
+                 if s[given] != (r["rank"] if given == "rank" else int(r["env"]["WORLD_SIZE"]))]
+        if wrong:
+            record, value = wrong[0]
+            named = f", its {local} (counted on its own node)" if all(
+                str(v) == r["env"].get(local) for r, v in wrong) else ""
+            rank = record["rank"]
+            return NotYet(f"✗ {exercise}: rank {rank}'s DistributedSampler was given {given}={value}{named}, but it "
+                          f"is rank {rank} of {record['env']['WORLD_SIZE']} (the check runs your "
+                          f"script as two nodes, {' + '.join(map(str, per_node))} processes): the shards overlap or "
+                          "leave samples out.", "take the rank and the world size from RANK and WORLD_SIZE, which "
+                                                "count every node's processes; LOCAL_RANK only picks the GPU (step 1).")
+    return None
 
 
 def _data(records, params, out_dir, per_node, exercise, facts) -> None:
     """A shard per rank (the sampler given the global rank and world size), reshuffled every epoch."""
-    nproc = sum(per_node)
     mistake = sampler_mistake(records, per_node, exercise)
     if mistake is not None:
         raise mistake
@@ -334,14 +286,12 @@ def _data(records, params, out_dir, per_node, exercise, facts) -> None:
     require(min(len(e) for e in epochs) >= 2, exercise, "the run trained one epoch: a reshuffle cannot be seen.",
             "run at least 2 epochs (the script's default is 3).")
     first = [set(e[0]) for e in epochs]
-    for rank in range(1, nproc):
+    for rank in range(1, sum(per_node)):
         shared = len(first[0] & first[rank]) / max(1, min(len(first[0]), len(first[rank])))
-        require(shared < 0.9, exercise, f"ranks 0 and {rank} trained on the same samples in epoch 0 "
-                f"({shared:.0%} shared): every rank read the whole data set.",
-                "give the DataLoader a DistributedSampler(dataset) in place of shuffle=True (step 3).")
-        require(shared <= 0.1, exercise, f"the shards of ranks 0 and {rank} overlap by {shared:.0%} in epoch 0.",
-                "every rank needs the same seed and epoch in its DistributedSampler, so that the shards "
-                "split one permutation.")
+        require(shared <= 0.1, exercise, f"ranks 0 and {rank} share {shared:.0%} of their samples in epoch 0"
+                + (": every rank read the whole data set." if shared >= 0.9 else "."),
+                "give the DataLoader a DistributedSampler(dataset) in place of shuffle=True, with the same seed on "
+                "every rank, so that the shards split one permutation (step 3).")
     require(epochs[0][0] != epochs[0][1], exercise, "rank 0 read its shard in the same order in epochs 0 and 1: "
             "the sampler never reshuffled.",
             "call sampler.set_epoch(epoch) at the start of every epoch (step 5), with shuffle=True in the sampler.")
@@ -350,20 +300,16 @@ def _data(records, params, out_dir, per_node, exercise, facts) -> None:
 
 def _model(records, params, out_dir, per_node, exercise, facts) -> None:
     """Wrapped in DDP, so that every rank ends with the same parameters."""
-    nproc = sum(per_node)
     require(all(params) and len({len(p) for p in params}) == 1, exercise,
             "no parameters to compare: no torch.optim optimizer (and no DDP model) was found.",
             "train with a torch.optim optimizer over the model's parameters.")
-    gap = max(float((a - b).abs().max()) for rank in range(1, nproc) for a, b in zip(params[0], params[rank]))
-    if any(not r["ddp"] for r in records):
-        after = (f"the ranks' parameters differ by up to {gap:.2g} after training: their gradients were never "
-                 "averaged" if gap else "nothing averaged the ranks' gradients")
-        raise NotYet(f"✗ {exercise}: the model was not wrapped in DistributedDataParallel; {after}.",
-                     "wrap it: ddp_model = DDP(model, device_ids=[local_rank] on a GPU, else None) (step 4).")
-    scale = max(1.0, max(float(p.abs().max()) for p in params[0]))
-    require(gap <= 1e-6 * scale, exercise, f"the ranks' parameters differ by up to {gap:.2g} after training, "
-            "although DDP wrapped the model.",
-            "run the forward pass through the DDP model (ddp_model(images)), not the plain one.")
+    gap = max(float((a - b).abs().max()) for rank in range(1, sum(per_node)) for a, b in zip(params[0], params[rank]))
+    wrapped = all(r["ddp"] for r in records)
+    require(gap <= 1e-6 * max(1.0, max(float(p.abs().max()) for p in params[0])) and wrapped, exercise,
+            ("" if wrapped else "the model was not wrapped in DistributedDataParallel; ")
+            + f"the ranks' parameters differ by up to {gap:.2g} after training.",
+            "wrap the model, ddp_model = DDP(model, device_ids=[local_rank] on a GPU, else None), and run the "
+            "forward pass through ddp_model (step 4).")
     facts["backend"] = records[0]["backend"]
 
 
@@ -372,34 +318,26 @@ def _checkpoint(records, params, out_dir, per_node, exercise, facts) -> None:
     import torch
 
     savers = [r["rank"] for r in records if r["saves"]]
-    who = "every rank" if len(savers) == len(records) else f"{len(savers)} ranks"
-    require(not [r for r in savers if r != 0], exercise,
-            f"{who} saved a checkpoint (ranks {', '.join(map(str, savers))} called torch.save)"
-            f"{_local_firsts(records, savers)}.", "save where the global rank is 0: rank = int(os.environ['RANK']); "
-                                                  "if rank == 0: torch.save(...) (steps 1 and 8).")
-    require(savers == [0], exercise, "no checkpoint was written.",
-            "save the model on rank 0 into args.out_dir (step 8).")
+    who = "every rank" if len(savers) == len(records) else f"{len(savers) or 'no'} ranks"
+    require(savers == [0], exercise, f"{who} saved a checkpoint" + (f" (ranks {', '.join(map(str, savers))} called "
+            f"torch.save){_local_firsts(records, savers)}." if savers else "."),
+            "save on global rank 0 alone, into args.out_dir: if rank == 0: torch.save(...), rank from RANK "
+            "(steps 1 and 8).")
     files = sorted(p for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
-    if not files:
-        elsewhere = next(r["saves"][0] for r in records if r["rank"] == 0)
-        raise NotYet(f"✗ {exercise}: torch.save wrote {elsewhere}, not into the --out-dir folder.",
-                     "save into Path(args.out_dir).")
-    require(len(files) == 1, exercise, f"{len(files)} files were written ({', '.join(p.name for p in files)}), "
-            "not one checkpoint.", "save one file, once.")
+    require(len(files) == 1, exercise, f"torch.save wrote {records[0]['saves'][0]}, not into the --out-dir folder."
+            if not files else f"{len(files)} files were written ({', '.join(p.name for p in files)}).",
+            "save one file, once, into Path(args.out_dir).")
     try:
-        loaded = torch.load(files[0], map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
-        raise NotYet(f"✗ {exercise}: the checkpoint cannot be read as weights ({type(err).__name__}).",
-                     "save model.state_dict(), not the model object.") from None
-    state = _state_dict(loaded)
-    require(state is not None, exercise, "the checkpoint holds no state dict.", "save model.state_dict() (step 8).")
-    require(not any(k.startswith("module.") for k in state), exercise,
-            "the checkpoint's keys start with 'module.': it holds the DDP wrapper's state dict.",
-            "save the plain model's: model.state_dict() or ddp_model.module.state_dict().")
-    saved = [t.float() for t in state.values()]
-    missing = [p for p in params[0] if not any(s.shape == p.shape and torch.equal(s, p) for s in saved)]
-    require(not missing, exercise, "the checkpoint does not hold the trained parameters.",
-            "save after the training loop, the model you trained.")
+        state = _state_dict(torch.load(files[0], map_location="cpu", weights_only=True))
+    except Exception:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
+        state = None
+    saved = [t.float() for t in (state or {}).values()]
+    require(state is not None and not any(k.startswith("module.") for k in state)
+            and all(any(s.shape == p.shape and torch.equal(s, p) for s in saved) for p in params[0]), exercise,
+            f"{files[0].name} does not hold the trained parameters as the plain model's state dict"
+            + (" (its keys start with 'module.': the DDP wrapper's)." if state and any(
+                k.startswith("module.") for k in state) else "."),
+            "after the training loop, save model.state_dict() or ddp_model.module.state_dict() (step 8).")
     facts["checkpoint"] = files[0]
 
 
@@ -422,14 +360,11 @@ def _output(records, params, out_dir, per_node, exercise, facts) -> None:
     def near(rate: float) -> bool:
         return low / THROUGHPUT_TOLERANCE <= rate <= high * THROUGHPUT_TOLERANCE
 
-    if not near(reported):
-        require(not near(reported * nproc), exercise,
-                f"the reported throughput, {reported:.0f} samples/s, is one rank's: the {nproc} ranks together drew "
-                f"about {high:.0f} samples/s.", "count every rank's samples: seen * world_size / elapsed, world_size "
-                                                "from WORLD_SIZE (LOCAL_WORLD_SIZE counts one node's) (step 7).")
-        raise NotYet(f"✗ {exercise}: the reported throughput, {reported:.0f} samples/s, is far from what the ranks "
-                     f"drew: {reported / high:.2g}x their about {high:.0f} samples/s.",
-                     "count every rank's samples once, over the training loop's time: seen * world_size / elapsed.")
+    require(near(reported), exercise, f"the reported throughput, {reported:.0f} samples/s, is far from the about "
+            f"{high:.0f} samples/s the {nproc} ranks drew ({reported / high:.2g}x)"
+            + (": it is one rank's." if near(reported * nproc) else "."),
+            "count every rank's samples once, over the training loop's time: seen * world_size / elapsed, "
+            "world_size from WORLD_SIZE (LOCAL_WORLD_SIZE counts one node's) (step 7).")
     facts["reported"], facts["measured"] = reported, high
 
 
@@ -446,10 +381,7 @@ PARTS = (_data, _model, _checkpoint, _output, _end)
 def findings(records: list[dict], params: list, out_dir: Path, per_node: tuple[int, ...], exercise: str,
              facts: dict | None = None) -> list[NotYet]:
     """The first mistake of each part of a finished run of ``per_node`` processes on each node, in the order an
-    attendee meets them; [] when it is right.
-
-    ``facts`` collects what the passing line says (the backend, the shard, the checkpoint, the throughputs).
-    """
+    attendee meets them; [] when it is right. ``facts`` collects what the passing line says."""
     facts = {} if facts is None else facts
     world, nproc = records[0]["env"].get("WORLD_SIZE"), sum(per_node)
     require(len(records) == nproc and world == str(nproc), exercise,
