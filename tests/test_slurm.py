@@ -35,7 +35,9 @@ SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
 # The CPU even where there is a GPU: only there is a resumed run bit-identical to an uninterrupted one.
 TINY = ("--model", "simplecnn", "--batch-size", "64", "--train-size", "1024", "--test-size", "64",
         "--warmup-steps", "0", "--seed", "0", "--device", "cpu")
-LONG = (*TINY, "--epochs", "7", "--steps", "100", "--checkpoint-every", "10")  # the run the pre-emption test splits
+# The run the pre-emption test splits: signalled at step 10, so 50 steps are left for the signal to land mid-run.
+LONG_STEPS = 60
+LONG = (*TINY, "--epochs", "7", "--steps", str(LONG_STEPS), "--checkpoint-every", "10")
 
 pytestmark = pytest.mark.skipif(bool(missing_binaries()),
                                 reason=f"Slurm/munge not installed (missing: {', '.join(missing_binaries())}); "
@@ -109,10 +111,10 @@ def test_one_gpu_script_trains_and_writes_its_result(uninterrupted):
     assert_succeeded(job, text)
     assert "rank 0 of 1" in text and "GPUs none" in text
     assert re.search(r"GPUs none, cores \d+, 1 CPU thread\(s\)", text), "one core by default, and one thread on it"
-    assert re.search(r"Done: 100 steps on 1 process\(es\)", text), text
+    assert re.search(rf"Done: {LONG_STEPS} steps on 1 process\(es\)", text), text
     assert f"results in {run_dir}" in text
     result = result_of(run_dir)
-    assert result["metrics"]["steps"] == 100 and result["metrics"]["world_size"] == 1
+    assert result["metrics"]["steps"] == LONG_STEPS and result["metrics"]["world_size"] == 1
     assert result["metrics"]["interrupted"] is False
     assert result["environment"]["slurm"]["SLURM_JOB_ID"] == job["JobId"]
 
@@ -317,7 +319,7 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(c
     job_id = cluster.sbatch(REPO / "slurm" / "train_preemptible.sbatch", *LONG, options=("--output", str(out)))
     # Wait until training is under way (step 10 logged), then send what Slurm sends before the time limit.
     deadline = time.monotonic() + 120
-    while not (out.exists() and "step 10/100" in out.read_text()):
+    while not (out.exists() and f"step 10/{LONG_STEPS}" in out.read_text()):
         assert time.monotonic() < deadline and cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"), \
             f"job never reached step 10: {cluster.job(job_id)}\n{out.read_text() if out.exists() else ''}"
         time.sleep(0.2)
@@ -336,9 +338,9 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(c
 
     result = result_of(next(Path(cluster.env["WORKSHOP_RUNS"]).glob(f"*-{job_id}")))
     reference = result_of(uninterrupted[2])
-    assert 10 <= result["metrics"]["resumed_from_step"] < 100
+    assert 10 <= result["metrics"]["resumed_from_step"] < LONG_STEPS
     assert result["metrics"]["resumed_from_step"] == int(stopped.group(1))
-    assert result["metrics"]["steps"] == 100 and not result["metrics"]["interrupted"]
+    assert result["metrics"]["steps"] == LONG_STEPS and not result["metrics"]["interrupted"]
     assert result["metrics"]["param_checksum"] == reference["metrics"]["param_checksum"], "work was lost or changed"
 
 
