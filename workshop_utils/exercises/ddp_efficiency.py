@@ -14,25 +14,18 @@ from .exercise_judging import checked, number, verdict
 @checked
 def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_size: int = 64,
                          gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
-    """The weak-scaling efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model.
-
-    The ring crosses the nodes' InfiniBand beyond one node (NVLink within it); the gradients
-    travel in DDP's buckets, one all-reduce each. The mistakes it names: the link inside a
-    node, one message in place of the buckets, the overlapped bound, a percentage, a ring of
-    p-1 steps, the latency paid once per bucket, microseconds or GB/s left unconverted, and GB/s
-    read as GiB/s or Gbit/s. Answers are compared through the communication time they imply,
-    step x (1/efficiency - 1): near an efficiency of 1 and near 0 alike, the mistakes' efficiencies
-    can agree to many digits, their communication times do not.
-    """
+    """The weak-scaling efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model: the
+    ring crosses InfiniBand beyond one node, the gradients travel in DDP's buckets. Answers are compared through
+    the communication time they imply (1/efficiency - 1 steps): near 1 and near 0, the mistakes' efficiencies can
+    agree to many digits, their communication times do not."""
     value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
     try:  # the kit's inputs, as a tensor or numpy scalar too
-        step_s, grad_bytes, world_size, gpus_per_node = (float(step_s), float(grad_bytes), int(world_size),
-                                                         int(gpus_per_node))
+        step_s, grad_bytes, world_size, gpus_per_node = float(step_s), float(grad_bytes), int(world_size), \
+            int(gpus_per_node)
     except (TypeError, ValueError, RuntimeError):
-        raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be numbers.",
-                            "pass the inputs of the exercise's cell.") from None
+        step_s = 0.0
     if not (step_s > 0 and grad_bytes > 0 and world_size >= 2 and gpus_per_node >= 1):
-        raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be positive "
+        raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be numbers, positive "
                             "(world_size 2 or more).", "pass the inputs of the exercise's cell.")
     within, between = LINKS["nvlink4"], LINKS["ib_ndr"]
     row = predict_scaling(step_s, grad_bytes, [world_size], within, between, gpus_per_node).iloc[0]
@@ -48,29 +41,23 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
         return efficiency_with(sum((steps if latency_steps is None else latency_steps) * lat_s
                                    + steps / p * n / bytes_per_s for n in ddp_buckets(grad_bytes)))
 
+    ib_fix = "bandwidth_gbps is in GB/s, decimal: B = bandwidth_gbps * 1e9 bytes/s."
     mistakes = [
         (1.0, "that leaves the communication out: an efficiency of 1 is a step with no all-reduce at all.",
          "add the buckets' ring all-reduce times to the step: efficiency = step / (step + communication)."),
         (efficiency_with(sum(ring_all_reduce_s(b, p, within) for b in ddp_buckets(grad_bytes))),
-         "that is NVLink's figure, the link inside a node.",
-         f"{p} GPUs fill {math.ceil(p / gpus_per_node)} nodes: the ring crosses InfiniBand (wu.LINKS['ib_ndr']), "
-         "its slowest link, which sets the pace."),
-        (efficiency_with(ring_all_reduce_s(grad_bytes, p, link)),
-         "the gradients went as one message.", "DDP sends one all-reduce per bucket (wu.ddp_buckets(grad_bytes)); "
-         "each pays the latency."),
+         "that is NVLink's figure, the link inside a node.", f"{p} GPUs fill {math.ceil(p / gpus_per_node)} nodes: "
+         "the ring crosses InfiniBand (wu.LINKS['ib_ndr']), its slowest link, which sets the pace."),
+        (efficiency_with(ring_all_reduce_s(grad_bytes, p, link)), "the gradients went as one message.",
+         "DDP sends one all-reduce per bucket (wu.ddp_buckets(grad_bytes)); each pays the latency."),
         (float(row.efficiency_overlap), "that is the bound with overlap.",
          "this exercise asks for no overlap: every bucket's all-reduce after the backward pass."),
         (100 * right, "that looks like a percentage.", "give the efficiency as a fraction (0.85, not 85)."),
-        (ring(steps=p - 1), "a ring all-reduce takes 2(p-1) steps.",
-         "it is a reduce-scatter (p-1 steps) followed by an all-gather (p-1 steps)."),
-        (ring(lat_s=link.latency_us), "the latency went in as seconds.",
-         "latency_us is in microseconds: multiply by 1e-6."),
-        (ring(bytes_per_s=link.bandwidth_gbps), "the bandwidth went in as bytes per second.",
-         "bandwidth_gbps is in GB/s: multiply by 1e9."),
-        (ring(bytes_per_s=link.bandwidth_gbps * 2**30), "the bandwidth went in as GiB/s (x 2**30).",
-         "bandwidth_gbps is in GB/s, decimal: multiply by 1e9."),
-        (ring(bytes_per_s=bw / 8), "that treats GB/s as Gbit/s (divided by 8).",
-         "bandwidth_gbps is in gigabytes per second: B = bandwidth_gbps * 1e9 bytes/s."),
+        (ring(steps=p - 1), "a ring all-reduce takes 2(p-1) steps.", "a reduce-scatter (p-1), then an all-gather."),
+        (ring(lat_s=link.latency_us), "the latency went in as seconds.", "latency_us is in microseconds: x 1e-6."),
+        (ring(bytes_per_s=link.bandwidth_gbps), "the bandwidth went in as bytes per second.", ib_fix),
+        (ring(bytes_per_s=link.bandwidth_gbps * 2**30), "the bandwidth went in as GiB/s (x 2**30).", ib_fix),
+        (ring(bytes_per_s=bw / 8), "that treats GB/s as Gbit/s (divided by 8).", ib_fix),
         (ring(latency_steps=1), "that pays the latency once per bucket; the ring pays it at each of its 2(p-1) steps.",
          "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth, for each bucket."),
     ]

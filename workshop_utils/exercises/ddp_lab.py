@@ -435,7 +435,7 @@ def _gradients(spec_file: str) -> None:
             if error:  # raised on every rank after the same calls: no rank waits in a collective, so the next runs
                 continue
 
-            write_json(folder / f"rank{rank}.json", {**result, **compared(mine, ddp, own, world), "calls": started,
+            write_json(folder / f"rank{rank}.json", {**result, **compared(mine, ddp, own), "calls": started,
                                                      "ddp_buckets": buckets})
     teardown_distributed()
     note_progress(Path(spec["folder"]), rank, "finished")
@@ -520,8 +520,7 @@ def main(argv=None) -> None:
         _gradients(argv[1])
     else:
         print("usage: python -m workshop_utils.exercises.ddp_lab --probe FOLDER SCRIPT [ARGS...] | --gradients SPEC | "
-              "--agent TORCHRUN_ARGS  "
-              "(started by check_ddp_lab and check_average_gradients)", file=sys.stderr)
+              "--agent TORCHRUN_ARGS  (started by check_ddp_lab and check_average_gradients)", file=sys.stderr)
         raise SystemExit(2)
 
 

@@ -94,7 +94,7 @@ def reported_throughput(lines) -> float | None:
 
 
 def read_output(path: Path) -> str:
-    """A file a rank writes (its output, its record), or "" when the rank never got to write it."""
+    """A file a rank writes, or "" when it never got to write it."""
     return path.read_text(errors="replace") if path.exists() else ""
 
 
@@ -131,13 +131,9 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
     except WorkshopError as err:
         if "longer than" not in str(err):
             raise
-        where = what_ran(folder, ranks)
-        fix = ("a rank that never got going: on a very busy machine, run the check again, or pass a larger timeout_s."
-               if "not started" in where else
-               "every rank got going, and each rank's own limit stops one that makes no progress: the run was "
-               "still progressing when the check's limit came, so pass a larger timeout_s or run fewer steps.")
         raise NotYet(f"✗ {exercise}: the run reached the check's limit of {timeout_s:.0f} s and was stopped: "
-                     f"{where}.", fix) from None
+                     f"{what_ran(folder, ranks)}.", "it was still going (a rank that makes no progress is stopped "
+                                                    "sooner): pass a larger timeout_s, or run fewer steps.") from None
 
 
 def torchrun_agent(argv: list[str]) -> None:

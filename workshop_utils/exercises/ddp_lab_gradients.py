@@ -1,8 +1,5 @@
-"""Exercise 2.1 around the ranks: the attendee's function as source the ranks can run (with the modules it reads
-from its notebook; a helper or variable of the notebook named before launch), the files through which the ranks
-wait for each other, and the one line for each world size the function ran on. What each rank runs, and the check
-that launches them, are in ``ddp_lab``.
-"""
+"""Exercise 2.1 around its ranks (which ``ddp_lab`` runs): the attendee's function as source they can run, the
+files through which they wait for each other, and the one line for each world size the function ran on."""
 
 from __future__ import annotations
 
@@ -25,9 +22,8 @@ from .exercise_judging import short
 # What a rank's side of check_average_gradients watches: every collective the attendee's function starts.
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier")
-# The world sizes the function runs on, in one launch: 3 ranks as two nodes (2 processes on node 0, 1 on node 1:
-# WORLD_SIZE 3, LOCAL_WORLD_SIZE 2 or 1), then node 0's 2 ranks as a job of their own. No world size typed in,
-# and no LOCAL_WORLD_SIZE, is right on both.
+# The world sizes the function runs on, in one launch: 3 ranks as two nodes (2 + 1), then node 0's 2 ranks alone.
+# No world size typed in, and no LOCAL_WORLD_SIZE, is right on both.
 PER_NODE, SECOND_WORLD = (2, 1), 2
 
 
@@ -42,10 +38,8 @@ def placeholder_body(source: str) -> bool:
 
 
 def function_source(function, exercise: str) -> tuple[str, str]:
-    """(the source the ranks run, the name it defines): a ``def`` as written, a lambda as ``name = lambda ...``.
-
-    Padded with blank lines so that its line numbers are those of the attendee's cell.
-    """
+    """(the source the ranks run, the name it defines): a ``def`` as written, a lambda as ``name = lambda ...``,
+    padded with blank lines so that its line numbers are those of the attendee's cell."""
     hint = "define it with def average_gradients(model): ... in a notebook cell, and run that cell."
     try:
         lines, first = inspect.getsourcelines(function)
@@ -77,8 +71,7 @@ def _global_names(code) -> set[str]:
 
 
 def _home(value) -> str | None:
-    """The module ``value`` can be imported from under its own name, in a fresh process as in this one (the standard
-    library's, an installed package's: the notebook's own ``__main__`` is none), or None."""
+    """The module ``value`` can be imported from under its own name in a fresh process (not ``__main__``), or None."""
     module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
     if not (isinstance(module, str) and isinstance(qualname, str) and qualname.isidentifier()):
         return None
@@ -89,9 +82,8 @@ def _home(value) -> str | None:
 
 
 def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> str:
-    """Import lines for the modules (and the objects imported from them) that ``function`` reads from its
-    notebook, for the ranks; ``NotYet`` naming a function or variable of the notebook that it reads, which
-    the ranks do not have. The lines go after the function's source: its line numbers stay those of its cell."""
+    """Import lines, after the function's source, for the modules (and objects from them) ``function`` reads from its
+    notebook; ``NotYet`` naming a function or variable of the notebook it reads, which the ranks do not have."""
     namespace = getattr(function, "__globals__", {})
     lines = []
     for name in sorted(_global_names(function.__code__) - set(given)):
@@ -116,8 +108,7 @@ def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> s
 
 
 def watched(op: str, original, started: list[str], log: Path):
-    """``original``, the collective ``op``, logging each call first (in ``started`` and to ``log``): a rank that then
-    hangs or aborts still shows who called what."""
+    """``original``, the collective ``op``, logging each call first: a rank that then hangs still shows its calls."""
     def call(*args, **kwargs):
         started.append(op)
         with open(log, "a") as file:
@@ -126,9 +117,9 @@ def watched(op: str, original, started: list[str], log: Path):
     return call
 
 
-def compared(mine, ddp, own, world: int) -> dict:
-    """The attendee's gradients ``mine`` against DDP's (and this rank's ``own``, and their sum over ``world``): the
-    largest gaps, and, when ``mine`` is a multiple of DDP's, the factor (its ``ratio``, and the ``residual``)."""
+def compared(mine, ddp, own) -> dict:
+    """The attendee's gradients ``mine`` against DDP's and this rank's ``own``: the largest gaps, and the factor
+    (``ratio``) and ``residual`` of ``mine`` as a multiple of DDP's."""
     import torch
 
     def gap(a, b):
@@ -143,7 +134,7 @@ def compared(mine, ddp, own, world: int) -> dict:
         ratio = float(flat_mine @ flat_ddp / (flat_ddp @ flat_ddp))  # mine = ratio x DDP's, when proportional
         residual = float((flat_mine - ratio * flat_ddp).norm() / flat_ddp.norm())
     return {"scale": max(float(t.abs().max()) for t in ddp), "to_ddp": gap(mine, ddp), "to_own": gap(mine, own),
-            "to_sum": gap(mine, [t * world for t in ddp]), "ratio": ratio, "residual": residual}
+            "ratio": ratio, "residual": residual}
 
 
 def started_calls(folder: Path, rank: int) -> list[str]:
@@ -157,20 +148,13 @@ def _record(folder: Path, rank: int, ending: str = "json") -> dict | None:
 
 
 def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str], limit_s: float) -> str | None:
-    """After this rank's function returned: None once every rank's did with the same calls, else why not.
-
-    Before the next function, or the next world size, every rank must be done with the attendee's collectives:
-    one that only some ranks started would otherwise pair with the next ones, and abort the run or corrupt
-    it. A rank still inside a collective that this rank will never call ("mismatch") is told apart from a
-    rank that has not got there yet by the calls it started; one that has not finished within ``limit_s``
-    (scaled to this machine by the caller) is a "timeout".
-    """
+    """After this rank's function returned: None once every rank's did with the same calls, else why not ("mismatch",
+    "peer failed", "timeout"). A collective only some ranks started would otherwise pair with the next ones."""
     deadline = time.time() + limit_s
     while True:
         done = {r: _record(folder, r, "done") for r in range(world_size) if (folder / f"rank{r}.done").exists()}
         if len(done) == world_size:
             return None if all(d["calls"] == mine for d in done.values()) else "mismatch"
-        # a rank that left without a comparison (an error in the function, or the ranks' calls differ)
         if any((_record(folder, r) or {}).get("error") or (_record(folder, r) or {}).get("stopped")
                for r in range(world_size) if r != rank and r not in done):
             return "peer failed"
@@ -234,9 +218,8 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
 
 
 def _divided_by(results: list[dict], key: str | None = None) -> dict[int, int] | bool | None:
-    """Each rank's divisor d, where its gradients are the sum over the ranks divided by a whole d (sum / d = ratio x
-    the average, so d = world / ratio), else None; with ``key``, whether each rank's d is its own value of that
-    environment count."""
+    """Each rank's whole divisor d where its gradients are the sum over the ranks / d (d = world / ratio), else None;
+    with ``key``, whether each rank's d is its own value of that environment count."""
     found = {r["rank"]: r["world_size"] / r["ratio"] for r in results if (r.get("ratio") or 0) > 0
              and r.get("residual") is not None and r["residual"] < 1e-4}
     divisors = None if len(found) < len(results) or any(abs(d - round(d)) >= 1e-3 for d in found.values()) else \
@@ -251,7 +234,7 @@ def judge_comparison(results: list[dict], world: int, exercise: str, rounds=()) 
     """The function's gradients on every rank of one world size against DDP's: the facts of a pass, or ``NotYet``
     saying what they are (each rank's own, the sum divided by what: the count of torchrun's it matches on every
     world size of ``rounds``, the results on each, where one does)."""
-    worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own", "to_sum")}
+    worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own")}
     calls = results[0]["calls"]
     if worst["to_ddp"] > 1e-5 * max(1.0, max(r["scale"] for r in results)):
         require(bool(calls), exercise, "your function made no collective call: every rank kept its own gradients.",
