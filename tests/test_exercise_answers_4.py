@@ -34,7 +34,8 @@ def test_4_1_the_row_that_waits_least_is_not_taken_for_the_fastest():
     sweep = pd.DataFrame({"num_workers": [0, 2, 4, 8], "pin_memory": [False] * 4,
                           "samples_per_s": [800.0, 1100.0, 1300.0, 1000.0],
                           "data_wait_fraction": [0.35, 0.10, 0.05, 0.20]})
-    one_line_refusal(lambda: wu.check_loader_choice(least_waiting, sweep, 0), "second sweep", "waits least")
+    one_line_refusal(lambda: wu.check_loader_choice(least_waiting, sweep, 0), "second sweep",
+                     "`best_workers` = 8 is not right")
 
 
 def test_1_2_timings_of_another_multiply_are_refused_whatever_the_stopwatch_says():
@@ -66,8 +67,8 @@ def test_4_3_leaving_idle_out_is_named_not_called_the_baseline():
     breakdown = pd.DataFrame({"rung": ["baseline", "CUDA graphs"], "step_ms": [100.0, 80.0], "data_ms": [30.0, 2.0],
                               "forward_ms": [20.0, 12.0], "backward_ms": [40.0, 20.0], "optimizer_ms": [5.0, 3.0],
                               "idle_ms": [5.0, 43.0]})
-    said = one_line_refusal(lambda: wu.check_next_fix("backward_ms", speedup, breakdown), "only without idle_ms",
-                            "43 ms")
+    said = one_line_refusal(lambda: wu.check_next_fix("backward_ms", speedup, breakdown),
+                            "backward_ms is not the top rung's largest part", "idle_ms 43 ms")
     assert "baseline" not in said
     # The second largest part, idle time no part of it, is no omission: it is the part that is not the largest.
     said = one_line_refusal(lambda: wu.check_next_fix("forward_ms", speedup, breakdown.assign(idle_ms=[5.0, 5.0])),
@@ -81,7 +82,7 @@ def test_1_4_a_mistake_hit_exactly_is_named_alone_when_another_lands_within_the_
         return 6 * parameters + 12 * layers * width * width
 
     said = one_line_refusal(lambda: wu.check_flops_per_token(width_squared, GPT_N, TINY, GPT_T, COUNTED),
-                            "multiplies by the width twice")
+                            "= 14,405,844 is not right")
     assert "causal mask" not in said and "mistakes give here" not in said
 
 

@@ -285,9 +285,10 @@ def test_achieved_tflops():
     flops, samples_per_s = 246_190_080, 531.4
     right = flops * samples_per_s / 1e12
     assert wu.check_achieved_tflops(right, flops, samples_per_s)
-    not_yet(lambda: wu.check_achieved_tflops(right * 1e12, flops, samples_per_s), "FLOP/s, not TFLOP/s", "1e12")
-    not_yet(lambda: wu.check_achieved_tflops(right * 1e3, flops, samples_per_s), "GFLOP/s")
-    not_yet(lambda: wu.check_achieved_tflops(3 * right, flops, samples_per_s), "forward and backward")
+    not_yet(lambda: wu.check_achieved_tflops(right * 1e12, flops, samples_per_s), "= 130,825,408,512 is not right",
+            "/ 1e12")
+    not_yet(lambda: wu.check_achieved_tflops(right * 1e3, flops, samples_per_s), "= 130.8 is not right")
+    not_yet(lambda: wu.check_achieved_tflops(3 * right, flops, samples_per_s), "= 0.3925 is not right")
     not_yet(lambda: wu.check_achieved_tflops(1.7 * right, flops, samples_per_s), "is not right")
 
 
@@ -296,8 +297,8 @@ def test_matmul_tflops(capsys):
     right = 2 * n**3 / seconds / 1e12
     assert wu.check_matmul_tflops(right, n, seconds)
     assert wu.check_matmul_tflops(right, n, torch.tensor(seconds), "x86_64")  # no peak known: no ceiling
-    not_yet(lambda: wu.check_matmul_tflops(n**3 / seconds / 1e12, n, seconds), "two FLOPs")
-    not_yet(lambda: wu.check_matmul_tflops(right * 1e12, n, seconds), "1e12")
+    not_yet(lambda: wu.check_matmul_tflops(n**3 / seconds / 1e12, n, seconds), "= 0.05041 is not right")
+    not_yet(lambda: wu.check_matmul_tflops(right * 1e12, n, seconds), "= 100,820,828,545 is not right")
     unsolved(lambda: wu.check_matmul_tflops(right, n, ...), capsys, "`seconds`", "placeholder")
     not_yet(lambda: wu.check_matmul_tflops(right, n, 0), "above 0")
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
@@ -329,13 +330,15 @@ def test_mfu_against_the_data_sheet_and_against_the_measured_matmul():
     right = achieved / (wu.peak_tflops(gpu, "fp32") or measured)  # the notebook's solution
     assert right == achieved / 19.5
     assert wu.check_mfu(right, achieved, gpu, "fp32", measured)
-    not_yet(lambda: wu.check_mfu(100 * right, achieved, gpu, "fp32", measured), "percentage")
-    not_yet(lambda: wu.check_mfu(achieved / 156.0, achieved, gpu, "fp32", measured), "tf32 peak")
-    not_yet(lambda: wu.check_mfu(achieved / measured, achieved, gpu, "fp32", measured), "measured matmul rate")
-    not_yet(lambda: wu.check_mfu(19.5 / achieved, achieved, gpu, "fp32", measured), "upside down")
+    not_yet(lambda: wu.check_mfu(100 * right, achieved, gpu, "fp32", measured), "= 21.54", "above 1")
+    not_yet(lambda: wu.check_mfu(achieved / 156.0, achieved, gpu, "fp32", measured), "= 0.02692 is not right",
+            "19.5 TFLOP/s")
+    not_yet(lambda: wu.check_mfu(achieved / measured, achieved, gpu, "fp32", measured), "= 0.2471 is not right",
+            "the data-sheet peak")
+    not_yet(lambda: wu.check_mfu(19.5 / achieved, achieved, gpu, "fp32", measured), "= 4.643", "above 1")
     cpu = "x86_64"  # not in the table: the measured rate stands in
     assert wu.check_mfu(achieved / measured, achieved, cpu, "fp32", measured)
-    not_yet(lambda: wu.check_mfu(100 * achieved / measured, achieved, cpu, "fp32", measured), "percentage")
+    not_yet(lambda: wu.check_mfu(100 * achieved / measured, achieved, cpu, "fp32", measured), "= 24.71", "above 1")
 
 
 @pytest.fixture
@@ -353,15 +356,15 @@ def test_lost_fraction(gradient_magnitudes):
     right = (nonzero.half() == 0).double().mean().item()  # the notebook's solution
     assert 0.2 < right < 0.5
     assert wu.check_lost_fraction(right, g)
-    not_yet(lambda: wu.check_lost_fraction(100 * right, g), "percentage")
-    not_yet(lambda: wu.check_lost_fraction(((g.half() == 0) & (g != 0)).double().mean().item(), g), "zeros included")
+    not_yet(lambda: wu.check_lost_fraction(100 * right, g), "= 37.36", "between 0 and 1")
+    not_yet(lambda: wu.check_lost_fraction(((g.half() == 0) & (g != 0)).double().mean().item(), g), "were zero already")
     not_yet(lambda: wu.check_lost_fraction((g.half() == 0).double().mean().item(), g), "zero already")
     subnormal = (nonzero < torch.finfo(torch.float16).smallest_normal).double().mean().item()
-    not_yet(lambda: wu.check_lost_fraction(subnormal, g), "subnormals")
-    not_yet(lambda: wu.check_lost_fraction((nonzero.bfloat16() == 0).double().mean().item(), g), "bfloat16")
+    not_yet(lambda: wu.check_lost_fraction(subnormal, g), "= 0.6567 is not right")
+    not_yet(lambda: wu.check_lost_fraction((nonzero.bfloat16() == 0).double().mean().item(), g), "= 0 is not right")
     scaled = ((nonzero * 2**8).half() == 0).double().mean().item()
     assert wu.check_lost_fraction(scaled, g, scale=2**8)
-    not_yet(lambda: wu.check_lost_fraction(right, g, scale=2**8), "loss scale")
+    not_yet(lambda: wu.check_lost_fraction(right, g, scale=2**8), "is not right", "scaled by 256")
 
 
 def test_safe_loss_scale(gradient_magnitudes):
@@ -370,11 +373,11 @@ def test_safe_loss_scale(gradient_magnitudes):
     right = 2.0 ** math.floor(math.log2(torch.finfo(torch.float16).max / largest))  # the notebook's solution
     assert right * largest <= 65504 < 2 * right * largest
     assert wu.check_safe_loss_scale(right, grads)
-    not_yet(lambda: wu.check_safe_loss_scale(2 * right, grads), "one power too far")
+    not_yet(lambda: wu.check_safe_loss_scale(2 * right, grads), "32768 x 2.89927 = 95,003.4", "rounds to inf")
     not_yet(lambda: wu.check_safe_loss_scale(right / 2, grads), "one power short")  # now named, not "is not right"
     not_yet(lambda: wu.check_safe_loss_scale(right * 1.5, grads), "power of two")
     bf16 = 2.0 ** math.floor(math.log2(torch.finfo(torch.bfloat16).max / largest))
-    not_yet(lambda: wu.check_safe_loss_scale(bf16, grads), "bfloat16")
+    not_yet(lambda: wu.check_safe_loss_scale(bf16, grads), "rounds to inf")
 
 
 def amp_step(model, images, labels, optimizer, scaler):
@@ -445,16 +448,16 @@ def test_fewest_gpus_for_zero_1_and_3():
     assert wu.check_fewest_gpus(zero3, parameters, budget_gib, stage=3)
     assert wu.check_fewest_gpus(zero1, parameters, budget_gib, stage=1)
     assert wu.check_fewest_gpus(float(zero1), parameters, budget_gib, stage=1)
-    not_yet(lambda: wu.check_fewest_gpus(zero3, parameters, budget_gib, stage=1), "ZeRO-3's count")
-    not_yet(lambda: wu.check_fewest_gpus(8, parameters, budget_gib, stage=1), "rounded down")
-    not_yet(lambda: wu.check_fewest_gpus(12, parameters, budget_gib, stage=1), "GB (10^9 bytes)")
-    not_yet(lambda: wu.check_fewest_gpus(2, parameters, budget_gib, stage=3), "rounded down")
-    not_yet(lambda: wu.check_fewest_gpus(4, parameters, budget_gib, stage=3), "GB (10^9 bytes)")
+    not_yet(lambda: wu.check_fewest_gpus(zero3, parameters, budget_gib, stage=1), "at 3 GPUs each holds 52.2 GiB")
+    not_yet(lambda: wu.check_fewest_gpus(8, parameters, budget_gib, stage=1), "at 8 GPUs each holds 35.9 GiB")
+    not_yet(lambda: wu.check_fewest_gpus(12, parameters, budget_gib, stage=1), "11 GPUs already hold it")
+    not_yet(lambda: wu.check_fewest_gpus(2, parameters, budget_gib, stage=3), "at 2 GPUs each holds 52.2 GiB")
+    not_yet(lambda: wu.check_fewest_gpus(4, parameters, budget_gib, stage=3), "3 GPUs already hold it")
     not_yet(lambda: wu.check_fewest_gpus(1, parameters, budget_gib, stage=3), "more than the 35 GiB")
-    not_yet(lambda: wu.check_fewest_gpus(10, parameters, budget_gib, stage=1), "one GPU more than the fewest")
+    not_yet(lambda: wu.check_fewest_gpus(10, parameters, budget_gib, stage=1), "9 GPUs already hold it")
     not_yet(lambda: wu.check_fewest_gpus(3.3, parameters, budget_gib, stage=3), "whole number")
     # 13e9 x 16 bytes is 193.7 GiB (5 GPUs of 40) but 208 GB (6)
-    not_yet(lambda: wu.check_fewest_gpus(6, 13e9, 40, stage=3), "GB (10^9 bytes)")
+    not_yet(lambda: wu.check_fewest_gpus(6, 13e9, 40, stage=3), "5 GPUs already hold it")
     # ZeRO-1 of 70e9: parameters and gradients alone are 261 GiB, more than any GPU's budget
     assert wu.check_fewest_gpus(math.inf, 70e9, 50, stage=1)
     not_yet(lambda: wu.check_fewest_gpus(30, 70e9, 50, stage=1), "math.inf")
@@ -473,13 +476,17 @@ def test_fsdp_traffic_against_ddp(capsys):
     def wrong_ddp(value):
         return lambda: wu.check_fsdp_traffic(value, fsdp_s, n_bytes, world_size, link)
 
-    not_yet(wrong_ddp(one_pass), "all-gather's time")
-    not_yet(wrong_ddp(2 * (p - 1) * link.latency_us + 2 * (p - 1) / p * n_bytes / bandwidth), "microseconds")
-    not_yet(wrong_ddp(2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / (bandwidth / 8)), "Gbit/s")
-    not_yet(wrong_ddp(2 * (p - 1) * alpha + 2 * n_bytes / bandwidth), "(p-1)/p")
+    not_yet(wrong_ddp(one_pass), "`ddp_s` = 0.2759 is not right", "2 passes")
+    not_yet(wrong_ddp(2 * (p - 1) * link.latency_us + 2 * (p - 1) / p * n_bytes / bandwidth),
+            "`ddp_s` = 630.6 is not right", "alpha = 5 us")
+    not_yet(wrong_ddp(2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / (bandwidth / 8)),
+            "`ddp_s` = 4.411 is not right", "B = 50 GB/s")
+    not_yet(wrong_ddp(2 * (p - 1) * alpha + 2 * n_bytes / bandwidth), "`ddp_s` = 0.5606 is not right")
     unsolved(wrong_ddp(...), capsys, "`ddp_s`", "placeholder")
-    not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 2 * one_pass, n_bytes, world_size, link), "three per step")
-    not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 3 * ddp_s, n_bytes, world_size, link), "three all-reduces")
+    not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 2 * one_pass, n_bytes, world_size, link),
+            "`fsdp_s` = 0.5519 is not right", "3 passes")
+    not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 3 * ddp_s, n_bytes, world_size, link),
+            "`fsdp_s` = 1.656 is not right")
     unsolved(lambda: wu.check_fsdp_traffic(ddp_s, ..., n_bytes, world_size, link), capsys, "`fsdp_s`", "placeholder")
 
 
@@ -495,11 +502,13 @@ def test_flops_per_token_by_the_formula_and_its_named_mistakes(capsys):
     assert wu.check_flops_per_token(formula, n, size, T, counted)
     assert f"the counter measured {counted / 1e6:.2f}" in capsys.readouterr().out
     for mistake, message in [
-        (lambda N, L, d, t: 6 * N, "no parameter counts"),
-        (lambda N, L, d, t: 2 * N + 4 * L * d * t, "forward pass alone"),
-        (lambda N, L, d, t: 6 * N + 12 * L * d, "grows with the sequence"),
-        (lambda N, L, d, t: 1.5 * formula(N, L, d, t), "is not right"),
-        (lambda N, L, d, t: 6 * N + 12 * L * d * d, "width twice"),  # right at the exercise's sizes, not beyond
+        (lambda N, L, d, t: 6 * N, "= 5,054,976 is not right"),
+        (lambda N, L, d, t: 2 * N + 4 * L * d * t, "= 1,947,136 is not right"),
+        (lambda N, L, d, t: 6 * N + 12 * L * d, "= 5,061,120 is not right"),
+        (lambda N, L, d, t: 1.5 * formula(N, L, d, t), "= 8,762,112 is not right"),
+        (lambda N, L, d, t: 6 * N + 12 * L * d * d, "second configuration the check tries: "
+                                                   "`gpt_flops_per_token(...)` = "
+                                                   "14,405,844 is not right"),  # right at the exercise's sizes only
         (lambda N, L, d, t: right, "reads the notebook's variables"),
         (right, "should be a function"),
     ]:
@@ -536,7 +545,7 @@ def test_fewest_microbatches():
     assert wu.check_microbatches(microbatches, stages, target)
     not_yet(lambda: wu.check_microbatches(62, stages, target), "above 0.1")
     not_yet(lambda: wu.check_microbatches(80, stages, target), "m = 79 already")
-    not_yet(lambda: wu.check_microbatches(72, stages, target), "p idle slots")
+    not_yet(lambda: wu.check_microbatches(72, stages, target), "m = 71 already")
     not_yet(lambda: wu.check_microbatches(62.5, stages, target), "whole number")
     not_yet(lambda: wu.check_microbatches(0, stages, target), "at least one")
     assert wu.check_microbatches(1, 1, target)  # one stage never idles
@@ -572,14 +581,14 @@ def test_loader_choice_and_its_amdahl_bound(capsys):
                 sweep.samples_per_s.equals(loader_sweep.samples_per_s) else loader_choice(sweep, start)
         return lambda: wu.check_loader_choice(choice, loader_sweep, 2)
 
-    not_yet(call(workers=4), "the most workers")
-    not_yet(call(workers=0), "the slowest row")
+    not_yet(call(workers=4), "`best_workers` = 4 is not right", "the fastest row")
+    not_yet(call(workers=0), "`best_workers` = 0 is not right")
     not_yet(call(workers=3), "not a worker count")
     not_yet(call(speedup=1 / measured_speedup), "upside down")
-    not_yet(call(bound=1 / 0.18), "1/f")
-    not_yet(call(bound=1 / (1 - 0.12)), "fastest row's wait")
-    not_yet(call(bound=wu.amdahl_speedup(0.18, 2)), "twice as fast")
-    not_yet(call(bound=1.18), "approximation")
+    not_yet(call(bound=1 / 0.18), "`amdahl_bound` = 5.556 is not right")
+    not_yet(call(bound=1 / (1 - 0.12)), "`amdahl_bound` = 1.136 is not right", "f = 0.18")
+    not_yet(call(bound=wu.amdahl_speedup(0.18, 2)), "`amdahl_bound` = 1.099 is not right")
+    not_yet(call(bound=1.18), "`amdahl_bound` = 1.18 is not right")
     unsolved(call(bound=...), capsys, "`amdahl_bound`", "placeholder")
     with pytest.raises(WorkshopError, match="no row"):
         wu.check_loader_choice(loader_choice, loader_sweep, 8)
@@ -603,11 +612,11 @@ def test_batch_memory_line_and_the_largest_batch_it_allows(capsys):
     def call(slope=mib_per_sample, largest=largest_batch):
         return lambda: wu.check_batch_memory(slope, largest, batch_sweep, limit_mib)
 
-    not_yet(call(slope=497.0 / 256), "whole peak")
+    not_yet(call(slope=497.0 / 256), "`mib_per_sample` = 1.941 is not right")
     everything = np.polyfit(batch_sweep.batch_size.astype(float), batch_sweep.peak_memory_mib.astype(float), 1)[0]
-    not_yet(call(slope=everything), "ran out of memory")
+    not_yet(call(slope=everything), "`mib_per_sample` = 1.147 is not right", "the 4 rows that fit")
     not_yet(call(largest=largest_batch + 1), "rounded up")
-    not_yet(call(largest=int(limit_mib // mib_per_sample)), "does not grow with the batch")
+    not_yet(call(largest=int(limit_mib // mib_per_sample)), "the line reaches 728 MiB")
     not_yet(call(largest=largest_batch - 7), "is not right")
     unsolved(call(largest=...), capsys, "`largest_batch`", "placeholder")
     with pytest.raises(WorkshopError, match="a line needs two"):
@@ -635,12 +644,12 @@ def test_next_fix_is_the_top_rungs_biggest_part(capsys):
     def call(phase=biggest_phase, speedup=step_speedup):
         return lambda: wu.check_next_fix(phase, speedup, breakdown)
 
-    not_yet(call(phase="data_ms"), "baseline's largest part")
+    not_yet(call(phase="data_ms"), "data_ms is not the top rung's largest part")
     not_yet(call(phase="step_ms"), "whole step")
     not_yet(call(phase="forward_ms"), "not the top rung's largest")
     not_yet(call(phase="operators_per_step"), "no column")
-    not_yet(call(speedup=2.0), "all of it")
-    not_yet(call(speedup=1 / (1 - 0.4)), "makes the part free")
-    not_yet(call(speedup=wu.amdahl_speedup(8 / 40, 2)), "baseline's share")
+    not_yet(call(speedup=2.0), "`step_speedup` = 2 is not right")
+    not_yet(call(speedup=1 / (1 - 0.4)), "`step_speedup` = 1.667 is not right")
+    not_yet(call(speedup=wu.amdahl_speedup(8 / 40, 2)), "`step_speedup` = 1.111 is not right", "f = 0.4")
     unsolved(call(phase=...), capsys, "placeholder")
     unsolved(call(speedup=...), capsys, "`step_speedup`", "placeholder")

@@ -1,27 +1,23 @@
 """What every exercise check shares: reading an answer strictly, and judging it in one line.
 
-A check never shows a traceback: a wrong or unreadable answer is one ``NotYet`` line naming the
-mistake (or the mistakes) it matches, an exception in the attendee's code is one line naming their
-line, and an exception inside a check is a ``KitDefect``, one line too, its cause chained for
-whoever debugs it. The checks of each notebook (``exercise_checks`` gathers them) build on these.
+A check never shows a traceback: a wrong or unreadable answer is one ``NotYet`` line saying what the value is and
+what was expected from which inputs, an exception in the attendee's code is one line naming their line, and an
+exception inside a check is a ``KitDefect``, one line too, its cause chained for whoever debugs it.
 """
 
 from __future__ import annotations
 
-import decimal
 import functools
 import inspect
 import linecache
 import math
-import numbers
 import traceback
 import warnings
 
 import numpy as np
-import torch
 
 from ..system.errors import WorkshopError
-from .answer_values import kind
+from .answer_values import Problem, kind, number_of, show
 from .exercise_cells import NotYet, exercise_check, require, require_answered
 
 LARGEST_COUNT = 2**53  # beyond it a float no longer holds every whole number
@@ -73,74 +69,39 @@ def described(value) -> str:
 
 
 def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None) -> float:
-    """``value`` as a float: an int, a float, a NumPy scalar, or a one-element tensor or array. A list or a tuple,
-    even of one number (a trailing comma makes one), is refused: the cells after the exercise compute with it.
-
-    ``...`` is "not yet solved" (``Unsolved``); anything else that is no finite number is ``NotYet``
-    saying what is expected: text ("64"), a list, None, a bool, NaN, an infinity. ``returned_by`` names
-    the attendee's function when ``value`` is what it returned: the messages then ask it to return the number.
+    """``value`` as a float: an int, a float, a Fraction, a NumPy scalar, or a one-element tensor or array. A list
+    or a tuple, even of one number (a trailing comma makes one), is refused: the cells after the exercise compute
+    with it. ``...`` is ``Unsolved``; anything else that is no finite number is one ``NotYet`` line saying what it
+    is (``answer_values.number_of``). ``returned_by`` names the attendee's function whose return value is judged.
     """
-    # `name` is the variable the attendee assigns, or the function whose return value is judged
     subject, give = ((f"what `{returned_by}` returns", f"make `{returned_by}` return") if returned_by
-                     else (f"`{name}`", "assign"))
+                     else (f"`{name}`", f"give `{name}`"))
     require_answered(value, exercise, f"{subject} is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
-    expected = f"{subject} should be {what}"
-    if value is None:
-        raise NotYet(f"✗ {exercise}: {subject} is None.",
-                     f"make `{returned_by}` end with `return` and the number (without it, it returns None)."
-                     if returned_by else f"assign the number to `{name}` (a function that ends without `return` "
-                                         "gives None).")
-    if isinstance(value, (str, bytes)):
-        raise NotYet(f"✗ {exercise}: {expected}, got the text {short(repr(value), 40)}.",
-                     f"{give} the number itself, without quotes ("
-                     + ("return 64" if returned_by else f"{name} = 64") + ", not '64').")
-    if isinstance(value, (bool, np.bool_)):
-        raise NotYet(f"✗ {exercise}: {expected}, got {value}.",
-                     f"a comparison gives True or False: {give} the number.")
     try:
         with warnings.catch_warnings():  # what the conversion would warn of is said in the answer's line
             warnings.simplefilter("ignore")
-            converted = _real(value, exercise, expected, give)
-    except NotYet:
-        raise
-    except OverflowError:
-        raise NotYet(f"✗ {exercise}: {subject} is too large to be a number here.",
-                     "check the units and the powers of ten in your formula.") from None
+            size = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)
+            if getattr(value, "shape", ()) not in ((), None) and size == 1:
+                value = value.reshape(())  # a one-element tensor or array is the number it holds
+            return number_of(value)
+    except Problem as problem:
+        said, text, truth = str(problem), isinstance(value, (str, bytes)), isinstance(value, (bool, np.bool_))
+        if said.endswith("beyond what a float holds"):
+            said = "is too large to be a number here"
+        elif said not in ("is None", "is nan", "is inf", "is -inf"):
+            said = f"should be {what}, got " + (f"the text {show(repr(value), 40)}" if text else str(value) if truth
+                                                else said.removeprefix("is ").split(", not")[0])
+        fix = ("a comma after the number makes a tuple of one: remove it." if isinstance(value, tuple) else
+               f"{give} the number itself, without quotes." if text else
+               f"a comparison gives True or False: {give} the number." if truth else
+               f"make `{returned_by}` end with `return` and the number (without it, it returns None)."
+               if returned_by and value is None else
+               f"{give} {what}: an int or a float (a tensor's .item() gives one).")
+        raise NotYet(f"✗ {exercise}: {subject} {said}.", fix) from None
     except Exception as err:  # noqa: BLE001 - whatever the object does on conversion, the answer is no number
-        raise NotYet(f"✗ {exercise}: {expected}; reading it as one failed ({type(err).__name__}).",
-                     f"{give} one number (an int or a float).") from None
-    if math.isnan(converted):
-        raise NotYet(f"✗ {exercise}: {subject} is nan (not a number).",
-                     "nan comes from 0/0, inf - inf, or an input that is nan already: check what your formula divides.")
-    if math.isinf(converted):
-        raise NotYet(f"✗ {exercise}: {subject} is {converted}.",
-                     "an infinity comes from dividing by zero or from a result too large: check the formula's units.")
-    return converted
-
-
-def _real(value, exercise: str, expected: str, give: str) -> float:
-    """The float an answer holds (a tensor's or an array's one element), or ``NotYet`` saying what it is."""
-    tensor = torch.is_tensor(value)
-    if tensor or isinstance(value, np.ndarray):
-        holder = "a tensor" if tensor else "an array"
-        if (value.numel() if tensor else value.size) != 1:
-            raise NotYet(f"✗ {exercise}: {expected}, got {holder} of shape {tuple(value.shape)}.",
-                         "reduce it to one number (a sum, a mean, one element), then .item().")
-        if not ((value.dtype != torch.bool and not value.dtype.is_complex) if tensor else value.dtype.kind in "iuf"):
-            raise NotYet(f"✗ {exercise}: {expected}, got {holder} of {value.dtype}.",
-                         f"{give} a real number (an int or a float).")
-        return float((value.detach().cpu() if tensor else value).reshape(()).item())
-    if isinstance(value, decimal.Decimal):  # nan of either kind, or finite beyond a float: named as such
-        converted = math.nan if value.is_nan() else float(value)
-        if math.isinf(converted) and value.is_finite():
-            raise OverflowError
-        return converted
-    if isinstance(value, numbers.Real):
-        return float(value)
-    raise NotYet(f"✗ {exercise}: {expected}, got {described(value)}.",
-                 "a comma after the number makes a tuple of one: remove it." if isinstance(value, tuple)
-                 and len(value) == 1 else f"{give} one number (an int or a float); a tensor's .item() gives one.")
+        raise NotYet(f"✗ {exercise}: {subject} should be {what}, {described(value)}; reading it as one failed "
+                     f"({type(err).__name__}).", f"{give} one number (an int or a float).") from None
 
 
 def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
@@ -175,51 +136,46 @@ def accepted(value: float, right: float, whole: bool = False, through=None) -> b
     return close(value, right, through) or (rounded_digits(value, right) or 0) >= SIGNIFICANT
 
 
-def verdict(value: float, right: float, exercise: str, name: str, mistakes, hint: str, *, whole: bool = False,
-            also=(), through=None, limits=()) -> None:
+def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), hint: str = "", *,
+            whole: bool = False, also=(), through=None, limits=(), inputs: str = "") -> None:
     """Return when ``value`` is ``right`` (or one of ``also``: the same formula on an earlier answer as the attendee
-    rounded it) under the one rule; else ``NotYet`` naming the mistake(s) it matches, or showing the value.
+    rounded it) under the one rule; else one ``NotYet`` line, the first that applies of:
 
-    ``mistakes`` holds ``(what that mistake gives, problem, fix)``; one that gives a right value (or None) is
-    skipped. When two give ``value`` here, the message names both: naming one would be a guess. A rounding to
-    fewer than two digits is named as the mistake it matches, or told that it keeps too few. ``limits`` holds
-    ``(holds, problem, fix)``: physical bounds, said when no mistake is recognised and one does not hold.
+    a mistake of ``mistakes``, ``(the value it gives, problem, fix)``, that ``value`` matches (all of them where
+    several do: naming one would be a guess); a rounding of the right value to fewer than two digits; a bound of
+    ``limits``, ``(holds, problem, fix)``, that does not hold; else "is not right: expected about <right> from
+    <inputs>", with ``hint`` as its fix. ``mistakes`` is kept short: the names a notebook promises.
     """
-    rights = [right, *also]
-    hits = (lambda a, b: a == b) if whole else (lambda a, b: close(a, b, through))
-    if any(hits(value, r) for r in rights):
+    rights = [r for r in (right, *also) if r is not None]
+    if any(accepted(value, r, whole, through) for r in rights):
         return
-    roundings = [] if whole else [d for d in (rounded_digits(value, r) for r in rights) if d is not None]
-    digits = max(roundings, default=None)
-    if digits is not None and digits >= SIGNIFICANT:
-        # The right value rounded: right, even where a mistake's value rounds to the same digits (6/39 values lost
-        # is 0.15 to two decimals, and so is 6/40): the rule every check states holds without exception.
-        return
-    matched, exact = [], []
+    matched, exact = {}, {}
     for wrong, problem, fix in mistakes:
-        if wrong is None or (isinstance(wrong, float) and math.isnan(wrong)) or problem in [p for p, _ in matched]:
+        # named unless its value is right itself (a right value rounded may land on it: that is right, see above)
+        if wrong is None or math.isnan(wrong) or any(accepted(wrong, r, True) if whole else close(wrong, r, through)
+                                                     for r in rights):
             continue
-        # a count's mistake in another unit (1.07 GiB for 1,100 MiB) is no count: rounded as any number may be
-        if not any(hits(wrong, r) for r in rights) and accepted(value, wrong, whole and float(wrong).is_integer(),
-                                                                through):
-            matched.append((problem, fix))
+        if accepted(value, wrong, whole and float(wrong).is_integer(), through):
+            matched.setdefault(problem, fix)
             if math.isclose(value, wrong, rel_tol=1e-9):
-                exact.append((problem, fix))
-    if len(matched) > 1 and len(exact) == 1:
-        matched = exact  # two mistakes land within the tolerance, one of them on the very value: that one
-    require(digits is None or matched, exercise,
-            f"`{name}` = {value:g} keeps fewer than {SIGNIFICANT_WORDS} of the answer, too few to tell the right "
-            "answer from a mistake.", f"give at least {SIGNIFICANT_WORDS}: round to more decimals, or leave `{name}` "
-                                      "unrounded.")
+                exact.setdefault(problem, fix)
+    matched = exact if len(matched) > 1 and len(exact) == 1 else matched
     shown = f"`{name}` = {written(value)}"
     if len(matched) == 1:
-        raise NotYet(f"✗ {exercise}: {shown}: {matched[0][0]}", matched[0][1])
+        (problem, fix), = matched.items()
+        raise NotYet(f"✗ {exercise}: {shown}: {problem}", fix)
     if matched:
-        raise NotYet(f"✗ {exercise}: {shown}, which {len(matched)} mistakes give here: "
-                     + " Or: ".join(p for p, _ in matched), " / ".join(dict.fromkeys(f for _, f in matched)))
+        raise NotYet(f"✗ {exercise}: {shown}, which {len(matched)} mistakes give here: " + " Or: ".join(matched),
+                     " / ".join(dict.fromkeys(matched.values())))
+    require(whole or all(rounded_digits(value, r) is None for r in rights), exercise,
+            f"`{name}` = {value:g} keeps fewer than {SIGNIFICANT_WORDS} of the answer, too few to tell the right "
+            "answer from a mistake.",
+            f"give at least {SIGNIFICANT_WORDS}: round to more decimals, or leave `{name}` unrounded.")
     for holds, problem, fix in limits:
         require(holds, exercise, f"{shown}: {problem}", fix)
-    raise NotYet(f"✗ {exercise}: {shown} is not right.", hint)
+    source = f" from {inputs}" if inputs else ""
+    raise NotYet(f"✗ {exercise}: {shown} is not right: expected {'' if whole else 'about '}{written(right)}{source}.",
+                 hint)
 
 
 def written(value: float) -> str:
@@ -242,11 +198,10 @@ def rounded_digits(value: float, right: float) -> int | None:
     magnitude = math.floor(math.log10(abs(right)))
     digits = None
     for decimals in range(-magnitude if magnitude >= 2 else 0, 16):  # left of the point: down to the first digit
-        kept = decimals + magnitude + 1
         # rel 1e-7: a float32 holding the rounded number (np.float32(2.52)) is 2.5199999..., still written as 2.52
-        written = math.isclose(value, round(value, decimals), rel_tol=1e-7)
-        if written and abs(value - right) <= 0.5 * 10.0**-decimals * (1 + 1e-9):
-            digits = kept
+        if (math.isclose(value, round(value, decimals), rel_tol=1e-7)
+                and abs(value - right) <= 0.5 * 10.0**-decimals * (1 + 1e-9)):
+            digits = decimals + magnitude + 1
     return digits
 
 
@@ -265,14 +220,12 @@ def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
 def attendee_error(err: BaseException, function, exercise: str, name: str, hint: str | None = None) -> NotYet:
     """One line for an exception raised while the attendee's ``function`` ran: their line and the error."""
     code = getattr(function, "__code__", None)
-    frames = traceback.extract_tb(err.__traceback__)
-    own = [f for f in frames if code is not None and f.filename == code.co_filename]
+    own = [f for f in traceback.extract_tb(err.__traceback__) if code is not None and f.filename == code.co_filename]
     error = f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__
     if own:
-        frame = own[-1]
-        line = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
-        return NotYet(f"✗ {exercise}: `{name}` raised {error} "
-                      f"(line {frame.lineno} of its cell: `{short(line, 80)}`).",
+        line = (own[-1].line or linecache.getline(own[-1].filename, own[-1].lineno)).strip()
+        return NotYet(f"✗ {exercise}: `{name}` raised {error} (line {own[-1].lineno} of its cell: "
+                      f"`{short(line, 80)}`).",
                       hint or "that line of your code raised it; fix it and run the exercise cell again.")
     return NotYet(f"✗ {exercise}: calling `{name}` raised {error}.",
                   hint or f"check how `{name}` is defined: its arguments and what it calls.")
@@ -302,4 +255,3 @@ def answered_input(value, exercise: str, earlier: str, name: str) -> None:
     """``Unsolved`` when an input that an earlier exercise computes is still its placeholder."""
     require_answered(value, exercise, f"`{name}` from {earlier} is still the placeholder `...`.",
                      f"solve {earlier} first; this exercise builds on it.")
-

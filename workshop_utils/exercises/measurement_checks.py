@@ -63,49 +63,26 @@ def _judge_loader(answers, sweep, start, exercise: str) -> tuple[int, float, flo
     workers = count(answers[0], exercise, "best_workers", "a whole number of workers")
     require(workers in set(int(w) for w in sweep.num_workers), exercise,
             f"`best_workers` = {workers} is not a worker count of the sweep.", "pick one of its num_workers.")
-    verdict(workers, int(fastest.num_workers), exercise, "best_workers", [
-        (int(sweep.num_workers.max()), "the most workers, not the fastest setting.",
-         "take the row with the highest samples_per_s (sweep.samples_per_s.idxmax())."),
-        (int(sweep.loc[sweep.samples_per_s.idxmin()].num_workers), "that is the slowest row's.",
-         "take the row with the highest samples_per_s."),
-        (int(sweep.loc[sweep.data_wait_fraction.idxmin()].num_workers), "that is the row that waits least for "
-         "data, not the fastest.", "take the row with the highest samples_per_s: the wait is a share of each step."),
-    ], "take the num_workers of the row with the highest samples_per_s.", whole=True, also=[  # ties, as 4.3's
-        int(row.num_workers) for _, row in sweep.iterrows()
-        if format_number(float(row.samples_per_s)) == format_number(float(fastest.samples_per_s))])
+    shown = format_number(float(fastest.samples_per_s))
+    verdict(workers, int(fastest.num_workers), exercise, "best_workers", [],
+            "take the num_workers of the row with the highest samples_per_s.", whole=True,
+            inputs=f"the fastest row, {_row_name(fastest)}, {shown} samples/s", also=[  # ties, as 4.3's
+                int(row.num_workers) for _, row in sweep.iterrows()
+                if format_number(float(row.samples_per_s)) == shown])
     speedup = number(answers[1], exercise, "measured_speedup", "one number, a ratio")
     right = float(fastest.samples_per_s / start.samples_per_s)
-    others = [row for _, row in sweep.iterrows()
-              if not (row.num_workers == start.num_workers and row.pin_memory == start.pin_memory)]
+    # the notebook's text names this one: where the start is the fastest row, upside down is 1 all the same
     verdict(speedup, right, exercise, "measured_speedup", [
-        (1 / right, "upside down.", "divide the fastest row's samples/s by the starting row's."),
-        (float(fastest.samples_per_s - start.samples_per_s), "that is a difference of samples/s, not a ratio.",
-         "divide the fastest row's samples/s by the starting row's."),
-        (right - 1, "that is the gain, speed-up - 1; the speed-up is the ratio itself.",
-         "divide the fastest row's samples/s by the starting row's, and subtract nothing."),
-        (100 * right, "that is a percentage.", "give the ratio (1.5, not 150)."),
-        *[(float(fastest.samples_per_s / row.samples_per_s), f"that is the speed-up over another row "
-           f"({_row_name(row)}), not over `start`.", "divide by `start`'s samples_per_s: the function's argument, "
-           "not a row you pick (iloc[0], the slowest, 0 workers).") for row in others],
-    ], "the fastest row's samples_per_s / the starting row's.")
+        (1 / right, "upside down.", "divide the fastest row's samples/s by the starting row's.")],
+        "the fastest row's samples_per_s / `start`'s (the function's argument, not a row you pick).",
+        inputs=f"{shown} samples/s / `start`'s {format_number(float(start.samples_per_s))}")
     bound = number(answers[2], exercise, "amdahl_bound", "one number, a ratio")
     wait = float(start.data_wait_fraction)
     if not 0 <= wait < 1:
         raise WorkshopError(f"{exercise}: the starting row's data_wait_fraction is {wait}.", "pass the measured sweep.")
-    verdict(bound, 1 / (1 - wait), exercise, "amdahl_bound", [
-        (1 / wait if wait else None, "that is 1/f.", "the ceiling is 1 / (1 - f): the part that stays."),
-        (1 / (1 - float(fastest.data_wait_fraction)) if float(fastest.data_wait_fraction) < 1 else None,
-         "that uses the fastest row's wait.",
-         "Amdahl bounds what can be gained from where you start: the starting row's data_wait_fraction."),
-        (1 / ((1 - wait) + wait / 2), "that is a loader twice as fast.",
-         "the ceiling removes the wait entirely: 1 / (1 - f)."),
-        (1 + wait, "1 + f is only the small-f approximation.", "compute 1 / (1 - f)."),
-        (1 - wait, "that is the share of the step left, 1 - f; the ceiling is its inverse.", "compute 1 / (1 - f)."),
-        *[(1 / (1 - float(row.data_wait_fraction)), f"that uses another row's wait ({_row_name(row)}), not "
-           "`start`'s.", "take f from `start`, the function's argument, not a row you pick (iloc[0], the longest "
-           "wait, 0 workers).") for row in others
-          if row.name != fastest.name and 0 <= float(row.data_wait_fraction) < 1],
-    ], "Amdahl's ceiling: 1 / (1 - f), f the starting row's data_wait_fraction.")
+    verdict(bound, 1 / (1 - wait), exercise, "amdahl_bound", [],
+            "Amdahl's ceiling: 1 / (1 - f), f `start`'s data_wait_fraction (the function's argument).",
+            inputs=f"1 / (1 - f), f = {wait:.4g}, `start`'s data_wait_fraction")
     return workers, speedup, bound
 
 
@@ -190,35 +167,19 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
                             "sweep again: on a shared machine another process can move the peak.")
     value = number(mib_per_sample, exercise, "mib_per_sample", "one number, in MiB per sample")
     fitted = batch_sweep[batch_sweep.status == "ok"]
-    measured = batch_sweep.dropna(subset=["peak_memory_mib"])
-    verdict(value, slope, exercise, "mib_per_sample", [
-        *[(ratio, "that divides the whole peak by the batch.",
-           "part of the memory does not grow with the batch: fit a line and take its slope (np.polyfit(..., 1)).")
-          for ratio in (float((fitted.peak_memory_mib / fitted.batch_size).mean()),
-                        float(fitted.peak_memory_mib.iloc[-1] / fitted.batch_size.iloc[-1]))],
-        (float(np.polyfit(measured.batch_size.astype(float), measured.peak_memory_mib.astype(float), 1)[0])
-         if len(measured) > len(fitted) else None,
-         "the fit includes the batch that ran out of memory.", "fit only the rows whose status is 'ok'."),
-        (intercept, "that is the line's intercept, the memory at batch 0; the slope comes first.",
-         "np.polyfit(x, y, 1) returns the slope, then the intercept."),
-        (1 / slope, "upside down: samples per MiB.", "fit peak_memory_mib against batch_size (x first, then y)."),
-        *[(slope * factor, f"that is {unit} per sample, not MiB.",
-           f"peak_memory_mib is in MiB already: fit it as it is{fix}.")
-          for factor, unit, fix in ((2**20, "bytes", ", without converting to bytes"),
-                                    (1024, "KiB", ", without multiplying by 1024"),
-                                    (1 / 1024, "GiB", ", without dividing by 1024"))],
-    ], "the slope of a least-squares line through (batch_size, peak_memory_mib) of the rows that fit.")
+    verdict(value, slope, exercise, "mib_per_sample", [], "fit a line through (batch_size, peak_memory_mib) of the "
+            "rows whose status is 'ok' (np.polyfit(x, y, 1) returns the slope, then the intercept), in MiB.",
+            inputs=f"the least-squares slope through the {len(fitted)} rows that fit")
     largest = count(largest_batch, exercise, "largest_batch", "a whole number of samples")
     right = math.floor((limit_mib - intercept) / slope)
     from_given = math.floor((limit_mib - intercept) / value) if value > 0 else None  # the slope as they rounded it
+    at = intercept + slope * largest
     verdict(largest, right, exercise, "largest_batch", [
         (math.ceil((limit_mib - intercept) / slope), "rounded up: at that batch the line is above the limit.",
-         "round down."),
-        (math.floor(limit_mib / slope), "that leaves out the memory that does not grow with the batch.",
-         "subtract the line's intercept from the limit first."),
-        (int(fitted.batch_size.max()), "that is the largest batch of the sweep, not the line's limit.",
-         "solve intercept + slope * b <= limit_mib for the largest whole b."),
-    ], "the largest whole batch b with intercept + slope * b <= limit_mib.", whole=True, also=[from_given])
+         "round down.")], "the largest whole batch b with intercept + slope * b <= limit_mib.", whole=True,
+        also=[from_given], inputs=f"intercept {intercept:,.1f} MiB + {slope:.4g} MiB x b <= {limit_mib:,.0f} MiB",
+        limits=[(at <= limit_mib, f"at that batch the line reaches {at:,.0f} MiB, above the {limit_mib:,.0f} MiB "
+                                  "limit.", "the line includes the intercept: solve intercept + slope * b <= limit.")])
     return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
 
 
@@ -237,7 +198,7 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
     Parts that tie for the largest (equal as the table shows them) are each right, each judged with its own share.
     """
     parts = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]
-    top, first = breakdown.iloc[-1], breakdown.iloc[0]
+    top = breakdown.iloc[-1]
     tied = _largest_parts(top, parts)
     require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
@@ -249,34 +210,20 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
             f"compare only the parts: {', '.join(parts)}.")
     require(phase in parts, exercise, f"`biggest_phase` = {short(repr(biggest_phase), 40)} is no column of the table.",
             f"use one of {', '.join(parts)}.")
-    baseline_biggest = max(parts, key=lambda part: first[part])
-    others = [part for part in parts if part != "idle_ms"]
-    # Largest of the top rung without idle time: the phases listed by hand, the wait between them forgotten.
-    require(not ("idle_ms" in tied and phase not in tied and _largest_parts(top, others)[:1] == [phase]), exercise,
-            f"{phase} is the top rung's largest part only without {' and '.join(tied)} "
-            f"({format_number(float(top[tied[0]]))} ms against {format_number(float(top[phase]))} ms), which is a "
-            "part of the step too.", "compare every _ms column of the last row but step_ms.")
-    require(not (phase == baseline_biggest and phase not in tied), exercise, "that is the baseline's largest part.",
-            "the top rung is the table's last row (breakdown.iloc[-1]).")
     require(phase in tied, exercise,
-            f"{phase} is not the top rung's largest part ({phase} {format_number(float(top[phase]))} ms, "
-            f"{' and '.join(tied)} {format_number(float(top[tied[0]]))} ms).",
-            "take the part with the most milliseconds in the last row.")
+            f"{phase} is not the top rung's largest part: in the last row {phase} takes "
+            f"{format_number(float(top[phase]))} ms, {' and '.join(tied)} {format_number(float(top[tied[0]]))} ms.",
+            "compare every _ms column of the last row (breakdown.iloc[-1]) but step_ms.")
     right = phase
     speedup = number(step_speedup, exercise, "step_speedup", "one number, a ratio")
     raw = top[right] / top.step_ms
     share = min(1.0, raw)
+    # the exercise says f is at most 1: taken uncapped, it is named
     verdict(speedup, 1 / ((1 - share) + share / 2), exercise, "step_speedup", [
         (1 / ((1 - raw) + raw / 2) if 1 < raw < 2 else None,
          f"f = {raw:.2g} is above 1: {right}'s kernels ran on past the host's step, and no part is more than all "
-         "of the step.", "cap f at 1, as the exercise says: f = min(1, ms / step_ms)."),
-        (2.0, "the step would be twice as fast only if that part were all of it.",
-         "Amdahl: 1 / ((1 - f) + f / 2), f its share of the step."),
-        (1 / (1 - share) if share < 1 else None, "that makes the part free; twice as fast halves its time.",
-         "1 / ((1 - f) + f / 2)."),
-        (1 / ((1 - first[right] / first.step_ms) + first[right] / first.step_ms / 2), "that is the baseline's share.",
-         "use the last row (the top rung)."),
-        (share, "that is the part's share of the step, f, not the speed-up.", "Amdahl: 1 / ((1 - f) + f / 2)."),
-    ], "Amdahl: 1 / ((1 - f) + f / 2), f = that part's ms / step_ms.")
+         "of the step.", "cap f at 1, as the exercise says: f = min(1, ms / step_ms).")],
+        "Amdahl: 1 / ((1 - f) + f / 2), f = that part's ms / step_ms of the last row.",
+        inputs=f"1 / ((1 - f) + f / 2), f = {share:.3g}, {right}'s share of the top rung's step")
     return passed(exercise, f"{right.removesuffix('_ms')} takes {share:.0%} of the step: twice as fast gives "
                             f"{speedup:.2f}x")

@@ -14,7 +14,7 @@ import torch
 
 from ..spine.timing import Timings, time_repeats
 from ..system.errors import WorkshopError
-from ..system.hardware import PRECISIONS, as_device, peak_tflops
+from ..system.hardware import as_device, peak_tflops
 from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import answered_input, attendee_error, carried, checked, described, number, verdict, written
 
@@ -28,17 +28,9 @@ def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_
             raise WorkshopError(f"{exercise}: the run's {name} = {given!r} is not above 0.",
                                 "rerun the training cell: a run that trained measures both.")
     value = number(achieved_tflops, exercise, "achieved_tflops", "one number, in TFLOP/s")
-    right = flops_per_sample * samples_per_s / 1e12
-    verdict(value, right, exercise, "achieved_tflops", [
-        (right * 1e12, "that is FLOP/s, not TFLOP/s.", "divide by 1e12 (tera = 10^12)."),
-        (right * 1e3, "that is GFLOP/s, not TFLOP/s.", "divide by 1e12, not 1e9."),
-        (right * 1e12 / 2**40, "that divides by 2**40 (tebi, a power of two); a TFLOP is 10^12 FLOPs.",
-         "divide by 1e12."),
-        (right * 3, "three times too much: `flops` already counts forward and backward.",
-         "multiply `flops` by the samples per second, nothing else."),
-        (flops_per_sample / samples_per_s / 1e12, "you divided by the throughput.",
-         "FLOP/s = FLOPs per sample x samples per second."),
-    ], "achieved TFLOP/s = FLOPs per sample x samples per second / 1e12.")
+    verdict(value, flops_per_sample * samples_per_s / 1e12, exercise, "achieved_tflops", [],
+            "achieved TFLOP/s = FLOPs per sample x samples per second / 1e12 (tera = 10^12).",
+            inputs=f"{written(flops_per_sample)} FLOPs x {written(samples_per_s)} samples/s / 1e12")
     return passed(exercise, f"{written(value)} TFLOP/s")
 
 
@@ -140,39 +132,16 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
                                               "time matmul, then compute seconds and matmul_tflops from that timing.")
     if measured is not None:
         median, repeats = float(np.median(measured)), len(measured)
-        verdict(given, median, exercise, "seconds", [
-            *[(factor * median, f"that is {unit}, not seconds.", "keep the median in seconds, as timings gives it.")
-              for factor, unit in ((1e3, "milliseconds"), (1e6, "microseconds"))],
-            (float(measured.sum()), f"that is the total of the {repeats} repeats, not the time of one multiply.",
-             "take the median: timings.median."),
-            (float(measured.mean()), "that is the mean of the repeats; the exercise asks for the median, which a "
-                                     "slow outlier does not move.", "take timings.median."),
-            *[(float(value), f"that is the {which} repeat, not the median.", "take timings.median.")
-              for value, which in ((measured.min(), "fastest"), (measured.max(), "slowest"))],
-        ], "seconds = timings.median: the median of the repeats, in seconds.")
+        verdict(given, median, exercise, "seconds", [], "seconds = timings.median, in seconds.",
+                inputs=f"the median of the {repeats} repeats in `timings`")
         right_seconds = median
     else:
         right_seconds = given
     value = number(matmul_tflops, exercise, "matmul_tflops", "one number, in TFLOP/s")
     right = 2 * n**3 / right_seconds / 1e12
     from_given = 2 * n**3 / given / 1e12  # from `seconds` as the attendee rounded it, which passed above
-    mistakes = [
-        (right / 2, "half the right rate: each multiply-add is two FLOPs.", "count 2 * n**3 FLOPs."),
-        (right * 1e12, "that is FLOP/s, not TFLOP/s.", "divide by 1e12."),
-        (right * 1e3, "that is GFLOP/s, not TFLOP/s.", "divide by 1e12, not 1e9."),
-        (right * 1e12 / 2**40, "that divides by 2**40 (tebi, a power of two); a TFLOP is 10^12 FLOPs.",
-         "divide by 1e12."),
-        (right * 1e-3, "a thousand times too small: the time went in as milliseconds.",
-         "divide the FLOPs by the median in seconds."),
-        (2 * n**2 / right_seconds / 1e12, "that counts n^2 FLOPs; a matrix multiply does n^3 multiply-adds.",
-         "count 2 * n**3 FLOPs."),
-    ]
-    if measured is not None:
-        mistakes.append((2 * n**3 / float(measured.sum()) / 1e12, f"that divides by the total of the "
-                                                                   f"{len(measured)} repeats.",
-                         "divide by the median time of one multiply."))
-    verdict(value, right, exercise, "matmul_tflops", mistakes, "TFLOP/s = 2 * n**3 / seconds / 1e12.",
-            also=[from_given])
+    verdict(value, right, exercise, "matmul_tflops", [], "TFLOP/s = 2 * n**3 / seconds / 1e12: each multiply-add "
+            "is two FLOPs.", also=[from_given], inputs=f"2 x {n}^3 FLOPs / {right_seconds:.4g} s / 1e12")
     if _device_name(device_name, exercise, optional=True):
         peak = peak_tflops(device_name, precision)
         require(peak is None or right <= peak, exercise,
@@ -205,17 +174,6 @@ def _device_name(name, exercise: str, optional: bool = False) -> str | None:
     return name
 
 
-def _peak_groups(device_name: str, precision: str) -> dict[float, list[str]]:
-    """The other precisions' data-sheet peaks, the precisions that share each (fp16 and bf16 often do)."""
-    own = peak_tflops(device_name, precision)
-    groups: dict[float, list[str]] = {}
-    for other in PRECISIONS:
-        peak = peak_tflops(device_name, other)
-        if other != precision and peak and peak != own:
-            groups.setdefault(peak, []).append(other)
-    return groups
-
-
 @checked
 def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
               exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
@@ -237,12 +195,8 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     achieved = carried(achieved_tflops, exact, exercise, "achieved_tflops", "Exercise 1.1")
     exact_achieved = exact[0] if exact else achieved
     table_peak = peak_tflops(device_name, precision)
-    if table_peak:  # the measured rate only names a mistake here: an unreadable one names none
-        try:
-            measured = exact_measured = number(measured_peak_tflops, exercise, "matmul_tflops (Exercise 1.2)")
-        except NotYet:
-            measured = exact_measured = None
-    else:
+    measured = exact_measured = None  # read only where no data-sheet peak is known: it stands in for one
+    if not table_peak:
         answered_input(measured_peak_tflops, exercise, "Exercise 1.2", "matmul_tflops")
         rates = []  # 1.2's timings' rate, and as 1.2 accepts it, the rate from `seconds` as the attendee rounded it
         if n is not None and timings is not None:
@@ -269,24 +223,11 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                             f"{precision} peak of {table_peak:g} TFLOP/s.",
                             "the run's FLOP count or its throughput is wrong: rerun the notebook from the top.")
     value = number(mfu, exercise, "mfu", "one number, a fraction")
-    mistakes = [
-        (100 * right, "that is a percentage.", "give MFU as a fraction (0.12, not 12)."),
-        (peak / achieved if achieved else None, "upside down.", "MFU = achieved / peak."),
-        (achieved * 1e12 / peak, "the achieved rate went in as FLOP/s.", "use achieved_tflops, in TFLOP/s."),
-    ]
-    if table_peak:
-        if measured:
-            mistakes.append((achieved / measured, f"you divided by the measured matmul rate, but the table knows "
-                                                  f"{device_name}.",
-                             f"MFU is relative to the data-sheet peak: wu.peak_tflops(name, {precision!r})."))
-        for other_peak, others in _peak_groups(device_name, precision).items():
-            mistakes.append((achieved / other_peak,
-                             f"that uses the {' and '.join(others)} peak ({other_peak:g} TFLOP/s); this run is "
-                             f"{precision}.", f"look up the peak for {precision!r}."))
+    source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
     # The attendee's own 1.1 and 1.2, as rounded as those checks accepted them, or the unrounded rates: both right.
-    verdict(value, right, exercise, "mfu", mistakes,
-            "MFU = achieved TFLOP/s / peak TFLOP/s (the table's, or the measured matmul rate where it has none).",
+    verdict(value, right, exercise, "mfu", [], "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction (0.05 is 5%).",
             also=[exact_achieved / (table_peak or exact_measured)],
+            inputs=f"achieved_tflops {written(achieved)} / {written(peak)} TFLOP/s, {source}",
             limits=[(value > 0, "MFU is a share of the peak, above 0.", "MFU = achieved TFLOP/s / peak TFLOP/s."),
                     (value <= max(1, right), "MFU above 1 would be faster than the peak, which no run is.",
                      "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction between 0 and 1.")])
@@ -298,5 +239,4 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
         return passed(exercise, f"MFU {percent}% of the measured matmul rate: above 100% means the multiply "
                                 f"in Exercise 1.2 ran slower than this machine can, most likely beside other work; "
                                 f"rerun 1.2 and this cell on an idle machine for a rate that is a ceiling")
-    source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
     return passed(exercise, f"MFU {100 * value:.1f}% of {source}")
