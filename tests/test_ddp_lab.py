@@ -379,12 +379,11 @@ RETURNING = {
     "divided-by-3": (divided_by_three, "the sum over the 2 ranks divided by 3, where DDP divides by 2"),
     "sum": (summed_gradients, "sum over the 3 ranks"),
     "untouched": (untouched_gradients, "made no collective call"),
-    "local-world-size": (local_world_size, "the sum over the 3 ranks divided by 2 on node 0, 1 on node 1 "
-                                           "(LOCAL_WORLD_SIZE), where DDP divides by 3"),
+    "local-world-size": (local_world_size, "the sum over the 3 ranks divided by 2 on node 0, 1 on node 1, where DDP "
+                                           "divides by 3"),
     # torchrun's other counts: the role's world size is the world's; the nodes' count is not
     "role-world-size": (role_world_size, None),
-    "group-world-size": (group_world_size, "the sum over the 3 ranks divided by 2 (GROUP_WORLD_SIZE), where DDP "
-                                           "divides by 3"),
+    "group-world-size": (group_world_size, "the sum over the 3 ranks divided by 2, where DDP divides by 3"),
 }
 
 
@@ -498,7 +497,7 @@ MISTAKES = {
     "rank from LOCAL_RANK": (
         [('rank = int(os.environ["RANK"])', 'rank = int(os.environ["LOCAL_RANK"])')],
         ["rank 2's DistributedSampler was given rank=0, its LOCAL_RANK",
-         "2 ranks saved a checkpoint (ranks 0, 2 called torch.save), each the first process (LOCAL_RANK 0)",
+         "2 ranks saved a checkpoint (ranks 0, 2 called torch.save).",
          "rank 2 logged too ('epoch 0: loss"]),
     "shards from different seeds, one rank's throughput": (
         [("sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)",

@@ -390,9 +390,7 @@ def _gradients(spec_file: str) -> None:
         for index, (source_file, name) in enumerate(spec["functions"]):
             folder = Path(spec["folder"]) / f"round{round_}" / f"fn{index}"
             folder.mkdir(parents=True, exist_ok=True)
-            result = {"rank": rank, "world_size": world, "node": node,
-                      "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"),
-                      "group_world_size": os.environ.get("GROUP_WORLD_SIZE"), "limit_s": limit, "startup_s": startup}
+            result = {"rank": rank, "world_size": world, "node": node, "limit_s": limit, "startup_s": startup}
 
             def stop(**why) -> None:  # leave at once: a peer may be stuck in a collective, so no teardown
                 write_json(folder / f"rank{rank}.json", {**result, **why, "time": time.time()})
@@ -467,7 +465,7 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
             for world, results in rounds.items():
                 if len(results) < world or any(r.get("error") or r.get("stopped") for r in results):
                     raise gradients_failure(where[world], world, codes, lines, folder / TORCHRUN_LOGS, exercise)
-                facts[world] = judge_comparison(results, world, exercise, list(rounds.values()))
+                facts[world] = judge_comparison(results, world, exercise)
             verdicts.append(facts)
         except NotYet as mistake:
             verdicts.append(mistake)

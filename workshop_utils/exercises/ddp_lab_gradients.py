@@ -217,23 +217,17 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
                   "the lines above show the error.")
 
 
-def _divided_by(results: list[dict], key: str | None = None) -> dict[int, int] | bool | None:
-    """Each rank's whole divisor d where its gradients are the sum over the ranks / d (d = world / ratio), else None;
-    with ``key``, whether each rank's d is its own value of that environment count."""
+def _divided_by(results: list[dict]) -> dict[int, int] | None:
+    """Each rank's whole divisor d where its gradients are the sum over the ranks / d (d = world / ratio), else None."""
     found = {r["rank"]: r["world_size"] / r["ratio"] for r in results if (r.get("ratio") or 0) > 0
              and r.get("residual") is not None and r["residual"] < 1e-4}
-    divisors = None if len(found) < len(results) or any(abs(d - round(d)) >= 1e-3 for d in found.values()) else \
+    return None if len(found) < len(results) or any(abs(d - round(d)) >= 1e-3 for d in found.values()) else \
         {rank: round(d) for rank, d in found.items()}
-    if key is None:
-        return divisors
-    return bool(results) and divisors is not None and all(r.get(key) is not None and divisors[r["rank"]] == int(r[key])
-                                                          for r in results)
 
 
-def judge_comparison(results: list[dict], world: int, exercise: str, rounds=()) -> dict:
+def judge_comparison(results: list[dict], world: int, exercise: str) -> dict:
     """The function's gradients on every rank of one world size against DDP's: the facts of a pass, or ``NotYet``
-    saying what they are (each rank's own, the sum divided by what: the count of torchrun's it matches on every
-    world size of ``rounds``, the results on each, where one does)."""
+    saying what they are (the sum divided by what, on each node; each rank's own; how far from DDP's)."""
     worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own")}
     calls = results[0]["calls"]
     if worst["to_ddp"] > 1e-5 * max(1.0, max(r["scale"] for r in results)):
@@ -247,9 +241,7 @@ def judge_comparison(results: list[dict], world: int, exercise: str, rounds=()) 
             nodes = sorted({(r["node"], divisors[r["rank"]]) for r in results})
             by = str(nodes[0][1]) if len({d for _, d in nodes}) == 1 else \
                 ", ".join(f"{d} on node {node}" for node, d in nodes)
-            named = next((f" ({key.upper()})" for key in ("local_world_size", "group_world_size")
-                          if all(_divided_by(other, key) for other in (rounds or [results]))), "")
-            raise NotYet(f"✗ {exercise}: your gradients are the sum over the {world} ranks divided by {by}{named}, "
+            raise NotYet(f"✗ {exercise}: your gradients are the sum over the {world} ranks divided by {by}, "
                          f"where DDP divides by {world}.", fix)
         raise NotYet(f"✗ {exercise}: your gradients differ from DDP's by up to {worst['to_ddp']:.2g} on {world} ranks"
                      + (": they are still each rank's own." if worst["to_own"] <= 1e-6 else "."),

@@ -168,11 +168,8 @@ def _words(line: str) -> list[str]:
 
 
 def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], dict[str, str]]:
-    """(the launch, the folder a ``cd`` before it moved to, what is chained after it, its ``VAR=value`` words).
-
-    The launch is the first command that starts torchrun, srun or python (else the last); what comes before it
-    (``cd dir &&``, ``module load ... &&``), its ``VAR=value`` words, ``env`` and an ``srun ...`` prefix are taken off.
-    """
+    """(the launch: the first command that starts torchrun, srun or python, else the last; the folder a ``cd`` before
+    it moved to; what is chained after it; its ``VAR=value`` words), ``env`` and an ``srun ...`` prefix taken off."""
     folder, start = None, 0
     for end in [i for i, t in enumerate(tokens) if t in CHAINS] + [len(tokens)]:
         head = tokens[start:end]
@@ -247,13 +244,6 @@ def _measured_throughput(records: list[dict]) -> tuple[float, float]:
     return at_least, max(at_least, drawn / max(1e-9, span))
 
 
-def _local_firsts(records: list[dict], ranks: list[int]) -> str:
-    """What ``ranks`` are when they are exactly the first process (LOCAL_RANK 0) of each node."""
-    firsts = sorted(r["rank"] for r in records if r["env"].get("LOCAL_RANK") == "0")
-    return (", each the first process (LOCAL_RANK 0) of its node: a `rank` read from LOCAL_RANK, which is 0 on every "
-            "node" if len(firsts) > 1 and sorted(ranks) == firsts else "")
-
-
 def sampler_mistake(records: list[dict], per_node: tuple[int, ...], exercise: str) -> NotYet | None:
     """The first DistributedSampler given another rank or world size than its process's, by what it was given
     (LOCAL_RANK, LOCAL_WORLD_SIZE where every wrong one was that, else the number); None when each got its own.
@@ -320,7 +310,7 @@ def _checkpoint(records, params, out_dir, per_node, exercise, facts) -> None:
     savers = [r["rank"] for r in records if r["saves"]]
     who = "every rank" if len(savers) == len(records) else f"{len(savers) or 'no'} ranks"
     require(savers == [0], exercise, f"{who} saved a checkpoint" + (f" (ranks {', '.join(map(str, savers))} called "
-            f"torch.save){_local_firsts(records, savers)}." if savers else "."),
+            "torch.save)." if savers else "."),
             "save on global rank 0 alone, into args.out_dir: if rank == 0: torch.save(...), rank from RANK "
             "(steps 1 and 8).")
     files = sorted(p for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
@@ -334,9 +324,7 @@ def _checkpoint(records, params, out_dir, per_node, exercise, facts) -> None:
     saved = [t.float() for t in (state or {}).values()]
     require(state is not None and not any(k.startswith("module.") for k in state)
             and all(any(s.shape == p.shape and torch.equal(s, p) for s in saved) for p in params[0]), exercise,
-            f"{files[0].name} does not hold the trained parameters as the plain model's state dict"
-            + (" (its keys start with 'module.': the DDP wrapper's)." if state and any(
-                k.startswith("module.") for k in state) else "."),
+            f"{files[0].name} does not hold the trained parameters as the plain model's state dict.",
             "after the training loop, save model.state_dict() or ddp_model.module.state_dict() (step 8).")
     facts["checkpoint"] = files[0]
 
@@ -349,8 +337,7 @@ def _output(records, params, out_dir, per_node, exercise, facts) -> None:
               for rank in range(1, nproc)}
     loggers = [rank for rank, lines in chatty.items() if lines]
     if loggers:
-        raise NotYet(f"✗ {exercise}: rank {loggers[0]} logged too ({chatty[loggers[0]][0].strip()!r})"
-                     f"{_local_firsts(records, [0, *loggers])}.",
+        raise NotYet(f"✗ {exercise}: rank {loggers[0]} logged too ({chatty[loggers[0]][0].strip()!r}).",
                      "print where the global rank is 0: if rank == 0: print(...), rank from RANK (steps 6 and 7).")
     reported = reported_throughput(outputs[0].splitlines())
     require(reported is not None, exercise, "rank 0 printed no throughput.",
