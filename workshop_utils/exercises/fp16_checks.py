@@ -5,7 +5,7 @@ training step with autocast and GradScaler, run against the textbook step on a s
 from __future__ import annotations
 
 import math
-from collections import Counter
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,7 @@ from ..spine.precision import autocast
 from ..system.display import format_number
 from ..system.errors import WorkshopError
 from ..system.hardware import as_device
-from .exercise_cells import NotYet, passed, require
+from .exercise_cells import passed, require
 from .exercise_judging import attendee_error, attendee_function, called, checked, number, verdict
 
 
@@ -89,99 +89,8 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
                             f"{value * largest:,.0f}, below {limit:,.0f}")
 
 
-class _WatchedScaler(torch.amp.GradScaler):
-    """A GradScaler that logs its calls in order (with each backward pass and each optimizer.step() of the
-    attendee's) and stops at the first call that breaks GradScaler's order, naming it: GradScaler's own protest,
-    where it makes one, says what it lacks ("No inf checks were recorded"), not which call came too early."""
-
-    def __init__(self, *args, exercise: str, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.log, self.stepping, self.exercise = [], False, exercise
-
-    def _call(self, name: str, optimizer=None) -> None:
-        since = self.log[len(self.log) - self.log[::-1].index("update"):] if "update" in self.log else self.log
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"]] if optimizer else []
-        if misuse := _out_of_order(name, self.log, since, grads):
-            raise NotYet(f"✗ {self.exercise}: {misuse[0]}", misuse[1])
-        self.log.append(name)
-
-    def scale(self, outputs):
-        self._call("scale")
-        return super().scale(outputs)
-
-    def unscale_(self, optimizer):
-        if not self.stepping:  # scaler.step unscales by itself: only the attendee's own calls are judged
-            self._call("unscale_")
-        return super().unscale_(optimizer)
-
-    def step(self, optimizer, *args, **kwargs):
-        self._call("step", optimizer)
-        self.stepping = True
-        try:
-            return super().step(optimizer, *args, **kwargs)
-        finally:
-            self.stepping = False
-
-    def update(self, new_scale=None):
-        self._call("update")
-        return super().update(new_scale)
-
-
-_UNSCALED = ("the loss never went through scaler.scale, so GradScaler does not know the scale the gradients carry "
-             "(scaling it by hand does not tell it).",
-             "call scaler.scale(loss).backward() in place of loss.backward() or a loss you scaled.")
-_IN_PLACE = ("optimizer.step() ran in place of scaler.step(optimizer).",
-             "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips steps with inf/NaN.")
-_ONE_STEP = "one call, one step: forward, scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update()."
-
-
-def _out_of_order(name: str, log: list, since: list = (), grads: list = ()) -> tuple[str, str] | None:
-    """The rule of GradScaler's order that calling ``name`` now ("end": ending the step) breaks, given the ``log``
-    of this step's calls so far (``since`` the last update): (problem, fix); None when it keeps them all."""
-    calls = Counter(log)
-    rules = {"step": [
-        (calls["step"], f"scaler.step(optimizer) ran {calls['step'] + 1} times in one call of `amp_step`: that is "
-                        "more than one training step.", _ONE_STEP),
-        (calls["scale"] == 0, *_UNSCALED),
-        ("backward" not in log, "scaler.step(optimizer) ran before the backward pass: there were no gradients of "
-                                "this batch yet.",
-         "backward first: scaler.scale(loss).backward(), then scaler.step(optimizer), then scaler.update()."),
-        (all(g is None or not g.any() for g in grads), "the gradients were cleared after the backward pass, before "
-         "scaler.step(optimizer): it had nothing to apply, and no overflow to find.",
-         "clear them at the start of the step, before the forward pass: optimizer.zero_grad(set_to_none=True)."),
-    ], "update": [
-        (calls["update"] and "step" not in since,
-         f"scaler.update() ran {calls['update'] + 1} times for {calls['step']} scaler.step(): GradScaler refuses an "
-         "update with no step since the last one.",
-         "call scaler.update() once per step, after scaler.step(optimizer)."),
-        ("step" not in since and "optimizer.step" in log, *_IN_PLACE),
-        ("step" not in since, "scaler.update() ran before scaler.step(optimizer): update sets the next scale from "
-                              "what step found.", "call scaler.step(optimizer) first, then scaler.update()."),
-    ], "unscale_": [
-        ("unscale_" in since, "scaler.unscale_(optimizer) ran twice for one update: a step's gradients are unscaled "
-                              "once.", "call it at most once, before scaler.step(optimizer)."),
-        ("step" in since, "scaler.unscale_(optimizer) ran after scaler.step(optimizer), which unscales by itself.",
-         "call unscale_ before scaler.step(optimizer) (to clip the gradients), or not at all."),
-    ], "end": [
-        (calls["scale"] == 0, *_UNSCALED),
-        (calls["step"] == 0 and "optimizer.step" in log, *_IN_PLACE),
-        (calls["step"] == 0, "scaler.step was never called.", _IN_PLACE[1]),
-        (calls["update"] == 0, "scaler.update() was never called.",
-         "call scaler.update() after scaler.step(): without it the scale never adapts."),
-    ]}.get(name, [])
-    return next(((problem, fix) for broken, problem, fix in rules if broken), None)
-
-
-def _amp_failure(err: Exception, amp_step, exercise: str) -> NotYet:
-    """The one line for an exception raised while ``amp_step`` ran: a call out of order, float16 weights, or
-    the attendee's line."""
-    if isinstance(err, NotYet):
-        return err
-    if isinstance(err, ValueError) and "unscale FP16 gradients" in str(err):
-        return NotYet(f"✗ {exercise}: the gradients are float16: the model's weights were cast to float16 "
-                      "(model.half()?), and GradScaler unscales only float32 gradients.",
-                      "keep the weights in float32: autocast runs the forward pass in float16 by itself.")
-    return attendee_error(err, amp_step, exercise, "amp_step")
+_ORDER = ("once each, in GradScaler's order: scaler.scale(loss).backward(), then scaler.step(optimizer), then "
+          "scaler.update().")
 
 
 def _amp_model(device: torch.device) -> nn.Module:
@@ -192,28 +101,25 @@ def _amp_model(device: torch.device) -> nn.Module:
     return model.to(device)
 
 
-def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: bool = True,
-               exercise: str = "Exercise 3.3"):
-    """One step on a small seeded MLP with stale gradients in place: (model, scaler, loss, dtypes seen).
-
-    With ``amp_step=None`` the step is the textbook one (or the one that forgets ``zero_grad``).
-    """
+def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str, zero_grad: bool = True):
+    """One step on a small seeded MLP with stale gradients in place: (model, scaler, loss, dtypes seen). With
+    ``amp_step=None`` the textbook step (or the one that forgets ``zero_grad``). GradScaler itself refuses its calls
+    out of order ("No inf checks were recorded prior to update."): its words and the attendee's line are the line."""
     model = _amp_model(device)
-    images = torch.randn(16, 32, device=device)
-    labels = torch.randint(0, 10, (16,), device=device)
+    images, labels = torch.randn(16, 32, device=device), torch.randint(0, 10, (16,), device=device)
     for p in model.parameters():
         p.grad = torch.full_like(p, 1e3)  # the previous step's gradients, which the step must clear
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = _WatchedScaler(device.type, init_scale=init_scale, growth_interval=1, exercise=exercise)
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=1)
     dtypes = []
-    log = scaler.log.append
-    hooks = [model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype)),
-             model[0].weight.register_hook(lambda grad: log("backward")),
-             optimizer.register_step_pre_hook(lambda *_: None if scaler.stepping else log("optimizer.step"))]
+    hook = model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
     try:
         if amp_step is not None:
-            loss = called(amp_step, exercise, "amp_step", model, images, labels, optimizer, scaler,
-                          failure=lambda err: _amp_failure(err, amp_step, exercise))
+            def refused(err):  # GradScaler's own refusal (a call out of its order) gets the order as its fix
+                said_by = traceback.extract_tb(err.__traceback__)[-1].filename
+                return attendee_error(err, amp_step, exercise, "amp_step", _ORDER if "grad_scaler" in said_by else None)
+
+            loss = called(amp_step, exercise, "amp_step", model, images, labels, optimizer, scaler, failure=refused)
         else:
             if zero_grad:
                 optimizer.zero_grad(set_to_none=True)
@@ -223,63 +129,50 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, zero_grad: boo
             scaler.step(optimizer)
             scaler.update()
     finally:
-        for hook in hooks:
-            hook.remove()
+        hook.remove()
     return model, scaler, loss, dtypes
 
 
 def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, tolerance: float = 0.02) -> bool:
-    """The step moved every parameter as the reference step did, to ``tolerance`` of the reference's move.
-
-    Judged on the update, not the weights: fp16 rounding in a loss computed another way (a log-softmax
-    that autocast runs in fp16 on one device and fp32 on another) moves the update by far less than 1%,
-    every mistake by far more.
-    """
+    """The step moved every parameter as the reference step did, to ``tolerance`` of the reference's move: fp16
+    rounding in a loss computed another way (a log-softmax in fp16 on one device, fp32 on another) moves the update
+    by far less than 1%, every mistake by far more."""
     for p, q, s in zip(model.parameters(), reference.parameters(), start.parameters()):
-        if p.shape != q.shape:
-            return False
         mine, theirs = p.detach().float() - s.detach().float(), q.detach().float() - s.detach().float()
-        if not bool(torch.isfinite(mine).all()):
-            return False
-        if float((mine - theirs).norm()) > tolerance * float(theirs.norm()) + 1e-7:
+        if p.shape != q.shape or not bool(torch.isfinite(mine).all()) or \
+                float((mine - theirs).norm()) > tolerance * float(theirs.norm()) + 1e-7:
             return False
     return True
 
 
 @checked
 def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3") -> bool:
-    """Run ``amp_step(model, images, labels, optimizer, scaler)`` on a small model against the textbook step.
-
-    Once with a scale that fits (the step must move the weights as a correct fp16 step does and the
-    scale must grow, the scaler growing after every clean step here) and once with a scale that
-    overflows (the step must be skipped and the scale halved). Which GradScaler methods ran and the
-    dtype the first layer produced tell the common mistakes apart; any loss that computes the
-    cross-entropy of the logits passes, whichever operations autocast runs it in on this device.
+    """Run ``amp_step(model, images, labels, optimizer, scaler)`` on a small model against the textbook step: once
+    with a scale that overflows (the step must be skipped and the scale halved) and once with one that fits (the
+    weights must move as a correct fp16 step moves them, and the scale grow, as it does after every clean step
+    here). Any loss that computes the cross-entropy of the logits passes, whichever ops autocast runs it in.
     """
     attendee_function(amp_step, exercise, "amp_step", "model, images, labels, optimizer, scaler")
     device = as_device(device, exercise)
-    scale = 2.0**8
+    scale, overflow = 2.0**8, 2.0**40  # 2**40 times a logit gradient of order 1/16 is far beyond fp16's 65,504
     start = _amp_model(device)
-    model, scaler, loss, dtypes = _amp_trial(amp_step, device, scale, exercise=exercise)
+    model, scaler, loss, dtypes = _amp_trial(amp_step, device, scale, exercise)
     require(loss is not None, exercise, "`amp_step` returns nothing.", "end it with `return loss`.")
     require(bool(dtypes), exercise, "`amp_step` never ran the model.", "compute the loss from model(images).")
-    require(dtypes[0] != torch.float32, exercise,
-            f"the forward pass ran in float32: no autocast for {device.type} was active (one for another device, "
-            "such as torch.cuda.amp.autocast on a CPU, does nothing here).",
-            "compute the output and the loss inside `with wu.autocast('fp16', device):`.")
-    require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
-            "use autocast with dtype torch.float16 (wu.autocast('fp16', device)): the mode that needs a scaler.")
-    if misuse := _out_of_order("end", scaler.log):
-        raise NotYet(f"✗ {exercise}: {misuse[0]}", misuse[1])
-    overflow = 2.0**40  # times a logit gradient of order 1/16, far beyond fp16's 65,504
-    skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise=exercise)
+    require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16" + (
+        f": no autocast for {device.type} was active (one for another device, such as torch.cuda.amp.autocast on a "
+        "CPU, does nothing here)." if dtypes[0] == torch.float32 else "."),
+            "compute the output and the loss inside `with wu.autocast('fp16', device):` (float16 needs a scaler).")
+    skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise)
     require(_same_update(skipped, start, start, tolerance=0), exercise,
             "a step whose gradients overflowed changed the weights.",
-            "let scaler.step(optimizer) decide: do not also call optimizer.step().")
-    require(skipped_scaler.get_scale() == overflow / 2, exercise, "after an overflow the scale was not halved.",
+            "let scaler.step(optimizer) decide: do not call optimizer.step() yourself.")
+    power = "2^{:g}".format
+    require(skipped_scaler.get_scale() == overflow / 2, exercise, f"after an overflow the scale went from "
+            f"2^40 to {power(math.log2(skipped_scaler.get_scale()))}, not 2^39.",
             "call scaler.update() once, after scaler.step(optimizer).")
-    reference, _, reference_loss, _ = _amp_trial(None, device, scale)
-    stale, _, _, _ = _amp_trial(None, device, scale, zero_grad=False)
+    reference, _, reference_loss, _ = _amp_trial(None, device, scale, exercise)
+    stale, _, _, _ = _amp_trial(None, device, scale, exercise, zero_grad=False)
     require(not (_same_update(model, stale, start) and not _same_update(model, reference, start)), exercise,
             "the previous step's gradients were added to this step's: they were not cleared at the start of "
             "the step.", "call optimizer.zero_grad(set_to_none=True) first, before the backward pass (zeroing "
@@ -290,11 +183,12 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
             "scaler.step(optimizer), scaler.update().")
     returned = number(loss, exercise, "returned loss", "one number (the loss tensor)")
     right = reference_loss.item()
-    require(not math.isclose(returned, scale * right, rel_tol=1e-2), exercise,
-            "`amp_step` returns the scaled loss.", "return the loss itself, before scaler.scale.")
     require(math.isclose(returned, right, rel_tol=1e-2), exercise,
-            f"`amp_step` returns {returned:.4g}, not the batch's loss.", "return the loss computed under autocast.")
-    require(scaler.get_scale() == 2 * scale, exercise, "the scale did not grow after a clean step.",
-            "call scaler.update() once per step, after scaler.step(optimizer).")
+            f"`amp_step` returns {returned:.4g}, not the batch's loss ({right:.4g})"
+            + (", but the scaled loss." if math.isclose(returned, scale * right, rel_tol=1e-2) else "."),
+            "return the loss computed under autocast, before scaler.scale.")
+    require(scaler.get_scale() == 2 * scale, exercise, f"after a clean step the scale went from 2^8 to "
+            f"{power(math.log2(scaler.get_scale()))}, not 2^9.", "call scaler.update() once per step, after "
+                                                             "scaler.step(optimizer).")
     return passed(exercise, "fp16 forward, scaled backward, overflowing step skipped, scale halved after it "
                             "and doubled after a clean one")
