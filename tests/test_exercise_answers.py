@@ -606,9 +606,10 @@ def test_the_constructed_loader_sweep_tells_every_mistake_apart():
 
 
 def test_the_exercise_numbers_of_5_1_give_every_mistake_its_own_count():
+    g = PARAMETERS / 2**30  # GiB per byte a parameter
     counts = {(stage, kind): exercise_checks.fewest_gpus(PARAMETERS, BUDGET, stage, **kwargs)
-              for stage in (1, 3) for kind, kwargs in (("right", {}), ("floor", {"rounding": math.floor}),
-                                                       ("gb", {"gib": 1e9}))}
+              for stage in (1, 3) for kind, kwargs in (("right", {}), ("gb", {"gib": 1e9}))}
+    counts.update({(3, "floor"): math.floor(16 * g / BUDGET), (1, "floor"): math.floor(12 * g / (BUDGET - 4 * g))})
     assert counts[(3, "right")] == 3 and counts[(1, "right")] == 9
     for stage in (1, 3):
         values = [counts[(stage, kind)] for kind in ("right", "floor", "gb")] + [counts[(4 - stage, "right")]]

@@ -35,20 +35,12 @@ def zero_gib_per_gpu(parameters: float, world_size: int, stage: int, precision: 
 
 
 def fewest_gpus(parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
-                gib: float = 2**30, rounding=math.ceil) -> float:
-    """The smallest world size whose share fits ``budget_gib``; ``math.inf`` when none does.
-
-    ``gib`` is the unit's size in bytes: 2**30, or 1e9 to reproduce the GB-for-GiB mistake;
-    ``rounding=math.floor`` reproduces rounding down (the smallest p whose share is *about* the budget).
-    """
+                gib: float = 2**30) -> float:
+    """The smallest world size whose share fits ``budget_gib``, ``math.inf`` when none does; ``gib=1e9`` counts GB."""
     kept, split = _kept_and_split(parameters, stage, precision, gib)
-    if split == 0:
-        return 1 if kept <= budget_gib else math.inf
-    if kept >= budget_gib:
+    if kept > budget_gib or (kept == budget_gib and split):
         return math.inf
-    if rounding is not math.ceil:
-        return rounding(split / (budget_gib - kept))
-    gpus = max(1, math.ceil(split / (budget_gib - kept)))
+    gpus = max(1, math.ceil(split / (budget_gib - kept))) if split else 1
     while gpus > 1 and kept + split / (gpus - 1) <= budget_gib:  # the ceil of a rounded quotient may be one off
         gpus -= 1
     while kept + split / gpus > budget_gib:

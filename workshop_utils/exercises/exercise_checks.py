@@ -57,16 +57,10 @@ def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float
 @checked
 def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, sequence_length: int,
                           counted: float, exercise: str = "Exercise 1.4") -> bool:
-    """``gpt_flops_per_token(parameters, layers, width, sequence)``: 6·N + 12·layers·width·sequence with N every
-    trainable parameter, shown beside what ``torch.utils.flop_counter`` counted on the model itself.
-
-    Judged at the exercise's sizes, then at a second configuration (``SECOND_GPT``) where sequence, width
-    and context differ, so that width² or the context in place of the sequence is wrong there too.
-    The formula counts 6 FLOPs for every parameter, the position table, biases and norms included, which
-    do no multiply-add with a token's activations; the counter counts only the matrix multiplies. So the
-    formula comes out above the counter (2.5% for the tiny GPT). Both count attention's 12·L·d·T whole,
-    although a causal mask lets a fused kernel compute about half of it.
-    """
+    """``gpt_flops_per_token(parameters, layers, width, sequence)``: 6·N + 12·layers·width·sequence, N every
+    trainable parameter, shown beside what ``torch.utils.flop_counter`` counted on the model itself. Judged at the
+    exercise's sizes, then at ``SECOND_GPT``, where sequence, width and context differ (in the cpu profile all are
+    128, so width² or the context in place of the sequence is right there)."""
     attendee_function(gpt_flops_per_token, exercise, "gpt_flops_per_token", "parameters, layers, width, sequence")
     hint = "FLOPs per token = 6 x parameters + 12 x layers x width x sequence, from the function's arguments."
     two = SECOND_GPT

@@ -61,11 +61,8 @@ def short(err_or_text, limit: int = 200) -> str:
 
 
 def described(value) -> str:
-    try:
-        text = short(repr(value), 60)
-    except Exception:  # noqa: BLE001 - an object whose repr fails is still named by its type
-        text = "?"
-    return f"{kind(value)} ({text})"
+    """What an answer is and how it prints, on one line: "a list ([1, 2])"."""
+    return f"{kind(value)} ({show(value)})"
 
 
 def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None) -> float:
@@ -139,13 +136,10 @@ def accepted(value: float, right: float, whole: bool = False, through=None) -> b
 def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), hint: str = "", *,
             whole: bool = False, also=(), through=None, limits=(), inputs: str = "") -> None:
     """Return when ``value`` is ``right`` (or one of ``also``: the same formula on an earlier answer as the attendee
-    rounded it) under the one rule; else one ``NotYet`` line, the first that applies of:
-
-    a mistake of ``mistakes``, ``(the value it gives, problem, fix)``, that ``value`` matches (all of them where
-    several do: naming one would be a guess); a rounding of the right value to fewer than two digits; a bound of
-    ``limits``, ``(holds, problem, fix)``, that does not hold; else "is not right: expected about <right> from
-    <inputs>", with ``hint`` as its fix. ``mistakes`` is kept short: the names a notebook promises.
-    """
+    rounded it) under the one rule; else one ``NotYet`` line, the first that applies: a mistake of ``mistakes``
+    ``(its value, problem, fix)`` that ``value`` matches (each where several do: naming one would be a guess; kept
+    to the names a notebook promises), a rounding to too few digits, a bound of ``limits`` ``(holds, problem, fix)``
+    broken, else "is not right: expected about <right> from <inputs>" with ``hint`` as its fix."""
     rights = [r for r in (right, *also) if r is not None]
     if any(accepted(value, r, whole, through) for r in rights):
         return
@@ -187,12 +181,10 @@ def written(value: float) -> str:
 
 
 def rounded_digits(value: float, right: float) -> int | None:
-    """How many significant digits the answer ``value`` keeps, when it is ``right`` rounded to the decimals it was
-    written with; None when it is no such rounding. A float drops trailing zeros (0.3 may be 0.2961 to two
-    decimals, 0.30; 1.0 may be 1.004 to two, 1.00; 10 may be 9.96 to one, 10.0), so the most decimals that fit are
-    taken. Answers of 100 and more may be rounded to tens, hundreds...: 300 keeps two digits of 304.9, 1.48e7 three
-    of 14,765,268; smaller whole ones (a batch of 30 for 32) are no rounding. Nothing is a rounding of 0.
-    """
+    """How many significant digits ``value`` keeps when it is ``right`` rounded to the decimals it was written with;
+    None when it is no such rounding. A float drops trailing zeros (1.0 may be 1.004 to two decimals), so the most
+    decimals that fit are taken; from 100 up, tens and hundreds count too (300 keeps two digits of 304.9), below
+    they do not (a batch of 30 is no rounding of 32). Nothing is a rounding of 0."""
     if value == 0 or right == 0 or not math.isfinite(right):
         return None
     magnitude = math.floor(math.log10(abs(right)))

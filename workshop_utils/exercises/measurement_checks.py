@@ -21,17 +21,10 @@ LOADER_ANSWERS = ("best_workers", "measured_speedup", "amdahl_bound")
 
 
 def constructed_loader_sweep(pinned: bool = True):
-    """A loader sweep where each mistake of Exercise 4.1 gives its own answer: (table, starting row).
-
-    The start (2 workers, no pinning) is the fourth row: not the first, not the slowest, not the one that
-    waits longest, not at 0 workers, not the fastest and not the one with the most workers; so a function
-    that takes ``sweep.iloc[0]``, the slowest row, the longest wait or the 0-worker row in place of its
-    ``start`` argument gets another answer. Every row waits for data a different share of its step, and the
-    row that waits least is not the fastest.
-
-    Its columns are those of ``dataloader_sweep``'s table, built the same way, so that a function reading any
-    of them (``start.amdahl_max_speedup``, ``step_ms_median``) runs here as on the measured sweep.
-    """
+    """A loader sweep where each mistake of Exercise 4.1 gives its own answer: (table, starting row). The start is
+    not the first row, the slowest, the longest wait, 0 workers, the fastest or the most workers; the row that waits
+    least is not the fastest. Its columns are ``dataloader_sweep``'s, so that any of them reads as on the measured
+    sweep (``start.amdahl_max_speedup``, ``step_ms_median``)."""
     import pandas as pd
 
     # The row that waits least is not the fastest (8 workers unpinned; 2 pinned where pinning was swept).

@@ -96,19 +96,10 @@ def _timed_workload(timed, n: int, device, exercise: str) -> None:
 def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None = None, device=None,
                         exercise: str = "Exercise 1.2", *, timings=None, precision: str = "fp32",
                         timed=None) -> bool:
-    """An n x n by n x n matrix multiply is n^3 multiply-adds, 2 n^3 FLOPs, in the median of ``timings``.
-
-    ``timings`` (what ``wu.time_repeats`` returned) is the measurement: ``seconds`` must be its median in
-    seconds (not milliseconds, not the total or the mean of the repeats) and ``matmul_tflops`` follows
-    from it. Without ``timings``, ``seconds`` stands for the measurement. The rate cannot exceed the
-    data-sheet peak of ``precision`` on ``device_name`` (a clock stopped before the GPU finished, or a
-    multiply that ran in another precision). With ``device`` the check times such a multiply itself and
-    shows its median beside the answer; only a gap beyond 20x (another size, another device, no
-    multiply at all) is a verdict, since on a shared machine both timings move with other people's work.
-    ``n`` is held to the exercise's (4096 on a GPU, 1024 elsewhere, or more); ``timed``, the function that
-    was timed, must do one n x n by n x n float32 multiply (its FLOPs counted by ``torch.utils.flop_counter``),
-    so that a smaller, thinner or float64 product cannot stand in for the device's rate.
-    """
+    """2 n^3 FLOPs in the median of ``timings`` (``seconds``, its median; without ``timings`` ``seconds`` stands for
+    the measurement), at most the data-sheet peak of ``precision``. ``timed`` must do one n x n float32 multiply
+    (``torch.utils.flop_counter`` counts it); with ``device`` the check times one too and shows it beside the answer,
+    refusing only a gap beyond 20x: on a shared machine both timings move with other people's work."""
     if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
         raise WorkshopError(f"{exercise}: n = {n!r} is no matrix size.", "pass the n of the exercise cell.")
     if device is not None:
@@ -180,14 +171,9 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
               samples_per_s: float | None = None, n: int | None = None, timings=None, seconds=None) -> bool:
     """MFU = the achieved rate / the data-sheet peak for ``precision``, or / the measured matmul rate without one.
 
-    ``achieved_tflops`` and ``measured_peak_tflops`` are the answers of Exercises 1.1 and 1.2. Given the
-    inputs those exercises start from (``flops_per_sample`` and ``samples_per_s``; ``n``, ``timings`` and 1.2's
-    ``seconds``), the check first says when an earlier answer is not right yet, so that MFU is judged against
-    the exercise, not against an earlier mistake; an earlier answer that its check accepted rounded carries
-    as it is: MFU from it is right, as MFU from the unrounded rates is. MFU is above 0, and at most
-    1 of a data-sheet peak; of a measured rate it can come out above 1 when that rate was timed on a busy
-    machine, which the pass says instead of refusing a right division over a stopwatch.
-    """
+    Given the inputs 1.1 and 1.2 start from, an earlier answer not right yet is said first ("fix Exercise 1.1
+    first"); one its check accepted rounded carries as it is. Of a measured rate MFU can exceed 1 when that rate was
+    timed on a busy machine: the pass says so instead of refusing a right division over a stopwatch."""
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     _device_name(device_name, exercise)
