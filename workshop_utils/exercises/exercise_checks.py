@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..spine.gpt import GPTSize, flops_per_token_closed_form
 from ..system.display import format_number
 from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus
-from .exercise_cells import NotYet, passed, require
+from .exercise_cells import passed, require
 from .exercise_judging import KitDefect, attendee_function, called, checked, count, number, verdict
 from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale
 from .measurement_checks import check_batch_memory, check_loader_choice, check_next_fix, constructed_loader_sweep
@@ -129,14 +129,11 @@ def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_le
     require(micro >= 1 and steps >= 1, exercise, "both must be 1 or more.", "count sequences and steps from 1.")
     per_sequence = activation_bytes_per_sequence(size, sequence_length)
     blocks_only = activation_bytes_per_sequence(size, sequence_length, logits=False)
-    free, sequences = gib(free_bytes), f"{format_number(micro)} sequences"
-    if micro * per_sequence > free_bytes:
-        require(micro * blocks_only > free_bytes, exercise,
-                f"{sequences} keep {gib(micro * blocks_only)} GiB in the blocks, but the loss's logits add "
-                f"{gib(micro * (per_sequence - blocks_only))} GiB: {gib(micro * per_sequence)} GiB, and {free} GiB "
-                "are free.", "count per_sequence as the cell above does, logits included, and take fewer sequences.")
-        raise NotYet(f"✗ {exercise}: {sequences} keep {gib(micro * per_sequence)} GiB of activations and logits; "
-                     f"{free} GiB are free.", "take fewer sequences per micro-batch.")
+    free = gib(free_bytes)
+    require(micro * per_sequence <= free_bytes, exercise, f"{format_number(micro)} sequences keep "
+            f"{gib(micro * per_sequence)} GiB ({gib(micro * blocks_only)} in the blocks, the loss's logits the rest); "
+            f"{free} GiB are free.", "count per_sequence as the cell above does, logits included, and take fewer "
+                                     "sequences per micro-batch.")
     tokens = micro * steps * ranks * sequence_length
     require(tokens == target_tokens, exercise,
             f"{micro} x {steps} x {ranks} ranks x {sequence_length} tokens is {tokens:,} tokens a step, not "
@@ -147,5 +144,4 @@ def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_le
                                      "the GPU busier for the same global batch.",
             "double the micro-batch while it fits and still divides the batch.")
     return passed(exercise, f"{micro} sequences x {steps} accumulation steps x {ranks} ranks = {tokens:,} tokens; "
-                            f"{gib(micro * per_sequence)} of {free} GiB of activations "
-                            "and logits")
+                            f"{gib(micro * per_sequence)} of {free} GiB of activations and logits")

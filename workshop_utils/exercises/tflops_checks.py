@@ -72,24 +72,16 @@ def _timed_workload(timed, n: int, device, exercise: str) -> None:
             out = timed()
     except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): one line, their line
         raise attendee_error(err, timed, exercise, "matmul") from None
-    flops, right = counter.get_total_flops(), 2 * n**3
-    if flops != right:
-        side = round((flops / 2) ** (1 / 3)) if flops > 0 else 0
-        what = ("no matrix multiply" if flops == 0 else
-                f"a {side} x {side} product (2 x {side}^3 FLOPs)" if 2 * side**3 == flops else
-                f"{flops:,} FLOPs, not the {right:,} of an {n} x {n} by {n} x {n} product")
-        raise NotYet(f"✗ {exercise}: the function you timed does {what}; the exercise times one {n} x {n} by "
-                     f"{n} x {n} multiply ({right:,} FLOPs).",
-                     "a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device); "
-                     "matmul = lambda: a @ b.")
-    if torch.is_tensor(out):
-        require(out.dtype == torch.float32, exercise, f"the function you timed multiplies {str(out.dtype)[6:]} "
-                                                      "matrices; the exercise times float32, the model's precision.",
-                "make a and b with torch.randn(n, n, device=device), which gives float32.")
-        if device is not None:
-            require(out.device.type == torch.device(device).type, exercise,
-                    f"the function you timed multiplies on {out.device.type}, but the model trained on "
-                    f"{torch.device(device).type}.", "make a and b with device=device.")
+    flops, right, side = counter.get_total_flops(), 2 * n**3, round((counter.get_total_flops() / 2) ** (1 / 3))
+    what = ("no matrix multiply" if flops == 0 else f"a {side} x {side} product" if 2 * side**3 == flops else
+            f"{flops:,} FLOPs, not the {right:,} of an {n} x {n} by {n} x {n} product")
+    wanted = torch.device(device).type if device is not None else None  # what no tensor shows is not judged
+    dtype, on = (out.dtype, out.device.type) if torch.is_tensor(out) else (torch.float32, wanted)
+    wanted = wanted or on
+    require(flops == right and dtype == torch.float32 and on == wanted, exercise,
+            f"the function you timed does {what if flops != right else f'a {str(dtype)[6:]} multiply on {on}'}; the "
+            f"exercise times one {n} x {n} float32 multiply on {wanted or 'the device'} ({right:,} FLOPs).",
+            "a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device); matmul = lambda: a @ b.")
 
 
 @checked
