@@ -486,7 +486,8 @@ MISTAKES = {
          (THROUGHPUT_LINE, "{1e9:.0f} samples/s"),
          ("    dist.destroy_process_group()\n", "")],
         ["same order in epochs 0 and 1", "not wrapped in DistributedDataParallel; the ranks' parameters differ",
-         "every rank saved a checkpoint (ranks 0, 1, 2 called torch.save).", "the reported throughput, 1000000000 samples/s, is far from the about",
+         "every rank saved a checkpoint (ranks 0, 1, 2 called torch.save).",
+         "the reported throughput, 1000000000 samples/s, is far from the about",
          "process group still open"]),
     "no DistributedSampler, a throughput 4x too high": (
         [("loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)",
@@ -628,6 +629,17 @@ def test_the_rank_that_stopped_progressing_first_is_named_not_the_one_whose_limi
     said = str(ddp_lab._crash(1, [], tmp_path, (1, 1), LAB_EXERCISE))
     assert "rank 0 was the first to make no progress, for 38 s, past the limit of 38 s (5x the 7.5 s" in said, said
     assert "rank 0: drew batch 16 of epoch 0, 38 s before; rank 1: drew batch 1 of epoch 1, 38 s before" in said
+
+
+def test_a_rank_that_failed_after_the_limit_came_is_shown_where_it_was(tmp_path):
+    """Rank 0 waits in a barrier the others never join; it fails once they have gone, after the limit came: it is
+    shown where it was (its last progress), not as "failed, -0 s before"."""
+    now = 1_000_000.0
+    write_json(tmp_path / "rank0.progress", {"what": "failed", "time": now + 1,
+                                             "was": {"what": "called torch.save", "time": now - 38}})
+    write_json(tmp_path / "rank1.progress", {"what": "finished", "time": now - 40})
+    assert what_ran(tmp_path, 2, now) == "rank 0: called torch.save, 38 s before; rank 1: finished"
+    assert ddp_lab_files.first_to_stall(tmp_path, 2, now) == (0, now - 38)
 
 
 def sampler_records(world: int, per_node, given) -> list[dict]:

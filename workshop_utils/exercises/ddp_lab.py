@@ -220,7 +220,8 @@ def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...],
     stalled = sorted((json.loads(p.read_text()) for p in folder.glob("rank*.stalled")), key=lambda s: s["time"])
     if stalled:
         stopped = stalled[0]  # the first limit reached; the rank named is the one that stopped progressing first
-        rank, since = first_to_stall(folder, nproc) or (stopped["rank"], stopped["time"] - stopped["idle_s"])
+        at = stopped["time"]
+        rank, since = first_to_stall(folder, nproc, at) or (stopped["rank"], at - stopped["idle_s"])
         own = next((s for s in stalled if s["rank"] == rank), stopped)
         return NotYet(f"✗ {exercise}: stopped at the time limit: rank {rank} was the first to make no progress, "
                       f"for {stopped['time'] - since:.0f} s, past the limit of "

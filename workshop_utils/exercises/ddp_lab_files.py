@@ -212,26 +212,27 @@ def note_progress(folder: Path, rank: int, what: str, **more) -> None:
     write_json(folder / f"rank{rank}.progress", {"what": what, "time": time.time(), **more})
 
 
-def _progress(folder: Path, ranks: int) -> dict[int, dict | None]:
-    """Each rank's last ``note_progress``, None for a rank that never wrote one."""
+def _progress(folder: Path, ranks: int, at: float) -> dict[int, dict | None]:
+    """Each rank's last ``note_progress`` as of ``at`` (None for a rank that never wrote one): a rank that failed
+    after ``at``, as one waiting in a collective does when the others stop, is shown where it was."""
     paths = {rank: folder / f"rank{rank}.progress" for rank in range(ranks)}
-    return {rank: json.loads(path.read_text()) if path.exists() else None for rank, path in paths.items()}
+    notes = {rank: json.loads(path.read_text()) if path.exists() else None for rank, path in paths.items()}
+    return {rank: note.get("was", note) if note and note["what"] == "failed" and note["time"] > at else note
+            for rank, note in notes.items()}
 
 
-def first_to_stall(folder: Path, ranks: int) -> tuple[int, float] | None:
+def first_to_stall(folder: Path, ranks: int, at: float) -> tuple[int, float] | None:
     """(the rank, when) that stopped making progress first, of those not finished (not the one whose own limit
     came first); None when every rank finished or none said where it was."""
-    last = {rank: note["time"] for rank, note in _progress(folder, ranks).items()
+    last = {rank: note["time"] for rank, note in _progress(folder, ranks, at).items()
             if note and note["what"] != "finished"}
     return min(last.items(), key=lambda item: (item[1], item[0])) if last else None
 
 
 def what_ran(folder: Path, ranks: int, at: float | None = None) -> str:
-    """Where each rank was at ``at``, from its progress: "rank 0: finished; rank 1: called torch.save, 41 s before"
-    (a rank that failed after ``at``, as one waiting in a collective does when the others stop: where it was)."""
+    """Where each rank was at ``at``, from its progress: "rank 0: finished; rank 1: called torch.save, 41 s before"."""
     at = at or time.time()
-    notes = {rank: note.get("was", note) if note and note["what"] == "failed" and note["time"] > at else note
-             for rank, note in _progress(folder, ranks).items()}
+    notes = _progress(folder, ranks, at)
     return "; ".join(f"rank {rank}: " + ("not started (no output from it yet)" if note is None else note["what"]
                                          if note["what"] == "finished" else
                                          f"{note['what']}, {at - note['time']:.0f} s before")

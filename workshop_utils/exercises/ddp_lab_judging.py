@@ -250,7 +250,7 @@ def sampler_mistake(records: list[dict], per_node: tuple[int, ...], exercise: st
     Recorded before the sampler ran, so that one that refused its arguments is named too."""
     for given, local in (("rank", "LOCAL_RANK"), ("num_replicas", "LOCAL_WORLD_SIZE")):
         wrong = [(r, s[given]) for r in records for s in r.get("samplers", [])
-                 if s[given] != (r["rank"] if given == "rank" else int(r["env"]["WORLD_SIZE"]))]
+                 if s[given] not in (None, r["rank"] if given == "rank" else int(r["env"]["WORLD_SIZE"]))]
         if wrong:
             record, value = wrong[0]
             named = f", its {local} (counted on its own node)" if all(
