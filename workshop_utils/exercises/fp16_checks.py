@@ -52,12 +52,9 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
 @checked
 def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.float16,
                           exercise: str = "Exercise 3.2") -> bool:
-    """The largest power of two S with S x (largest gradient) at most ``finfo(dtype).max``, as the exercise asks.
-
-    A cast rounds to nearest, so a product a little above max (below max + half a step at the top, 65,520 for
-    float16) still becomes max, finite: where the next power's product falls in that sliver, it is accepted
-    too. Past it the cast gives inf, and that power is "one power too far".
-    """
+    """The largest power of two S with S x (largest gradient) at most ``finfo(dtype).max``, as the exercise asks. A
+    cast rounds to nearest, so a product a little above max (below 65,520 for float16) still becomes max, finite:
+    the next power landing there is accepted too. A wrong S is told what the cast does with S x largest, or 2S x."""
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
     tensors = [t for t in (gradients.values() if isinstance(gradients, dict) else [gradients])
                if torch.is_tensor(t) and t.numel()]
@@ -75,18 +72,17 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
             f"`safe_scale` = {value:g} is not a power of two.",
             "use 2.0 ** k: scaling by a power of two changes only the exponent, so it is exact.")
     name = str(dtype).removeprefix("torch.")
-    if value == 2 * right and value * largest < overflow:  # above max, but the cast rounds it down to max
-        return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
-                                f"{value * largest:,.6g}, above {limit:,.0f} but below {overflow:,.0f}: cast to "
-                                f"{name} it rounds to {limit:,.0f}, still finite")
     fix = f"the largest k with 2**k * largest <= finfo({name}).max ({limit:,.0f}): 2 ** floor(log2(max / largest))."
     require(value * largest < overflow, exercise, f"`safe_scale` = {value:g}: {value:g} x {largest:.6g} = "
             f"{value * largest:,.6g}, which the cast to {name} rounds to inf (only values below {overflow:,.0f} "
             f"round to {limit:,.0f}, the largest finite).", fix)
     require(value >= right, exercise, f"`safe_scale` = {value:g} is one power short or more: twice that, "
             f"{2 * value:g} x {largest:.6g} = {2 * value * largest:,.6g}, is still at most {limit:,.0f}.", fix)
+    edge = value * largest > limit  # above max, but the cast rounds it down to max
     return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
-                            f"{value * largest:,.0f}, below {limit:,.0f}")
+                            + (f"{value * largest:,.6g}, above {limit:,.0f} but below {overflow:,.0f}: cast to {name} "
+                               f"it rounds to {limit:,.0f}, still finite" if edge else
+                               f"{value * largest:,.0f}, below {limit:,.0f}"))
 
 
 _ORDER = ("once each, in GradScaler's order: scaler.scale(loss).backward(), then scaler.step(optimizer), then "
