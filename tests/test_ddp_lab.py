@@ -139,20 +139,20 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
 
 
 @pytest.mark.parametrize("command, message", [
-    ("torchrun {s}", "torchrun would start no --nproc-per-node (one process)"),
-    ("torchrun --nproc-per-node=4 {s}", "torchrun would start --nproc-per-node=4; the lab is 2 processes"),
-    ("torchrun --nnodes=2 --nproc-per-node=2 {s}", "torchrun would start --nnodes=2;"),
+    ("torchrun {s}", "torchrun would run with no --nproc-per-node (so one process)"),
+    ("torchrun --nproc-per-node=4 {s}", "torchrun would run with --nproc-per-node=4; the lab runs 2 processes"),
+    ("torchrun --nnodes=2 --nproc-per-node=2 {s}", "torchrun would run with --nnodes=2;"),
     ("srun torchrun --nnodes 2 --nproc-per-node=2 {s}", "--nnodes=2"),
     ("bash {s}", "the command starts 'bash', not torchrun"),
     ("torchrun --nproc-per-node=2", "names no .py script"),
-    ("torchrun --nproc-per-node=2 other.py", "not your lab script"),
+    ("torchrun --nproc-per-node=2 other.py", "'other.py' as the training script in place of your lab script"),
     ("", "the command has no launch line"),
-    ("torchrun --nproc-per-node=2 --nproc-per-node=1 {s}", "would start --nproc-per-node=1; the lab is 2 processes"),
+    ("torchrun --nproc-per-node=2 --nproc-per-node=1 {s}", "would run with --nproc-per-node=1; the lab runs 2 processes"),
     ("torchrun --nproc=2 {s}", "ambiguous option"),
-    ("torchrun --nproc-per-node=2 python {s}", "torchrun would run 'python' as the training script, not your lab"),
+    ("torchrun --nproc-per-node=2 python {s}", "torchrun would run 'python' as the training script in place of your lab"),
     # --no-python: torchrun runs python as a program, with the script: it would run, and is named as what it does
     ("torchrun --nproc-per-node=2 --no-python python3 {s}", "torchrun would run 'python3' as a program (--no-python)"),
-    ("torchrun --nproc-per-node=2 --node-rank=1 {s}", "torchrun would start --node-rank=1;"),
+    ("torchrun --nproc-per-node=2 --node-rank=1 {s}", "torchrun would run with --node-rank=1;"),
     # The launcher torchrun replaced passes --local-rank=<n> as an argument, and the lab's script stops on it.
     ("python -m torch.distributed.launch --nproc-per-node=2 {s}", "passes --local-rank=<n> to the script"),
     ("python3 -m torch.distributed.launch --nproc_per_node=2 {s} --epochs 2", "unrecognized arguments: --local-rank"),

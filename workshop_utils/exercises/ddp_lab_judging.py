@@ -120,8 +120,8 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     module = tokens[2] if tokens[1:2] == ["-m"] and len(tokens) > 2 else None
     python = first.startswith("python") or tokens[0] == sys.executable
     require(first == "torchrun" or (python and module in TORCH_LAUNCHERS), exercise,
-            f"the command starts {tokens[0]!r}, not torchrun: nothing starts the lab's {nproc} processes or sets "
-            "RANK, LOCAL_RANK and WORLD_SIZE in them, so one process would train alone.",
+            f"the command starts {tokens[0]!r}, not torchrun: nothing would start the lab's {nproc} processes or set "
+            "RANK, LOCAL_RANK and WORLD_SIZE in them.",
             f"launch it with torchrun: {example}.")
     launcher, rest = (module or "torchrun"), tokens[1 if first == "torchrun" else 3:]
     require(any(t.endswith(".py") for t in rest), exercise, "the command names no .py script.",
@@ -137,19 +137,21 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     except ValueError as refusal:
         raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
                      f"write its options in full: torchrun --nproc-per-node={nproc} {quoted}.") from None
-    how = "as a program (--no-python), your file its argument" if parsed.no_python else "as the training script"
+    how = "as a program (--no-python), with your file as its argument," if parsed.no_python else \
+        "as the training script"
     require(yours(parsed.training_script), exercise, f"torchrun would run {Path(parsed.training_script).name!r} "
-            f"{how}, not your lab script {quoted}.", f"name only your script after torchrun's options: {example}.")
+            f"{how} in place of your lab script {quoted}.",
+            f"name only your script after torchrun's options: {example}.")
     require(launcher != "torch.distributed.launch" or parsed.use_env, exercise,
             "torch.distributed.launch (the launcher torchrun replaced) passes --local-rank=<n> to the script as an "
             "argument; the lab's script takes no such argument, and its argparse would stop every rank "
             "(\"unrecognized arguments: --local-rank=0\").",
             f"launch with torchrun, which sets LOCAL_RANK in each process's environment instead: {example}.")
-    wrong = [f"{option}={value}" if value is not None else f"no {option} (one process)" for option, value, right in (
+    wrong = [f"{option}={value}" if value is not None else f"no {option} (so one process)" for option, value, right in (
         ("--nproc-per-node", parsed.nproc_per_node, {str(nproc)}), ("--nnodes", parsed.nnodes, {"1", "1:1"}),
         ("--node-rank", parsed.node_rank, {"0"})) if str(value) not in right]
-    require(not wrong, exercise, f"torchrun would start {', '.join(wrong)}; the lab is {nproc} processes on one "
-                                 "node (a node that waits for another never starts training).",
+    require(not wrong, exercise, f"torchrun would run with {', '.join(wrong)}; the lab runs {nproc} processes on one "
+                                 "node, node 0 (torchrun waits for any other node it is told of).",
             f"use --nproc-per-node={nproc} alone: {example}.")
     return LaunchLine(list(parsed.training_script_args), assigned)
 
