@@ -62,7 +62,7 @@ def short(err_or_text, limit: int = 200) -> str:
 
 def described(value) -> str:
     """What an answer is and how it prints, on one line: "a list ([1, 2])"."""
-    return f"{kind(value)} ({show(value)})"
+    return f"{kind(value)} ({show(repr(value) if isinstance(value, str) else value)})"
 
 
 def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None) -> float:
