@@ -587,6 +587,16 @@ def test_a_wrong_answer_is_refused_in_one_line_naming_its_mistake(name, answers,
         assert word in said, said
 
 
+def test_a_wrong_value_is_shown_beside_the_expected_one_and_the_inputs_it_comes_from():
+    with pytest.raises(NotYet) as caught:
+        CALLS["1.1"](achieved_tflops=1.7 * ACHIEVED)
+    assert ("`achieved_tflops` = 0.2224 is not right: expected about 0.1308 from 246,190,080 FLOPs x 531.4 "
+            "samples/s / 1e12.") in str(caught.value)
+    with pytest.raises(NotYet) as caught:
+        CALLS["5.1 zero1"](gpus=9 + 1)  # a count: equal or not, and what the count does
+    assert "`zero1_gpus` = 10: 9 GPUs already hold it (34.8 GiB each, within 35 GiB)" in str(caught.value)
+
+
 def test_a_count_two_mistakes_give_says_what_each_gpu_would_hold():
     """At the old numbers (50 GiB) ZeRO-1 rounded down is ZeRO-3's count: naming one of them would be a guess, so
     the line says what happens at that count instead."""
