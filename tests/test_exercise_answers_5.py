@@ -214,12 +214,12 @@ def test_6_3_a_right_cell_that_reads_an_earlier_cells_value_passes_judged_on_thi
 
 
 def test_6_3_a_cell_of_usage_alone_is_still_run_on_another_job():
-    with pytest.raises(NotYet, match="run on another job.*the cores kept busy"):
+    with pytest.raises(NotYet, match="run on another job.*`cpu_efficiency` = 4.8: "):
         notebook(SOLVED.replace(' * usage["cpus"]', ""))
 
 
-def test_6_3_a_request_in_whole_gib_is_named_gib():
-    with pytest.raises(NotYet, match="that is whole GiB; the request is in MiB"):
+def test_6_3_a_request_in_whole_gib_is_refused_in_mib():
+    with pytest.raises(NotYet, match="`next_memory_mib` = 2: .*MiB"):
         wu.check_job_usage(61.3 / 131, 131 / 600, 0, 240, math.ceil(1.25 * 1517 / 1024), usage=USAGE, cell="")
 
 
