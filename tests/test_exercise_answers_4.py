@@ -105,7 +105,8 @@ def test_3_3_a_loss_scaled_by_hand_is_named_as_such():
         scaler.update()
         return loss
 
-    one_line_refusal(lambda: wu.check_amp_step(by_hand, CPU), "Attempted step but _scale is None", "scaler.step(optimizer)")
+    one_line_refusal(lambda: wu.check_amp_step(by_hand, CPU), "Attempted step but _scale is None",
+                     "scaler.step(optimizer)")
 
 
 def test_2_3_the_kits_inputs_as_tensors_are_read(capsys):
