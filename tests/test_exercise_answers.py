@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fractions
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -587,11 +588,16 @@ def test_a_wrong_answer_is_refused_in_one_line_naming_its_mistake(name, answers,
         assert word in said, said
 
 
-def test_a_wrong_value_is_shown_beside_the_expected_one_and_the_inputs_it_comes_from():
+def test_a_wrong_value_says_which_way_it_is_off_and_its_inputs_but_never_the_right_value_to_copy():
     with pytest.raises(NotYet) as caught:
         CALLS["1.1"](achieved_tflops=1.7 * ACHIEVED)
-    assert ("`achieved_tflops` = 0.2224 is not right: expected about 0.1308 from 246,190,080 FLOPs x 531.4 "
-            "samples/s / 1e12.") in str(caught.value)
+    assert ("`achieved_tflops` = 0.2224 is not right: too large (within 10x) for what 246,190,080 FLOPs x 531.4 "
+            "samples/s / 1e12 gives.") in str(caught.value)
+    assert "0.1308" not in str(caught.value) and "0.131" not in str(caught.value)
+    for off, words in ((1000, "about 1,000x too large"), (1e-3, "about 1,000x too small"), (0.5, "too small (within "
+                       "10x)"), (-1, "its sign is wrong"), (0, "it should not be 0")):
+        with pytest.raises(NotYet, match=re.escape(words)):
+            CALLS["1.1"](achieved_tflops=off * ACHIEVED)
     with pytest.raises(NotYet) as caught:
         CALLS["5.1 zero1"](gpus=9 + 1)  # a count: equal or not, and what the count does
     assert "`zero1_gpus` = 10: 9 GPUs already hold it (34.8 GiB each, within 35 GiB)" in str(caught.value)

@@ -139,7 +139,7 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
     rounded it) under the one rule; else one ``NotYet`` line, the first that applies: a mistake of ``mistakes``
     ``(its value, problem, fix)`` that ``value`` matches (each where several do: naming one would be a guess; kept
     to the names a notebook promises), a rounding to too few digits, a bound of ``limits`` ``(holds, problem, fix)``
-    broken, else "is not right: expected about <right> from <inputs>" with ``hint`` as its fix."""
+    broken, else "is not right: <which way, see how_far> for what <inputs> gives" with ``hint`` as its fix."""
     rights = [r for r in (right, *also) if r is not None]
     if any(accepted(value, r, whole, through) for r in rights):
         return
@@ -167,9 +167,23 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
             f"give at least {SIGNIFICANT_WORDS}: round to more decimals, or leave `{name}` unrounded.")
     for holds, problem, fix in limits:
         require(holds, exercise, f"{shown}: {problem}", fix)
-    source = f" from {inputs}" if inputs else ""
-    raise NotYet(f"✗ {exercise}: {shown} is not right: expected {'' if whole else 'about '}{written(right)}{source}.",
-                 hint)
+    source = f" for what {inputs} gives" if inputs else ""
+    raise NotYet(f"✗ {exercise}: {shown} is not right: {how_far(value, right)}{source}.", hint)
+
+
+def how_far(value: float, right: float) -> str:
+    """Which way ``value`` is off and, from 10x on, by about what factor (one significant digit): never the right value
+    itself, which an attendee could copy into the cell instead of computing it."""
+    if value == 0 or right == 0 or not (math.isfinite(value) and math.isfinite(right)):
+        return "it should not be 0" if value == 0 else "it should be 0" if right == 0 else "it is no finite number"
+    if (value > 0) != (right > 0):
+        return "its sign is wrong"
+    ratio = abs(value / right)
+    direction = "too large" if ratio > 1 else "too small"
+    if 0.1 < ratio < 10:
+        return f"{direction} (within 10x)"
+    factor = float(f"{max(ratio, 1 / ratio):.1g}")  # one significant digit: a hint, not a value to divide back
+    return f"about {factor:,.0f}x {direction}"
 
 
 def written(value: float) -> str:
