@@ -1,7 +1,6 @@
 """Notebook 05's exercises: ZeRO's memory per GPU, FSDP's traffic against DDP's, and the pipeline bubble.
 
-A count is judged by what it does (each GPU's share within the budget, the bubble within the target, and one
-fewer not), a time against the ring model's, with the inputs it comes from.
+A count is judged by what it does (``smallest``), a time against the ring model's, from its inputs.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from ..parallel.sharding import BYTES_PER_PARAMETER, ZERO_STAGES
 from ..system.errors import WorkshopError
 from .answer_values import scalar
 from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import checked, count, number, verdict
+from .exercise_judging import checked, count, number, smallest, verdict
 
 
 def _kept_and_split(parameters: float, stage: int, precision: str, gib: float = 2**30) -> tuple[float, float]:
@@ -26,12 +25,6 @@ def _kept_and_split(parameters: float, stage: int, precision: str, gib: float = 
         raise WorkshopError(f"unknown precision {precision!r}.", f"use one of {sorted(BYTES_PER_PARAMETER)}.")
     pairs = list(zip(BYTES_PER_PARAMETER[precision], list(ZERO_STAGES.values())[stage]))
     return (sum(b for b, s in pairs if not s) * parameters / gib, sum(b for b, s in pairs if s) * parameters / gib)
-
-
-def zero_gib_per_gpu(parameters: float, world_size: int, stage: int, precision: str = "mixed") -> float:
-    """GiB per GPU of parameters, gradients and Adam state under DDP (stage 0) or ZeRO stage 1-3."""
-    kept, split = _kept_and_split(parameters, stage, precision)
-    return kept + split / world_size
 
 
 def fewest_gpus(parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
@@ -63,12 +56,8 @@ def _is_infinite(value) -> bool:
 @checked
 def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
                       exercise: str = "Exercise 5.1") -> bool:
-    """The smallest number of GPUs whose ZeRO ``stage`` share of ``parameters`` fits ``budget_gib`` each.
-
-    A wrong count is too few (a GPU's share exceeds the budget) or too many (one GPU fewer holds it): the line
-    says which, with what each GPU would hold.
-    """
-    name = f"zero{stage}_gpus"
+    """The smallest number of GPUs whose ZeRO ``stage`` share of ``parameters`` fits ``budget_gib`` each."""
+    name, (kept, split) = f"zero{stage}_gpus", _kept_and_split(parameters, stage, precision)
     right = fewest_gpus(parameters, budget_gib, stage, precision)
     if right == math.inf:
         require_answered(gpus, exercise, f"`{name}` is still the placeholder `...`.",
@@ -79,19 +68,11 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
     if _is_infinite(gpus):
         raise NotYet(f"✗ {exercise}: `{name}` = inf, but {right} GPUs hold it under stage {stage}.",
                      "what stays whole fits the budget here: divide the sharded part into the rest.")
-    value = count(gpus, exercise, name, "a whole number of GPUs")
-    require(value >= 1, exercise, f"`{name}` = {value}: at least one GPU is needed.", "count GPUs from 1.")
-    per_gpu = zero_gib_per_gpu(parameters, value, stage, precision)
-    fewer = zero_gib_per_gpu(parameters, value - 1, stage, precision) if value > 1 else math.inf
-    # Every wrong count is too few or too many: what each GPU would hold then says which.
-    require(per_gpu <= budget_gib, exercise, f"`{name}` = {value}: at {value} GPUs each holds {per_gpu:.1f} GiB, more "
-            f"than the {budget_gib:g} GiB budget.", "take the smallest p with kept + sharded / p <= budget (a GiB is "
-                                                     "2**30 bytes): each GPU's share must fit.")
-    require(fewer > budget_gib, exercise, f"`{name}` = {value}: {value - 1} GPUs already hold it ({fewer:.1f} GiB "
-            f"each, within {budget_gib:g} GiB).", f"take the smallest p that fits: stage {stage} keeps "
-            f"{ {0: 'everything', 1: 'the parameters and gradients', 2: 'the parameters'}.get(stage, 'nothing')} "
-            "whole on every GPU and divides only the rest.")
-    return passed(exercise, f"ZeRO-{stage}: {value} GPUs, {per_gpu:.1f} GiB each")
+    value = smallest(count(gpus, exercise, name, "a whole number of GPUs"), exercise, name, lambda p: kept + split / p,
+                     budget_gib, f"at {{}} GPUs each holds {{:.1f}} GiB, more than the {budget_gib:g} GiB budget",
+                     f"{{}} GPUs already hold it ({{:.1f}} GiB each, within {budget_gib:g} GiB)",
+                     "take the smallest p with kept + sharded / p <= budget (a GiB is 2**30 bytes).")
+    return passed(exercise, f"ZeRO-{stage}: {value} GPUs, {kept + split / value:.1f} GiB each")
 
 
 @checked
@@ -116,11 +97,9 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
 @checked
 def check_microbatches(microbatches, stages: int, target: float, exercise: str = "Exercise 5.3") -> bool:
     """The fewest micro-batches that bring the bubble of ``stages`` equal stages down to ``target``."""
-    value = count(microbatches, exercise, "microbatches", "a whole number of micro-batches")
-    require(value >= 1, exercise, f"`microbatches` = {value}: at least one is needed.", "count from 1.")
-    bubble, fewer = bubble_fraction(stages, value), bubble_fraction(stages, max(1, value - 1))
-    require(bubble <= target + 1e-12, exercise, f"`microbatches` = {value}: with m = {value} the bubble "
-            f"(p-1) / (m+p-1) is {bubble:.3f}, above {target:g}.", "more micro-batches: the bubble is (p-1) / (m+p-1).")
-    require(value == 1 or fewer > target + 1e-12, exercise, f"`microbatches` = {value}: m = {value - 1} already gives "
-            f"a bubble of {fewer:.3f}, at most {target:g}.", "find the smallest m with (p-1) / (m+p-1) <= target.")
-    return passed(exercise, f"m = {value}: bubble {bubble:.3f} <= {target:g}")
+    value = smallest(count(microbatches, exercise, "microbatches", "a whole number of micro-batches"), exercise,
+                     "microbatches", lambda m: bubble_fraction(stages, m), target + 1e-12,
+                     f"with m = {{}} the bubble (p-1) / (m+p-1) is {{:.3f}}, above {target:g}",
+                     f"m = {{}} already gives a bubble of {{:.3f}}, at most {target:g}",
+                     "find the smallest m with (p-1) / (m+p-1) <= target.")
+    return passed(exercise, f"m = {value}: bubble {bubble_fraction(stages, value):.3f} <= {target:g}")

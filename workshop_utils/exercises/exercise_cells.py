@@ -1,21 +1,11 @@
 """The exercise cells: the attendee writes the code, a check right after it says pass or what is wrong.
 
-The committed notebooks hold each solution between two marker lines (nbgrader's style), so that the main job and
-CI execute them as they are and every exercise is proven solvable::
-
-    ### BEGIN SOLUTION
-    ### PLACEHOLDER achieved_tflops = ...
-    achieved_tflops = flops_per_step / step_s / 1e12
-    ### END SOLUTION
-
-The attendees' copies (``write_attendee_notebooks``, ``make attendee``) replace the block with ``# YOUR CODE HERE``
-and its ``### PLACEHOLDER`` lines without that prefix, indentation kept (a block inside a function needs one,
-``return ...``, to still parse). ``...`` is Python's Ellipsis, which every check reads as "not done".
-
-A cell holding a block is tagged ``exercise``; the next, tagged ``check``, calls a check. A pass is one ✓ line (and
-True); a wrong answer raises ``NotYet``, a ``WorkshopError`` shown as one line (so a headless run of the solved
-notebooks fails); an answer still ``...`` prints one "not yet solved" line and returns False, so that the
-attendees' copy runs from top to bottom before anyone has written a line (cells using it skip: ``solved``).
+The committed notebooks hold each solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's
+style), so that CI executes them as they are and every exercise is proven solvable; the attendees' copies
+(``make attendee``) hold ``# YOUR CODE HERE`` and the block's ``### PLACEHOLDER`` lines (``achieved_tflops = ...``)
+in its place. ``...`` is Python's Ellipsis, which every check reads as "not done": one "not yet solved" line and
+False, so that the attendees' copy runs from top to bottom before anyone has written a line. A wrong answer raises
+``NotYet``, a ``WorkshopError`` shown as one line, so that a headless run of the solved notebooks fails.
 """
 
 from __future__ import annotations

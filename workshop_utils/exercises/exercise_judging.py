@@ -112,6 +112,18 @@ def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
     return int(converted)
 
 
+def smallest(value: int, exercise: str, name: str, measure, limit: float, too_few: str, too_many: str,
+             fix: str) -> int:
+    """``value``, a count that must be the smallest with ``measure(value) <= limit``: a wrong one is too few or too
+    many, and the line says which by what it gives (``too_few``) or one fewer gives (``too_many``), each formatted
+    with (count, measure)."""
+    require(value >= 1, exercise, f"`{name}` = {value}: at least one is needed.", "count from 1.")
+    require(measure(value) <= limit, exercise, f"`{name}` = {value}: {too_few.format(value, measure(value))}.", fix)
+    fewer = measure(value - 1) if value > 1 else math.inf
+    require(fewer > limit, exercise, f"`{name}` = {value}: {too_many.format(value - 1, fewer)}.", fix)
+    return value
+
+
 # The one tolerance of every exercise: an answer within REL of the right value is right (a float32, another order of
 # the same operations), and so is the right value rounded keeping at least SIGNIFICANT significant digits. A count
 # (GPUs, a batch, micro-batches, a Slurm request) is whole: right only when equal.
