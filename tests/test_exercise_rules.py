@@ -93,8 +93,8 @@ def test_a_count_is_right_only_when_equal_however_large():
         CALLS["5.3"](microbatches=60)
 
 
-def test_6_3_names_a_request_in_another_unit_as_rounded_as_any_answer():
-    with pytest.raises(NotYet, match="that is GiB; the request is in MiB"):
+def test_6_3_refuses_a_request_in_another_unit_by_its_value():
+    with pytest.raises(NotYet, match="`next_memory_mib` = 1.3: the request is in whole 100 MiB"):
         wu.check_job_usage(**{**RIGHT, "next_memory_mib": 1.3}, usage=USAGE, cell="")  # 1300 MiB is 1.27 GiB
 
 

@@ -331,15 +331,15 @@ def test_exercise_63_passes_the_arithmetic_and_says_what_to_ask_for_next(capsys)
 
 
 @pytest.mark.parametrize("wrong, said", [
-    (dict(cpu_efficiency=2.0), "the cores kept busy on average"),
-    (dict(cpu_efficiency=50.0), "a percentage"),
-    (dict(time_share=600 / 90), "upside down"),
-    (dict(gpu_hours=180.0), "GPU-seconds"),
-    (dict(gpu_hours=0.025), "the job's hours, not its GPU-hours"),
-    (dict(next_time_limit_s=135), "not rounded up to whole minutes"),
-    (dict(next_time_limit_s=900), "grows the old limit"),
-    (dict(next_memory_mib=1250), "not rounded up to whole 100 MiB"),
-    (dict(next_memory_mib=1000), "no room to spare"),
+    (dict(cpu_efficiency=2.0), "`cpu_efficiency` = 2: a share of the allocated core-seconds lies between 0 and 1"),
+    (dict(cpu_efficiency=50.0), "`cpu_efficiency` = 50: a share of the allocated core-seconds lies between 0 and 1"),
+    (dict(time_share=600 / 90), "`time_share` = 6.667: a finished job used between none and all of its time limit"),
+    (dict(gpu_hours=180.0), "`gpu_hours` = 180 is not right"),
+    (dict(gpu_hours=0.025), "`gpu_hours` = 0.025 is not right"),
+    (dict(next_time_limit_s=135), "`next_time_limit_s` = 135: Slurm's time limits are whole minutes"),
+    (dict(next_time_limit_s=900), "`next_time_limit_s` = 900 is not right"),
+    (dict(next_memory_mib=1250), "`next_memory_mib` = 1,250: the request is in whole 100 MiB"),
+    (dict(next_memory_mib=1000), "`next_memory_mib` = 1,000 is not right"),
 ])
 def test_exercise_63_names_each_mistake_in_one_line(wrong, said):
     import workshop_utils as wu

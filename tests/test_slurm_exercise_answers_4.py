@@ -91,7 +91,7 @@ WRONG = {
     "kill with an en dash and a digit": (TEMPLATE.replace("kill -0", "kill \u20130"), ["U+2013"]),
     "a soft hyphen in an option": (TEMPLATE.replace("--nproc-per-node", "\u00ad\u00adnproc-per-node"),
                                    ["U+00AD", "invisible soft hyphen"]),
-    "the launch to /dev/null": (launch_as(BARE + " >/dev/null &\n"), ["launch's output goes to /dev/null"]),
+    "the launch to /dev/null": (launch_as(BARE + " >/dev/null &\n"), ["never reached the job's log", "stdout is /dev/null"]),
     "the launch &>/dev/null": (launch_as(BARE + " &>/dev/null &\n"), ["/dev/null"]),
     "srun --output=/dev/null": (launch_as(BARE.replace("srun ", "srun --output=/dev/null ", 1) + " &\n"),
                                 ["/dev/null"]),
@@ -107,22 +107,25 @@ WRONG = {
     "an arm after *) of any word": (launch_as('case "${1:-}" in\n  *) : ;;\n  x) ' + BARE + " & ;;\nesac\n"),
                                     ["never got to run a launch"]),
     "a launch in a loop over two words": (launch_as("for i in 1 2; do\n" + BARE + " &\ndone\n"),
-                                          ["started torchrun 2 times", "side by side"]),
-    "OMP_NUM_THREADS=2 in front of srun": (TEMPLATE.replace(STEP, "OMP_NUM_THREADS=2 " + STEP), ["4 threads"]),
+                                          ["started torchrun 2 times", "one agent per node"]),
+    "OMP_NUM_THREADS=2 in front of srun": (TEMPLATE.replace(STEP, "OMP_NUM_THREADS=2 " + STEP),
+                                           ["OMP_NUM_THREADS=2 for 2 training processes"]),
     "env OMP_NUM_THREADS=2 torchrun": (TEMPLATE.replace(STEP, STEP.replace("torchrun", "env OMP_NUM_THREADS=2 torchrun")),
                                        ["OMP_NUM_THREADS=2"]),
     "srun --export=ALL,OMP_NUM_THREADS=2": (TEMPLATE.replace(STEP, STEP.replace(
         "srun ", "srun --export=ALL,OMP_NUM_THREADS=2 ")), ["OMP_NUM_THREADS=2"]),
     "OMP_NUM_THREADS=2,1": (TEMPLATE.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2,1"), ["OMP_NUM_THREADS=2,1"]),
-    "OMP_NUM_THREADS=0": (TEMPLATE.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=0"), ["0 is no thread count"]),
+    "OMP_NUM_THREADS=0": (TEMPLATE.replace("OMP_NUM_THREADS=1", "OMP_NUM_THREADS=0"),
+                          ["OMP_NUM_THREADS=0 for 2 training processes"]),
     "OMP_NUM_THREADS=2 on four cores": (wu.fill_job_script({**SOLVED, "cpus_per_task": 4}).replace(
         "OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2"), ["OMP_NUM_THREADS=2 for 2 training processes on 4 core(s)"]),
     # EP is no longer exported: the bash that srun starts sees it empty, and torchrun meets at its default
     "export -n before bash -c": (launch_as(EXPORTED + "export -n EP\n" + through_bash_c()), ["localhost:29400"]),
     "declare +x before bash -c": (launch_as(EXPORTED + "declare +x EP\n" + through_bash_c()), ["localhost:29400"]),
     "$SLURMD_NODENAME inside bash -c": (launch_as(through_bash_c('"$SLURMD_NODENAME:29500"')),
-                                        ["each node's agent waited at its own node"]),
-    "$HOSTNAME inside bash -c": (launch_as(through_bash_c('"$HOSTNAME:29500"')), ["login01", "is no node of the job"]),
+                                        ["never completed the rendezvous", "gpu-a018 at gpu-a018:29500"]),
+    "$HOSTNAME inside bash -c": (launch_as(through_bash_c('"$HOSTNAME:29500"')),
+                                 ["[login01]", "Name or service not known"]),
     # the batch shell expands the double-quoted text, which leaves torchrun its default of one process
     "bash -c in double quotes": (launch_as(EXPORTED + 'srun bash -c "torchrun --nnodes=$SLURM_JOB_NUM_NODES '
                                            '-m workshop_utils.train" torchrun "$@" &\n'),
@@ -144,15 +147,15 @@ WRONG = {
 }
 
 
-def test_6_3_a_memory_request_in_gib_is_named():
+def test_6_3_a_memory_request_in_another_unit_is_refused_by_its_value():
     usage = {"job": "2", "elapsed_s": 15, "time_limit_s": 600, "cpus": 1, "gpus": 0, "cpu_time_s": 4.65,
              "max_rss_mib": 832.34375, "source": "a test"}
     from test_slurm_exercise_answers import refused as refused_by
 
-    refused_by(lambda: wu.check_job_usage(0.31, 0.025, 0.0, 60, 1100 / 1024, usage), "GiB", "in MiB")
-    for other, unit in ((1100 * 2**20 / 1e6, "MB"), (1100 * 2**20 / 1e9, "GB"), (1100 * 1024, "KiB"),
-                        (1100 * 2**20, "bytes")):
-        refused_by(lambda other=other: wu.check_job_usage(0.31, 0.025, 0.0, 60, other, usage), f"that is {unit};")
+    for other, words in ((1100 / 1024, ["= 1.074:", "whole 100 MiB"]), (1100 * 2**20 / 1e6, ["= 1,153:", "whole 100 MiB"]),
+                         (1100 * 2**20 / 1e9, ["= 1.153:", "whole 100 MiB"]), (1100 * 1024, ["= 1,126,400 is not right"]),
+                         (1100 * 2**20, ["= 1,153,433,600 is not right"])):
+        refused_by(lambda other=other: wu.check_job_usage(0.31, 0.025, 0.0, 60, other, usage), *words)
 
 
 def test_6_3_names_only_the_count_this_job_cannot_show(capsys):

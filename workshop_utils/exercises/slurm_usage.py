@@ -25,8 +25,8 @@ USAGE = "Exercise 6.3"
 TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
 ANSWERS = ("cpu_efficiency", "time_share", "gpu_hours", "next_time_limit_s", "next_memory_mib")
 USAGE_KEYS = ("elapsed_s", "time_limit_s", "cpus", "gpus", "cpu_time_s", "max_rss_mib")
-# A second job to judge the attendee's arithmetic on: several CPUs and GPUs, and numbers for which every named
-# mistake gives another answer (the notebook's own job has one CPU and no GPU).
+# A second job to judge the attendee's arithmetic on: several CPUs and GPUs, where a term left out gives another
+# answer (the notebook's own job has one CPU and no GPU).
 OTHER_JOB = {"job": "another job", "elapsed_s": 5410, "time_limit_s": 7200, "cpus": 8, "gpus": 4,
              "cpu_time_s": 25968.0, "max_rss_mib": 23500.0, "source": "made up: 8 CPUs and 4 GPUs for 1.5 hours"}
 
@@ -58,59 +58,25 @@ def _usage_numbers(usage) -> dict:
 
 
 def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
-    """Each answer against the same arithmetic on ``usage``, by the rule every exercise shares (``verdict``): the usual
-    mistakes named, then the bounds that any right answer keeps, then the value shown (never the answer)."""
+    """Each answer against the same arithmetic on ``usage``, by the rule every exercise shares (``verdict``): the
+    bound any right answer keeps, else the value and the one expected, with the formula as the fix."""
     elapsed, cpus, gpus, limit = usage["elapsed_s"], usage["cpus"], usage["gpus"], usage["time_limit_s"]
-    busy = usage["cpu_time_s"] / elapsed  # cores kept busy on average
     right_time, right_memory = next_request(usage)
-
-    def check(name, right, mistakes, bounds, hint, whole=False):
-        inside, why, fix = bounds
+    inputs = ", ".join(f"{key} {usage[key]:g}" for key in USAGE_KEYS)
+    for name, right, inside, why, formula in (
+            ("cpu_efficiency", usage["cpu_time_s"] / (elapsed * cpus), lambda v: 0 <= v <= 1,
+             "a share of the allocated core-seconds lies between 0 and 1.", "cpu_time_s / (elapsed_s x cpus)."),
+            ("time_share", elapsed / limit, lambda v: 0 <= v <= 1,
+             "a finished job used between none and all of its time limit.", "elapsed_s / time_limit_s."),
+            ("gpu_hours", elapsed * gpus / 3600, lambda v: v >= 0, "a charge is never negative.",
+             "elapsed_s x gpus / 3600 (0 for a job without GPUs)."),
+            ("next_time_limit_s", right_time, lambda v: v > 0 and v % 60 == 0, "Slurm's time limits are whole "
+             "minutes above zero, so seconds that are a positive multiple of 60.", "60 x ceil(1.5 x elapsed_s / 60)."),
+            ("next_memory_mib", right_memory, lambda v: v > 0 and v % 100 == 0, "the request is in whole 100 MiB.",
+             "100 x ceil(1.25 x max_rss_mib / 100).")):
         value = answers[name]
-        verdict(value, right, exercise, name, mistakes, hint, whole=whole,
-                limits=[(inside(value) or not inside(right), why, fix)])
-
-    check("cpu_efficiency", busy / cpus, [
-        (busy, "that is the cores kept busy on average; efficiency divides by the cores allocated.",
-         "cpu_time_s / (elapsed_s x cpus)."),
-        (100 * busy / cpus, "a percentage: keep it a share between 0 and 1.", "drop the x 100."),
-    ], (lambda v: 0 <= v <= 1, "a share of the allocated core-seconds lies between 0 and 1.",
-        "cpu_time_s / (elapsed_s x cpus)."),
-        "cpu_time_s / (elapsed_s x cpus): the share of the allocated core-seconds that computed.")
-    check("time_share", elapsed / limit, [
-        (limit / elapsed, "upside down: the share of the limit the job used is below 1.", "elapsed_s / time_limit_s."),
-        (100 * elapsed / limit, "a percentage: keep it a share between 0 and 1.", "drop the x 100."),
-    ], (lambda v: 0 <= v <= 1, "a finished job used between none and all of its time limit.",
-        "elapsed_s / time_limit_s."), "elapsed_s / time_limit_s.")
-    check("gpu_hours", elapsed * gpus / 3600, [
-        (elapsed * gpus, "GPU-seconds: an hour has 3,600 of them.", "divide by 3600."),
-        (elapsed / 3600, "the job's hours, not its GPU-hours: every GPU it held counts.", "multiply by gpus."),
-        (elapsed * gpus / 60, "GPU-minutes: an hour has 3,600 seconds.", "divide elapsed_s x gpus by 3600."),
-    ], (lambda v: v >= 0, "a charge is never negative.", "elapsed_s x gpus / 3600."),
-        "elapsed_s x gpus / 3600 (0 for a job without GPUs).")
-    check("next_time_limit_s", right_time, [
-        (TIME_MARGIN * elapsed, "not rounded up to whole minutes: Slurm's limits are minutes.",
-         "60 x ceil(1.5 x elapsed_s / 60)."),
-        (60 * math.ceil(TIME_MARGIN * limit / 60), "that grows the old limit; the new one comes "
-         "from what the job used.", "start from elapsed_s, not time_limit_s."),
-        (math.ceil(TIME_MARGIN * elapsed / 60), "minutes: the answer is in seconds.", "multiply by 60."),
-        (right_time / 3600, "hours: the answer is in seconds.", "multiply by 3600."),
-    ], (lambda v: v > 0 and v % 60 == 0, "Slurm's time limits are whole minutes above zero, so seconds that are a "
-        "positive multiple of 60.", "60 x ceil(1.5 x elapsed_s / 60)."), "60 x ceil(1.5 x elapsed_s / 60).",
-        whole=True)
-    # The right request in another unit (1.07 for 1100 MiB in GiB), as rounded as any answer may be.
-    units = [(1 / 1024, "GiB"), (2**20 / 1e9, "GB"), (2**20 / 1e6, "MB"), (1024, "KiB"), (2**20, "bytes")]
-    check("next_memory_mib", right_memory, [
-        (MEMORY_MARGIN * usage["max_rss_mib"], "not rounded up to whole 100 MiB.",
-         "100 x ceil(1.25 x max_rss_mib / 100)."),
-        (100 * math.ceil(usage["max_rss_mib"] / 100), "no room to spare: the next run's peak can be higher.",
-         "1.25 x the peak, then round up."),
-        *[(right_memory * factor, f"that is {unit}; the request is in MiB.",
-           "keep MiB, a bare number: 100 x ceil(1.25 x max_rss_mib / 100).") for factor, unit in units],
-        (math.ceil(MEMORY_MARGIN * usage["max_rss_mib"] / 1024), "that is whole GiB; the request is in MiB.",
-         "keep MiB, a bare number: 100 x ceil(1.25 x max_rss_mib / 100)."),
-    ], (lambda v: v > 0 and v % 100 == 0, "the request is in whole 100 MiB.",
-        "100 x ceil(1.25 x max_rss_mib / 100)."), "100 x ceil(1.25 x max_rss_mib / 100).", whole=True)
+        verdict(value, right, exercise, name, (), formula, whole=name.startswith("next_"), inputs=inputs,
+                limits=[(inside(value) or not inside(right), why, formula)])
 
 
 _RERUNNING = False  # the exercise cell is being run again: a check inside it must not run it once more
