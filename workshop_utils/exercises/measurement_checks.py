@@ -17,9 +17,6 @@ from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import attendee_function, called, checked, count, described, number, short, verdict
 
 
-LOADER_ANSWERS = ("best_workers", "measured_speedup", "amdahl_bound")
-
-
 def constructed_loader_sweep(pinned: bool = True):
     """A loader sweep where each mistake of Exercise 4.1 gives its own answer: (table, starting row). The start is
     not the first row, the slowest, the longest wait, 0 workers, the fastest or the most workers; the row that waits
@@ -45,7 +42,7 @@ def _loader_answers(loader_choice, sweep, start, exercise: str) -> tuple:
     require(isinstance(answers, (tuple, list)) and len(answers) == 3, exercise,
             f"`loader_choice` should return three values (best_workers, measured_speedup, amdahl_bound), got "
             f"{described(answers)}.", "end it with `return best_workers, measured_speedup, amdahl_bound`.")
-    for name, answer in zip(LOADER_ANSWERS, answers):
+    for name, answer in zip(("best_workers", "measured_speedup", "amdahl_bound"), answers):
         require_answered(answer, exercise, f"`{name}` (what `loader_choice` returns) is still the placeholder `...`.",
                          "replace each `...` of the return line with your code.")
     return tuple(answers)
@@ -59,7 +56,8 @@ def _judge_loader(answers, sweep, start, exercise: str) -> tuple[int, float, flo
     shown = format_number(float(fastest.samples_per_s))
     verdict(workers, int(fastest.num_workers), exercise, "best_workers", [],
             "take the num_workers of the row with the highest samples_per_s.", whole=True,
-            inputs=f"the fastest row, {_row_name(fastest)}, {shown} samples/s", also=[  # ties, as 4.3's
+            inputs=f"the fastest row, {int(fastest.num_workers)} workers, "
+            f"{'pinned' if fastest.pin_memory else 'unpinned'}, {shown} samples/s", also=[  # ties, as 4.3's
                 int(row.num_workers) for _, row in sweep.iterrows()
                 if format_number(float(row.samples_per_s)) == shown])
     speedup = number(answers[1], exercise, "measured_speedup", "one number, a ratio")
@@ -116,10 +114,6 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
                                f"above the {bound:.2f}x that Amdahl allows by less than 2%, a measurement's noise"))
 
 
-def _row_name(row) -> str:
-    return f"{int(row.num_workers)} workers, {'pinned' if row.pin_memory else 'unpinned'}"
-
-
 def _same_answer(a, b) -> bool:
     try:
         return math.isclose(float(a), float(b), rel_tol=1e-6)
@@ -127,39 +121,28 @@ def _same_answer(a, b) -> bool:
         return False
 
 
-def memory_line(batch_sweep, exercise: str = "the check"):
-    """(MiB per sample, MiB at batch 0): least squares over the batch sizes that fit."""
-    fitted = batch_sweep[batch_sweep.status == "ok"]
-    if len(fitted) < 2:
-        raise WorkshopError(f"{exercise}: only {len(fitted)} batch size fit, and a line needs two.",
-                            "sweep from a smaller start batch or with a larger memory cap.")
-    slope, intercept = np.polyfit(fitted.batch_size.astype(float), fitted.peak_memory_mib.astype(float), 1)
-    return float(slope), float(intercept)
-
-
-def _memory_limit(limit_mib, exercise: str) -> float:
-    """``limit_mib`` as MiB: the exercise cell sets it, so a value that is no limit is the attendee's to fix."""
-    problem = f"`limit_mib` = {short(repr(limit_mib), 40)} is no memory limit: it should be a number of MiB above 0."
-    fix = "keep the cell's first line, limit_mib = hp[\"memory_cap_mib\"] or the GPU's free memory in MiB."
-    try:
-        limit = number(limit_mib, exercise, "limit_mib", "one number, in MiB")
-    except NotYet:
-        raise NotYet(f"✗ {exercise}: {problem}", fix) from None
-    require(limit > 0, exercise, problem, fix)
-    return limit
-
-
 @checked
 def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: float,
                        exercise: str = "Exercise 4.2") -> bool:
-    """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``."""
-    limit_mib = _memory_limit(limit_mib, exercise)
-    slope, intercept = memory_line(batch_sweep, exercise)
+    """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``
+    (the exercise cell sets it, so a value that is no limit is the attendee's to fix)."""
+    try:
+        limit = number(limit_mib, exercise, "limit_mib")
+    except NotYet:  # the placeholder too: the cell's first line, not the answer
+        limit = math.nan
+    require(limit > 0, exercise, f"`limit_mib` = {short(repr(limit_mib), 40)} is no memory limit: it should be a "
+            "number of MiB above 0.", "keep the cell's first line, limit_mib = hp[\"memory_cap_mib\"] or the GPU's "
+                                      "free memory in MiB.")
+    limit_mib, fitted = limit, batch_sweep[batch_sweep.status == "ok"]
+    if len(fitted) < 2:
+        raise WorkshopError(f"{exercise}: only {len(fitted)} batch size fit, and a line needs two.",
+                            "sweep from a smaller start batch or with a larger memory cap.")
+    slope, intercept = (float(v) for v in np.polyfit(fitted.batch_size.astype(float),
+                                                      fitted.peak_memory_mib.astype(float), 1))
     if not slope > 0:
         raise WorkshopError(f"{exercise}: the measured peak memory does not grow with the batch (slope {slope:.3g}).",
                             "sweep again: on a shared machine another process can move the peak.")
     value = number(mib_per_sample, exercise, "mib_per_sample", "one number, in MiB per sample")
-    fitted = batch_sweep[batch_sweep.status == "ok"]
     verdict(value, slope, exercise, "mib_per_sample", [], "fit a line through (batch_size, peak_memory_mib) of the "
             "rows whose status is 'ok' (np.polyfit(x, y, 1) returns the slope, then the intercept), in MiB.",
             inputs=f"the least-squares slope through the {len(fitted)} rows that fit")
@@ -176,23 +159,17 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
     return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
 
 
-def _largest_parts(row, parts: list[str]) -> list[str]:
-    """The parts of ``row`` that tie for its largest: equal, or equal as wu.show_table shows them (three
-    significant figures), since a reader of the table cannot tell those apart."""
-    largest = max(float(row[part]) for part in parts)
-    return [part for part in parts
-            if float(row[part]) == largest or format_number(float(row[part])) == format_number(largest)]
-
-
 @checked
 def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
     """The top rung's largest part of the step, and Amdahl's speed-up of the step if that part ran twice as fast.
 
-    Parts that tie for the largest (equal as the table shows them) are each right, each judged with its own share.
+    Parts that tie for the largest as wu.show_table shows them (three significant figures, which a reader cannot
+    tell apart) are each right, each judged with its own share.
     """
     parts = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]
     top = breakdown.iloc[-1]
-    tied = _largest_parts(top, parts)
+    largest = format_number(max(float(top[part]) for part in parts))
+    tied = [part for part in parts if format_number(float(top[part])) == largest]
     require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     require(isinstance(biggest_phase, str), exercise,
@@ -207,16 +184,15 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
             f"{phase} is not the top rung's largest part: in the last row {phase} takes "
             f"{format_number(float(top[phase]))} ms, {' and '.join(tied)} {format_number(float(top[tied[0]]))} ms.",
             "compare every _ms column of the last row (breakdown.iloc[-1]) but step_ms.")
-    right = phase
     speedup = number(step_speedup, exercise, "step_speedup", "one number, a ratio")
-    raw = top[right] / top.step_ms
+    raw = top[phase] / top.step_ms
     share = min(1.0, raw)
     # the exercise says f is at most 1: taken uncapped, it is named
     verdict(speedup, 1 / ((1 - share) + share / 2), exercise, "step_speedup", [
         (1 / ((1 - raw) + raw / 2) if 1 < raw < 2 else None,
-         f"f = {raw:.2g} is above 1: {right}'s kernels ran on past the host's step, and no part is more than all "
+         f"f = {raw:.2g} is above 1: {phase}'s kernels ran on past the host's step, and no part is more than all "
          "of the step.", "cap f at 1, as the exercise says: f = min(1, ms / step_ms).")],
         "Amdahl: 1 / ((1 - f) + f / 2), f = that part's ms / step_ms of the last row.",
-        inputs=f"1 / ((1 - f) + f / 2), f = {share:.3g}, {right}'s share of the top rung's step")
-    return passed(exercise, f"{right.removesuffix('_ms')} takes {share:.0%} of the step: twice as fast gives "
+        inputs=f"1 / ((1 - f) + f / 2), f = {share:.3g}, {phase}'s share of the top rung's step")
+    return passed(exercise, f"{phase.removesuffix('_ms')} takes {share:.0%} of the step: twice as fast gives "
                             f"{speedup:.2f}x")
