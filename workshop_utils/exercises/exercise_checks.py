@@ -34,11 +34,6 @@ __all__ = [  # every check, and what the tests read of them, from this one path
 SECOND_GPT = {"parameters": 2_345_678, "layers": 3, "width": 96, "sequence": 200}  # in the function's order
 
 
-def _formula_value(formula, args: dict, exercise: str) -> float:
-    return number(called(formula, exercise, "gpt_flops_per_token", *args.values()), exercise, "gpt_flops_per_token",
-                  "one number, FLOPs per token", returned_by="gpt_flops_per_token")
-
-
 def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float):
     """The mistakes the notebook's text names: the position table left out (nanoGPT's N), attention halved for the
     causal mask, the counter's number. Judged at the exercise's sizes only: at the second, half of attention lands
@@ -70,7 +65,8 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
              flops_per_token_closed_form(size, sequence_length, parameters)),
             (f"{exercise}: at a second configuration the check tries", *two.values(),
              6 * two["parameters"] + 12 * two["layers"] * two["width"] * two["sequence"])):
-        value = _formula_value(gpt_flops_per_token, {"parameters": N, "layers": L, "width": d, "sequence": T}, where)
+        value = number(called(gpt_flops_per_token, where, "gpt_flops_per_token", N, L, d, T), where,
+                       "gpt_flops_per_token", "one number, FLOPs per token", returned_by="gpt_flops_per_token")
         verdict(value, right, where, "gpt_flops_per_token(...)",
                 _flops_mistakes(N, L, d, T, size.context, counted) if first is None else [
                     (first, "the same number as at the exercise's sizes: your function reads the notebook's "
@@ -82,12 +78,6 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
                             f"{counted / 1e6:.2f} on the model itself")
 
 
-def loss_bytes_per_sequence(size: GPTSize, sequence_length: int) -> float:
-    """The loss's logits for one sequence: the bf16 logits (2 bytes) and their fp32 log-softmax (4 bytes)
-    for every token and vocabulary entry (the GPT computes its cross-entropy in fp32)."""
-    return float(sequence_length * size.vocab * (2 + 4))
-
-
 def activation_bytes_per_sequence(size: GPTSize, sequence_length: int, stored_attention: bool = False,
                                   logits: bool = True) -> float:
     """Activations one sequence keeps for the backward pass in 16-bit training: all blocks, and the loss's logits.
@@ -95,13 +85,11 @@ def activation_bytes_per_sequence(size: GPTSize, sequence_length: int, stored_at
     Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), section 4:
     per layer, sequence s, width h, a heads, s·h·(34 + 5·a·s/h) bytes. The 5·a·s/h term is the attention
     matrix; a fused attention kernel (scaled_dot_product_attention's flash path) never stores it. The blocks
-    are not all: the loss's logits (``loss_bytes_per_sequence``, GPT-2 small at 1,024 tokens 0.29 GiB, as
-    much as 12 blocks' 0.30 GiB) come on top; ``logits=False`` leaves them out.
+    are not all: the loss's bf16 logits and their fp32 log-softmax (2 + 4 bytes a token and vocabulary entry;
+    GPT-2 small at 1,024 tokens 0.29 GiB, as much as 12 blocks' 0.30 GiB) come on top unless ``logits=False``.
     """
-    per_layer = sequence_length * size.width * 34
-    if stored_attention:
-        per_layer += 5 * size.heads * sequence_length ** 2
-    return float(size.layers * per_layer) + (loss_bytes_per_sequence(size, sequence_length) if logits else 0.0)
+    per_layer = sequence_length * size.width * 34 + (5 * size.heads * sequence_length ** 2 if stored_attention else 0)
+    return float(size.layers * per_layer + (sequence_length * size.vocab * (2 + 4) if logits else 0))
 
 
 def gib(n_bytes: float) -> str:
