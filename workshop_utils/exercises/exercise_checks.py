@@ -1,14 +1,13 @@
-"""The checks of the notebooks' exercises, importable from one place; the GPT's two (Exercises 1.4 and 2.4) live here.
-
-A check works the right answer out itself from the inputs the exercise names (never a number typed in; from an
-earlier exercise's answer only as that exercise's check accepted it) and prints one ✓ line or raises ``NotYet``
-naming the mistake a predictable value gives (``exercise_judging``). Where the data cannot tell a mistake from the
-right answer, the attendee writes a function and the check also runs it where they differ (4.1's sweep, 1.4's
-second GPT). The others live beside their notebook: ``tflops_checks`` (01), ``fp16_checks`` (03),
-``measurement_checks`` (04), ``beyond_dp_checks`` (05).
+"""The checks of the notebooks' exercises, importable from one place; the GPT's two (Exercises 1.4 and 2.4) live here,
+the others beside their notebook: ``tflops_checks`` (01), ``fp16_checks`` (03), ``measurement_checks`` (04),
+``beyond_dp_checks`` (05). A check works the right answer out from the inputs the exercise names (never a number
+typed in) and judges with ``exercise_judging``; where the data cannot tell a mistake from the right answer, the
+attendee writes a function and the check also runs it where they differ (4.1's sweep, 1.4's second GPT).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ..spine.gpt import GPTSize, flops_per_token_closed_form
 from ..system.display import format_number
@@ -31,7 +30,7 @@ __all__ = [  # every check, and what the tests read of them, from this one path
 
 # Exercise 1.4's second configuration: sequence, width and context all differ (in the cpu profile the
 # sequence, the width and the context are all 128, so 12·L·d·T, 12·L·d² and 12·L·d·context agree there).
-SECOND_GPT = {"parameters": 2_345_678, "layers": 3, "width": 96, "sequence": 200}  # in the function's order
+SECOND_GPT = (2_345_678, 3, 96, 200)  # parameters, layers, width, sequence: the function's order
 
 
 def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float):
@@ -58,13 +57,10 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
     128, so width² or the context in place of the sequence is right there)."""
     attendee_function(gpt_flops_per_token, exercise, "gpt_flops_per_token", "parameters, layers, width, sequence")
     hint = "FLOPs per token = 6 x parameters + 12 x layers x width x sequence, from the function's arguments."
-    two = SECOND_GPT
     first = None
-    for where, N, L, d, T, right in (
-            (exercise, parameters, size.layers, size.width, sequence_length,
-             flops_per_token_closed_form(size, sequence_length, parameters)),
-            (f"{exercise}: at a second configuration the check tries", *two.values(),
-             6 * two["parameters"] + 12 * two["layers"] * two["width"] * two["sequence"])):
+    for where, (N, L, d, T) in ((exercise, (parameters, size.layers, size.width, sequence_length)),
+                                (f"{exercise}: at a second configuration the check tries", SECOND_GPT)):
+        right = flops_per_token_closed_form(dataclasses.replace(size, layers=L, width=d), T, N)
         value = number(called(gpt_flops_per_token, where, "gpt_flops_per_token", N, L, d, T), where,
                        "gpt_flops_per_token", "one number, FLOPs per token", returned_by="gpt_flops_per_token")
         verdict(value, right, where, "gpt_flops_per_token(...)",
