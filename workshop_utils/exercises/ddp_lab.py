@@ -22,15 +22,15 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from ..parallel.failures import LOST_PEER, record_failure, record_failures, root_cause
+from ..parallel.failures import LOST_PEER, record_failure, record_failures
 from ..parallel.launch import cpu_threads_per_process, free_port, job_env, stream
 from ..system.errors import WorkshopError
-from ..system.results import fresh_folder
+from ..system.results import fresh_folder, write_json
 from .ddp_efficiency import check_ddp_efficiency
-from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, TORCHRUN_LOGS, attendee_script,
-                            first_to_stall, lab_folder, limit_words, note_progress, read_output, reported_throughput,
-                            run_nodes, scaled_limit, solution_text, solve_ddp_lab, start_ddp_lab, started_at,
-                            torchrun_agent, torchrun_reports, watch_progress, what_ran, write_json)
+from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, STARTED, attendee_script, failed_run, first_to_stall,
+                            lab_folder, limit_words, note_progress, read_output, reported_throughput, run_nodes,
+                            scaled_limit, solution_text, solve_ddp_lab, start_ddp_lab, torchrun_agent,
+                            watch_progress, what_ran)
 from .ddp_lab_gradients import (COLLECTIVES, PER_NODE, SECOND_WORLD, compared, function_source, gradients_failure,
                                 judge_comparison, placeholder_body, shipped_globals, wait_for_ranks, watched)
 from .ddp_lab_judging import (LabRun, example_line, findings, placeholders_left, read_launch_line,
@@ -53,7 +53,7 @@ def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 3
     where, and with the threads, each rank of the lab runs: a GPU process would be no baseline for CPU ranks."""
     command = [sys.executable, str(script), *map(str, args), "--out-dir", str(out_dir)]
     if echo:
-        print("$ python " + " ".join(shlex.quote(str(a)) for a in command[1:]), flush=True)
+        print("$ python " + shlex.join(map(str, command[1:])), flush=True)
     ranks = sum(lab_nodes(2))
     env = job_env(threads or cpu_threads_per_process(ranks), hide_gpus=lab_device(ranks) == "cpu")
     codes, lines = stream({"": command}, env, timeout_s, echo)
@@ -67,12 +67,9 @@ def _backend_of(module) -> str:
     """The backend the DDP module's collectives run on (with no backend given, the config names one per device)."""
     import torch.distributed as dist
 
-    backend = dist.get_backend()
-    if backend in ("gloo", "nccl", "mpi", "ucc"):
-        return backend
     kind = next((p.device.type for p in module.parameters()), "cpu")
     config = dict(pair.split(":", 1) for pair in dist.get_backend_config().split(",") if ":" in pair)
-    return config.get(kind, backend)
+    return config.get(kind, dist.get_backend())
 
 
 def lab_device(nproc: int) -> str:
@@ -80,6 +77,13 @@ def lab_device(nproc: int) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "cpu"
+
+
+def lab_nodes(nproc: int) -> tuple[int, ...]:
+    """The processes of each node a lab launch runs as: the line's ``nproc`` on node 0, one more on node 1, so that
+    the local counts differ from the global ones and a world size typed in for ``nproc`` is wrong (everywhere:
+    without a GPU for each, the ranks run on the CPU rather than split ``nproc`` over the nodes)."""
+    return nproc, 1
 
 
 # ---------------------------------------------------------------- the probe: runs in every rank
@@ -202,7 +206,7 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
     trained = {id(p): p for o in optimizers for g in o.param_groups for p in g["params"]} or \
         {id(p): p for m in ddp_modules for p in m.parameters()}
     save([p.detach().float().cpu().clone() for p in trained.values()], folder / f"rank{rank}-params.pt")
-    write_json(folder / f"rank{rank}.json", {k: v for k, v in record.items() if k != "progress"})
+    write_json({k: v for k, v in record.items() if k != "progress"}, folder / f"rank{rank}.json")
     sys.stdout.flush()
     sys.stderr.flush()
     if not record["torn_down"]:
@@ -214,42 +218,28 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
 
 
 def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...], exercise: str) -> NotYet:
-    """The one line a failed run gets: a rank the time limit stopped, a sampler given another rank's numbers, else
-    the rank that failed first (``root_cause``: the others' lost connections are consequences)."""
+    """The one line a failed run gets: a rank the time limit stopped, a sampler given another rank's numbers, two
+    ranks on one GPU (NCCL's abort may say nothing else), else the rank that failed first."""
     nproc = sum(per_node)
     stalled = sorted((json.loads(p.read_text()) for p in folder.glob("rank*.stalled")), key=lambda s: s["time"])
-    if stalled:
-        stopped = stalled[0]  # the first limit reached; the rank named is the one that stopped progressing first
-        at = stopped["time"]
-        rank, since = first_to_stall(folder, nproc, at) or (stopped["rank"], at - stopped["idle_s"])
-        own = next((s for s in stalled if s["rank"] == rank), stopped)
+    if stalled:  # the first limit reached; the rank named is the one that stopped progressing first
+        at = stalled[0]["time"]
+        rank, since = first_to_stall(folder, nproc, at) or (stalled[0]["rank"], at - stalled[0]["idle_s"])
+        own = next((s for s in stalled if s["rank"] == rank), stalled[0])
         return NotYet(f"✗ {exercise}: stopped at the time limit: rank {rank} was the first to make no progress, "
-                      f"for {stopped['time'] - since:.0f} s, past the limit of "
-                      f"{limit_words(own['limit_s'], own['startup_s'])}; where each rank was: "
-                      f"{what_ran(folder, nproc, stopped['time'])}.",
+                      f"for {at - since:.0f} s, past the limit of {limit_words(own['limit_s'], own['startup_s'])}; "
+                      f"where each rank was: {what_ran(folder, nproc, at)}.",
                       "find what that rank waits for after that point: a sleep or input(), a loop that never ends, "
                       "or a collective the other ranks never run (a barrier inside `if rank == 0:`).")
-    records = [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
-    mistake = sampler_mistake(records, per_node, exercise)
+    mistake = sampler_mistake([json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))], per_node,
+                              exercise)
     if mistake is not None:  # a sampler that refused what it was given: named by what it was given
         return mistake
-    errors = {r["rank"]: r["error"] for r in records if r.get("error")}
     stderr = {rank: read_output(folder / f"rank{rank}.stderr") for rank in range(nproc)}
-    # NCCL's refusal of two ranks on one GPU may end in an abort whose signal says nothing
-    if "Duplicate GPU detected" in "\n".join([*lines, *errors.values(), *stderr.values()]):
+    if "Duplicate GPU detected" in "\n".join([*lines, *stderr.values()]):
         return NotYet(f"✗ {exercise}: two ranks use the same GPU.",
                       "give each rank its own: torch.device('cuda', local_rank) and torch.cuda.set_device(device).")
-    cause = root_cause([*lines, *torchrun_reports(folder)], nproc, folder / TORCHRUN_LOGS, rank_output=stderr)
-    if cause is not None:  # the streamed output interleaves the ranks: these lines are the failing one's alone
-        if cause.last_lines:
-            print(cause.last_lines_text())
-        return NotYet(f"✗ {exercise}: the run failed (exit status {code}); {cause.line}.", cause.fix)
-    tail = [line for line in (stderr.get(0) or "\n".join(lines)).splitlines() if line.strip()][-6:]
-    if tail:
-        print("--- the last lines of the output:", *tail, sep="\n")
-    return NotYet(f"✗ {exercise}: the run failed (exit status {code}); the last line: "
-                  f"{' '.join((errors.get(0) or (tail or ['(no output)'])[-1]).split())}",
-                  "the output above names the line; fix it and run this cell again.")
+    return failed_run(exercise, code, lines, nproc, folder, stderr)
 
 
 class _LaunchHere:
@@ -262,13 +252,6 @@ class _LaunchHere:
 LAUNCH_HERE = _LaunchHere()
 
 
-def lab_nodes(nproc: int) -> tuple[int, ...]:
-    """The processes of each node a lab launch runs as: the line's ``nproc`` on node 0, one more on node 1, so that
-    the local counts differ from the global ones and a world size typed in for ``nproc`` is wrong (everywhere:
-    without a GPU for each, the ranks run on the CPU rather than split ``nproc`` over the nodes)."""
-    return nproc, 1
-
-
 def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, echo: bool, args, exercise: str,
                  idle_limit_s: float | None = None):
     """One run of the attendee's script under the probe: (records, parameters, out dir, folder, lines, seconds,
@@ -279,8 +262,6 @@ def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, e
     given = command if isinstance(command, str) else shlex.join(map(str, command))
     folder = fresh_folder(workdir, "check")
     out_dir = folder / "out"
-    probe_args = ["--probe", str(folder), str(script.resolve()), *launch.script_args, *map(str, args),
-                  "--out-dir", str(out_dir)]
     per_node = lab_nodes(nproc)
     ranks = sum(per_node)
     if echo:
@@ -288,16 +269,15 @@ def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, e
               f"(under the checker's probe, as two nodes on this machine: torchrun --nnodes=2, "
               f"{' + '.join(map(str, per_node))} processes)", flush=True)
     started = time.perf_counter()
-    codes, lines = run_nodes(probe_args, per_node, folder, lab_device(ranks), timeout_s, echo, exercise,
-                             launch.assigned, idle_limit_s)
+    codes, lines = run_nodes(["--probe", str(folder), str(script.resolve()), *launch.script_args, *map(str, args),
+                              "--out-dir", str(out_dir)], per_node, folder, lab_device(ranks), timeout_s, echo,
+                             exercise, launch.assigned, idle_limit_s)
     seconds = time.perf_counter() - started
-    code = max(codes, key=abs)
-    if code:
-        raise _crash(code, lines, folder, per_node, exercise)
+    if any(codes):
+        raise _crash(max(codes, key=abs), lines, folder, per_node, exercise)
     import torch
 
-    records = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(ranks)
-               if (folder / f"rank{r}.json").exists()]
+    records = [json.loads(path.read_text()) for path in sorted(folder.glob("rank*.json"))]
     require(bool(records), exercise, "the script ran, but no rank reached its end.", "read the output above.")
     params = [torch.load(folder / f"rank{r['rank']}-params.pt", weights_only=True) for r in records]
     return records, params, out_dir, folder, lines, seconds, per_node
@@ -357,17 +337,18 @@ def _gradients(spec_file: str) -> None:
     from ..spine.distributed import setup_distributed, teardown_distributed
 
     spec = json.loads(Path(spec_file).read_text())
+    top = Path(spec["folder"])
     info, device = setup_distributed()
-    rank, startup = info.rank, time.time() - started_at()
+    rank, startup = info.rank, time.time() - float(os.environ.get(STARTED) or time.time())
     limit = scaled_limit(startup)
     node = os.environ.get("GROUP_RANK", "0")
-    note_progress(Path(spec["folder"]), rank, "started")
+    note_progress(top, rank, "started")
     originals = {op: getattr(dist, op) for op in COLLECTIVES if hasattr(dist, op)}
     for round_, world in enumerate((info.world_size, SECOND_WORLD), start=1):
         if round_ == 2:  # node 0's ranks, now a job of their own, as torchrun's environment would say
             teardown_distributed()
             if rank >= world:
-                note_progress(Path(spec["folder"]), rank, "finished")
+                note_progress(top, rank, "finished")
                 return
             os.environ.update(WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                               GROUP_RANK="0", GROUP_WORLD_SIZE="1", MASTER_PORT=str(spec["second_port"]),
@@ -389,12 +370,12 @@ def _gradients(spec_file: str) -> None:
         except Exception:  # noqa: BLE001
             buckets = None
         for index, (source_file, name) in enumerate(spec["functions"]):
-            folder = Path(spec["folder"]) / f"round{round_}" / f"fn{index}"
+            folder = top / f"round{round_}" / f"fn{index}"
             folder.mkdir(parents=True, exist_ok=True)
             result = {"rank": rank, "world_size": world, "node": node, "limit_s": limit, "startup_s": startup}
 
             def stop(**why) -> None:  # leave at once: a peer may be stuck in a collective, so no teardown
-                write_json(folder / f"rank{rank}.json", {**result, **why, "time": time.time()})
+                write_json({**result, **why, "time": time.time()}, folder / f"rank{rank}.json")
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(3)
@@ -403,7 +384,7 @@ def _gradients(spec_file: str) -> None:
             nn.functional.cross_entropy(trial(x), y).backward()
             own = [p.grad.clone() for p in trial.parameters()]
             started: list[str] = []
-            note_progress(Path(spec["folder"]), rank, f"in your function (world of {world})")
+            note_progress(top, rank, f"in your function (world of {world})")
             returned = threading.Event()
             # a function that does not return is stopped at the limit, wherever it waits
             threading.Thread(target=lambda: returned.wait(limit) or stop(stopped="timeout", calls=list(started)),
@@ -418,26 +399,24 @@ def _gradients(spec_file: str) -> None:
             except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): line, error
                 theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]
                 error = {"error": f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__,
-                         "error_type": type(err).__name__, "line": theirs[-1].lineno if theirs else None,
+                         "line": theirs[-1].lineno if theirs else None,
                          "code": (theirs[-1].line or "").strip() if theirs else None}
             finally:
                 returned.set()
                 for op, original in originals.items():
                     setattr(dist, op, original)
             mine = [p.grad for p in trial.parameters()]
-            write_json(folder / f"rank{rank}.done", {"calls": started})  # before the error: peers see it done
+            write_json({"calls": started}, folder / f"rank{rank}.done")  # before the error: peers see it done
             if error:
-                write_json(folder / f"rank{rank}.json", {**result, **error, "calls": started, "time": time.time()})
+                write_json({**result, **error, "calls": started, "time": time.time()}, folder / f"rank{rank}.json")
             why = wait_for_ranks(folder, rank, world, started, limit)
             if why:
                 stop(stopped=why, calls=started, **(error or {}))
-            if error:  # raised on every rank after the same calls: no rank waits in a collective, so the next runs
-                continue
-
-            write_json(folder / f"rank{rank}.json", {**result, **compared(mine, ddp, own), "calls": started,
-                                                     "ddp_buckets": buckets})
+            if not error:  # one raised on every rank after the same calls leaves no rank in a collective: go on
+                write_json({**result, **compared(mine, ddp, own), "calls": started, "ddp_buckets": buckets},
+                           folder / f"rank{rank}.json")
     teardown_distributed()
-    note_progress(Path(spec["folder"]), rank, "finished")
+    note_progress(top, rank, "finished")
 
 
 def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise: str = GRADIENTS_EXERCISE,
@@ -455,21 +434,21 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
     ranks = sum(PER_NODE)
     codes, lines = run_nodes(["--gradients", str(spec)], PER_NODE, folder, lab_device(ranks), timeout_s, False,
                              exercise, idle_limit_s=idle_limit_s)
-    lines += torchrun_reports(folder)
     verdicts = []
     for index in range(len(functions)):
-        where = {world: folder / f"round{round_}" / f"fn{index}" for round_, world in ((1, ranks), (2, SECOND_WORLD))}
-        rounds = {world: [json.loads(path.read_text()) for path in sorted(place.glob("rank*.json"))]
-                  for world, place in where.items()}
-        try:
-            facts = {}
-            for world, results in rounds.items():
+        facts = {}
+        for round_, world in ((1, ranks), (2, SECOND_WORLD)):
+            where = folder / f"round{round_}" / f"fn{index}"
+            results = [json.loads(path.read_text()) for path in sorted(where.glob("rank*.json"))]
+            try:
                 if len(results) < world or any(r.get("error") or r.get("stopped") for r in results):
-                    raise gradients_failure(where[world], world, codes, lines, folder / TORCHRUN_LOGS, exercise)
+                    raise gradients_failure(where, world, exercise) or failed_run(
+                        exercise, max(codes, key=abs), lines, world, folder, where=" outside your function")
                 facts[world] = judge_comparison(results, world, exercise)
-            verdicts.append(facts)
-        except NotYet as mistake:
-            verdicts.append(mistake)
+            except NotYet as mistake:
+                facts = mistake
+                break
+        verdicts.append(facts)
     return verdicts
 
 

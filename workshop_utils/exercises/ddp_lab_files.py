@@ -12,10 +12,10 @@ import threading
 import time
 from pathlib import Path
 
-from ..parallel.failures import LOST_PEER
+from ..parallel.failures import LOST_PEER, root_cause
 from ..parallel.launch import cpu_threads_per_process, free_port, job_env, stream, visible_gpu_ids
 from ..system.errors import WorkshopError
-from ..system.results import repo_root
+from ..system.results import repo_root, write_json
 from .exercise_cells import NotYet, attendee_source
 
 LAB_EXERCISE, GRADIENTS_EXERCISE, EFFICIENCY_EXERCISE = "Exercise 2.2", "Exercise 2.1", "Exercise 2.3"
@@ -61,9 +61,8 @@ def attendee_script(src, dst) -> Path:
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise WorkshopError(f"Would overwrite {src} with its attendee copy.", "write the copy to another path.")
-    text = attendee_source(src.read_text(), src.name)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(text + "\n")
+    dst.write_text(attendee_source(src.read_text(), src.name) + "\n")
     return dst
 
 
@@ -104,11 +103,10 @@ def read_output(path: Path) -> str:
 def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, device: str, timeout_s: float,
               echo: bool, exercise: str, assigned: dict | None = None,
               idle_limit_s: float | None = None) -> tuple[list[int], list[str]]:
-    """``python -m PROBE_MODULE module_args`` as the ranks of one torchrun agent per node, all on this machine, as
-    ``srun torchrun`` starts them on a cluster (``--nnodes``, a ``--node-rank`` each, one endpoint): RANK and
-    LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ as on two machines. Each agent gets its own GPUs, and
-    ``assigned`` (what the line sets in front of the launch); once one agent has ended, the other is stopped 5 s
-    later, as a cluster ends a job whose task failed. Past ``timeout_s``, one line saying where each rank was."""
+    """``python -m PROBE_MODULE module_args`` as the ranks of one torchrun agent per node on this machine, as
+    ``srun torchrun`` starts them on a cluster, so that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ
+    as on two machines. Each agent gets its own GPUs and ``assigned`` (set in front of the launch); once one has
+    ended, the other is stopped 5 s later, as a cluster ends a job whose task failed."""
     port, ranks = free_port(), sum(per_node)
     env = {**job_env(cpu_threads_per_process(ranks), hide_gpus=device == "cpu"), STARTED: repr(time.time()),
            **(assigned or {})}
@@ -116,8 +114,7 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
         env.update({"TORCH_CPP_LOG_LEVEL": "ERROR", AGENT_QUIET: "1"})
     if idle_limit_s is not None:
         env[IDLE_LIMIT] = repr(float(idle_limit_s))
-    visible = visible_gpu_ids()
-    ids = visible if visible is not None else [str(i) for i in range(ranks)]
+    ids = visible_gpu_ids() or [str(i) for i in range(ranks)]
     commands, envs = {}, {}
     for node, n in enumerate(per_node):
         label, first = f"[node {node}] ", sum(per_node[:node])
@@ -174,47 +171,47 @@ def torchrun_reports(folder: Path) -> list[str]:
         "node*.report")) for line in path.read_text().splitlines()]
 
 
+def failed_run(exercise: str, code: int, lines: list[str], nproc: int, folder: Path, rank_output=None,
+               where: str = "") -> NotYet:
+    """A failed run's one line: the rank that failed first (``root_cause``: the others' lost connections are
+    consequences), its own last lines shown, as the streamed output interleaves the ranks; else the last line."""
+    said = f"✗ {exercise}: the run failed{where} (exit status {code})"
+    cause = root_cause([*lines, *torchrun_reports(folder)], nproc, folder / TORCHRUN_LOGS, rank_output=rank_output)
+    if cause is not None:
+        if cause.last_lines:
+            print(cause.last_lines_text())
+        return NotYet(f"{said}; {cause.line}.", cause.fix)
+    tail = [line for line in ((rank_output or {}).get(0) or "\n".join(lines)).splitlines() if line.strip()][-6:]
+    print("--- the last lines of the output:", *tail, sep="\n")
+    return NotYet(f"{said}; the last line: {' '.join((tail or ['(no output)'])[-1].split())}",
+                  "the output above names the line; fix it and run this cell again.")
+
+
 def scaled_limit(startup_s: float) -> float:
-    """How long a rank may make no progress: ``LIMIT_FACTOR`` x what this machine took to start it, at least
-    ``LIMIT_FLOOR_S``; or what the check's caller gave (``IDLE_LIMIT``)."""
-    given = os.environ.get(IDLE_LIMIT)
-    return float(given) if given else max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s)
+    """How long a rank may make no progress: what the check's caller gave (``IDLE_LIMIT``), else ``LIMIT_FACTOR``
+    x what this machine took to start it, at least ``LIMIT_FLOOR_S``."""
+    return float(os.environ.get(IDLE_LIMIT) or max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s))
 
 
 def limit_words(limit_s: float, startup_s: float) -> str:
-    """The limit and where it came from: "30 s (at least 30 s, 5x the 2.1 s this machine took to start the rank)"."""
+    """The limit and where it came from: "38 s (5x the 7.5 s this machine took to start the rank, ...)"."""
     if not math.isclose(limit_s, max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s), rel_tol=1e-6):
         return f"{limit_s:.0f} s (the limit the check was given)"
     return (f"{limit_s:.0f} s ({LIMIT_FACTOR:g}x the {startup_s:.1f} s this machine took to start the rank, and at "
             f"least {LIMIT_FLOOR_S:.0f} s)")
 
 
-def started_at() -> float:
-    """When the check started this rank (its ``STARTED``), or now outside a check."""
-    try:
-        return float(os.environ[STARTED])
-    except (KeyError, ValueError):
-        return time.time()
-
-
 # ---------------------------------------------------------------- where each rank was
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` where another process may read it at any moment: whole, or not at all."""
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(data))
-    partial.replace(path)
 
 
 def note_progress(folder: Path, rank: int, what: str, **more) -> None:
     """What this rank is doing now, for the check to say where each rank was if a limit is reached."""
-    write_json(folder / f"rank{rank}.progress", {"what": what, "time": time.time(), **more})
+    write_json({"what": what, "time": time.time(), **more}, folder / f"rank{rank}.progress")
 
 
 def _progress(folder: Path, ranks: int, at: float) -> dict[int, dict | None]:
-    """Each rank's last ``note_progress`` as of ``at`` (None for a rank that never wrote one): a rank that failed
-    after ``at``, as one waiting in a collective does when the others stop, is shown where it was."""
+    """Each rank's last ``note_progress`` as of ``at`` (None: it wrote none); one that failed after ``at``, as one
+    waiting in a collective does when the others stop, is shown where it was."""
     paths = {rank: folder / f"rank{rank}.progress" for rank in range(ranks)}
     notes = {rank: json.loads(path.read_text()) if path.exists() else None for rank, path in paths.items()}
     return {rank: note.get("was", note) if note and note["what"] == "failed" and note["time"] > at else note
@@ -222,27 +219,26 @@ def _progress(folder: Path, ranks: int, at: float) -> dict[int, dict | None]:
 
 
 def first_to_stall(folder: Path, ranks: int, at: float) -> tuple[int, float] | None:
-    """(the rank, when) that stopped making progress first, of those not finished (not the one whose own limit
-    came first); None when every rank finished or none said where it was."""
+    """(the rank, when) that stopped making progress first of those not finished, not the one whose own limit came
+    first; None when none is left."""
     last = {rank: note["time"] for rank, note in _progress(folder, ranks, at).items()
             if note and note["what"] != "finished"}
     return min(last.items(), key=lambda item: (item[1], item[0])) if last else None
 
 
 def what_ran(folder: Path, ranks: int, at: float | None = None) -> str:
-    """Where each rank was at ``at``, from its progress: "rank 0: finished; rank 1: called torch.save, 41 s before"."""
+    """Where each rank was at ``at``: "rank 0: finished; rank 1: called torch.save, 41 s before"."""
     at = at or time.time()
-    notes = _progress(folder, ranks, at)
     return "; ".join(f"rank {rank}: " + ("not started (no output from it yet)" if note is None else note["what"]
                                          if note["what"] == "finished" else
                                          f"{note['what']}, {at - note['time']:.0f} s before")
-                     for rank, note in notes.items())
+                     for rank, note in _progress(folder, ranks, at).items())
 
 
 def watch_progress(folder: Path, rank: int, record: dict, lock: threading.Lock) -> None:
     """This rank's progress, for the check; one that makes none for ``scaled_limit`` of what this machine took to
     reach its first batch stops itself (exit ``STALLED_EXIT``), saying where it was."""
-    launched, said = started_at(), None
+    launched, said = float(os.environ.get(STARTED) or time.time()), None
     while True:
         time.sleep(0.25)
         with lock:
@@ -257,7 +253,7 @@ def watch_progress(folder: Path, rank: int, record: dict, lock: threading.Lock) 
         startup = record["first_draw"] - launched
         idle, limit = time.time() - progress["time"], scaled_limit(startup)
         if idle > limit:
-            write_json(folder / f"rank{rank}.stalled", {"rank": rank, "what": progress["what"], "idle_s": idle,
-                                                        "startup_s": startup, "limit_s": limit, "time": time.time()})
+            write_json({"rank": rank, "what": progress["what"], "idle_s": idle, "startup_s": startup,
+                        "limit_s": limit, "time": time.time()}, folder / f"rank{rank}.stalled")
             sys.stdout.flush()
             os._exit(STALLED_EXIT)

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from ..parallel.failures import LOST_PEER, root_cause
+from ..parallel.failures import LOST_PEER
 from .ddp_lab_files import limit_words
 from .exercise_cells import NotYet, require
 from .exercise_judging import short
@@ -158,8 +158,7 @@ def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str], li
         if any((_record(folder, r) or {}).get("error") or (_record(folder, r) or {}).get("stopped")
                for r in range(world_size) if r != rank and r not in done):
             return "peer failed"
-        waiting = [r for r in range(world_size) if r not in done]
-        if any(len(started_calls(folder, r)) > len(mine) for r in waiting):
+        if any(len(started_calls(folder, r)) > len(mine) for r in range(world_size) if r not in done):
             return "mismatch"
         if time.time() > deadline:
             return "timeout"
@@ -170,15 +169,13 @@ def _collective_summary(calls: dict[int, list[str]]) -> str:
     """Who started which collectives: "rank 0: 4 all_reduce; ranks 1, 2: none"."""
     groups: dict[str, list[int]] = {}
     for rank in sorted(calls):
-        counted = Counter(calls[rank])
-        text = ", ".join(f"{n} {op}" for op, n in counted.items()) or "none"
-        groups.setdefault(text, []).append(rank)
+        groups.setdefault(", ".join(f"{n} {op}" for op, n in Counter(calls[rank]).items()) or "none", []).append(rank)
     return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {text}" for text, r in groups.items())
 
 
-def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exercise: str) -> NotYet:
-    """The one line for a run of the attendee's function that did not end in a comparison on every rank of one
-    world size (``folder``: that world size's files; ``logs``: torchrun's error files)."""
+def gradients_failure(folder: Path, nproc: int, exercise: str) -> NotYet | None:
+    """The one line for the attendee's function on one world size (``folder``: its files) that did not end in a
+    comparison on every rank: its error, a time limit, or different calls; None when the ranks failed elsewhere."""
     records = {r: _record(folder, r) for r in range(nproc) if (folder / f"rank{r}.json").exists()}
     errors = sorted((r for r in records.values() if r.get("error")), key=lambda r: r["time"])
     first = next((r for r in errors if not LOST_PEER.search(r["error"])), None)
@@ -186,15 +183,12 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
     stopped = {r.get("stopped") for r in records.values()}
     if first is None and "timeout" in stopped:
         timed = next(r for r in records.values() if r.get("stopped") == "timeout")
-        late = [r for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
-        behind = [r for r in late if len(calls[r]) == min(len(calls[k]) for k in late)]
-        waited = [r for r in range(nproc) if r not in behind]
-        ranks = f"rank{'s' * (len(behind) > 1)} {', '.join(map(str, behind))}"
         limit = limit_words(timed["limit_s"], timed["startup_s"])
+        late = [r for r in range(nproc) if not (folder / f"rank{r}.done").exists()]
+        behind = [r for r in late if len(calls[r]) == min(len(calls[k]) for k in late)]  # the fewest calls
+        ranks = f"rank{'s' * (len(behind) > 1)} {', '.join(map(str, behind))}"
         return NotYet(f"✗ {exercise}: stopped at the time limit of {limit}: {ranks} had not returned from your "
-                      "function" + (", nor started the collective the others waited in" if waited and all(
-                          len(calls[r]) > len(calls[behind[0]]) for r in waited) else "")
-                      + f" ({_collective_summary(calls)}).",
+                      f"function ({_collective_summary(calls)}).",
                       f"find what {ranks} waited for: a loop that never ends, a sleep or input(), or a collective "
                       "only some ranks make (`if dist.get_rank() == 1:`); the function should take milliseconds.")
     if first is None and ("mismatch" in stopped or len({tuple(c) for c in calls.values()}) > 1):
@@ -203,46 +197,35 @@ def gradients_failure(folder: Path, nproc: int, codes, lines, logs: Path, exerci
                       "make the same calls on every rank, in the same order: no dist.all_reduce inside "
                       "`if dist.get_rank() == 0:`.")
     first = first or (errors[0] if errors else None)
-    if first is not None:
-        where = f" on line {first['line']} (`{short(first['code'], 80)}`)" if first.get("line") else ""
-        others = [str(r) for r in sorted(records) if r != first["rank"] and records[r].get("error")]
-        return NotYet(f"✗ {exercise}: your function raised {first['error']} on rank {first['rank']}{where}"
-                      + (f"; rank(s) {', '.join(others)} failed too, or lost their connection to it" if others else ""),
-                      "fix that line: on the ranks your function has torch, dist, nn and the modules it imports, not "
-                      "the notebook's other names; return from it (sys.exit ends the rank's process).")
-    cause = root_cause(lines, nproc, logs)
-    print(cause.last_lines_text() if cause else "\n".join(["--- the last lines of the output:", *lines[-6:]]))
-    return NotYet(f"✗ {exercise}: the ranks failed outside your function: "
-                  f"{cause.line if cause else (lines or ['(no output)'])[-1].strip()}",
-                  "the lines above show the error.")
-
-
-def _divided_by(results: list[dict]) -> dict[int, int] | None:
-    """Each rank's whole divisor d where its gradients are the sum over the ranks / d (d = world / ratio), else None."""
-    found = {r["rank"]: r["world_size"] / r["ratio"] for r in results if (r.get("ratio") or 0) > 0
-             and r.get("residual") is not None and r["residual"] < 1e-4}
-    return None if len(found) < len(results) or any(abs(d - round(d)) >= 1e-3 for d in found.values()) else \
-        {rank: round(d) for rank, d in found.items()}
+    if first is None:
+        return None
+    where = f" on line {first['line']} (`{short(first['code'], 80)}`)" if first.get("line") else ""
+    others = [str(r) for r in sorted(records) if r != first["rank"] and records[r].get("error")]
+    return NotYet(f"✗ {exercise}: your function raised {first['error']} on rank {first['rank']}{where}"
+                  + (f"; rank(s) {', '.join(others)} failed too, or lost their connection to it" if others else ""),
+                  "fix that line: on the ranks your function has torch, dist, nn and the modules it imports, not "
+                  "the notebook's other names; return from it (sys.exit ends the rank's process).")
 
 
 def judge_comparison(results: list[dict], world: int, exercise: str) -> dict:
     """The function's gradients on every rank of one world size against DDP's: the facts of a pass, or ``NotYet``
-    saying what they are (the sum divided by what, on each node; each rank's own; how far from DDP's)."""
+    saying what they are: the sum divided by what (each rank's divisor d = world / ratio, where whole), each rank's
+    own, or how far from DDP's."""
     worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own")}
     calls = results[0]["calls"]
     if worst["to_ddp"] > 1e-5 * max(1.0, max(r["scale"] for r in results)):
         require(bool(calls), exercise, "your function made no collective call: every rank kept its own gradients.",
                 "all-reduce each parameter's .grad: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
         fix = "divide the all-reduced p.grad by dist.get_world_size() (WORLD_SIZE), which counts every node's ranks."
-        divisors = _divided_by(results)
-        if divisors and set(divisors.values()) == {1}:
-            raise NotYet(f"✗ {exercise}: your gradients are the sum over the {world} ranks, {world}x DDP's.", fix)
-        if divisors:
-            nodes = sorted({(r["node"], divisors[r["rank"]]) for r in results})
+        divisors = [world / r["ratio"] if (r.get("ratio") or 0) > 0 and r.get("residual") is not None
+                    and r["residual"] < 1e-4 else math.nan for r in results]
+        if not any(math.isnan(d) or abs(d - round(d)) >= 1e-3 for d in divisors):
+            nodes = sorted({(r["node"], round(d)) for r, d in zip(results, divisors)})
             by = str(nodes[0][1]) if len({d for _, d in nodes}) == 1 else \
                 ", ".join(f"{d} on node {node}" for node, d in nodes)
-            raise NotYet(f"✗ {exercise}: your gradients are the sum over the {world} ranks divided by {by}, "
-                         f"where DDP divides by {world}.", fix)
+            raise NotYet(f"✗ {exercise}: your gradients are the sum over the {world} ranks"
+                         + (f", {world}x DDP's." if by == "1" else f" divided by {by}, where DDP divides by {world}."),
+                         fix)
         raise NotYet(f"✗ {exercise}: your gradients differ from DDP's by up to {worst['to_ddp']:.2g} on {world} ranks"
                      + (": they are still each rank's own." if worst["to_own"] <= 1e-6 else "."),
                      "every parameter's gradient, summed over the ranks in place (dist.all_reduce(p.grad)), divided "

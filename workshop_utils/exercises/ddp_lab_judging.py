@@ -15,6 +15,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from .ddp_lab_files import LAB_EXERCISE, LOSS_LINE, THROUGHPUT, read_output, reported_throughput
 from .exercise_cells import NotYet, require
@@ -39,8 +40,7 @@ class LabRun:
     lines: list[str] = field(repr=False, default_factory=list)
 
 
-@dataclass
-class LaunchLine:
+class LaunchLine(NamedTuple):
     """The script's own arguments in the line, and the ``VAR=value`` words in front of it (set for the launch)."""
 
     script_args: list[str]
@@ -82,8 +82,8 @@ def example_line(nproc: int, script: Path) -> str:
 
 
 def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXERCISE) -> LaunchLine:
-    """The attendee's launch line, read before anything starts: as a shell splits it, then as torchrun reads its
-    options. One line names what would not launch the lab as asked."""
+    """The attendee's launch line, read before anything starts: as a shell splits it (the check runs no shell), then
+    as torchrun's own parser reads its options. One line names what would not launch the lab as asked."""
     example = example_line(nproc, script)
     require(isinstance(command, (str, list, tuple)), exercise,
             f"`lab_command` = {short(repr(command), 40)} cannot be read as a command line: it must be a text "
@@ -99,7 +99,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
     redirect = next((t for t in tokens if set(t) <= set("<>&|0123456789") and ("<" in t or ">" in t)), None)
     expanded = next((t for t in (text.split() if isinstance(command, str) else tokens) if "$" in t or "`" in t), None)
-    for found, problem, fix in (  # what a shell would do to the line, which the check, running no shell, does not
+    for found, problem, fix in (
             (braces, f"the command holds {braces and braces.group(0)} as written: the f in front of the quotes, "
                      "which puts the value in, is missing.", f"write it as an f-string: {example}."),
             (quoted != str(script) and str(script) in text and str(script) not in tokens,
@@ -121,28 +121,19 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     python = first.startswith("python") or tokens[0] == sys.executable
     require(first == "torchrun" or (python and module in TORCH_LAUNCHERS), exercise,
             f"the command starts {tokens[0]!r}, not torchrun: nothing would start the lab's {nproc} processes or set "
-            "RANK, LOCAL_RANK and WORLD_SIZE in them.",
-            f"launch it with torchrun: {example}.")
-    launcher, rest = (module or "torchrun"), tokens[1 if first == "torchrun" else 3:]
-    require(any(t.endswith(".py") for t in rest), exercise, "the command names no .py script.",
-            f"put your script's path after the launcher's options: torchrun --nproc-per-node={nproc} {quoted}.")
-
-    def yours(word: str) -> bool:
-        named = Path(word).expanduser()
-        return (named if named.is_absolute() or folder is None else Path(folder).expanduser() / named).resolve() \
-            == script.resolve()
-
-    try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities
-        parsed = torchrun_reads(rest, launch=launcher == "torch.distributed.launch")
+            "RANK, LOCAL_RANK and WORLD_SIZE in them.", f"launch it with torchrun: {example}.")
+    try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities, no script
+        parsed = torchrun_reads(tokens[1 if first == "torchrun" else 3:], launch=module == "torch.distributed.launch")
     except ValueError as refusal:
         raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
-                     f"write its options in full: torchrun --nproc-per-node={nproc} {quoted}.") from None
+                     f"write its options in full, then your script: {example}.") from None
+    named = Path(parsed.training_script).expanduser()
     how = "as a program (--no-python), with your file as its argument," if parsed.no_python else \
         "as the training script"
-    require(yours(parsed.training_script), exercise, f"torchrun would run {Path(parsed.training_script).name!r} "
-            f"{how} in place of your lab script {quoted}.",
-            f"name only your script after torchrun's options: {example}.")
-    require(launcher != "torch.distributed.launch" or parsed.use_env, exercise,
+    require((named if named.is_absolute() or folder is None else Path(folder).expanduser() / named).resolve()
+            == script.resolve(), exercise, f"torchrun would run {named.name!r} {how} in place of your lab script "
+                                           f"{quoted}.", f"name only your script after torchrun's options: {example}.")
+    require(module != "torch.distributed.launch" or parsed.use_env, exercise,
             "torch.distributed.launch (the launcher torchrun replaced) passes --local-rank=<n> to the script as an "
             "argument; the lab's script takes no such argument, and its argparse would stop every rank "
             "(\"unrecognized arguments: --local-rank=0\").",
