@@ -28,8 +28,8 @@ class KitDefect(WorkshopError):
 
 
 def checked(check):
-    """Decorate a check: ``Unsolved`` prints its one line (``exercise_check``); any exception that is no
-    ``WorkshopError`` becomes a one-line ``KitDefect``, so that no check ever shows a traceback."""
+    """Decorate a check: any exception that is no ``WorkshopError`` becomes a one-line ``KitDefect``, so that no
+    check ever shows a traceback (``Unsolved`` prints its line: ``exercise_check``)."""
     signature = inspect.signature(check)
     default = signature.parameters["exercise"].default if "exercise" in signature.parameters else "the exercise"
 
@@ -66,11 +66,9 @@ def described(value) -> str:
 
 
 def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None) -> float:
-    """``value`` as a float: an int, a float, a Fraction, a NumPy scalar, or a one-element tensor or array. A list
-    or a tuple, even of one number (a trailing comma makes one), is refused: the cells after the exercise compute
-    with it. ``...`` is ``Unsolved``; anything else that is no finite number is one ``NotYet`` line saying what it
-    is (``answer_values.number_of``). ``returned_by`` names the attendee's function whose return value is judged.
-    """
+    """``value`` as a float (any number, a one-element tensor or array), else one ``NotYet`` line saying what it is.
+    A list or tuple of one is refused: the cells after the exercise compute with it. ``returned_by`` names the
+    attendee's function whose return value is judged."""
     subject, give = ((f"what `{returned_by}` returns", f"make `{returned_by}` return") if returned_by
                      else (f"`{name}`", f"give `{name}`"))
     require_answered(value, exercise, f"{subject} is still the placeholder `...`.",
@@ -131,8 +129,8 @@ REL, SIGNIFICANT, SIGNIFICANT_WORDS = 1e-3, 2, "two significant digits"
 
 
 def close(value: float, target: float, through=None) -> bool:
-    """``value`` within the tolerance of ``target``; compared ``through`` a function where the exercise's quantity is
-    another one (2.3: the communication time an efficiency implies, where efficiencies near 1 all look alike)."""
+    """``value`` within ``REL`` of ``target``, compared ``through`` a function where the quantity is another (2.3: the
+    communication time an efficiency implies, where efficiencies near 1 all look alike)."""
     if through is not None:
         value, target = through(value), through(target)
     return math.isclose(value, target, rel_tol=REL, abs_tol=1e-12)
@@ -147,11 +145,10 @@ def accepted(value: float, right: float, whole: bool = False, through=None) -> b
 
 def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), hint: str = "", *,
             whole: bool = False, also=(), through=None, limits=(), inputs: str = "") -> None:
-    """Return when ``value`` is ``right`` (or one of ``also``: the same formula on an earlier answer as the attendee
-    rounded it) under the one rule; else one ``NotYet`` line, the first that applies: a mistake of ``mistakes``
-    ``(its value, problem, fix)`` that ``value`` matches (each where several do: naming one would be a guess; kept
-    to the names a notebook promises), a rounding to too few digits, a bound of ``limits`` ``(holds, problem, fix)``
-    broken, else "is not right: <which way, see how_far> for what <inputs> gives" with ``hint`` as its fix."""
+    """Return when ``value`` is ``right`` (or one of ``also``: the formula on an earlier answer as the attendee rounded
+    it); else one ``NotYet`` line, the first that applies: a named mistake ``(value, problem, fix)`` it matches (each
+    where several do: naming one would be a guess), too few digits, a broken bound ``(holds, problem, fix)``, else
+    "is not right: <how_far> for what <inputs> gives" with ``hint`` as its fix."""
     rights = [r for r in (right, *also) if r is not None]
     if any(accepted(value, r, whole, through) for r in rights):
         return
@@ -224,9 +221,8 @@ def rounded_digits(value: float, right: float) -> int | None:
 
 
 def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
-    """An earlier exercise's answer that this one builds on: the attendee's own value, as rounded as that exercise's
-    check accepts it against any of its ``rights`` (so that this answer is judged from it), or ``NotYet`` asking to
-    fix that exercise first; read as it is where no ``rights`` are known."""
+    """An earlier exercise's answer this one builds on, as that exercise's check accepts it against its ``rights``
+    (so that this answer is judged from the attendee's own rounding), or ``NotYet``: fix that exercise first."""
     answered_input(given, exercise, earlier, name)
     value = number(given, exercise, f"{name} ({earlier})")
     require(not rights or any(accepted(value, right) for right in rights), exercise,
@@ -258,8 +254,8 @@ def attendee_function(function, exercise: str, name: str, arguments: str) -> Non
 
 
 def called(function, exercise: str, name: str, *args, failure=None):
-    """What the attendee's ``function`` returns for ``args``; ``Unsolved`` when that is still ``...``. An exception in
-    it (``sys.exit`` too) is one line: ``failure(err)`` where given, else their line and the error."""
+    """What the attendee's ``function`` returns for ``args``; an exception in it (``sys.exit`` too) is one line:
+    ``failure(err)`` where given, else their line and the error."""
     try:
         result = function(*args)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code: one line, their line

@@ -15,7 +15,7 @@ from ..spine.precision import autocast
 from ..system.display import format_number
 from ..system.errors import WorkshopError
 from ..system.hardware import as_device
-from .exercise_cells import passed, require
+from .exercise_cells import NotYet, passed, require
 from .exercise_judging import attendee_error, attendee_function, called, checked, number, verdict
 
 
@@ -156,28 +156,29 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     require(_same_update(skipped, start, start, tolerance=0), exercise,
             "a step whose gradients overflowed changed the weights.",
             "let scaler.step(optimizer) decide: do not call optimizer.step() yourself.")
-    power = "2^{:g}".format
-    require(skipped_scaler.get_scale() == overflow / 2, exercise, f"after an overflow the scale went from "
-            f"2^40 to {power(math.log2(skipped_scaler.get_scale()))}, not 2^39.",
-            "call scaler.update() once, after scaler.step(optimizer).")
+
+    def scaled(scaler, before: float, after: float, when: str) -> None:  # GradScaler halves, or doubles, once
+        require(scaler.get_scale() == after, exercise, f"after {when} the scale went from 2^{math.log2(before):g} to "
+                f"2^{math.log2(scaler.get_scale()):g}, not 2^{math.log2(after):g}.",
+                "call scaler.update() once per step, after scaler.step(optimizer).")
+
+    scaled(skipped_scaler, overflow, overflow / 2, "an overflow")
     reference, _, reference_loss, _ = _amp_trial(None, device, scale, exercise)
-    stale, _, _, _ = _amp_trial(None, device, scale, exercise, zero_grad=False)
-    require(not (_same_update(model, stale, start) and not _same_update(model, reference, start)), exercise,
-            "the previous step's gradients were added to this step's: they were not cleared at the start of "
-            "the step.", "call optimizer.zero_grad(set_to_none=True) first, before the backward pass (zeroing "
-                         "at the end of a step leaves whatever came before the first call).")
-    require(_same_update(model, reference, start), exercise,
-            "the weights after the step differ from a correct fp16 step's.",
-            "zero the gradients, forward and loss under autocast, scaler.scale(loss).backward(), "
-            "scaler.step(optimizer), scaler.update().")
+    if not _same_update(model, reference, start):  # named where the step that forgets zero_grad moves it alike
+        stale = _same_update(model, _amp_trial(None, device, scale, exercise, zero_grad=False)[0], start)
+        raise NotYet(f"✗ {exercise}: " + ("the previous step's gradients were added to this step's: they were not "
+                                          "cleared at the start of the step." if stale else
+                                          "the weights after the step differ from a correct fp16 step's."),
+                     "call optimizer.zero_grad(set_to_none=True) first, before the backward pass (zeroing at the end "
+                     "of a step leaves whatever came before the first call)." if stale else "zero the gradients, "
+                     "forward and loss under autocast, scaler.scale(loss).backward(), scaler.step(optimizer), "
+                     "scaler.update().")
     returned = number(loss, exercise, "returned loss", "one number (the loss tensor)")
     right = reference_loss.item()
     require(math.isclose(returned, right, rel_tol=1e-2), exercise,
             f"`amp_step` returns {returned:.4g}, not the batch's loss ({right:.4g})"
             + (", but the scaled loss." if math.isclose(returned, scale * right, rel_tol=1e-2) else "."),
             "return the loss computed under autocast, before scaler.scale.")
-    require(scaler.get_scale() == 2 * scale, exercise, f"after a clean step the scale went from 2^8 to "
-            f"{power(math.log2(scaler.get_scale()))}, not 2^9.", "call scaler.update() once per step, after "
-                                                             "scaler.step(optimizer).")
+    scaled(scaler, scale, 2 * scale, "a clean step")
     return passed(exercise, "fp16 forward, scaled backward, overflowing step skipped, scale halved after it "
                             "and doubled after a clean one")
