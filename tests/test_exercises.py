@@ -529,7 +529,8 @@ def test_micro_batch_plan_fits_memory_reaches_the_batch_and_takes_the_largest_po
     # The plan that counts the blocks alone: 64 sequences need 37.5 GiB, not 19.1.
     not_yet(lambda: wu.check_micro_batch_plan(64, 2, size, T, target, ranks, free), "the loss's logits")
     not_yet(lambda: wu.check_micro_batch_plan(128, 1, size, T, target, ranks, free), "GiB are free")
-    not_yet(lambda: wu.check_micro_batch_plan(16, 8, size, T, target, ranks, free), "so do 32")
+    not_yet(lambda: wu.check_micro_batch_plan(16, 8, size, T, target, ranks, free),
+            "16 sequences fit, but so does a larger")
     not_yet(lambda: wu.check_micro_batch_plan(32, 1, size, T, target, ranks, free), "not 524,288")
     not_yet(lambda: wu.check_micro_batch_plan(32, 2.5, size, T, target, ranks, free), "whole number")
     # With the whole memory free, the batch's share of a rank (128 sequences) is the limit, in one micro-batch.

@@ -66,7 +66,7 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
                 f"set {name} = math.inf: what stays whole on every GPU already exceeds the budget.")
         return passed(exercise, f"stage {stage} cannot hold it at any size")
     if _is_infinite(gpus):
-        raise NotYet(f"✗ {exercise}: `{name}` = inf, but {right} GPUs hold it under stage {stage}.",
+        raise NotYet(f"✗ {exercise}: `{name}` = inf, but a finite number of GPUs holds it under stage {stage}.",
                      "what stays whole fits the budget here: divide the sharded part into the rest.")
     value = smallest(count(gpus, exercise, name, "a whole number of GPUs"), exercise, name, lambda p: kept + split / p,
                      budget_gib, f"at {{}} GPUs each holds {{:.1f}} GiB, more than the {budget_gib:g} GiB budget",

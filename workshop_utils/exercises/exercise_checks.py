@@ -124,8 +124,8 @@ def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_le
             f"{target_tokens:,}.", "global batch = micro-batch x accumulation x ranks x sequence.")
     best = largest_micro_batch(size, sequence_length, free_bytes, target_tokens // ranks)
     fit = "1 sequence fits" if micro == 1 else f"{micro} sequences fit"
-    require(micro >= best, exercise, f"{fit}, but so do {best}: fewer, larger micro-batches keep "
-                                     "the GPU busier for the same global batch.",
+    require(micro >= best, exercise, f"{fit}, but so does a larger power of two that divides the batch: fewer, "
+                                     "larger micro-batches keep the GPU busier for the same global batch.",
             "double the micro-batch while it fits and still divides the batch.")
     return passed(exercise, f"{micro} sequences x {steps} accumulation steps x {ranks} ranks = {tokens:,} tokens; "
                             f"{gib(micro * per_sequence)} of {free} GiB of activations and logits")

@@ -176,7 +176,7 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     returned = number(loss, exercise, "returned loss", "one number (the loss tensor)")
     right = reference_loss.item()
     require(math.isclose(returned, right, rel_tol=1e-2), exercise,
-            f"`amp_step` returns {returned:.4g}, not the batch's loss ({right:.4g})"
+            f"`amp_step` returns {returned:.4g}, not the batch's loss"
             + (", but the scaled loss." if math.isclose(returned, scale * right, rel_tol=1e-2) else "."),
             "return the loss computed under autocast, before scaler.scale.")
     scaled(scaler, scale, 2 * scale, "a clean step")
