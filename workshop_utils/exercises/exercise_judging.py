@@ -56,8 +56,7 @@ def checked(check):
 
 def short(err_or_text, limit: int = 200) -> str:
     """An error's message (or a text) on one line, at most ``limit`` characters."""
-    text = " ".join(str(err_or_text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return show(" ".join(str(err_or_text).split()), limit)
 
 
 def described(value) -> str:

@@ -148,10 +148,9 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     model, scaler, loss, dtypes = _amp_trial(amp_step, device, scale, exercise)
     require(loss is not None, exercise, "`amp_step` returns nothing.", "end it with `return loss`.")
     require(bool(dtypes), exercise, "`amp_step` never ran the model.", "compute the loss from model(images).")
-    require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16" + (
-        f": no autocast for {device.type} was active (one for another device, such as torch.cuda.amp.autocast on a "
-        "CPU, does nothing here)." if dtypes[0] == torch.float32 else "."),
-            "compute the output and the loss inside `with wu.autocast('fp16', device):` (float16 needs a scaler).")
+    require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
+            f"compute the output and the loss inside `with wu.autocast('fp16', device):`, an autocast for "
+            f"{device.type} (one for another device, such as torch.cuda.amp.autocast on a CPU, does nothing here).")
     skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise)
     require(_same_update(skipped, start, start, tolerance=0), exercise,
             "a step whose gradients overflowed changed the weights.",
