@@ -1,12 +1,8 @@
-"""Notebook 02's DDP lab and Exercise 2.1: the ranks' side (``main``) and the checks that launch them.
-
-``check_ddp_lab`` reads the attendee's launch line as torchrun reads it, then runs the script as two nodes on this
-machine (two torchrun agents: the line's processes on node 0, one more on node 1), so that a rank from LOCAL_RANK
-or a world size from LOCAL_WORLD_SIZE or typed in fails. Each rank runs under a probe that watches PyTorch (the
-indices every DataLoader draws, the samplers and DDP built, ``torch.save``, the final parameters): a script is
-judged by what it did, not by what it prints. ``check_average_gradients`` compares gradients averaged by hand
-with DDP's on the same two nodes, then on node 0 alone. The code that branches on CUDA stays here: the GPU
-check's list of paths names it.
+"""Notebook 02's DDP lab and Exercise 2.1: the ranks' side (``main``) and the checks that launch them, as two nodes
+on this machine (two torchrun agents: the line's processes on node 0, one more on node 1), so that a rank from
+LOCAL_RANK or a world size from LOCAL_WORLD_SIZE or typed in fails. A probe in each rank watches PyTorch (the indices
+every DataLoader draws, the samplers and DDP built, ``torch.save``, the final parameters): a script is judged by what
+it did, not by what it prints. The code that branches on CUDA stays here: the GPU check's list of paths names it.
 """
 
 from __future__ import annotations
@@ -287,13 +283,9 @@ def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, e
 def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_s: float = 300, echo: bool = True,
                   args=(), exercise: str = LAB_EXERCISE, idle_limit_s: float | None = None) -> LabRun:
     """Run the attendee's DDP script under the probe as ``nproc`` processes and one more on a second node; pass, or
-    ``NotYet`` naming the mistake.
-
-    ``command`` is the attendee's launch line (a string or a list of words), read as torchrun reads it; left out
-    (``LAUNCH_HERE``), the checker writes it. ``args``, then ``--out-dir`` (a fresh folder under ``workdir``), go
-    after the script's own arguments. ``timeout_s`` is the outer limit; a rank that makes no progress is stopped
-    sooner, at a limit scaled to this machine (``idle_limit_s`` where given).
-    """
+    ``NotYet`` naming the mistake. ``command``: the attendee's launch line, read as torchrun reads it (left out, the
+    checker writes it); ``args``, then ``--out-dir`` (a fresh folder), follow the script's own arguments; a rank that
+    makes no progress is stopped at a limit scaled to this machine (``idle_limit_s`` where given)."""
     script = Path(script)
     require(script.exists(), exercise, f"{script} does not exist.", "run the cell that writes your copy first.")
     gaps = placeholders_left(script.read_text(), exercise)

@@ -1,7 +1,5 @@
-"""Reading and judging one run of the DDP lab: the attendee's launch line, as torchrun itself reads it, then what
-the probe recorded on every rank. ``findings`` gives each part of a finished run its first mistake, so that one run
-shows every part's; a run that crashed is judged in ``ddp_lab``, which knows the crash's ranks.
-"""
+"""Reading and judging one run of the DDP lab: the launch line, as torchrun itself reads it, then what the probe
+recorded on every rank, each part's first mistake (one run shows every part's); ``ddp_lab`` judges a crash."""
 
 from __future__ import annotations
 
@@ -219,11 +217,8 @@ THROUGHPUT_TOLERANCE = 1.4
 
 
 def _measured_throughput(records: list[dict]) -> tuple[float, float]:
-    """(at least, at most): samples per second of the whole job over its training loop, as the probe saw it.
-
-    At most: the training loader's samples from its first draw to about one step after its last (a loader with
-    workers draws ahead, so this bounds it from above). At least: the same samples until the script's end.
-    """
+    """(at least, at most): the job's samples per second over its training loop, as the probe saw them: from the
+    first draw to the script's end, or to about one step after the last draw (a loader with workers draws ahead)."""
     entries = [_training_entries(r) for r in records]
     drawn = sum(len(e["indices"]) for mine in entries for e in mine)
     first = min(r["first_draw"] for r in records if r["first_draw"])
@@ -239,21 +234,19 @@ def _measured_throughput(records: list[dict]) -> tuple[float, float]:
 
 def sampler_mistake(records: list[dict], per_node: tuple[int, ...], exercise: str) -> NotYet | None:
     """The first DistributedSampler given another rank or world size than its process's, by what it was given
-    (LOCAL_RANK, LOCAL_WORLD_SIZE where every wrong one was that, else the number); None when each got its own.
-    Recorded before the sampler ran, so that one that refused its arguments is named too."""
-    for given, local in (("rank", "LOCAL_RANK"), ("num_replicas", "LOCAL_WORLD_SIZE")):
+    (LOCAL_RANK, LOCAL_WORLD_SIZE where every wrong one was that); recorded before the sampler ran, so that one that
+    refused its arguments is named too. Never the right count: a world size typed in as that would pass here."""
+    for given, local, what in (("rank", "LOCAL_RANK", "rank"), ("num_replicas", "LOCAL_WORLD_SIZE", "world size")):
         wrong = [(r, s[given]) for r in records for s in r.get("samplers", [])
                  if s[given] not in (None, r["rank"] if given == "rank" else int(r["env"]["WORLD_SIZE"]))]
         if wrong:
-            record, value = wrong[0]
             named = f", its {local} (counted on its own node)" if all(
                 str(v) == r["env"].get(local) for r, v in wrong) else ""
-            rank = record["rank"]
-            return NotYet(f"✗ {exercise}: rank {rank}'s DistributedSampler was given {given}={value}{named}, but it "
-                          f"is rank {rank} of {record['env']['WORLD_SIZE']} (the check runs your "
-                          f"script as two nodes, {' + '.join(map(str, per_node))} processes): the shards overlap or "
-                          "leave samples out.", "take the rank and the world size from RANK and WORLD_SIZE, which "
-                                                "count every node's processes; LOCAL_RANK only picks the GPU (step 1).")
+            return NotYet(f"✗ {exercise}: rank {wrong[0][0]['rank']}'s DistributedSampler was given {given}="
+                          f"{wrong[0][1]}{named}, which is not its global {what} (the check runs your script as two "
+                          "nodes): the shards overlap or leave samples out.",
+                          "take the rank and the world size from RANK and WORLD_SIZE, which count every node's "
+                          "processes; LOCAL_RANK only picks the GPU (step 1).")
     return None
 
 
