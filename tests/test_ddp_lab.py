@@ -284,6 +284,12 @@ averaged_in_a_lambda = lambda model: [dist.all_reduce(p.grad, op=dist.ReduceOp.A
                                       for p in model.parameters()]
 
 
+def dropped_gradients(model):
+    for p in model.parameters():  # reduced, then thrown away: no gradient left to compare
+        dist.all_reduce(p.grad)
+        p.grad = None
+
+
 def placeholder_gradients(model):
     ...
 
@@ -388,6 +394,7 @@ RETURNING = {
     # torchrun's other counts: the role's world size is the world's; the nodes' count is not
     "role-world-size": (role_world_size, None),
     "group-world-size": (group_world_size, "the sum over the 3 ranks divided by 2, where DDP divides by 3"),
+    "dropped": (dropped_gradients, "your gradients differ from DDP's by up to inf on 3 ranks"),
 }
 
 

@@ -211,7 +211,8 @@ def judge_comparison(results: list[dict], world: int, exercise: str) -> dict:
     """The function's gradients on every rank of one world size against DDP's: the facts of a pass, or ``NotYet``
     saying what they are: the sum divided by what (each rank's divisor d = world / ratio, where whole), each rank's
     own, or how far from DDP's."""
-    worst = {key: max(r[key] for r in results) for key in ("to_ddp", "to_own")}
+    worst = {key: max(math.inf if r[key] is None else r[key] for r in results)  # JSON keeps no inf: None
+             for key in ("to_ddp", "to_own")}
     calls = results[0]["calls"]
     if worst["to_ddp"] > 1e-5 * max(1.0, max(r["scale"] for r in results)):
         require(bool(calls), exercise, "your function made no collective call: every rank kept its own gradients.",
