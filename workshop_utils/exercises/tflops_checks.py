@@ -16,7 +16,7 @@ from ..spine.timing import Timings, time_repeats
 from ..system.errors import WorkshopError
 from ..system.hardware import as_device, peak_tflops
 from .exercise_cells import passed, require, require_answered
-from .exercise_judging import answered_input, attendee_error, carried, checked, described, number, verdict, written
+from .exercise_judging import answered_input, called, carried, checked, described, number, verdict, written
 
 
 @checked
@@ -64,12 +64,8 @@ def _timed_workload(timed, n: int, device, exercise: str) -> None:
     answered_input(timed, exercise, "the exercise cell", "matmul")
     require(callable(timed), exercise, f"`matmul` should be the function you timed, got {described(timed)}.",
             "matmul = lambda: a @ b, and time it: wu.time_repeats(matmul, repeats=10, device=device).")
-    counter = FlopCounterMode(display=False)
-    try:
-        with counter:
-            out = timed()
-    except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): one line, their line
-        raise attendee_error(err, timed, exercise, "matmul") from None
+    with FlopCounterMode(display=False) as counter:
+        out = called(timed, exercise, "matmul")
     flops, right, side = counter.get_total_flops(), 2 * n**3, round((counter.get_total_flops() / 2) ** (1 / 3))
     what = ("no matrix multiply" if flops == 0 else f"a {side} x {side} product" if 2 * side**3 == flops else
             f"{flops:,} FLOPs, not the {right:,} of an {n} x {n} by {n} x {n} product")
