@@ -99,10 +99,8 @@ def whole_digits(value) -> str | None:
         raise Problem(f"is a number of about {int(size) + 1} digits, far beyond any count Slurm or torchrun reads")
     if isinstance(value, numbers.Integral):
         return str(int(value))
-    if isinstance(value, fractions.Fraction):
-        return str(value.numerator) if value.denominator == 1 else None
-    if isinstance(value, decimal.Decimal) and value.is_finite():
-        return str(int(value)) if value == value.to_integral_value() else None
+    if isinstance(value, fractions.Fraction) or isinstance(value, decimal.Decimal) and value.is_finite():
+        return str(int(value)) if value == int(value) else None
     number = number_of(value)
     return str(int(number)) if number.is_integer() else None
 

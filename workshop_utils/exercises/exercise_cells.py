@@ -151,10 +151,8 @@ def write_attendee_notebooks(folder_in="notebooks", folder_out="notebooks/attend
     sources = sorted(Path(folder_in).glob("*.ipynb"))
     if not sources:
         raise WorkshopError(f"No notebook in {folder_in}.", "pass the folder that holds the committed notebooks.")
-    written = []
-    for source in sources:
-        target = Path(folder_out) / source.name
+    written = [Path(folder_out) / source.name for source in sources]
+    for source, target in zip(sources, written):
         count = attendee_notebook(source, target)
         print(f"{target}: {count} exercise{'s' * (count != 1)}")
-        written.append(target)
     return written
