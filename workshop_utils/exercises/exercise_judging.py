@@ -253,8 +253,8 @@ def attendee_function(function, exercise: str, name: str, arguments: str) -> Non
 
 
 def called(function, exercise: str, name: str, *args, failure=None):
-    """What the attendee's ``function`` returns for ``args``; an exception in it (``sys.exit`` too) is one line:
-    ``failure(err)`` where given, else their line and the error."""
+    """What the attendee's ``function`` returns for ``args`` (``Unsolved`` while ``...``); an exception in it
+    (``sys.exit`` too) is one line: ``failure(err)`` where given, else their line and the error."""
     try:
         result = function(*args)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code: one line, their line
