@@ -307,8 +307,9 @@ def test_matmul_tflops(capsys):
     assert wu.check_matmul_tflops(2 * 1024**3 / measured / 1e12, 1024, measured, "x86_64", torch.device("cpu"),
                                   timings=timings, timed=lambda: a @ b)
     # The check's own timing is shown, and judged only beyond 20x: a busy machine once put it 10x from the
-    # attendee's.
-    assert wu.check_matmul_tflops(2 * 1024**3 / (10 * measured) / 1e12, 1024, 10 * measured, "x86_64",
+    # attendee's. 3x here, so that this test's own timing, taken moments earlier on a busy machine, leaves the
+    # check's within its 20x whichever of the two the load slowed.
+    assert wu.check_matmul_tflops(2 * 1024**3 / (3 * measured) / 1e12, 1024, 3 * measured, "x86_64",
                                   torch.device("cpu"))
     assert "this check's own timing of `a @ b`" in capsys.readouterr().out
     not_yet(lambda: wu.check_matmul_tflops(2 * 1024**3 / 1e3 / 1e12, 1024, 1e3, "x86_64", torch.device("cpu")),
