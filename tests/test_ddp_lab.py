@@ -131,6 +131,11 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     # torchrun's own reading: the last of a repeated option, an abbreviation it accepts
     ("torchrun --nproc-per-node=1 --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
     ("torchrun --nproc-per=2 {s}", []),
+    ("torchrun --nproc-per-node=02 --nnodes=01 {s}", []),  # torchrun reads both as numbers: 2 and 1
+    # what starts the launch in a terminal too: python's own options before -m, commands that run the next one
+    ("python -u -m torch.distributed.run --nproc-per-node=2 {s}", []),
+    ("time torchrun --nproc-per-node=2 {s}", []),
+    ("/usr/bin/env torchrun --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"
@@ -148,6 +153,14 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("torchrun --nproc-per-node=2", "torchrun would stop at once: the following arguments are required: "
                                     "training_script"),
     ("torchrun --nproc-per-node=2 other.py", "'other.py' as the training script in place of your lab script"),
+    # the script's own name in another folder: where it points is shown, not the name alone
+    ("torchrun --nproc-per-node=2 /nonexistent/my_train_ddp.py", "'/nonexistent/my_train_ddp.py' as the training"),
+    ("cd /tmp && torchrun --nproc-per-node=2 my_train_ddp.py", "'/tmp/my_train_ddp.py' as the training"),
+    # torchrun would run the script as a module name, or as a program: neither runs in a terminal
+    ("torchrun --nproc-per-node=2 -m {s}", "with -m, torchrun would run your script as a module name"),
+    ("torchrun --nproc-per-node=2 --no-python {s}", "with --no-python, torchrun would run your script as a program"),
+    ("nohup torchrun --nproc-per-node=2 {s} &", "the command ends in &, which runs the launch in the background"),
+    ("torchrun -h --nproc-per-node=2 {s}", "torchrun would stop at once: it prints its help (-h) and runs nothing"),
     ("", "the command has no launch line"),
     ("torchrun --nproc-per-node=2 --nproc-per-node=1 {s}",
      "would run with --nproc-per-node=1; the lab runs 2 processes"),
@@ -169,6 +182,15 @@ def test_wrong_launch_lines_are_named(tmp_path, command, message):
     with pytest.raises(NotYet, match=re.escape(message)) as caught:
         read_launch_line(command.format(s=script), script, 2, LAB_EXERCISE)
     assert "\n" not in str(caught.value) and " Fix: " in str(caught.value)
+
+
+def test_a_list_whose_item_holds_the_whole_line_says_so(tmp_path):
+    script = tmp_path / "my_train_ddp.py"
+    with pytest.raises(NotYet, match=r"a list whose item 'torchrun --nproc-per-node=2 .* holds several words \(its "
+                                     r"only item\).*Fix: give each word its own item") as caught:
+        read_launch_line([f"torchrun --nproc-per-node=2 {script}"], script, 2, LAB_EXERCISE)
+    assert "\n" not in str(caught.value)
+    assert read_launch_line(["torchrun", "--nproc-per-node=2", script], script, 2).script_args == []
 
 
 @pytest.mark.slow  # one Python process that imports torch

@@ -21,6 +21,7 @@ from .exercise_judging import short
 
 CHAINS = ("&&", ";", "||", "|", "&")  # shell operators that put a second command beside the launch
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
+WRAPPERS = ("env", "time", "nohup")  # commands that run the command after their options (srun: see _launch_part)
 
 
 @dataclass
@@ -68,7 +69,8 @@ def torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
     def refuse(message=None, *_):
         raise ValueError(message or "stopped")
 
-    parser.error, parser.exit = refuse, lambda status=0, message=None: refuse(message)
+    parser.error = refuse  # exit without a message: -h (or --version) printed, nothing run
+    parser.exit = lambda status=0, message=None: refuse(message or "it prints its help (-h) and runs nothing")
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return parser.parse_args(args)
 
@@ -93,6 +95,11 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         raise NotYet(f"✗ {exercise}: the command cannot be read as a command line ({err}).",
                      f"write it as one string, e.g. {example}.") from None
     text = command if isinstance(command, str) else " ".join(tokens)
+    several = next((t for t in tokens if len(t.split()) > 1 and not isinstance(command, str)
+                    and Path(t).expanduser().resolve() != script.resolve()), None)
+    require(several is None, exercise, f"`lab_command` is a list whose item {short(repr(several), 50)} holds several "
+            f"words{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
+            f"give each word its own item (shlex.split(line) splits a line), or write one string: {example}.")
     quoted = shlex.quote(str(script))
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
     redirect = next((t for t in tokens if set(t) <= set("<>&|0123456789") and ("<" in t or ">" in t)), None)
@@ -110,39 +117,72 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
              f"write the values themselves, e.g. {example} (an f-string puts Python's values in).")):
         require(not found, exercise, problem, fix)
     tokens, folder, chained, assigned = _launch_part(tokens)
+    require(chained != ["&"], exercise, "the command ends in &, which runs the launch in the background: nothing "
+                                        "would wait for it to end.", f"leave the & out: {example}.")
     require(not chained, exercise, f"the command chains a second command after the launch "
                                    f"({short(' '.join(chained), 60)}); the check runs the one torchrun launch alone.",
             f"make it the launch line only, e.g. {example}; run anything else in a cell of its own.")
     require(bool(tokens), exercise, "the command has no launch line.", f"write the launch line, e.g. {example}.")
     first = Path(tokens[0]).name
-    module = tokens[2] if tokens[1:2] == ["-m"] and len(tokens) > 2 else None
     python = first.startswith("python") or tokens[0] == sys.executable
-    require(first == "torchrun" or (python and module in TORCH_LAUNCHERS), exercise,
-            f"the command starts {tokens[0]!r}, not torchrun: nothing would start the lab's {nproc} processes or set "
-            "RANK, LOCAL_RANK and WORLD_SIZE in them.", f"launch it with torchrun: {example}.")
+    module, start = _python_module(tokens) if python else (None, 1)
+    require(first == "torchrun" or module in TORCH_LAUNCHERS, exercise,
+            f"the command starts {tokens[0]!r}" + (f" with -m {module}" if module else "") + ", not torchrun: "
+            "nothing "
+            f"would start the lab's {nproc} processes or set RANK, LOCAL_RANK and WORLD_SIZE in them.",
+            f"launch it with torchrun: {example}.")
     try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities, no script
-        parsed = torchrun_reads(tokens[1 if first == "torchrun" else 3:], launch=module == "torch.distributed.launch")
+        parsed = torchrun_reads(tokens[start:], launch=module == "torch.distributed.launch")
     except ValueError as refusal:
         raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
-                     f"write its options in full, then your script: {example}.") from None
+                     f"write only the options the lab needs, in full, then your script: {example}.") from None
     named = Path(parsed.training_script).expanduser()
+    resolved = (named if named.is_absolute() or folder is None else Path(folder).expanduser() / named).resolve()
     how = "as a program (--no-python), with your file as its argument," if parsed.no_python else \
         "as the training script"
-    require((named if named.is_absolute() or folder is None else Path(folder).expanduser() / named).resolve()
-            == script.resolve(), exercise, f"torchrun would run {named.name!r} {how} in place of your lab script "
-                                           f"{quoted}.", f"name only your script after torchrun's options: {example}.")
+    shown = str(resolved) if named.name == script.name else named.name  # the same name: where it points tells
+    require(resolved == script.resolve(), exercise, f"torchrun would run {shown!r} {how} in place of your lab script "
+                                                    f"{quoted}.", f"name only your script after torchrun's options: "
+                                                                  f"{example}.")
+    flag = "-m" if parsed.module else "--no-python" if parsed.no_python else None
+    require(flag is None, exercise, f"with {flag}, torchrun would run your script " + (
+        "as a module name (python -m): Python finds no module named by a path." if parsed.module else
+        "as a program of its own, without python: a .py file is no program to execute."),
+            f"leave {flag} out: torchrun runs the script with python, {example}.")
     require(module != "torch.distributed.launch" or parsed.use_env, exercise,
             "torch.distributed.launch (the launcher torchrun replaced) passes --local-rank=<n> to the script as an "
             "argument; the lab's script takes no such argument, and its argparse would stop every rank "
             "(\"unrecognized arguments: --local-rank=0\").",
             f"launch with torchrun, which sets LOCAL_RANK in each process's environment instead: {example}.")
-    wrong = [f"{option}={value}" if value is not None else f"no {option} (so one process)" for option, value, right in (
-        ("--nproc-per-node", parsed.nproc_per_node, {str(nproc)}), ("--nnodes", parsed.nnodes, {"1", "1:1"}),
-        ("--node-rank", parsed.node_rank, {"0"})) if str(value) not in right]
+    from torch.distributed.run import parse_min_max_nnodes
+
+    wrong = [f"{option}={value}" if value is not None else f"no {option} (so one process)"
+             for option, value, read, right in (("--nproc-per-node", parsed.nproc_per_node, int, nproc),
+                                                ("--nnodes", parsed.nnodes, parse_min_max_nnodes, (1, 1)),
+                                                ("--node-rank", parsed.node_rank, int, 0))
+             if _read(read, value) != right]  # as torchrun turns them into numbers: 02 is 2
     require(not wrong, exercise, f"torchrun would run with {', '.join(wrong)}; the lab runs {nproc} processes on one "
                                  "node, node 0 (torchrun waits for any other node it is told of).",
             f"use --nproc-per-node={nproc} alone: {example}.")
     return LaunchLine(list(parsed.training_script_args), assigned)
+
+
+def _read(read, value):
+    """An option's value as torchrun's own ``read`` turns it into numbers ("02" is 2), or None where it would not."""
+    try:
+        return read(str(value))
+    except (ValueError, RuntimeError):
+        return None
+
+
+def _python_module(tokens: list[str]) -> tuple[str | None, int]:
+    """(the module ``python [options] -m MODULE`` runs, the index of its first argument); (None, 1) for no -m."""
+    index = 1
+    while index < len(tokens) - 1 and tokens[index].startswith("-") and tokens[index] not in ("-", "-c"):
+        if tokens[index] == "-m":
+            return tokens[index + 1], index + 2
+        index += 2 if tokens[index] in ("-W", "-X") else 1
+    return None, 1
 
 
 def _words(line: str) -> list[str]:
@@ -164,7 +204,8 @@ def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], d
     folder, start = None, 0
     for end in [i for i, t in enumerate(tokens) if t in CHAINS] + [len(tokens)]:
         head = tokens[start:end]
-        command = next((Path(t).name for t in head if not _assignment(t) and t != "env"), "")
+        command = next((Path(t).name for t in head  # past VAR=value, env, time, nohup and their options
+                        if not (_assignment(t) or Path(t).name in WRAPPERS or t.startswith("-"))), "")
         if command in ("torchrun", "srun") or command.startswith("python") or end == len(tokens):
             break
         if len(head) == 2 and head[0] == "cd":
@@ -173,9 +214,10 @@ def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], d
         start = end + 1
     if end < len(tokens):
         return head, folder, tokens[end:], {}
-    assigned = {}
-    while head and (head[0] == "env" or _assignment(head[0])):
+    assigned, wrapped = {}, False
+    while head and (_assignment(head[0]) or Path(head[0]).name in WRAPPERS or wrapped and head[0].startswith("-")):
         word = head.pop(0)
+        wrapped = wrapped or Path(word).name in WRAPPERS
         if _assignment(word):
             name, _, assigned[name] = word.partition("=")
     if head and Path(head[0]).name == "srun":
