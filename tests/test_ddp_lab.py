@@ -206,7 +206,7 @@ def test_the_lab_script_stops_on_the_argument_torch_distributed_launch_passes(tm
 # ---------------------------------------------------------------- Exercise 2.3 (no launch)
 
 
-def by_hand(step_s, grad_bytes, p, latency_us, bandwidth_gbps, steps=None):
+def by_hand(step_s, grad_bytes, p, latency_us, bandwidth_gbps, steps=None, latency_steps=None):
     """The no-overlap efficiency written out: one ring all-reduce per DDP bucket (1 MiB, then 25 MiB)."""
     buckets, left, cap = [], grad_bytes, 2**20
     while left > 0:
@@ -214,7 +214,8 @@ def by_hand(step_s, grad_bytes, p, latency_us, bandwidth_gbps, steps=None):
         left -= buckets[-1]
         cap = 25 * 2**20
     steps = 2 * (p - 1) if steps is None else steps
-    comm = sum(steps * latency_us * 1e-6 + steps / p * b / (bandwidth_gbps * 1e9) for b in buckets)
+    latency_steps = steps if latency_steps is None else latency_steps
+    comm = sum(latency_steps * latency_us * 1e-6 + steps / p * b / (bandwidth_gbps * 1e9) for b in buckets)
     return step_s / (step_s + comm)
 
 
@@ -228,6 +229,9 @@ def test_the_64_gpu_efficiency_passes_when_right_and_names_each_mistake(step_s, 
         "NVLink": by_hand(step_s, grad_bytes, 64, nvlink.latency_us, nvlink.bandwidth_gbps),
         "percentage": 100 * right,
         "2\\(p-1\\) steps": by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps, steps=63),
+        # near the latency paid once per bucket, with a ResNet-18's gradients: named for what it is
+        "a ring over one node's 8 GPUs": by_hand(step_s, grad_bytes, 8, ib.latency_us, ib.bandwidth_gbps),
+        "latency once per bucket": by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps, latency_steps=1),
         "microseconds": by_hand(step_s, grad_bytes, 64, ib.latency_us * 1e6, ib.bandwidth_gbps),
         # Both leave an efficiency near 0, equal to many digits; the communication times they imply are not.
         "latency went in as seconds": by_hand(step_s, grad_bytes, 64, ib.latency_us * 1e6, ib.bandwidth_gbps),
@@ -244,6 +248,15 @@ def test_the_64_gpu_efficiency_passes_when_right_and_names_each_mistake(step_s, 
         with pytest.raises(NotYet, match="one message"):
             wu.check_ddp_efficiency(one, step_s, grad_bytes)
     assert wu.check_ddp_efficiency(..., step_s, grad_bytes) is False  # not yet solved: said, not raised
+
+
+def test_a_number_two_mistakes_give_names_both_not_one_as_certain():
+    """Two buckets, each paying the latency (p-1) times, pay what one message pays: either mistake may be it."""
+    step_s, grad_bytes, ib = 0.005, 4 * 2_474_506, wu.LINKS["ib_ndr"]
+    assert len(wu.ddp_buckets(grad_bytes)) == 2
+    value = by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps, latency_steps=63)
+    with pytest.raises(NotYet, match=r"which 2 mistakes give here: .*one message\. Or: .*latency \(p-1\) times"):
+        wu.check_ddp_efficiency(value, step_s, grad_bytes)
 
 
 # ---------------------------------------------------------------- Exercise 2.1

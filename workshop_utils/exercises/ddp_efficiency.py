@@ -36,10 +36,11 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     def efficiency_with(comm_s: float) -> float:
         return step_s / (step_s + comm_s)
 
-    def ring(lat_s: float = lat, bytes_per_s: float = bw, steps: float = 2 * (p - 1), latency_steps=None) -> float:
+    def ring(lat_s: float = lat, bytes_per_s: float = bw, gpus: int = p, steps=None, latency_steps=None) -> float:
         """The efficiency with the buckets' ring all-reduces written out, one part of the formula changed."""
+        steps = 2 * (gpus - 1) if steps is None else steps
         return efficiency_with(sum((steps if latency_steps is None else latency_steps) * lat_s
-                                   + steps / p * n / bytes_per_s for n in ddp_buckets(grad_bytes)))
+                                   + steps / gpus * n / bytes_per_s for n in ddp_buckets(grad_bytes)))
 
     ib_fix = "bandwidth_gbps is in GB/s, decimal: B = bandwidth_gbps * 1e9 bytes/s."
     mistakes = [
@@ -60,6 +61,12 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
         (ring(bytes_per_s=bw / 8), "that treats GB/s as Gbit/s (divided by 8).", ib_fix),
         (ring(latency_steps=1), "that pays the latency once per bucket; the ring pays it at each of its 2(p-1) steps.",
          "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth, for each bucket."),
+        # Mistakes that may land on another's number (2 buckets x (p-1) latencies = one message's 2(p-1)): named
+        # too, so that a number two mistakes give names both, never one of them as certain.
+        (ring(latency_steps=p - 1), "that pays the latency (p-1) times per bucket; the ring pays it at each of its "
+         "2(p-1) steps.", "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth, for each bucket."),
+        (ring(gpus=gpus_per_node), f"that is a ring over one node's {gpus_per_node} GPUs.",
+         f"the ring runs over all {p} GPUs: p = {p} in t(n, p), over InfiniBand between the nodes."),
     ]
 
     def communication(efficiency: float) -> float:  # per step, as an efficiency implies it: 1 / e - 1 steps
