@@ -329,6 +329,19 @@ def placeholder_gradients(model):
     ...
 
 
+def async_without_wait(model):
+    for p in model.parameters():  # the division may come before the sum: a race, whatever this run shows
+        dist.all_reduce(p.grad, async_op=True)
+        p.grad /= dist.get_world_size()
+
+
+def async_then_wait(model):
+    works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+    for work, p in zip(works, model.parameters()):
+        work.wait()
+        p.grad /= dist.get_world_size()
+
+
 def exits_on_the_ranks(model):
     # The mistake under test: a SystemExit raised inside the attendee's function (`sys` is this module's import).
     sys.exit(3)
@@ -430,6 +443,9 @@ RETURNING = {
     "role-world-size": (role_world_size, None),
     "group-world-size": (group_world_size, "the sum over the 3 ranks divided by 2, where DDP divides by 3"),
     "dropped": (dropped_gradients, "your gradients differ from DDP's by up to inf on 3 ranks"),
+    "async-then-wait": (async_then_wait, None),
+    "async-without-wait": (async_without_wait, "4 of your collective calls ran with async_op=True, and nothing waited "
+                                               "for the work it returns"),
 }
 
 

@@ -376,6 +376,7 @@ def _gradients(spec_file: str) -> None:
             nn.functional.cross_entropy(trial(x), y).backward()
             own = [p.grad.clone() for p in trial.parameters()]
             started: list[str] = []
+            unwaited: list = []  # the async work nothing waited for
             note_progress(top, rank, f"in your function (world of {world})")
             returned = threading.Event()
             # a function that does not return is stopped at the limit, wherever it waits
@@ -386,7 +387,7 @@ def _gradients(spec_file: str) -> None:
                 namespace = {"torch": torch, "dist": dist, "nn": nn, "__name__": "attendee"}
                 exec(compile(Path(source_file).read_text(), source_file, "exec"), namespace)  # noqa: S102 - theirs
                 for op, original in originals.items():
-                    setattr(dist, op, watched(op, original, started, folder / f"rank{rank}.calls"))
+                    setattr(dist, op, watched(op, original, started, folder / f"rank{rank}.calls", unwaited))
                 namespace[name](trial)
             except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): line, error
                 theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]
@@ -405,8 +406,10 @@ def _gradients(spec_file: str) -> None:
             if why:
                 stop(stopped=why, calls=started, **(error or {}))
             if not error:  # one raised on every rank after the same calls leaves no rank in a collective: go on
-                write_json({**result, **compared(mine, ddp, own), "calls": started, "ddp_buckets": buckets},
-                           folder / f"rank{rank}.json")
+                write_json({**result, **compared(mine, ddp, own), "calls": started, "ddp_buckets": buckets,
+                            "unwaited": len(unwaited)}, folder / f"rank{rank}.json")
+            for pending in unwaited:  # every rank made the same calls: ended here, before the next function's
+                pending.work.wait()
     teardown_distributed()
     note_progress(top, rank, "finished")
 

@@ -107,14 +107,35 @@ def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> s
     return "".join(f"\ntry:\n    {line}\nexcept ImportError:\n    pass\n" for line in lines)
 
 
-def watched(op: str, original, started: list[str], log: Path):
-    """``original``, the collective ``op``, logging each call first: a rank that then hangs still shows its calls."""
+def watched(op: str, original, started: list[str], log: Path, unwaited: list):
+    """``original``, the collective ``op``, logging each call first: a rank that then hangs still shows its calls.
+    The work an ``async_op=True`` call returns is kept in ``unwaited`` until something waits for it."""
     def call(*args, **kwargs):
         started.append(op)
         with open(log, "a") as file:
             file.write(op + "\n")
-        return original(*args, **kwargs)
+        work = original(*args, **kwargs)
+        return None if work is None else Awaited(work, unwaited)
     return call
+
+
+class Awaited:
+    """An asynchronous collective's work, in ``unwaited`` until ``wait()`` or ``get_future()`` is called on it."""
+
+    def __init__(self, work, unwaited: list):
+        self.work, self._unwaited = work, unwaited
+        unwaited.append(self)
+
+    def wait(self, *args, **kwargs):
+        self._unwaited[:] = [w for w in self._unwaited if w is not self]
+        return self.work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self._unwaited[:] = [w for w in self._unwaited if w is not self]
+        return self.work.get_future()
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
 
 
 def compared(mine, ddp, own) -> dict:
@@ -213,7 +234,10 @@ def judge_comparison(results: list[dict], world: int, exercise: str) -> dict:
     own, or how far from DDP's."""
     worst = {key: max(math.inf if r[key] is None else r[key] for r in results)  # JSON keeps no inf: None
              for key in ("to_ddp", "to_own")}
-    calls = results[0]["calls"]
+    calls, unwaited = results[0]["calls"], max(r.get("unwaited", 0) for r in results)
+    require(not unwaited, exercise, f"{unwaited} of your collective calls ran with async_op=True, and nothing waited "
+            "for the work it returns: p.grad was used while its all-reduce may still have been running.",
+            "keep the work each call returns and call .wait() on it before using p.grad (or leave async_op out).")
     if worst["to_ddp"] > 1e-5 * max(1.0, max(r["scale"] for r in results)):
         require(bool(calls), exercise, "your function made no collective call: every rank kept its own gradients.",
                 "all-reduce each parameter's .grad: dist.all_reduce(p.grad), then divide by dist.get_world_size().")
