@@ -364,12 +364,20 @@ def with_a_helper(model):
 
 
 WORLD = 2  # a variable of the notebook, not of the ranks
+RUN_DIR = Path("runs")  # another, which is no world size
 
 
 def with_a_notebook_variable(model):
     for p in model.parameters():
         dist.all_reduce(p.grad)
         p.grad /= WORLD
+
+
+def with_a_notebook_path(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    print(RUN_DIR)
 
 
 def test_the_placeholder_function_is_named_before_any_launch(tmp_path, capsys):
@@ -385,9 +393,11 @@ def test_the_placeholder_function_is_named_before_any_launch(tmp_path, capsys):
 @pytest.mark.parametrize("function, message", [
     (with_a_helper, r"`average_gradients` calls `_world_size`, a function of your notebook.*inside "
                     r"average_gradients"),
-    (with_a_notebook_variable, r"`average_gradients` uses `WORLD`, a variable of your notebook.*inside "
-                               r"average_gradients"),
-], ids=["helper-function", "notebook-variable"])
+    (with_a_notebook_variable, r"`average_gradients` uses `WORLD`, a variable of your notebook.*Fix: compute `WORLD` "
+                               r"inside average_gradients \(the world size: dist.get_world_size\(\)\)"),
+    (with_a_notebook_path, r"`average_gradients` uses `RUN_DIR`, a variable of your notebook.*Fix: compute `RUN_DIR` "
+                           r"inside average_gradients\.$"),
+], ids=["helper-function", "notebook-variable", "notebook-path"])
 def test_what_the_ranks_do_not_have_is_named_before_any_launch(tmp_path, function, message):
     """The ranks run the function's own source, with the modules it uses: a helper or a variable of the cell is
     not there, and the line says so, and how to fix it."""

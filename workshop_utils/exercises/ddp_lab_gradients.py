@@ -98,9 +98,10 @@ def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> s
             lines.append(f"from {home} import {value.__qualname__} as {name}")
             continue
         kind = "function" if inspect.isroutine(value) or inspect.isclass(value) else "variable"
+        counted = isinstance(value, int) and not isinstance(value, bool)  # a count, in an average: the world size
         fix = (f"define `{name}` inside average_gradients (a def inside the def works), or write its code there"
-               if kind == "function" else
-               "compute it inside average_gradients (the world size: dist.get_world_size())")
+               if kind == "function" else f"compute `{name}` inside average_gradients"
+               + (" (the world size: dist.get_world_size())" if counted else ""))
         raise NotYet(f"✗ {exercise}: `average_gradients` {'calls' if kind == 'function' else 'uses'} `{name}`, a "
                      f"{kind} of your notebook, which the ranks do not have: they run only the function's own "
                      "source, with torch, dist, nn and the modules it uses.", fix + ".")
