@@ -160,7 +160,8 @@ def test_the_sample_of_simulated_rows_names_tests_that_exist():
 @pytest.mark.parametrize("change, words", [
     (dict(time="00:01:00"), ["--time of 60 s (line 6)"]),
     (dict(nproc_per_node=1), ["--nproc-per-node=1", "(line 17) ran wrong"]),
-    (dict(rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):80"'), ["(line 17)", "port: 80"]),
+    (dict(rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):80"'),
+     ["(line 17)", "port: 80"]),
 ])
 def test_the_line_at_fault_is_named(change, words, monkeypatch):
     if change.keys() != {"time"} and job_script_run.namespaces_problem():

@@ -263,13 +263,16 @@ WRONG_61 = [
     (dict(rdzv_endpoint="$HOSTNAME:29500"), ["[login01]", "Name or service not known"]),
     (dict(rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n 1):29500"'),
      ["met at gpu-a018", "not its first"]),  # the last node
-    (dict(rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST"):29500"'), ["'gpu-a017\\ngpu-a018:29500' must be"]),  # every node
-    (dict(rdzv_endpoint='"$(scontrol show hostnames node01 | head -n 1):29500"'), ["[node01]", "Name or service not known"]),
+    (dict(rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST"):29500"'),
+     ["'gpu-a017\\ngpu-a018:29500' must be"]),  # every node
+    (dict(rdzv_endpoint='"$(scontrol show hostnames node01 | head -n 1):29500"'),
+     ["[node01]", "Name or service not known"]),
     (dict(rdzv_endpoint=f'"{FIRST}:80"'), ["port: 80", "EACCES"]),
     (dict(rdzv_endpoint=f'"{FIRST}:70000"'), ["'gpu-a017:70000' must be an integer between 0 and 65536"]),
     (dict(rdzv_endpoint=f'"{FIRST}:$((SLURM_JOB_ID))"'), ["--rdzv-endpoint=gpu-a017:1000 --rdzv-id=1000", "EACCES"]),
     (dict(rdzv_endpoint=f'"{FIRST}:$PORT"'), ["PORT: unbound variable"]),
-    (dict(rdzv_endpoint='""'), ["at localhost:29400", "never completed the rendezvous"]),  # torchrun's default for no endpoint
+    # torchrun's default for no endpoint
+    (dict(rdzv_endpoint='""'), ["at localhost:29400", "never completed the rendezvous"]),
     (dict(rdzv_endpoint=":29500"), ["The hostname of the rendezvous endpoint ':29500'"]),
     # the warning signal
     (dict(signal="USR1@60"), ["has no B:", "trap never fires"]),
@@ -332,7 +335,8 @@ WRONG_SCRIPTS = {
     "the static backend": (lambda s: s.replace("--rdzv-backend=c10d ", ""), ["(static", "--node-rank 0"]),
     "--nnodes=2": (lambda s: s.replace('--nnodes="$SLURM_JOB_NUM_NODES"', "--nnodes=2"),
                    ["--nnodes=2", "never completed the rendezvous"]),
-    "srun -n 2": (lambda s: s.replace(TEMPLATE_LAUNCH, "srun -n 2 torchrun"), ["srun -n 2", "started torchrun 2 times"]),
+    "srun -n 2": (lambda s: s.replace(TEMPLATE_LAUNCH, "srun -n 2 torchrun"),
+                  ["srun -n 2", "started torchrun 2 times"]),
     "srun -c 4": (lambda s: s.replace(TEMPLATE_LAUNCH, "srun -c 4 torchrun"),
                   ["did not start the launch", "More processors requested than permitted"]),
     "no \"$@\"": (lambda s: s.replace('"$@"', ""), ['does not pass "$@" on']),
@@ -591,7 +595,7 @@ def test_exercise_63_in_a_notebook_finds_the_exercise_cell_and_runs_it_again(cap
             exec(check, notebook)
             assert notebook["ok"] and capsys.readouterr().out.startswith("✓ Exercise 6.3: correct (31% of 1 core")
         else:
-            with pytest.raises(wu.WorkshopError, match="your cell, run on another job.*`gpu_hours` = 21,640 is not right"):
+            with pytest.raises(wu.WorkshopError, match="your cell, run on another job.*`gpu_hours` = 21,640 is not"):
                 exec(check, notebook)
 
 
@@ -905,8 +909,10 @@ def test_the_first_node_and_the_port_are_read_as_bash_reads_them(endpoint, capsy
 
 
 @pytest.mark.parametrize("endpoint, words", [
-    ('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 010):29500"', ["'gpu-a017\\ngpu-a018:29500' must be"]),  # ten lines
-    ('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -v -n 1):29500"', ["'==> standard input <==\\ngpu-a017:29500' must be"]),  # and a header
+    ('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 010):29500"',
+     ["'gpu-a017\\ngpu-a018:29500' must be"]),  # ten lines
+    ('"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -v -n 1):29500"',
+     ["'==> standard input <==\\ngpu-a017:29500' must be"]),  # and a header
     ('"$(head -n 1 <(scontrol show hostnames node01)):29500"', ["[node01]", "Name or service not known"]),
     (f'"{FIRST}:$((08 + 29500))"', ["value too great for base"]),
     (f'"{FIRST}:$((0x10))"', ["port: 16", "EACCES"]),

@@ -217,7 +217,8 @@ WRONG = {
        for loop in ("while true; do wait; done", "while true; do wait $!; done", "while :; do wait $!; sleep 1; done",
                     "pid=$!\nwhile true; do wait $pid || continue; done")},
     "set -e with a plain wait": (lambda s: s.replace("set -uo pipefail", "set -euo pipefail").replace(
-        WAIT, "pid=$!\nwait $pid\nwhile kill -0 $pid 2>/dev/null; do wait $pid; done"), ["ended after the warning, with status 138"]),
+        WAIT, "pid=$!\nwait $pid\nwhile kill -0 $pid 2>/dev/null; do wait $pid; done"),
+        ["ended after the warning, with status 138"]),
     "timeout 50m torchrun": (lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "timeout 50m torchrun")),
                              ["timeout", "clock of its own"]),
     "timeout -s USR1 100": (lambda s: s.replace(LAUNCH, LAUNCH.replace("torchrun", "timeout -s USR1 100 torchrun")),

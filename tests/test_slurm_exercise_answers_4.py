@@ -91,7 +91,8 @@ WRONG = {
     "kill with an en dash and a digit": (TEMPLATE.replace("kill -0", "kill \u20130"), ["U+2013"]),
     "a soft hyphen in an option": (TEMPLATE.replace("--nproc-per-node", "\u00ad\u00adnproc-per-node"),
                                    ["U+00AD", "invisible soft hyphen"]),
-    "the launch to /dev/null": (launch_as(BARE + " >/dev/null &\n"), ["never reached the job's log", "stdout is /dev/null"]),
+    "the launch to /dev/null": (launch_as(BARE + " >/dev/null &\n"),
+                                ["never reached the job's log", "stdout is /dev/null"]),
     "the launch &>/dev/null": (launch_as(BARE + " &>/dev/null &\n"), ["/dev/null"]),
     "srun --output=/dev/null": (launch_as(BARE.replace("srun ", "srun --output=/dev/null ", 1) + " &\n"),
                                 ["/dev/null"]),
@@ -152,9 +153,10 @@ def test_6_3_a_memory_request_in_another_unit_is_refused_by_its_value():
              "max_rss_mib": 832.34375, "source": "a test"}
     from test_slurm_exercise_answers import refused as refused_by
 
-    for other, words in ((1100 / 1024, ["= 1.074:", "whole 100 MiB"]), (1100 * 2**20 / 1e6, ["= 1,153:", "whole 100 MiB"]),
-                         (1100 * 2**20 / 1e9, ["= 1.153:", "whole 100 MiB"]), (1100 * 1024, ["= 1,126,400 is not right"]),
-                         (1100 * 2**20, ["= 1,153,433,600 is not right"])):
+    for other, words in ((1100 / 1024, ["= 1.074:", "whole 100 MiB"]),
+                         (1100 * 2**20 / 1e6, ["= 1,153:", "whole 100 MiB"]),
+                         (1100 * 2**20 / 1e9, ["= 1.153:", "whole 100 MiB"]),
+                         (1100 * 1024, ["= 1,126,400 is not right"]), (1100 * 2**20, ["= 1,153,433,600 is not right"])):
         refused_by(lambda other=other: wu.check_job_usage(0.31, 0.025, 0.0, 60, other, usage), *words)
 
 

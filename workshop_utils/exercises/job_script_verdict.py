@@ -258,9 +258,10 @@ class Judge:
         if others:
             other = "a Jupyter kernel" if others[0]["role"] == "kernel" else "torchrun itself"
             step = next((s for s in self.sruns if (s.get("options") or {}).get("signal")), None)
-            scancel = next((e for e in self.o.of("start") if e["role"] == "scancel"), None)
-            by = (f"srun --signal={step['options']['signal']} signals the step's tasks" if step else by or scancel and
-                  f"`scancel {' '.join(scancel['argv'][1:])}` signals the job's steps")
+            # the signaller as it started (what it reports after signalling may come after the job's end)
+            tool = next((e for e in self.o.of("start") if e["role"] in ("pkill", "killall", "scancel")), None)
+            by = (f"srun --signal={step['options']['signal']} signals the step's tasks" if step else tool and
+                  f"`{show(' '.join([tool['role'], *tool['argv'][1:]]), 80)}` signalled it" or by)
             return (f"{where}the warning reached {other} on {NODE_NAMES[others[0]['node']]}, which "
                     f"{others[0]['signal']} ends{' (' + by + ')' if by else ''}: only the training processes may get "
                     f"it. Fix: {FORWARD_FIX}.")
