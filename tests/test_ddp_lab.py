@@ -78,6 +78,11 @@ def test_the_attendee_copy_has_the_gaps_and_none_of_the_answers(tmp_path):
     assert placeholders_left(text), "the gaps hold `...`"
 
 
+def test_an_ellipsis_as_an_index_is_no_placeholder():
+    source = "x = images[...]\ny: tuple[int, ...] = (1,)\nz = ...\ndist.init_process_group(...)\n"
+    assert placeholders_left(source) == [3, 4]
+
+
 def test_the_solution_without_markers_is_plain_python():
     text = solution()
     assert "###" not in text and "sampler.set_epoch(epoch)" in text and not placeholders_left(text)

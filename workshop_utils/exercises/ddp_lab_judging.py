@@ -47,13 +47,15 @@ class LaunchLine(NamedTuple):
 
 
 def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
-    """Lines that still hold the placeholder ``...``."""
+    """Lines that still hold the placeholder ``...``: not an index (``images[...]``, ``tuple[int, ...]``)."""
     try:
         tree = ast.parse(source)
     except SyntaxError as err:
         raise NotYet(f"✗ {exercise}: the script does not parse (line {err.lineno}: {err.msg}).",
                      "fix that line; the notebook's file browser opens the file.") from None
-    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value is Ellipsis})
+    indices = {id(n) for s in ast.walk(tree) if isinstance(s, ast.Subscript) for n in ast.walk(s.slice)}
+    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value is Ellipsis
+                   and id(n) not in indices})
 
 
 def torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
