@@ -566,11 +566,14 @@ MISTAKES = {
          "every rank saved a checkpoint (ranks 0, 1, 2 called torch.save).",
          "the reported throughput, 1000000000 samples/s, is far from the about",
          "process group still open"]),
-    "no DistributedSampler, a throughput 4x too high": (
+    "no DistributedSampler, the wrapper's state dict, a throughput 4x too high": (
         [("loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)",
           "loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)"),
+         ('torch.save(model.state_dict(), out / "checkpoint.pt")',
+          'torch.save(ddp_model.state_dict(), out / "checkpoint.pt")'),
          (THROUGHPUT_LINE, "{4 * seen * world_size / elapsed:.0f} samples/s")],
-        ["every rank read the whole data set", "samples/s, is far from the about"]),
+        ["every rank read the whole data set", "its keys carry DDP's `module.` prefix (module.",
+         "samples/s, is far from the about"]),
     # On two nodes (2 + 1 processes), rank 2 is LOCAL_RANK 0 on node 1: one node cannot show these.
     "rank from LOCAL_RANK": (
         [('rank = int(os.environ["RANK"])', 'rank = int(os.environ["LOCAL_RANK"])')],

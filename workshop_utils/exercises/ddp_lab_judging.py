@@ -352,8 +352,12 @@ def _checkpoint(records, params, out_dir, per_node, exercise, facts) -> None:
     except Exception:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
         state = None
     saved = [t.float() for t in (state or {}).values()]
-    require(state is not None and not any(k.startswith("module.") for k in state)
-            and all(any(s.shape == p.shape and torch.equal(s, p) for s in saved) for p in params[0]), exercise,
+    wrapped = next((k for k in state or {} if k.startswith("module.")), None)
+    require(wrapped is None, exercise, f"{files[0].name} holds the DDP wrapper's state dict: its keys carry DDP's "
+            f"`module.` prefix ({short(wrapped or '', 40)}), which the plain model does not load.",
+            "save ddp_model.module.state_dict() (or model.state_dict()) (step 8).")
+    require(state is not None and all(any(s.shape == p.shape and torch.equal(s, p) for s in saved)
+                                      for p in params[0]), exercise,
             f"{files[0].name} does not hold the trained parameters as the plain model's state dict.",
             "after the training loop, save model.state_dict() or ddp_model.module.state_dict() (step 8).")
     facts["checkpoint"] = files[0]
