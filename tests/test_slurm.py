@@ -512,8 +512,8 @@ def test_nsys_job_without_nsys_stops_with_one_line(cluster, tmp_path):
 # ---------------------------------------------------------------------- Exercise 6.1: the attendee's job script
 
 SIMULATED = {  # Exercise 6.1's rows whose simulated job runs in make test (WORKSHOP_EVERY_ROW=1 runs all)
-    "test_exercise_61_names_each_mistake_in_one_line_before_the_queue[change2-srun starts 2 torchruns on each node "
-    "and each starts 2 processes, 4 per node]",
+    "test_exercise_61_names_each_mistake_in_one_line_before_the_queue[change2-the job started torchrun 2 times on "
+    "gpu-a017]",
 }
 SOLVED_61 = dict(nodes=1, ntasks_per_node=1, cpus_per_task=2, time="00:05:00", signal="B:USR1@60", nproc_per_node=2,
                  rdzv_endpoint='"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):'
@@ -549,14 +549,14 @@ def test_exercise_61_names_a_partition_the_cluster_does_not_have(cluster, tmp_pa
 
 
 @pytest.mark.parametrize("change, said", [
-    (dict(rdzv_endpoint='""'), "every agent waited at its own loopback, localhost:29400"),
-    (dict(rdzv_endpoint=":29500"), "its host is empty"),
-    (dict(ntasks_per_node=2), "srun starts 2 torchruns on each node and each starts 2 processes, 4 per node"),
+    (dict(rdzv_endpoint='""'), "never completed the rendezvous (they waited: gpu-a017 at localhost:29400"),
+    (dict(rdzv_endpoint=":29500"), "The hostname of the rendezvous endpoint ':29500' must be"),
+    (dict(ntasks_per_node=2), "the job started torchrun 2 times on gpu-a017"),
     (dict(signal=""), "Invalid --signal specification"),
     (dict(signal="TERM@60"), "listen for SIGUSR1"),
     (dict(signal="B:USR1@5"), "5 s of warning"),
     (dict(time="00:01:00"), "--time of 60 s (line 6): the job needs about 120 s"),
-    (dict(cpus_per_task=1), "--cpus-per-task=1 for 2 training processes"),
+    (dict(cpus_per_task=1), "OMP_NUM_THREADS=1 for 2 training processes on 1 core(s)"),
 ])
 def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, said, monkeypatch, request):
     from test_slurm_exercise_answers import simulate_the_sample
