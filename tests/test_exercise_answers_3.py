@@ -103,7 +103,8 @@ def test_a_memory_limit_that_is_no_number_is_named_in_one_line(limit):
 # ---------------------------------------------------------------- finding 4: Exercise 2.2's command
 
 
-@pytest.mark.parametrize("chain", ["&& rm -rf /tmp/x", "; echo done", "|| true", "| tee log.txt", "&"])
+# a lone & at the end runs the launch in the background, and says so (test_ddp_lab's wrong launch lines)
+@pytest.mark.parametrize("chain", ["&& rm -rf /tmp/x", "; echo done", "|| true", "| tee log.txt", "& echo started"])
 def test_a_second_command_chained_after_the_launch_is_named_before_any_launch(tmp_path, chain):
     script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py")
     with pytest.raises(NotYet) as caught:
@@ -247,3 +248,16 @@ def test_exercise_1_4_asks_the_function_to_return_the_number(returned, words, ca
 def test_a_power_of_ten_that_rounds_away_the_answer_is_refused(check, words):
     with pytest.raises(NotYet, match=words):
         check()
+
+
+def test_a_one_row_series_or_frame_is_the_number_it_holds(capsys):
+    """predict_scaling's row at 64 GPUs, as pandas selects it: one element, accepted as a one-element array is."""
+    links = wu.LINKS["nvlink4"], wu.LINKS["ib_ndr"]
+    table = wu.predict_scaling(0.0345, 4 * 11_173_962, [1, 8, 64], *links)
+    row = table.loc[table.world_size == 64, "efficiency_no_overlap"]
+    for answer in (row, row.to_frame()):
+        assert wu.check_ddp_efficiency(answer, 0.0345, 4 * 11_173_962) == pytest.approx(float(row.iloc[0]))
+    assert "✓ Exercise 2.3: correct" in capsys.readouterr().out
+    said = one_line_refusal(lambda: wu.check_ddp_efficiency(table.efficiency_no_overlap, 0.0345, 4 * 11_173_962),
+                            "should be one number, a fraction, got a Series of shape (3,)")
+    assert "Name:" not in said

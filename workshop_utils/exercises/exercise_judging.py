@@ -77,7 +77,8 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
             warnings.simplefilter("ignore")
             size = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)
             if getattr(value, "shape", ()) not in ((), None) and size == 1:
-                value = value.reshape(())  # a one-element tensor or array is the number it holds
+                # a one-element tensor, array, Series or DataFrame is the number it holds
+                value = value.reshape(()) if hasattr(value, "reshape") else np.asarray(value).reshape(())
             return number_of(value)
     except Problem as problem:
         said, text, truth = str(problem), isinstance(value, (str, bytes)), isinstance(value, (bool, np.bool_))
