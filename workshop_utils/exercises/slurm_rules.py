@@ -73,7 +73,8 @@ def node_range(text) -> tuple[int, int]:
 def megabytes(text) -> float | None:
     """A memory size as Slurm reads one (``--mem``, ``--mem-per-cpu``): MiB without a unit, K, M, G or T after it."""
     found = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)B?\s*", text.upper()) if isinstance(text, str) else None
-    return float(found.group(1)) * {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}[found.group(2)] if found else None
+    scale = {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}
+    return float(found.group(1)) * scale[found.group(2)] if found else None
 
 
 NO_LIMIT = math.inf
