@@ -129,9 +129,8 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     python = first.startswith("python") or tokens[0] == sys.executable
     module, start = _python_module(tokens) if python else (None, 1)
     require(first == "torchrun" or module in TORCH_LAUNCHERS, exercise,
-            f"the command starts {tokens[0]!r}" + (f" with -m {module}" if module else "") + ", not torchrun: "
-            "nothing "
-            f"would start the lab's {nproc} processes or set RANK, LOCAL_RANK and WORLD_SIZE in them.",
+            f"the command starts {tokens[0]!r}{f' with -m {module}' if module else ''}, not torchrun: nothing would "
+            f"start the lab's {nproc} processes or set RANK, LOCAL_RANK and WORLD_SIZE in them.",
             f"launch it with torchrun: {example}.")
     try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities, no script
         parsed = torchrun_reads(tokens[start:], launch=module == "torch.distributed.launch")
