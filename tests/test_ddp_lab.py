@@ -141,6 +141,9 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("python -u -m torch.distributed.run --nproc-per-node=2 {s}", []),
     ("time torchrun --nproc-per-node=2 {s}", []),
     ("/usr/bin/env torchrun --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
+    # a rendezvous on this machine, named
+    ("torchrun --master-addr=localhost --master-port=29500 --nproc-per-node=2 {s}", []),
+    ("torchrun --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 --nproc-per-node=2 {s}", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"
@@ -166,6 +169,10 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("torchrun --nproc-per-node=2 --no-python {s}", "with --no-python, torchrun would run your script as a program"),
     ("nohup torchrun --nproc-per-node=2 {s} &", "the command ends in &, which runs the launch in the background"),
     ("torchrun -h --nproc-per-node=2 {s}", "torchrun would stop at once: it prints its help (-h) and runs nothing"),
+    # a rendezvous elsewhere (an address from a cluster's script), or one that needs a server: it would never start
+    ("torchrun --nproc-per-node=2 --master_addr=192.0.2.1 {s}", "torchrun would meet its ranks at '192.0.2.1', not on"),
+    ("torchrun --nproc-per-node=2 --rdzv-endpoint=otherhost:29400 {s}", "meet its ranks at 'otherhost', not on"),
+    ("torchrun --nproc-per-node=2 --rdzv-backend=etcd {s}", "--rdzv-backend=etcd needs a rendezvous server"),
     ("", "the command has no launch line"),
     ("torchrun --nproc-per-node=2 --nproc-per-node=1 {s}",
      "would run with --nproc-per-node=1; the lab runs 2 processes"),

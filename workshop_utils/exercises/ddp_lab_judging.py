@@ -165,7 +165,34 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     require(not wrong, exercise, f"torchrun would run with {', '.join(wrong)}; the lab runs {nproc} processes on one "
                                  "node, node 0 (torchrun waits for any other node it is told of).",
             f"use --nproc-per-node={nproc} alone: {example}.")
+    backend = "c10d" if parsed.standalone else parsed.rdzv_backend
+    require(backend in ("static", "c10d"), exercise, f"--rdzv-backend={backend} needs a rendezvous server of its own; "
+            "torchrun's static or c10d rendezvous meets on this machine.", f"leave --rdzv-backend out: {example}.")
+    host = "" if parsed.standalone else _rendezvous_host(parsed)
+    require(host in _this_machine(), exercise, f"torchrun would meet its ranks at {short(host, 40)!r}, not on this "
+            "machine: the lab's one node is this one.", f"leave --master-addr and --rdzv-endpoint out: {example}.")
     return LaunchLine(list(parsed.training_script_args), assigned)
+
+
+def _rendezvous_host(parsed: argparse.Namespace) -> str:
+    """The host torchrun's ranks meet at: the rendezvous endpoint's, else (static) the master address."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    endpoint = parsed.rdzv_endpoint or (parsed.master_addr if parsed.rdzv_backend == "static" else "")
+    try:
+        return parse_rendezvous_endpoint(endpoint, default_port=29400)[0] if endpoint else ""
+    except ValueError:
+        return endpoint
+
+
+def _this_machine() -> set[str]:
+    """The names and addresses by which this machine reaches itself ("" where torchrun takes localhost)."""
+    import socket
+
+    import psutil
+
+    return {"", "localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname(),
+            *(a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses)}
 
 
 def _read(read, value):
