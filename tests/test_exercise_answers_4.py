@@ -35,7 +35,7 @@ def test_4_1_the_row_that_waits_least_is_not_taken_for_the_fastest():
                           "samples_per_s": [800.0, 1100.0, 1300.0, 1000.0],
                           "data_wait_fraction": [0.35, 0.10, 0.05, 0.20]})
     one_line_refusal(lambda: wu.check_loader_choice(least_waiting, sweep, 0), "second sweep",
-                     "`best_workers` = 8 is not right")
+                     "`best_workers` = 8 is not the num_workers of the fastest row")
 
 
 def test_1_2_timings_of_another_multiply_are_refused_whatever_the_stopwatch_says():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 import workshop_utils as wu
 from workshop_utils.exercises.exercise_cells import NotYet
+from workshop_utils.spine.timing import Timings
 
 CPU = torch.device("cpu")
 
@@ -110,7 +112,7 @@ def one_pass(n_bytes: float = 14e9, bandwidth: float = NDR.bandwidth_gbps * 1e9)
 @pytest.mark.parametrize("call, named, not_named", [
     # ZeRO-1 with all 16 bytes divided into what the whole parameters and gradients leave: 12, as GB for GiB gives
     (lambda: wu.check_fewest_gpus(math.ceil(16 * G / (35 - 4 * G)), 7e9, 35, stage=1),
-     ["`zero1_gpus` = 12: 11 GPUs already hold it"], []),
+     ["`zero1_gpus` = 12: too many: fewer GPUs already hold it"], []),
     # ZeRO-1 with Adam's 8 bytes, the fp32 master copy forgotten: 6, rounded up as asked
     (lambda: wu.check_fewest_gpus(math.ceil(8 * G / (35 - 4 * G)), 7e9, 35, stage=1),
      ["`zero1_gpus` = 6: at 6 GPUs each holds 39.1 GiB"], ["round up", "math.ceil"]),
@@ -141,7 +143,8 @@ def test_3_2_65536_taken_for_the_largest_value_is_shown_to_overflow():
 
 def test_3_2_one_power_short_at_exactly_the_largest_value_says_at_most():
     message = refusal(lambda: wu.check_safe_loss_scale(512.0, gradients(65504 / 2**10)))
-    said(message, ["one power short", "1024 x 63.9688 = 65,504, is still at most 65,504"], ["below 65,504", "x 64 ="])
+    said(message, ["one power short", "a larger power of two still keeps the largest gradient at most 65,504"],
+         ["below 65,504", "x 64 =", "1024"])
 
 
 # ---------------------------------------------------------------- 4.1 and 1.3: what a pass says reads true
@@ -176,3 +179,87 @@ def test_4_1_a_speed_up_a_little_above_amdahls_bound_is_not_said_to_be_within_it
 def test_1_3_an_mfu_just_above_a_measured_rate_is_shown_above_100_percent(capsys):
     assert wu.check_mfu(1.004, 0.1004, "x86_64", "fp32", 0.1) is True
     said(capsys.readouterr().out, ["MFU 100.4% of the measured matmul rate: above 100% means"], ["MFU 100%"])
+
+
+# ---------------------------------------------------------------- 01-05: a refusal shows no right value, reads true
+
+def _with_wait(sweep, start):  # 4.1 with the row that waits least taken for the fastest
+    fastest = sweep.loc[sweep.samples_per_s.idxmax()]
+    return (int(sweep.loc[sweep.data_wait_fraction.idxmin()].num_workers),
+            fastest.samples_per_s / start.samples_per_s, 1 / (1 - start.data_wait_fraction))
+
+
+def _half_step(model, images, labels, optimizer, scaler):  # 3.3 with model.half() in place of autocast
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model.half()(images.half()).float(), labels)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def _mfu_on_a_cpu(mfu):  # 1.3 against a measured rate of 0.09 TFLOP/s, 0.12 achieved: the right MFU is 1.333
+    n, seconds = 1024, 2 * 1024**3 / 0.09e12
+    return wu.check_mfu(mfu, 0.12, "x86_64", "fp32", 0.09, flops_per_sample=2e8, samples_per_s=600.0, n=n,
+                        timings=Timings(seconds=np.full(10, seconds)), seconds=seconds)
+
+
+LOADER = loader_sweep([(0, False, 700.0, 127.0, 0.31), (2, False, 640.0, 120.0, 0.12)])  # 0 workers is fastest
+LOADER_2 = loader_sweep([(0, False, 900.0, 1, 0.62), (2, False, 2100.0, 1, 0.25), (4, False, 3900.0, 1, 0.05),
+                         (8, False, 3800.0, 1, 0.03)])
+BATCHES = pd.DataFrame({"batch_size": [32, 64, 128, 256], "status": ["ok"] * 4,
+                        "peak_memory_mib": [95 + 1.3681 * b for b in (32, 64, 128, 256)]})  # largest: 369 in 600 MiB
+
+
+@pytest.mark.parametrize("call, named, not_named", [
+    (lambda: wu.check_fewest_gpus(4, 7e9, 35, stage=3), ["`zero3_gpus` = 4: too many: fewer GPUs already hold it"],
+     ["3 GPUs", "34.8"]),
+    (lambda: wu.check_fewest_gpus(10, 7e9, 35, stage=1), ["too many"], ["9 GPUs", "34.8"]),
+    (lambda: wu.check_microbatches(64, 8, 0.1), ["`microbatches` = 64: too many"], ["63", "0.100"]),
+    (lambda: wu.check_safe_loss_scale(8192.0, {"g": torch.tensor([0.5, 3.7])}),
+     ["a larger power of two still keeps the largest gradient at most 65,504"],
+     ["16384", "16,384", "60,620", "floor(log2", "2 **"]),
+    (lambda: wu.check_loader_choice(_with_wait, LOADER, 0), ["`best_workers` = 2 is not the num_workers of the "
+                                                             "fastest row"], ["0 for", "should be 0", "too large"]),
+    (lambda: wu.check_lost_fraction(0.001, torch.rand(1000, generator=torch.Generator().manual_seed(0)) + 0.1),
+     ["`lost_fraction` = 0.001 is not right for what 1,000 non-zero values"], ["should be 0", "too large"]),
+    (lambda: _mfu_on_a_cpu(1.6), ["`mfu` = 1.6 is not right: too large"], ["faster than the peak", "between 0 and 1"]),
+    (lambda: _mfu_on_a_cpu(133.3), ["`mfu` = 133.3 is not right: about 100x too large"], ["faster than the peak"]),
+    (lambda: _mfu_on_a_cpu(1.0), ["`mfu` = 1: that caps MFU at 1"], ["significant digits"]),
+    (lambda: wu.check_batch_memory(1.3681, 371, BATCHES, 600), ["`largest_batch` = 371 is not right: too large for"],
+     ["includes the intercept", "within 10x", "MiB, above"]),
+    (lambda: wu.check_batch_memory(1.3681, 3690, BATCHES, 600), ["is not right: about 10x too large for"],
+     ["includes the"]),
+    (lambda: wu.check_batch_memory(1.3681, math.floor(600 / 1.3681), BATCHES, 600), ["leaves the intercept out"],
+     []),
+    (lambda: wu.check_amp_step(_half_step, CPU), ["the weights are float16 (model.half())", "autocast"],
+     ["GradScaler's order"]),
+    (lambda: wu.check_loader_choice(_with_wait, LOADER_2, 2), ["`best_workers` = 8 is not the num_workers of the "
+                                                               "fastest row"], ["10x", "too large"]),
+    (lambda: wu.check_achieved_tflops(1e-30, 246183936.0, 1234.5678), ["more than 1,000,000x too small"], ["999"]),
+    (lambda: wu.check_achieved_tflops(1e308, 246183936.0, 1234.5678), ["more than 1,000,000x too large"], ["infx"]),
+    (lambda: wu.check_achieved_tflops(5e-324, 1e150, 1e150), ["more than 1,000,000x too small"], ["failed"]),
+    (lambda: wu.check_fewest_gpus(1, 7e9, 35, stage=1), ["at 1 GPU each holds"], ["1 GPUs"]),
+    (lambda: wu.check_mfu(0.07, None, "NVIDIA H100 80GB HBM3", "fp32", 50.0, flops_per_sample=2.46e8,
+                          samples_per_s=2e4), ["`achieved_tflops` from Exercise 1.1 is None"], ["(Exercise 1.1)`"]),
+    (lambda: wu.check_matmul_tflops(50.0, 4096, 2 * 4096**3 / 50e12, timings=Timings(seconds=np.array([]))),
+     ["`timings` holds no repeats"], ["should be what"]),
+], ids=["1a-5.1-one-too-many", "1a-5.1-zero1-one-too-many", "1b-5.3-one-too-many", "1c-3.2-one-power-short",
+        "1e-4.1-right-is-0-workers", "1f-3.1-right-is-0", "2a-1.3-cpu-above-1", "2a-1.3-cpu-percent",
+        "2a-1.3-cpu-capped-at-1", "2b-4.2-two-above", "2b-4.2-ten-times", "2b-4.2-no-intercept", "2c-3.3-model-half",
+        "2d-4.1-a-row-not-the-fastest", "5-1.1-tiny", "5-1.1-huge", "5-1.1-ratio-underflows", "5-5.1-one-gpu",
+        "5-1.3-achieved-none", "5-1.2-empty-timings"])
+def test_a_refusal_shows_no_value_to_paste_and_reads_true(call, named, not_named):
+    said(refusal(call), named, not_named)
+
+
+def test_3_2_a_product_of_exactly_the_largest_finite_says_at_most(capsys):
+    assert wu.check_safe_loss_scale(16384.0, {"g": torch.tensor([65504 / 16384, 0.1])}) is True
+    said(capsys.readouterr().out, ["becomes 65,504, at most 65,504"], ["below"])
+
+
+def test_1_4_a_pass_shows_the_formulas_value_not_the_answers_rounding(capsys):
+    size = wu.GPT_SIZES["tiny"]
+    two_digits = lambda N, L, d, T: float(f"{6 * N + 12 * L * d * T:.2g}")  # noqa: E731
+    assert wu.check_flops_per_token(two_digits, 842_496, size, 128, 5_701_632.0) is True
+    said(capsys.readouterr().out, ["5.84 MFLOP per token by the formula"], ["5.80 MFLOP", "5.8 MFLOP"])

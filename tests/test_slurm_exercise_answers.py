@@ -548,11 +548,11 @@ WRONG_63 = [
     (dict(gpu_hours=3.0), ["`gpu_hours` = 3 is not right", "about 60x too large"]),
     (dict(gpu_hours=-0.05), ["never negative"]),
     (dict(next_time_limit_s=135), ["`next_time_limit_s` = 135:", "whole minutes"]),
-    (dict(next_time_limit_s=900), ["`next_time_limit_s` = 900 is not right", "too large (within 10x)"]),
+    (dict(next_time_limit_s=900), ["`next_time_limit_s` = 900 is not right: too large for what"]),
     (dict(next_time_limit_s=3), ["`next_time_limit_s` = 3:", "whole minutes"]),
     (dict(next_time_limit_s=190), ["whole minutes"]),
     (dict(next_memory_mib=1250), ["`next_memory_mib` = 1,250:", "whole 100 MiB"]),
-    (dict(next_memory_mib=1000), ["`next_memory_mib` = 1,000 is not right", "too small (within 10x)"]),
+    (dict(next_memory_mib=1000), ["`next_memory_mib` = 1,000 is not right: too small for what"]),
     (dict(next_memory_mib=1350), ["whole 100 MiB"]),
 ]
 

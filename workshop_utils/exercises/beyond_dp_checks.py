@@ -69,8 +69,8 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
         raise NotYet(f"✗ {exercise}: `{name}` = inf, but a finite number of GPUs holds it under stage {stage}.",
                      "what stays whole fits the budget here: divide the sharded part into the rest.")
     value = smallest(count(gpus, exercise, name, "a whole number of GPUs"), exercise, name, lambda p: kept + split / p,
-                     budget_gib, f"at {{}} GPUs each holds {{:.1f}} GiB, more than the {budget_gib:g} GiB budget",
-                     f"{{}} GPUs already hold it ({{:.1f}} GiB each, within {budget_gib:g} GiB)",
+                     budget_gib, lambda p, each: f"at {p} GPU{'s' * (p > 1)} each holds {each:.1f} GiB, more than "
+                     f"the {budget_gib:g} GiB budget", f"fewer GPUs already hold it within {budget_gib:g} GiB each",
                      "take the smallest p with kept + sharded / p <= budget (a GiB is 2**30 bytes).")
     return passed(exercise, f"ZeRO-{stage}: {value} GPUs, {kept + split / value:.1f} GiB each")
 
@@ -99,7 +99,7 @@ def check_microbatches(microbatches, stages: int, target: float, exercise: str =
     """The fewest micro-batches that bring the bubble of ``stages`` equal stages down to ``target``."""
     value = smallest(count(microbatches, exercise, "microbatches", "a whole number of micro-batches"), exercise,
                      "microbatches", lambda m: bubble_fraction(stages, m), target + 1e-12,
-                     f"with m = {{}} the bubble (p-1) / (m+p-1) is {{:.3f}}, above {target:g}",
-                     f"m = {{}} already gives a bubble of {{:.3f}}, at most {target:g}",
+                     lambda m, bubble: f"with m = {m} the bubble (p-1) / (m+p-1) is {bubble:.3f}, above {target:g}",
+                     f"fewer micro-batches already bring the bubble to at most {target:g}",
                      "find the smallest m with (p-1) / (m+p-1) <= target.")
     return passed(exercise, f"m = {value}: bubble {bubble_fraction(stages, value):.3f} <= {target:g}")

@@ -57,7 +57,7 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
     128, so width² or the context in place of the sequence is right there)."""
     attendee_function(gpt_flops_per_token, exercise, "gpt_flops_per_token", "parameters, layers, width, sequence")
     hint = "FLOPs per token = 6 x parameters + 12 x layers x width x sequence, from the function's arguments."
-    first = None
+    first = formula = None
     for where, (N, L, d, T) in ((exercise, (parameters, size.layers, size.width, sequence_length)),
                                 (f"{exercise}: at a second configuration the check tries", SECOND_GPT)):
         right = flops_per_token_closed_form(dataclasses.replace(size, layers=L, width=d), T, N)
@@ -69,8 +69,8 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
                             "variables, not its arguments.", "compute from `parameters`, `layers`, `width` and "
                                                              "`sequence`.")], hint,
                 inputs=f"6 x {N:,} parameters + 12 x {L} layers x width {d} x {T} tokens")
-        first = first or value
-    return passed(exercise, f"{first / 1e6:.2f} MFLOP per token by the formula; the counter measured "
+        first, formula = first or value, formula or right
+    return passed(exercise, f"{formula / 1e6:.2f} MFLOP per token by the formula; the counter measured "
                             f"{counted / 1e6:.2f} on the model itself")
 
 

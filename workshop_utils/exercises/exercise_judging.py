@@ -64,12 +64,13 @@ def described(value) -> str:
     return f"{kind(value)} ({show(repr(value) if isinstance(value, str) else value)})"
 
 
-def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None) -> float:
+def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None,
+           earlier: str = "") -> float:
     """``value`` as a float (any number, a one-element tensor or array), else one ``NotYet`` line saying what it is.
     A list or tuple of one is refused: the cells after the exercise compute with it. ``returned_by`` names the
-    attendee's function whose return value is judged."""
+    attendee's function whose return value is judged, ``earlier`` the exercise an input comes from."""
     subject, give = ((f"what `{returned_by}` returns", f"make `{returned_by}` return") if returned_by
-                     else (f"`{name}`", f"give `{name}`"))
+                     else (f"`{name}`" + f" from {earlier}" * bool(earlier), f"give `{name}`"))
     require_answered(value, exercise, f"{subject} is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     try:
@@ -110,15 +111,13 @@ def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
     return int(converted)
 
 
-def smallest(value: int, exercise: str, name: str, measure, limit: float, too_few: str, too_many: str,
-             fix: str) -> int:
-    """``value``, a count that must be the smallest with ``measure(value) <= limit``: a wrong one is too few or too
-    many, and the line says which by what it gives (``too_few``) or one fewer gives (``too_many``), each formatted
-    with (count, measure)."""
+def smallest(value: int, exercise: str, name: str, measure, limit: float, too_few, too_many: str, fix: str) -> int:
+    """``value``, a count that must be the smallest with ``measure(value) <= limit``: too few is told what it gives
+    (``too_few(count, measure)``), too many only ``too_many``: a smaller count that works is the answer, or a step
+    from it, so it is never named."""
     require(value >= 1, exercise, f"`{name}` = {value}: at least one is needed.", "count from 1.")
-    require(measure(value) <= limit, exercise, f"`{name}` = {value}: {too_few.format(value, measure(value))}.", fix)
-    fewer = measure(value - 1) if value > 1 else math.inf
-    require(fewer > limit, exercise, f"`{name}` = {value}: {too_many.format(value - 1, fewer)}.", fix)
+    require(measure(value) <= limit, exercise, f"`{name}` = {value}: {too_few(value, measure(value))}.", fix)
+    require(value == 1 or measure(value - 1) > limit, exercise, f"`{name}` = {value}: too many: {too_many}.", fix)
     return value
 
 
@@ -176,21 +175,24 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
             f"give at least {SIGNIFICANT_WORDS}: round to more decimals, or leave `{name}` unrounded.")
     for holds, problem, fix in limits:
         require(holds, exercise, f"{shown}: {problem}", fix)
-    source = f" for what {inputs} gives" if inputs else ""
-    raise NotYet(f"✗ {exercise}: {shown} is not right: {how_far(value, right)}{source}.", hint)
+    source, far = f" for what {inputs} gives" if inputs else "", how_far(value, right, whole)
+    raise NotYet(f"✗ {exercise}: {shown} is not right{': ' * bool(far)}{far}{source}.", hint)
 
 
-def how_far(value: float, right: float) -> str:
-    """Which way ``value`` is off and, from 10x on, by about what factor (one significant digit): never the right value
-    itself, which an attendee could copy into the cell instead of computing it."""
-    if value == 0 or right == 0 or not (math.isfinite(value) and math.isfinite(right)):
-        return "it should not be 0" if value == 0 else "it should be 0" if right == 0 else "it is no finite number"
+def how_far(value: float, right: float, whole: bool = False) -> str:
+    """Which way ``value`` is off and, from 10x on, by about what factor (one significant digit, up to a million):
+    never the right value itself, which an attendee could copy into the cell instead of computing it, and nothing
+    where that value is 0 (any direction would name it). "Within 10x" is said of no count: off is off."""
+    if right == 0 or value == 0 or not (math.isfinite(value) and math.isfinite(right)):
+        return "" if right == 0 else "it should not be 0" if value == 0 else "it is no finite number"
     if (value > 0) != (right > 0):
         return "its sign is wrong"
-    ratio = abs(value / right)
+    ratio = abs(value) / abs(right)  # may overflow to inf or underflow to 0: inverted only within a million
     direction = "too large" if ratio > 1 else "too small"
     if 0.1 < ratio < 10:
-        return f"{direction} (within 10x)"
+        return direction if whole else f"{direction} (within 10x)"
+    if not 1e-6 < ratio < 1e6:
+        return f"more than 1,000,000x {direction}"
     factor = float(f"{max(ratio, 1 / ratio):.1g}")  # one significant digit: a hint, not a value to divide back
     return f"about {factor:,.0f}x {direction}"
 
@@ -224,7 +226,7 @@ def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
     """An earlier exercise's answer this one builds on, as that exercise's check accepts it against its ``rights``
     (so that this answer is judged from the attendee's own rounding), or ``NotYet``: fix that exercise first."""
     answered_input(given, exercise, earlier, name)
-    value = number(given, exercise, f"{name} ({earlier})")
+    value = number(given, exercise, name, earlier=earlier)
     require(not rights or any(accepted(value, right) for right in rights), exercise,
             f"`{name}` = {written(value)} from {earlier} is not right yet, and this exercise builds on it.",
             f"fix {earlier} first: its check says what is wrong.")

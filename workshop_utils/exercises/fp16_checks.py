@@ -65,21 +65,24 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
             f"`safe_scale` = {value:g} is not a power of two.",
             "use 2.0 ** k: scaling by a power of two changes only the exponent, so it is exact.")
     name = str(dtype).removeprefix("torch.")
-    fix = f"the largest k with 2**k * largest <= finfo({name}).max ({limit:,.0f}): 2 ** floor(log2(max / largest))."
+    fix = f"take the largest power of two S with S x the largest gradient <= finfo({name}).max ({limit:,.0f})."
     require(value * largest < overflow, exercise, f"`safe_scale` = {value:g}: {value:g} x {largest:.6g} = "
             f"{value * largest:,.6g}, which the cast to {name} rounds to inf (only values below {overflow:,.0f} "
             f"round to {limit:,.0f}, the largest finite).", fix)
-    require(value >= right, exercise, f"`safe_scale` = {value:g} is one power short or more: twice that, "
-            f"{2 * value:g} x {largest:.6g} = {2 * value * largest:,.6g}, is still at most {limit:,.0f}.", fix)
+    require(value >= right, exercise, f"`safe_scale` = {value:g} is one power short or more: a larger power of two "
+            f"still keeps the largest gradient at most {limit:,.0f}.", fix)
     edge = value * largest > limit  # above max, but the cast rounds it down to max
     return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
                             + (f"{value * largest:,.6g}, above {limit:,.0f} but below {overflow:,.0f}: cast to {name} "
                                f"it rounds to {limit:,.0f}, still finite" if edge else
-                               f"{value * largest:,.0f}, below {limit:,.0f}"))
+                               f"{value * largest:,.0f}, {'below' if round(value * largest) < limit else 'at most'} "
+                               f"{limit:,.0f}"))
 
 
 _ORDER = ("once each, in GradScaler's order: scaler.scale(loss).backward(), then scaler.step(optimizer), then "
           "scaler.update().")
+_HALF = ("the weights are float16 (model.half()): keep the model in float32 and let autocast (wu.autocast) choose "
+         "float16 per operation.")
 
 
 def _amp_model(device: torch.device) -> nn.Module:
@@ -104,9 +107,11 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str,
     hook = model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
     try:
         if amp_step is not None:
-            def refused(err):  # GradScaler's own refusal (a call out of its order) gets the order as its fix
+            def refused(err):  # GradScaler's own refusal gets the order as its fix, unless the weights are fp16
                 said_by = traceback.extract_tb(err.__traceback__)[-1].filename
-                return attendee_error(err, amp_step, exercise, "amp_step", _ORDER if "grad_scaler" in said_by else None)
+                return attendee_error(err, amp_step, exercise, "amp_step", _HALF if any(
+                    p.dtype == torch.float16 for p in model.parameters()) else _ORDER if "grad_scaler" in said_by
+                    else None)
 
             loss = called(amp_step, exercise, "amp_step", model, images, labels, optimizer, scaler, failure=refused)
         else:

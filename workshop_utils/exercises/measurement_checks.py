@@ -54,11 +54,11 @@ def _judge_loader(answers, sweep, start, exercise: str) -> tuple[int, float, flo
     require(workers in set(int(w) for w in sweep.num_workers), exercise,
             f"`best_workers` = {workers} is not a worker count of the sweep.", "pick one of its num_workers.")
     shown = format_number(float(fastest.samples_per_s))
-    verdict(workers, int(fastest.num_workers), exercise, "best_workers", [],
-            "take the num_workers of the row with the highest samples_per_s.", whole=True,
-            inputs=f"the fastest row ({shown} samples/s)", also=[  # ties, as 4.3's
-                int(row.num_workers) for _, row in sweep.iterrows()
-                if format_number(float(row.samples_per_s)) == shown])
+    # a choice of row: right or not, with no direction (a choice is no quantity); rows that tie as shown all right
+    require(workers in {int(row.num_workers) for _, row in sweep.iterrows()
+                        if format_number(float(row.samples_per_s)) == shown}, exercise,
+            f"`best_workers` = {workers} is not the num_workers of the fastest row ({shown} samples/s).",
+            "take the num_workers of the row with the highest samples_per_s.")
     speedup = number(answers[1], exercise, "measured_speedup", "one number, a ratio")
     right = float(fastest.samples_per_s / start.samples_per_s)
     # the notebook's text names this one: where the start is the fastest row, upside down is 1 all the same
@@ -148,13 +148,13 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
     largest = count(largest_batch, exercise, "largest_batch", "a whole number of samples")
     right = math.floor((limit_mib - intercept) / slope)
     from_given = math.floor((limit_mib - intercept) / value) if value > 0 else None  # the slope as they rounded it
-    at = intercept + slope * largest
+    no_intercept = ("that leaves the intercept out: at batch b the line is intercept + slope x b.",
+                    "the line includes the intercept: solve intercept + slope * b <= limit.")
     verdict(largest, right, exercise, "largest_batch", [
         (math.ceil((limit_mib - intercept) / slope), "rounded up: at that batch the line is above the limit.",
-         "round down.")], "the largest whole batch b with intercept + slope * b <= limit_mib.", whole=True,
-        also=[from_given], inputs=f"intercept {intercept:,.1f} MiB + {slope:.4g} MiB x b <= {limit_mib:,.0f} MiB",
-        limits=[(at <= limit_mib, f"at that batch the line reaches {at:,.0f} MiB, above the {limit_mib:,.0f} MiB "
-                                  "limit.", "the line includes the intercept: solve intercept + slope * b <= limit.")])
+         "round down."), *[(math.floor(limit_mib / s), *no_intercept) for s in (slope, value) if s > 0]],
+        "the largest whole batch b with intercept + slope * b <= limit_mib.", whole=True, also=[from_given],
+        inputs=f"intercept {intercept:,.1f} MiB + {slope:.4g} MiB x b <= {limit_mib:,.0f} MiB")
     return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
 
 
