@@ -49,7 +49,8 @@ def test_1_2_timings_of_another_multiply_are_refused_whatever_the_stopwatch_says
     a, b = torch.randn(n, n), torch.randn(n, n)  # remade: matmul now multiplies the exercise's matrices
     seconds = stale.median
     one_line_refusal(lambda: wu.check_matmul_tflops(2 * n**3 / seconds / 1e12, n, seconds, "x86_64", CPU,
-                                                    timings=stale, timed=matmul), "512 x 512 result", "another workload")
+                                                    timings=stale, timed=matmul),
+                     "512 x 512 result", "another workload")
     thin = wu.time_repeats(lambda: a @ torch.randn(n, 64), repeats=3)
     one_line_refusal(lambda: wu.check_matmul_tflops(2 * n**3 / thin.median / 1e12, n, thin.median, "x86_64", CPU,
                                                     timings=thin, timed=matmul), "1024 x 64 result")
