@@ -173,6 +173,9 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("torchrun --nproc-per-node=2 --master_addr=192.0.2.1 {s}", "torchrun would meet its ranks at '192.0.2.1', not on"),
     ("torchrun --nproc-per-node=2 --rdzv-endpoint=otherhost:29400 {s}", "meet its ranks at 'otherhost', not on"),
     ("torchrun --nproc-per-node=2 --rdzv-backend=etcd {s}", "--rdzv-backend=etcd needs a rendezvous server"),
+    # what torchrun's own reading of its settings refuses, past its parser
+    ("torchrun --nproc-per-node=2 --logs-specs=bogus {s}", "torchrun would stop at once: Could not find entrypoint"),
+    ("torchrun --nproc-per-node=2 --max-restarts=-1 {s}", "torchrun would stop at once: max_restarts must be >= 0"),
     ("", "the command has no launch line"),
     ("torchrun --nproc-per-node=2 --nproc-per-node=1 {s}",
      "would run with --nproc-per-node=1; the lab runs 2 processes"),

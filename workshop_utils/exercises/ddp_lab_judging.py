@@ -171,7 +171,30 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     host = "" if parsed.standalone else _rendezvous_host(parsed)
     require(host in _this_machine(), exercise, f"torchrun would meet its ranks at {short(host, 40)!r}, not on this "
             "machine: the lab's one node is this one.", f"leave --master-addr and --rdzv-endpoint out: {example}.")
+    refusal = _config_refusal(parsed)
+    require(refusal is None, exercise, f"torchrun would stop at once: {short(refusal or '', 160)}.",
+            f"write only the options the lab needs, in full, then your script: {example}.")
     return LaunchLine(list(parsed.training_script_args), assigned)
+
+
+def _config_refusal(parsed: argparse.Namespace) -> str | None:
+    """What torchrun's own reading of its launch settings refuses (log specs, restarts, redirects), or None; read
+    with no log folder made, no warning logged and the environment left as it was."""
+    import logging
+    from unittest import mock
+
+    from torch.distributed.run import config_from_args
+
+    logger = logging.getLogger("torch.distributed.run")
+    was, logger.disabled = logger.disabled, True
+    try:
+        with mock.patch.dict(os.environ, OMP_NUM_THREADS="1"):
+            config_from_args(argparse.Namespace(**{**vars(parsed), "log_dir": os.devnull}))
+    except (ValueError, AssertionError, RuntimeError) as refusal:
+        return str(refusal) or type(refusal).__name__
+    finally:
+        logger.disabled = was
+    return None
 
 
 def _rendezvous_host(parsed: argparse.Namespace) -> str:
