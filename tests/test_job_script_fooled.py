@@ -194,3 +194,82 @@ def test_the_template_as_print_shows_it_is_bash_as_bash_reads_it(simulated):
     assert verdict(script).startswith("✓")
     refused(script.replace("forward() { ", "forward() {{ ").replace("|| true; }", "|| true; }}"), "{{",
             "one brace each")
+
+
+# ------------------------------------------------------------------------------------------ the line at fault
+# A refusal names the line at fault, in words that are true of what ran, and never spells out a gap's answer.
+
+TEMPLATE = wu.fill_job_script(SOLVED)
+LAUNCH_END = '-m workshop_utils.train "$@" &\n'
+WAIT = "while ! wait $!; do kill -0 $! 2>/dev/null || break; done"
+
+
+@pytest.mark.parametrize("endpoint", ['"$SLURM_SUBMIT_HOST:29500"', f'"$({FIRST}):80"'])
+def test_a_wrong_endpoint_is_told_in_words_not_as_the_answer(simulated, endpoint):
+    """The fix was --rdzv-endpoint="$(scontrol show hostnames ... | head -n 1):29500": the gap's answer, pasted
+    as it stood, passed (and its fixed port was not the notebook's per-job one)."""
+    message = refused(answers(rdzv_endpoint=endpoint), "torchrun on gpu-a017 stopped", "job's first node")
+    assert "head -n" not in message and "$(" not in message and ":29500\"" not in message, message
+
+
+@pytest.mark.slow
+def test_an_endpoint_on_the_last_node_is_named_as_not_the_first_without_a_hang(simulated):
+    """Real torchrun meets there (the agent on that node hosts the store): it was refused as a wait that never
+    ended ("they waited: ..."); the fault is that the endpoint is not the first node, where the batch shell runs."""
+    message = refused(answers(rdzv_endpoint=f'"$({FIRST.replace("head", "tail")}):29500"'), "met at gpu-a018",
+                      "not its first", "where the batch shell runs", "--rdzv-endpoint")
+    assert "waited" not in message and "--nnodes" not in message.split("Fix:")[1], message
+
+
+def test_two_tasks_per_node_names_the_sbatch_line_not_the_launch(simulated):
+    message = refused(answers(ntasks_per_node=2), "started torchrun 2 times", "#SBATCH --ntasks-per-node=2 (line 4)",
+                      "Fix: #SBATCH --ntasks-per-node")
+    assert "keep the template's launch line" not in message, message
+
+
+@pytest.mark.parametrize("nproc", [1, '"$SLURM_NTASKS_PER_NODE"'])
+def test_one_process_per_node_names_nproc_per_node(simulated, nproc):
+    message = refused(answers(nproc_per_node=nproc), "1 training process", "(line 17)", "Fix: --nproc-per-node")
+    assert "keep the template's launch line" not in message, message
+
+
+def test_a_comment_between_continued_lines_is_named_as_the_backslash_space_is(simulated):
+    """It was "torchrun stopped at its arguments ... Fix: keep the template's launch line", which the script had."""
+    script = TEMPLATE.replace('--nnodes="$SLURM_JOB_NUM_NODES" \\\n',
+                              '--nnodes="$SLURM_JOB_NUM_NODES" \\\n    # meet on the first node\n')
+    refused(script, "torchrun stopped at its arguments", "line 17, `# meet on the first node`, is a comment",
+            "ended the command", "line 18 ran as a command of its own", "Fix: the comment above or below")
+    harmless = TEMPLATE.replace("# bash runs", "true \\\n  # a comment that ends a command already whole\n# bash runs")
+    assert verdict(harmless).startswith("✓"), "a comment after a continued line that bash runs right was refused"
+
+
+@pytest.mark.parametrize("how, words", [
+    ("foreground", ["the launch in the foreground", "Fix: the launch in the background (&"]),
+    ("exec", ["`exec` (line 16) replaced the batch shell with srun", "Fix: no exec"]),
+])
+def test_a_launch_that_keeps_bash_from_its_trap_is_named(simulated, how, words):
+    """Both got "Fix: trap forward USR1, with forward() {...} as in the template", which the scripts had."""
+    script = TEMPLATE.replace(LAUNCH_END, LAUNCH_END[:-3] + "\n").replace(WAIT, "")
+    message = refused(script.replace("srun --cpus", "exec srun --cpus") if how == "exec" else script, *words)
+    assert "trap forward USR1, with" not in message, message
+
+
+def test_an_exit_in_the_trap_is_named_not_the_loop(simulated):
+    """It was "Fix: keep the template's loop after the launch", which the script had: the trap's exit ended it."""
+    message = refused(TEMPLATE.replace("trap forward USR1", "trap 'forward; exit 0' USR1"),
+                      "the trap ended it: `trap 'forward; exit 0' USR1` (line 14)", "no exit in it")
+    assert "keep the template's loop" not in message, message
+
+
+@pytest.mark.slow
+def test_waiting_twice_for_the_launch_passes_as_slurm_warns_once(simulated):
+    """The simulation sent the warning a second time, 1 s after the first, which Slurm does not (slurmctld marks
+    the job WARN_SENT): a second wait after the trap then lost the checkpoint ("after the second warning")."""
+    assert verdict(TEMPLATE.replace(WAIT, 'PID=$!\nwait "$PID"\nwait "$PID"')) == simulated
+
+
+def test_a_task_count_instead_of_tasks_per_node_speaks_of_no_line_that_is_gone():
+    """It said "--ntasks-per-node becomes only a maximum" where --ntasks had replaced that line."""
+    message = refused(TEMPLATE.replace("#SBATCH --ntasks-per-node=1", "#SBATCH --ntasks=1"), "#SBATCH --ntasks=1",
+                      "fixes the job's task count", "one per node")
+    assert "--ntasks-per-node" not in message, message

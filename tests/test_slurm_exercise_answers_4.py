@@ -28,10 +28,10 @@ def through_bash_c(endpoint: str = '"$EP"') -> str:
 
 
 SIMULATED = {  # the rows whose simulated job runs in make test: a sample of each kind (WORKSHOP_EVERY_ROW=1 runs all)
-    "test_right_answers_pass[a function srun that passes on to command srun]",
+    "test_right_answers_pass[a function srun that passes on to command srun]", "test_right_answers_pass[wait $! twice]",
     "test_what_running_the_script_shows_right[PyTorch's own Slurm example]",
     *(f"test_wrong_answers_are_named[{name}]" for name in (
-        "wait $! twice", "OMP_NUM_THREADS=2 in front of srun", "shift before the launch",
+        "OMP_NUM_THREADS=2 in front of srun", "shift before the launch",
         "$SLURMD_NODENAME inside bash -c")),
     *(f"test_what_running_the_script_shows_wrong[{name}]" for name in (
         "command srun past a function srun", "$SLURM_ARRAY_TASK_ID in the port")),
@@ -78,6 +78,9 @@ RIGHT = {
                                                  'trap forward USR1\necho "starting \u2013\u2013nproc-per-node=2"\n'),
     "a dash in a trailing comment": TEMPLATE.replace('-m workshop_utils.train "$@" &',
                                                      '-m workshop_utils.train "$@" &  # \u2013\u2013x'),
+    # Refused as "ended after the second warning": the simulation sent the warning twice; Slurm sends it once
+    # (slurmctld marks the job WARN_SENT), and the second wait waits for the launch to end.
+    "wait $! twice": TEMPLATE.replace(WAIT, "wait $!\nwait $!"),
 }
 
 
@@ -111,7 +114,8 @@ WRONG = {
                                           ["started torchrun 2 times", "one agent per node"]),
     "OMP_NUM_THREADS=2 in front of srun": (TEMPLATE.replace(STEP, "OMP_NUM_THREADS=2 " + STEP),
                                            ["OMP_NUM_THREADS=2 for 2 training processes"]),
-    "env OMP_NUM_THREADS=2 torchrun": (TEMPLATE.replace(STEP, STEP.replace("torchrun", "env OMP_NUM_THREADS=2 torchrun")),
+    "env OMP_NUM_THREADS=2 torchrun": (TEMPLATE.replace(STEP, STEP.replace("torchrun",
+                                                                          "env OMP_NUM_THREADS=2 torchrun")),
                                        ["OMP_NUM_THREADS=2"]),
     "srun --export=ALL,OMP_NUM_THREADS=2": (TEMPLATE.replace(STEP, STEP.replace(
         "srun ", "srun --export=ALL,OMP_NUM_THREADS=2 ")), ["OMP_NUM_THREADS=2"]),
@@ -131,8 +135,6 @@ WRONG = {
     "bash -c in double quotes": (launch_as(EXPORTED + 'srun bash -c "torchrun --nnodes=$SLURM_JOB_NUM_NODES '
                                            '-m workshop_utils.train" torchrun "$@" &\n'),
                                  ["torchrun started 1 training process", "not the 2"]),
-    # the second warning (a second scancel --signal, or Slurm's own resend) ends the second wait too
-    "wait $! twice": (TEMPLATE.replace(WAIT, "wait $!\nwait $!"), ["ended after the second warning"]),
     "set -Ee then false": (launch_as("set -Ee\nfalse\n" + LAUNCH), ["never got to run a launch"]),
     "set -e then command false": (launch_as("set -e\ncommand false\n" + LAUNCH), ["never got to run a launch"]),
     "set -e then /bin/false": (launch_as("set -e\n/bin/false\n" + LAUNCH), ["never got to run a launch"]),
@@ -158,6 +160,29 @@ def test_6_3_a_memory_request_in_another_unit_is_refused_by_its_value():
                          (1100 * 2**20 / 1e9, ["= 1.153:", "whole 100 MiB"]),
                          (1100 * 1024, ["= 1,126,400 is not right"]), (1100 * 2**20, ["= 1,153,433,600 is not right"])):
         refused_by(lambda other=other: wu.check_job_usage(0.31, 0.025, 0.0, 60, other, usage), *words)
+
+
+def test_6_3_a_request_not_whole_is_shown_as_given():
+    """It was "`next_memory_mib` = 1,100: the request is in whole 100 MiB": the line's rounding showed a whole
+    request, so the refusal read as false."""
+    usage = {"job": "2", "elapsed_s": 15, "time_limit_s": 600, "cpus": 1, "gpus": 0, "cpu_time_s": 4.65,
+             "max_rss_mib": 832.34375, "source": "a test"}
+    from test_slurm_exercise_answers import refused as refused_by
+
+    refused_by(lambda: wu.check_job_usage(0.31, 0.025, 0.0, 60, 1100.0000001, usage, cell=""),
+               "whole 100 MiB, and 1100.0000001 (as given) is not")
+    refused_by(lambda: wu.check_job_usage(0.31, 0.025, 0.0, 60.5, 1100, usage, cell=""), "= 60.5:", "whole minutes")
+
+
+@pytest.mark.parametrize("key", ["max_rss_mib", "cpus"])
+def test_6_3_a_usage_without_a_key_says_it_is_missing(key):
+    """It said "usage['max_rss_mib'] is None" of a dict that has no such key."""
+    usage = {"job": "2", "elapsed_s": 15, "time_limit_s": 600, "cpus": 1, "gpus": 0, "cpu_time_s": 4.65,
+             "max_rss_mib": 832.34375, "source": "a test"}
+    del usage[key]
+    with pytest.raises(wu.WorkshopError) as caught:
+        wu.check_job_usage(0.31, 0.025, 0.0, 60, 1100, usage, cell="")
+    assert f"usage has no {key!r}" in str(caught.value) and "None" not in str(caught.value), caught.value
 
 
 def test_6_3_names_only_the_count_this_job_cannot_show(capsys):

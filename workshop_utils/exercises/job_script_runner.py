@@ -134,6 +134,7 @@ class Runner:
             try:
                 os.setsid()
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # as slurmstepd starts a batch script
                 os.chdir(cwd)
                 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(log if out is None else out, 1)
@@ -201,8 +202,10 @@ class Runner:
                 self.finish("runaway")
             conn.node = self.node_of(conn.pid)
             self.procs[conn.pid] = dict(role=conn.role, node=conn.node, argv=m.get("argv"), t=self.now)
+            # bash's asynchronous commands (&) ignore SIGQUIT where there is no job control; it waits for the others
             self.note("start", pid=conn.pid, role=conn.role, node=conn.node, under=self.ancestors(conn.pid),
-                      cmdline=self.command_of(conn.pid),
+                      cmdline=self.command_of(conn.pid), background=self.dispositions(conn.pid, signal.SIGQUIT) ==
+                      "ignored",
                       **{k: v for k, v in m.items() if k not in ("pid", "role")})
             c = self.config
             conn.send(op="config", node=conn.node, nodes=c["node_names"], job=c["job_id"], now=self.now,
@@ -369,7 +372,7 @@ class Runner:
             conn, tag = payload
             conn.send(op="timer", tag=tag)
         elif kind == "warn":
-            self.warn(payload)
+            self.warn()
         elif kind == "end":
             self.note("time_limit", running=self.children_of(self.bash) if self.bash_status is None else [],
                       waiting=self.leaves_of(self.bash) if self.bash_status is None else [],
@@ -394,11 +397,13 @@ class Runner:
                                           f"[{self.config['node_names'][store[0]]}]:{store[1]} (errno: 111 - "
                                           "Connection refused)", nobody_hosts=True)
 
-    def warn(self, number: int):
+    def warn(self):
+        """Slurm's warning, sent once (slurmctld marks the job WARN_SENT): only a later change of the job's time
+        limit would send it again."""
         sig, lead, batch = self.config["warning"]
         if self.bash_status is not None:
             return
-        takes = self.dispositions(self.bash, sig)
+        takes, log_size = self.dispositions(self.bash, sig), os.path.getsize(os.path.join(self.sim, "job.log"))
         if batch:
             targets = [self.bash]
             os.kill(self.bash, sig)
@@ -409,11 +414,8 @@ class Runner:
                     os.killpg(pid, sig)
                 except OSError:
                     pass
-        self.note("warning", number=number, signal=signal.Signals(sig).name, batch=batch, targets=targets,
-                  running=self.children_of(self.bash), batch_takes=takes,
-                  log_size=os.path.getsize(os.path.join(self.sim, "job.log")))
-        if number == 1:
-            self.at(self.now + 1, "warn", 2)
+        self.note("warning", signal=signal.Signals(sig).name, batch=batch, targets=targets,
+                  running=self.children_of(self.bash), batch_takes=takes, log_size=log_size)
 
     def snapshot(self) -> dict:
         """Every process but this one: its name, its state, its time on a CPU (ns), how often it has run."""
@@ -510,7 +512,7 @@ class Runner:
         self.note("batch_start", pid=self.bash)
         self.at(c["time_s"], "end")
         if c["warning"]:
-            self.at(c["time_s"] - c["warning"][1], "warn", 1)
+            self.at(c["time_s"] - c["warning"][1], "warn", None)
         self.progress()
 
     def kernel(self, node: int):

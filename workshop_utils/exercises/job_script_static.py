@@ -37,6 +37,16 @@ def line_of(script: str, needle: str) -> str:
     return f" (line {found[0]})" if len(found) == 1 else ""
 
 
+def comment_in_command(script: str) -> str:
+    """Where a comment line sits inside a command continued with a backslash: bash ends the command there."""
+    comment = re.search(r"^(?![ \t]*#).*(?<!\\)(?:\\\\)*\\\n([ \t]*#.*)\n", script, re.M)
+    if not comment:
+        return ""
+    number = script.count("\n", 0, comment.start(1)) + 1
+    return (f"line {number}, `{show(comment.group(1).strip(), 40)}`, is a comment inside the command continued from "
+            f"line {number - 1}: it ended the command there, and line {number + 1} ran as a command of its own")
+
+
 def text_problem(script: str) -> str | None:
     """What is wrong with the script as text, before sbatch or bash reads a word of it."""
     try:
@@ -177,8 +187,8 @@ _CHANGES_THE_JOB = {
     "array": "makes the job an array: the same training would run once per task",
     "cpus-per-gpu": "sets the cores per GPU, which sbatch refuses beside --cpus-per-task (and the job has no GPU)",
     "nodelist": "ties the job to named nodes: it waits for them, and with --nodes=2 their count must match",
-    "ntasks": "fixes the job's task count: --ntasks-per-node becomes only a maximum, and with --nodes=2 (only "
-              "#SBATCH --nodes changes) the tasks would no longer be one per node",
+    "ntasks": "fixes the job's task count, whatever the node count: with --nodes=2 (only #SBATCH --nodes changes) "
+              "the tasks would no longer be one per node",
     "begin": "delays the job's start: it waits in the queue until then",
     "dependency": "makes the job wait for another job (and never start if that one fails)",
     "deadline": "cancels the job when it cannot end by then, which a queue can make it miss",

@@ -15,17 +15,23 @@ import re
 from .answer_values import show
 from .job_script import RDZV_FIX, TRAINING, JobSpec
 from .job_script_run import MACHINE_SLEEP_S, MOST_PROCESSES, NODE_NAMES, JobRun, Outcome, simulate
-from .job_script_static import line_of
+from .job_script_static import comment_in_command, line_of
 from .slurm_rules import slurm_signal, time_limit_s
 
 LAUNCH_FIX = ("keep the template's launch line, srun --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" torchrun ... -m "
               "workshop_utils.train \"$@\" &, at the script's top level")
 WAIT_FIX = ("keep the template's loop after the launch, `while ! wait $!; do kill -0 $! 2>/dev/null || break; "
             "done`, which waits again after each warning until training has ended")
+BACKGROUND_FIX = ("the launch in the background (& at the end of its line) and the template's loop after it, whose "
+                  "wait the warning interrupts so that bash runs the trap")
 FORWARD_FIX = ("trap forward USR1, with forward() { srun --overlap --ntasks-per-node=1 pkill -USR1 -f "
                "\"python[0-9.]* -u -m workshop_utils.train\" || true; } as in the template")
 CORES_FIX = ("#SBATCH --cpus-per-task={cores}, srun --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" and OMP_NUM_THREADS=1, "
              "as in the template")
+
+
+_TEMPLATE_WAIT = re.compile(r"&[ \t]*(#[^\n]*)?\n(?:[ \t]*#[^\n]*\n)*[ \t]*" + re.escape(
+    "while ! wait $!; do kill -0 $! 2>/dev/null || break; done"))
 
 
 def _said(log: str, *patterns: str) -> str:
@@ -138,6 +144,13 @@ class Judge:
             said = ("the job started torchrun " + ", ".join(f"{c} time{'s' * (c > 1)} on {NODE_NAMES[k]}" if c else
                                                             f"none on {NODE_NAMES[k]}" for k, c in enumerate(counts))
                     + ", where the exercise needs one agent per node")
+            step = next((s for s in self.sruns if s["pid"] == self.agents[0]["ppid"]), {})
+            asked = self.o.run.options.get("ntasks-per-node")
+            if max(counts) > 1 and str(max(counts)) == asked and not {"ntasks", "ntasks-per-node"} & set(
+                    step.get("options") or {}):  # srun started as many tasks on a node as the job asked for
+                said += (f": srun starts the tasks the job asks for on each node, and #SBATCH --ntasks-per-node="
+                         f"{asked}{line_of(self.script, '#SBATCH --ntasks-per-node')} asks for {asked}")
+                fix = "Fix: #SBATCH --ntasks-per-node, the tasks (torchrun agents) srun starts on each node."
         elif not any("srun" in a["under"] for a in self.agents):
             said = ("torchrun is started without srun: the batch shell runs on the job's first node only, so with "
                     "--nodes=2 the other node would start no agent")
@@ -151,13 +164,18 @@ class Judge:
                 fix, token = f"Fix: {RDZV_FIX}.", "--rdzv-endpoint"
         elif len(self.launches) < len(self.agents):
             said, quote = "torchrun stopped at its arguments", self.said(r"^torchrun: error", r"Error: ")
+            if comment_in_command(self.script):
+                said, fix = f"{said}{quote}: {comment_in_command(self.script)}", ("Fix: the comment above or below the "
+                                                                                  "command, not between its lines.")
+                quote = ""
         for launch in self.launches.values():
             if said:
                 break
             if launch["nproc"] != self.spec.procs_per_node:
                 said = (f"torchrun started {launch['nproc']} training process(es) on {NODE_NAMES[launch['node']]}, "
                         f"not the {self.spec.procs_per_node} the exercise asks for")
-                token = "--nproc-per-node"
+                fix, token = "Fix: --nproc-per-node, the training processes torchrun starts on each node.", \
+                    "--nproc-per-node"
             elif not launch["module"] or launch["script"] != "workshop_utils.train" or launch["run_path"]:
                 said = f"torchrun ran {show(launch['script'])}, not the training (-m workshop_utils.train)"
                 quote = self.said(r"^(ModuleNotFoundError|FileNotFoundError|.*No module named|.*can't open file)")
@@ -174,10 +192,12 @@ class Judge:
         everyone = [d for d in done if len(d["nodes"]) == self.nodes]
         if everyone and everyone[0]["store"][0] == 0:
             return None
+        if everyone:  # torchrun meets there; the exercise asks for the node the batch shell runs on
+            return (f"{self.where}the launch {self.launch('--rdzv-endpoint')} ran wrong: the torchrun agents met at "
+                    f"{NODE_NAMES[everyone[0]['store'][0]]}, a node of the job but not its first, where the batch "
+                    f"shell runs and the exercise asks them to meet. Fix: {RDZV_FIX}.")
         left = ", ".join(NODE_NAMES[k] for k in range(self.nodes) if not done or k not in done[0]["nodes"])
-        met = (f"met, but {left} was left out of the rendezvous" if done and not everyone else
-               f"met at {NODE_NAMES[everyone[0]['store'][0]]}, a node of the job but not its first" if everyone else
-               "never completed the rendezvous")
+        met = f"met, but {left} was left out of the rendezvous" if done else "never completed the rendezvous"
         waited = "; ".join(f"{NODE_NAMES[j['node']]} at {j['host']}:{j['port']} ({j['backend']}, --nnodes "
                            f"{j['min']}{'' if j['min'] == j['max'] else ':' + str(j['max'])}"
                            + (f", --node-rank {j['node_rank']}" if j["node_rank"] is not None else "")
@@ -255,6 +275,13 @@ class Judge:
         by = (f"`{show(' '.join([sent[0]['program'], *sent[0]['argv'][1:]]), 80)}` sent {sent[0]['signal']} to "
               + ", ".join(f"{len(pids)} on {node}" for node, pids in hit.items())
               + (" only" if len(hit) < self.nodes else "") if sent else "")
+        batch = next(iter(self.o.of("batch_start")), {}).get("pid")
+        program = next((e["role"] for e in self.o.of("start") if e["pid"] == batch), None)
+        if others and program:  # exec: the batch shell's process runs another program, and bash's trap is gone
+            return (f"{where}`exec`{line_of(self.script, 'exec ')} replaced the batch shell with {program}, and its "
+                    f"trap with it: the warning went to {program}, and it reached torchrun on "
+                    f"{NODE_NAMES[others[0]['node']]}, which {others[0]['signal']} ends. Fix: no exec: "
+                    f"{BACKGROUND_FIX}.")
         if others:
             other = "a Jupyter kernel" if others[0]["role"] == "kernel" else "torchrun itself"
             step = next((s for s in self.sruns if (s.get("options") or {}).get("signal")), None)
@@ -271,38 +298,53 @@ class Judge:
             names = " and ".join(sorted({"`" + show(re.sub(r"^\S*/", "", t.get("cmdline") or ""), 50) + "`" for t in
                                          self.trainings}))
             by = by and f"{by}; the training processes run as {names}"
+            idle, fix = self._idle(first)
             why = ("nothing in the script traps it (or the trap is reset to the default action), so it ended the "
                    "batch shell" if takes == "default" else
                    f"the batch shell ignores {wanted}" if takes == "ignored" else
-                   f"the trap's srun waited for the launch's cores: {busy}" if busy else by or self._idle(first) or
+                   f"the trap's srun waited for the launch's cores: {busy}" if busy else by or idle or
                    _said(self.o.log, r"line \d+: ", r"^(pkill|killall|pgrep|srun|scancel|kill): ") or
                    "the trap signalled none of them")
             return (f"{where}the warning reached {len(warned)} of {total} training processes ({why}). Fix: "
-                    f"{FORWARD_FIX}.")
-        return self.checkpoint_lost(warnings)
+                    f"{fix if why == idle else FORWARD_FIX}.")
+        return self.checkpoint_lost()
 
-    def _idle(self, first: dict) -> str:
-        """What the batch shell ran in the foreground when the warning came and nothing ran after it: bash runs a
-        trap only once that command has ended."""
-        until = next(iter(self.o.of("time_limit")), None) or next(iter(self.o.of("warning", number=2)), {})
+    def _idle(self, first: dict) -> tuple[str, str]:
+        """Nothing ran after the warning: what the batch shell ran when it came, and the fix. bash runs a trap only
+        once the command in the foreground has ended; a command of the script's in the background (bash's start
+        left it ignoring SIGQUIT) leaves bash in wait, which the warning interrupts, so the trap did nothing."""
+        until = next(iter(self.o.of("time_limit")), {})
         started = [e for e in self.o.of("start") if first["t"] <= e["t"] < until.get("t", 1e12)]
         running = [r for r in first.get("running") or [] if r.get("role") != "kernel"]
-        if running and not started and until.get("log_size") == first.get("log_size"):
-            return ("after the warning nothing in the job ran: the trap does nothing, or bash had not run it yet (it "
-                    "runs a trap only once the command in the foreground ends; the batch shell was running "
-                    f"{self.at(running[-1]['command'])})")
-        return ""
+        if not running or started or until.get("log_size") != first.get("log_size"):
+            return "", FORWARD_FIX
+        pid, command = running[-1]["pid"], self.at(running[-1]["command"])
+        background = {s["pid"]: s.get("background") for s in self.o.of("start")}
+        if all(background.get(r["pid"]) for r in running):
+            return f"after the warning nothing in the job ran: the trap does nothing ({command} ran in the " \
+                   "background)", FORWARD_FIX
+        launch = background.get(pid) is False and pid in {a[k] for a in self.agents for k in ("pid", "ppid")}
+        return ("after the warning nothing in the job ran: the trap does nothing, or bash had not run it yet (it runs "
+                f"a trap only once the command in the foreground ends; the batch shell was running "
+                f"{'the launch in the foreground, ' * launch}{command})", BACKGROUND_FIX if launch else FORWARD_FIX)
 
-    def checkpoint_lost(self, warnings: list) -> str | None:
+    def checkpoint_lost(self) -> str | None:
         """Every checkpoint written, then the batch shell ended with status 0."""
         where, end = self.where, next(iter(self.o.of("batch_end")), None)
         if {e["pid"] for e in self.o.of("checkpoint")} != {t["pid"] for t in self.trainings}:
-            after = "the second warning" if sum(end and w["t"] <= end["t"] for w in warnings) > 1 else "the warning"
             status = end and (f"status {end['status']}" if end["signal"] is None else f"killed by {end['signal']}")
-            how = (f"the batch shell ended after {after}, with {status}, while training was still writing it (Slurm "
-                   "ends the job with the batch shell)" if end else
+            how = (f"the batch shell ended after the warning, with {status}, while training was still writing it "
+                   "(Slurm ends the job with the batch shell)" if end else
                    f"the time limit came first ({self.running()})")
-            return f"{where}no checkpoint: {how}{self.said()}. Fix: {WAIT_FIX}."
+            fix = WAIT_FIX
+            if end and end["signal"] is None and _TEMPLATE_WAIT.search(self.script):
+                # the template's loop, right after the launch, waits on: what ended bash ran in the trap
+                traps = [line.strip() for line in self.script.split("\n") if re.match(r"\s*trap\s", line)]
+                how += ("; the loop after the launch is the template's, so the trap ended it" + (
+                    f": `{show(traps[0], 60)}`{line_of(self.script, traps[0])}" if len(traps) == 1 else ""))
+                fix = ("a trap that passes the warning on and returns: no exit in it or in what it calls, nothing "
+                       "it starts in the background (&)")
+            return f"{where}no checkpoint: {how}{self.said()}. Fix: {fix}."
         if end is None or self.o.of("time_limit"):
             how = "spun in a loop" if self.o.reason == "spinning" else "waited until the job's time limit"
             return (f"{where}training ended (every checkpoint written), but the job's wait loop never ends: the batch "

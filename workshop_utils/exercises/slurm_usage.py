@@ -19,7 +19,7 @@ import types
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
 from .exercise_cells import NotYet, passed
-from .exercise_judging import checked, number, verdict
+from .exercise_judging import checked, number, verdict, written
 
 USAGE = "Exercise 6.3"
 TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
@@ -44,9 +44,13 @@ def _usage_numbers(usage) -> dict:
         raise WorkshopError(f"usage is {kind(usage)}, not what lesson.usage(job) returns.",
                             "pass the dict that lesson.usage(job) returned.")
     read = {}
+    missing = [key for key in USAGE_KEYS if key not in usage]
+    if missing:
+        raise WorkshopError(f"usage has no {', '.join(map(repr, missing))}: not what lesson.usage(job) returns.",
+                            "pass the dict that lesson.usage(job) returned.")
     for key in USAGE_KEYS:
         try:
-            read[key] = number_of(usage.get(key))
+            read[key] = number_of(usage[key])
         except Problem as problem:
             raise WorkshopError(f"usage[{key!r}] {problem}: not what lesson.usage(job) returns.",
                                 "pass the dict that lesson.usage(job) returned.") from None
@@ -75,6 +79,8 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
             ("next_memory_mib", right_memory, lambda v: v > 0 and v % 100 == 0, "the request is in whole 100 MiB.",
              "100 x ceil(1.25 x max_rss_mib / 100).")):
         value = answers[name]
+        if not inside(value) and written(value) != show(value):  # the line shows it rounded: say it as given
+            why = f"{why.rstrip('.')}, and {show(value)} (as given) is not."
         verdict(value, right, exercise, name, (), formula, whole=name.startswith("next_"), inputs=inputs,
                 limits=[(inside(value) or not inside(right), why, formula)])
 
