@@ -273,3 +273,14 @@ def test_a_task_count_instead_of_tasks_per_node_speaks_of_no_line_that_is_gone()
     message = refused(TEMPLATE.replace("#SBATCH --ntasks-per-node=1", "#SBATCH --ntasks=1"), "#SBATCH --ntasks=1",
                       "fixes the job's task count", "one per node")
     assert "--ntasks-per-node" not in message, message
+
+
+@pytest.mark.parametrize("change", [dict(time="999:00:00"), dict(time="2"), dict(time="UNLIMITED"),
+                                    dict(signal="B:USR1@10"), dict(signal="USR1@60"), dict(cpus_per_task=1)],
+                         ids=str)
+def test_no_refusal_spells_out_a_gap_as_the_notebook_fills_it(simulated, change):
+    """The fixes read "e.g. 00:05:00", "--signal=B:USR1@60" and "#SBATCH --cpus-per-task=2": whole answers to paste."""
+    message = refused(answers(**change))
+    for gap in ("time", "signal", "cpus_per_task"):
+        assert f"{gap.replace('_', '-')}={SOLVED[gap]}" not in message and f"e.g. {SOLVED[gap]}" not in message, message
+    assert "@60" not in message.replace(str(change.get("signal")), ""), message

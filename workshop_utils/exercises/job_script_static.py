@@ -220,26 +220,26 @@ def _time_problem(read: dict, written: dict, spec: JobSpec, at: str) -> str | No
     shown = show(written.get("time", read.get("time")))
     if limit is None:
         return ("no --time: the job would get the partition's default limit, perhaps shorter than it needs, perhaps "
-                "far longer than it asks for. Fix: --time with the work and the warning's lead, e.g. 00:05:00.")
+                "far longer than it asks for. Fix: --time with the work, the warning's lead and a minute's room.")
     if limit == NO_LIMIT:
         return (f"--time={shown}{at} asks for no time limit: the job gets the partition's longest, waits longer for a "
-                "slot, and its warning comes only then. Fix: a limit the job fits into, e.g. 00:05:00.")
+                "slot, and its warning comes only then. Fix: a limit for the work, the warning's lead and a minute.")
     if warning is None:
         return ("no --signal: when the time limit comes, Slurm ends the job without warning and the steps since the "
-                "last checkpoint are lost. Fix: #SBATCH --signal=B:USR1@60 sends SIGUSR1 to the script 60 s before "
-                "the end; its trap passes it on and the training loop checkpoints and stops.")
+                f"last checkpoint are lost. Fix: #SBATCH --signal=B:{spec.warning}@N sends SIG{spec.warning} to the "
+                "script N s before the end; its trap passes it on and the training loop checkpoints and stops.")
     if lead < spec.min_lead_s:
         return (f"--signal gives {lead} s of warning: too little to write a checkpoint on a busy file system. Fix: at "
-                f"least {spec.min_lead_s} s, a minute to be safe (B:{spec.warning}@60).")
+                f"least {spec.min_lead_s} s, with room to spare.")
     need = spec.needed_s + lead + spec.early_s
     if limit < need:
         return (f"--time of {limit:g} s{at}: the job needs about {spec.needed_s} s, and the warning comes {lead} s "
                 f"before the end, up to {spec.early_s} s earlier still (sbatch's manual), so it could run out of "
-                f"time. Fix: at least {need} s, or a shorter warning: e.g. --time=00:05:00 with B:{spec.warning}@60.")
+                f"time. Fix: at least {need} s, or a shorter warning.")
     if limit > spec.max_time_s:
         return (f"--time={shown}{at} asks for {limit / 3600:g} h for about {spec.needed_s // 60} minutes of work: a "
                 "long request waits longer for its slot and holds what it does not use. Fix: the work and the "
-                "warning's lead, with some room: e.g. 00:05:00.")
+                "warning's lead, with some room: minutes, not hours.")
     return None
 
 

@@ -26,8 +26,8 @@ BACKGROUND_FIX = ("the launch in the background (& at the end of its line) and t
                   "wait the warning interrupts so that bash runs the trap")
 FORWARD_FIX = ("trap forward USR1, with forward() { srun --overlap --ntasks-per-node=1 pkill -USR1 -f "
                "\"python[0-9.]* -u -m workshop_utils.train\" || true; } as in the template")
-CORES_FIX = ("#SBATCH --cpus-per-task={cores}, srun --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" and OMP_NUM_THREADS=1, "
-             "as in the template")
+CORES_FIX = ("#SBATCH --cpus-per-task, one core for each training process, srun --cpus-per-task="
+             "\"$SLURM_CPUS_PER_TASK\" and OMP_NUM_THREADS=1, as in the template")
 
 
 _TEMPLATE_WAIT = re.compile(r"&[ \t]*(#[^\n]*)?\n(?:[ \t]*#[^\n]*\n)*[ \t]*" + re.escape(
@@ -224,7 +224,7 @@ class Judge:
                     "--cpus-per-task: Slurm 22.05 to 23.02 then give its task one core")
             return (f"{where}OMP_NUM_THREADS={show(threads)} for {spec.procs_per_node} training processes on {cores} "
                     f"core(s) (the launch {self.launch()}{bare}), where the exercise gives each process one core and "
-                    f"one thread. Fix: {CORES_FIX.format(cores=spec.cores_per_task)}.")
+                    f"one thread. Fix: {CORES_FIX}.")
         args, lost = first.get("args") or [], [t["rank"] for t in self.trainings if f"rank {t['rank']} of" not in
                                                 self.o.log]
         if list(args) != list(TRAINING):
@@ -263,7 +263,7 @@ class Judge:
             how = (f"sends {first['signal']}" if first["batch"] else f"has no B:, so Slurm sends {first['signal']} to "
                    "the job's steps (torchrun, which it ends), not to the batch shell: the script's trap never fires")
             return (f"--signal={given} {how}; the trap and the training loop listen for {wanted}. Fix: "
-                    f"--signal=B:{spec.warning}@60.")
+                    f"--signal=B:{spec.warning}@N, N the seconds of warning.")
         warned = {e["pid"] for e in self.o.of("signal", role="training", signal=wanted)}
         end = next((k for k, e in enumerate(self.o.events) if e["what"] == "time_limit"), len(self.o.events))
         others = sorted((e for e in self.o.events[:end] if e["what"] == "signal" and e["role"] in ("torchrun",
