@@ -284,3 +284,12 @@ def test_no_refusal_spells_out_a_gap_as_the_notebook_fills_it(simulated, change)
     for gap in ("time", "signal", "cpus_per_task"):
         assert f"{gap.replace('_', '-')}={SOLVED[gap]}" not in message and f"e.g. {SOLVED[gap]}" not in message, message
     assert "@60" not in message.replace(str(change.get("signal")), ""), message
+
+
+@pytest.mark.parametrize("endpoint", ["gpu-a017:29500", "10.1.0.17:29500",
+                                      '"gpu-a017:$((29500 + SLURM_JOB_ID % 1000))"'])
+def test_the_simulated_jobs_own_node_written_in_is_refused(simulated, endpoint):
+    """Refusals quote the launch as it ran (--rdzv-endpoint=gpu-a017:29500): pasted, that name passed every run of
+    the simulated job, whose first node always has it, and would fail the next real job."""
+    refused(answers(rdzv_endpoint=endpoint), "line 17 names", "simulated job", "the next job gets other nodes",
+            "job's first node")

@@ -365,6 +365,16 @@ class Judge:
 
 def behaviour_problem(script: str, read: dict, written: dict, spec: JobSpec) -> str | None:
     """The first mistake a run of the script shows, as "problem. Fix: ..."; None when every run went right."""
+    # The simulated job's nodes, which its refusals quote, written into the script: they would pass every run here,
+    # and fail the next job, which gets other nodes.
+    names = (*NODE_NAMES, *(f"10.1.0.{name[-2:]}" for name in NODE_NAMES))
+    for number, line in enumerate(script.split("\n"), 1):
+        code = re.sub(r"(^|\s)#(?!SBATCH).*", "", line)
+        name = next((n for n in names if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-]|\.\d)", code)), None)
+        if name:
+            fix = RDZV_FIX if "--rdzv-endpoint" in code else "the job's nodes as Slurm gives them when the job runs"
+            return (f"line {number} names {name}, a node of this check's simulated job, not one read from the job when "
+                    f"it runs: the next job gets other nodes. Fix: {fix}.")
     warning = slurm_signal(read.get("signal"))
     limit = int(time_limit_s(read["time"]))
     sent = warning and (warning.signal, warning.lead_s, warning.to_batch_shell)
