@@ -1,8 +1,8 @@
-"""What every exercise check shares: reading an answer strictly, and judging it in one line.
+"""What every exercise check shares: reading an answer strictly and judging it in one line.
 
-A check never shows a traceback: a wrong or unreadable answer is one ``NotYet`` line saying what the value is and
-what was expected from which inputs, an exception in the attendee's code is one line naming their line, and an
-exception inside a check is a ``KitDefect``, one line too, its cause chained for whoever debugs it.
+A wrong answer is one ``NotYet`` line (what the value is, which way it is off, from which inputs), an exception in
+the attendee's code one line naming their line, and an exception inside a check a one-line ``KitDefect``, its cause
+chained. The one tolerance rule (``accepted``) holds in every exercise.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class KitDefect(WorkshopError):
 
 
 def checked(check):
-    """Decorate a check: any exception that is no ``WorkshopError`` becomes a one-line ``KitDefect``, so that no
-    check ever shows a traceback (``Unsolved`` prints its line: ``exercise_check``)."""
+    """Decorate a check so that it never shows a traceback: any exception but a ``WorkshopError`` is a
+    ``KitDefect``, and an ``Unsolved`` answer prints its line (``exercise_check``)."""
     signature = inspect.signature(check)
     default = signature.parameters["exercise"].default if "exercise" in signature.parameters else "the exercise"
 
@@ -55,20 +55,18 @@ def checked(check):
 
 
 def short(err_or_text, limit: int = 200) -> str:
-    """An error's message (or a text) on one line, at most ``limit`` characters."""
     return show(" ".join(str(err_or_text).split()), limit)
 
 
 def described(value) -> str:
-    """What an answer is and how it prints, on one line: "a list ([1, 2])"."""
     return f"{kind(value)} ({show(repr(value) if isinstance(value, str) else value)})"
 
 
 def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None,
            earlier: str = "") -> float:
-    """``value`` as a float (any number, a one-element tensor or array), else one ``NotYet`` line saying what it is.
-    A list or tuple of one is refused: the cells after the exercise compute with it. ``returned_by`` names the
-    attendee's function whose return value is judged, ``earlier`` the exercise an input comes from."""
+    """``value`` as a float (a one-element tensor, array or Series too), else one ``NotYet`` line. A tuple of one
+    is refused: the cells after the exercise compute with it. ``returned_by`` names the attendee's function whose
+    result this is, ``earlier`` the exercise an input comes from."""
     subject, give = ((f"what `{returned_by}` returns", f"make `{returned_by}` return") if returned_by
                      else (f"`{name}`" + f" from {earlier}" * bool(earlier), f"give `{name}`"))
     require_answered(value, exercise, f"{subject} is still the placeholder `...`.",
@@ -78,7 +76,6 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
             warnings.simplefilter("ignore")
             size = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)
             if getattr(value, "shape", ()) not in ((), None) and size == 1:
-                # a one-element tensor, array, Series or DataFrame is the number it holds
                 value = value.reshape(()) if hasattr(value, "reshape") else np.asarray(value).reshape(())
             return number_of(value)
     except Problem as problem:
@@ -101,7 +98,6 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
 
 
 def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
-    """``value`` as an int: a number (see ``number``) that is whole and not absurdly large."""
     converted = number(value, exercise, name, what)
     # shown as given: 62.99999999999999 is no whole number, although it prints as 63 to six digits
     require(converted == math.floor(converted), exercise, f"`{name}` = {converted!r} is not a whole number.",
@@ -112,31 +108,28 @@ def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
 
 
 def smallest(value: int, exercise: str, name: str, measure, limit: float, too_few, too_many: str, fix: str) -> int:
-    """``value``, a count that must be the smallest with ``measure(value) <= limit``: too few is told what it gives
-    (``too_few(count, measure)``), too many only ``too_many``: a smaller count that works is the answer, or a step
-    from it, so it is never named."""
+    """``value``, the smallest count with ``measure(value) <= limit``. Too few is told what it gives, too many only
+    ``too_many``: a smaller count that works is the answer or a step from it, so it is never named."""
     require(value >= 1, exercise, f"`{name}` = {value}: at least one is needed.", "count from 1.")
     require(measure(value) <= limit, exercise, f"`{name}` = {value}: {too_few(value, measure(value))}.", fix)
     require(value == 1 or measure(value - 1) > limit, exercise, f"`{name}` = {value}: too many: {too_many}.", fix)
     return value
 
 
-# The one tolerance of every exercise: an answer within REL of the right value is right (a float32, another order of
-# the same operations), and so is the right value rounded keeping at least SIGNIFICANT significant digits. A count
-# (GPUs, a batch, micro-batches, a Slurm request) is whole: right only when equal.
+# The one tolerance of every exercise: within REL of the right value (a float32, another order of the same
+# operations), or the right value rounded to at least SIGNIFICANT digits. A count is right only when equal.
 REL, SIGNIFICANT, SIGNIFICANT_WORDS = 1e-3, 2, "two significant digits"
 
 
 def close(value: float, target: float, through=None) -> bool:
-    """``value`` within ``REL`` of ``target``, compared ``through`` a function where the quantity is another (2.3: the
-    communication time an efficiency implies, where efficiencies near 1 all look alike)."""
+    """Within ``REL``, compared ``through`` a function where the quantity is another (2.3: the communication time
+    an efficiency implies, where efficiencies near 1 all look alike)."""
     if through is not None:
         value, target = through(value), through(target)
     return math.isclose(value, target, rel_tol=REL, abs_tol=1e-12)
 
 
 def accepted(value: float, right: float, whole: bool = False, through=None) -> bool:
-    """Whether ``value`` passes as ``right`` under the one rule (``REL``, ``SIGNIFICANT``); a count only when equal."""
     if whole:
         return value == right
     return close(value, right, through) or (rounded_digits(value, right) or 0) >= SIGNIFICANT
@@ -144,16 +137,16 @@ def accepted(value: float, right: float, whole: bool = False, through=None) -> b
 
 def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), hint: str = "", *,
             whole: bool = False, also=(), through=None, limits=(), inputs: str = "") -> None:
-    """Return when ``value`` is ``right`` (or one of ``also``: the formula on an earlier answer as the attendee rounded
-    it); else one ``NotYet`` line, the first that applies: a named mistake ``(value, problem, fix)`` it matches (each
-    where several do: naming one would be a guess), too few digits, a broken bound ``(holds, problem, fix)``, else
-    "is not right: <how_far> for what <inputs> gives" with ``hint`` as its fix."""
+    """Return when ``value`` is ``right`` (or one of ``also``: the formula on an earlier answer as the attendee
+    rounded it); else one ``NotYet`` line, the first that applies: the named mistakes ``(value, problem, fix)`` it
+    matches (all of them where several do: naming one would be a guess), too few digits, a broken bound
+    ``(holds, problem, fix)``, else which way it is off for what ``inputs`` gives, ``hint`` as the fix."""
     rights = [r for r in (right, *also) if r is not None]
     if any(accepted(value, r, whole, through) for r in rights):
         return
     matched, exact = {}, {}
     for wrong, problem, fix in mistakes:
-        # named unless its value is right itself (a right value rounded may land on it: that is right, see above)
+        # a mistake whose value is right itself is never named (a right value rounded may land on it)
         if wrong is None or math.isnan(wrong) or any(accepted(wrong, r, True) if whole else close(wrong, r, through)
                                                      for r in rights):
             continue
@@ -180,9 +173,8 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
 
 
 def how_far(value: float, right: float, whole: bool = False) -> str:
-    """Which way ``value`` is off and, from 10x on, by about what factor (one significant digit, up to a million):
-    never the right value itself, which an attendee could copy into the cell instead of computing it, and nothing
-    where that value is 0 (any direction would name it). "Within 10x" is said of no count: off is off."""
+    """Which way ``value`` is off and, from 10x on, by about what factor: never a value the attendee could paste,
+    and no direction where the right value is 0 (any would name it)."""
     if right == 0 or value == 0 or not (math.isfinite(value) and math.isfinite(right)):
         return "" if right == 0 else "it should not be 0" if value == 0 else "it is no finite number"
     if (value > 0) != (right > 0):
@@ -198,23 +190,21 @@ def how_far(value: float, right: float, whole: bool = False) -> str:
 
 
 def written(value: float) -> str:
-    """A number as an answer line shows it: four significant digits, and 1,235 rather than 1.235e+03 (a GPU's
-    TFLOP/s, a rate in samples/s): exponents only for the tiny and the huge."""
+    """Four significant digits, and 1,235 rather than 1.235e+03: exponents only for the tiny and the huge."""
     if math.isfinite(value) and 1e3 <= abs(value) < 1e15:
         return f"{value:,.0f}"
     return f"{value:.4g}" if value == 0 or not math.isfinite(value) or abs(value) >= 1e-4 else f"{value:.3e}"
 
 
 def rounded_digits(value: float, right: float) -> int | None:
-    """How many significant digits ``value`` keeps when it is ``right`` rounded to the decimals it was written with;
-    None when it is no such rounding. A float drops trailing zeros (1.0 may be 1.004 to two decimals), so the most
-    decimals that fit are taken; from 100 up, tens and hundreds count too (300 keeps two digits of 304.9), below
-    they do not (a batch of 30 is no rounding of 32). Nothing is a rounding of 0."""
+    """The significant digits ``value`` keeps as ``right`` rounded to the decimals it was written with, or None.
+    A float drops trailing zeros, so the most decimals that fit count; from 100 up tens and hundreds count too
+    (300 keeps two digits of 304.9), below they do not (a batch of 30 is no rounding of 32)."""
     if value == 0 or right == 0 or not math.isfinite(right):
         return None
     magnitude = math.floor(math.log10(abs(right)))
     digits = None
-    for decimals in range(-magnitude if magnitude >= 2 else 0, 16):  # left of the point: down to the first digit
+    for decimals in range(-magnitude if magnitude >= 2 else 0, 16):
         # rel 1e-7: a float32 holding the rounded number (np.float32(2.52)) is 2.5199999..., still written as 2.52
         if (math.isclose(value, round(value, decimals), rel_tol=1e-7)
                 and abs(value - right) <= 0.5 * 10.0**-decimals * (1 + 1e-9)):
@@ -224,7 +214,7 @@ def rounded_digits(value: float, right: float) -> int | None:
 
 def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
     """An earlier exercise's answer this one builds on, as that exercise's check accepts it against its ``rights``
-    (so that this answer is judged from the attendee's own rounding), or ``NotYet``: fix that exercise first."""
+    (this answer is then judged from the attendee's own rounding), or ``NotYet``: fix that exercise first."""
     answered_input(given, exercise, earlier, name)
     value = number(given, exercise, name, earlier=earlier)
     require(not rights or any(accepted(value, right) for right in rights), exercise,
@@ -248,7 +238,6 @@ def attendee_error(err: BaseException, function, exercise: str, name: str, hint:
 
 
 def attendee_function(function, exercise: str, name: str, arguments: str) -> None:
-    """``Unsolved`` while the function an exercise asks for is still ``...``; ``NotYet`` when it is no function."""
     require_answered(function, exercise, f"`{name}` is still the placeholder `...`.",
                      "write the function in the exercise cell and run it.")
     require(callable(function), exercise, f"`{name}` should be a function, got {described(function)}.",
@@ -256,8 +245,8 @@ def attendee_function(function, exercise: str, name: str, arguments: str) -> Non
 
 
 def called(function, exercise: str, name: str, *args, failure=None):
-    """What the attendee's ``function`` returns for ``args`` (``Unsolved`` while ``...``); an exception in it
-    (``sys.exit`` too) is one line: ``failure(err)`` where given, else their line and the error."""
+    """What the attendee's ``function`` returns; an exception in it (``sys.exit`` too) is one line: ``failure(err)``
+    where given, else their line and the error."""
     try:
         result = function(*args)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code: one line, their line
@@ -268,6 +257,5 @@ def called(function, exercise: str, name: str, *args, failure=None):
 
 
 def answered_input(value, exercise: str, earlier: str, name: str) -> None:
-    """``Unsolved`` when an input that an earlier exercise computes is still its placeholder."""
     require_answered(value, exercise, f"`{name}` from {earlier} is still the placeholder `...`.",
                      f"solve {earlier} first; this exercise builds on it.")
