@@ -318,3 +318,151 @@ def test_each_notebook_stays_within_the_memory_its_profile_asks_of_a_server(main
     peak = main_run.log[notebook.name]["peak_memory_mib"]
     assert need is not None, f"{notebook.name}'s {PROFILE} profile says nothing of the memory it needs (memory_gib)"
     assert 0 < peak <= need * 1024, f"{notebook.name} peaked at {peak} MiB, above its memory_gib={need}"
+
+
+# ---------------------------------------------------------------------- notebook 05's launches, read from this run
+# Notebook 05 launches each multi-process part once in the main job; these tests read what those launches recorded
+# (results/beyond-*.json, the checkpoint folder, the executed copy) instead of starting the same parts again.
+# tests/test_beyond_dp.py keeps the launches no notebook makes: three ranks, a GPU node's CPU ranks, a time limit.
+
+BEYOND = ROOT / "notebooks" / "05_beyond_data_parallel.ipynb"
+
+
+def _beyond(main_run, name: str) -> dict:
+    return json.loads((main_run.dir / "results" / f"beyond-{name}.json").read_text())
+
+
+def _beyond_sizes() -> dict:
+    return notebook_profiles(BEYOND)[PROFILE]
+
+
+def _shown_table(main_run, notebook: Path, marker: str) -> list[str]:
+    """The text of the table the cell whose source holds ``marker`` showed, line by line."""
+    cells = nbformat.read(main_run.dir / "notebooks" / notebook.name, as_version=4).cells
+    cell = next(c for c in cells if c.cell_type == "code" and marker in c.source)
+    return next(o["data"]["text/plain"] for o in cell.outputs if "text/plain" in o.get("data", {})).splitlines()
+
+
+@pytest.mark.notebook
+def test_every_collective_delivers_what_its_definition_says(main_run):
+    """Rank r starts with [10r, 10r + 1, ...] (one element per rank); the root is rank 0."""
+    import workshop_utils as wu
+
+    header, *lines = _shown_table(main_run, BEYOND, 'wu.launch_demo("collectives-show"')
+    p = len(re.findall(r"rank \d+", header))
+    assert header.split() == ["collective", *[f"{word}" for r in range(p) for word in ("rank", str(r))]] and p >= 2
+    held = [[10 * r + i for i in range(p)] for r in range(p)]
+    column, firsts = [sum(h[i] for h in held) for i in range(p)], [h[0] for h in held]
+    expected = {"broadcast": [held[0]] * p, "scatter": [[r] for r in range(p)],
+                "gather": [firsts] + ["-"] * (p - 1), "all_gather": [firsts] * p,
+                "reduce_scatter": [[column[r]] for r in range(p)], "all_reduce": [column] * p}
+    got = {}
+    for line in lines:
+        name = line.split()[0]
+        outputs = re.findall(r"(?:\[[\d ]*\]|-) -> (\[[\d ]*\]|-)", line)
+        got[name] = [out if out == "-" else [int(v) for v in out[1:-1].split()] for out in outputs]
+    assert list(got) == list(wu.COLLECTIVES), "one row per collective, in the lesson's order"
+    assert got == expected
+
+
+@pytest.mark.notebook
+def test_collectives_are_timed_per_size_and_fitted(main_run):
+    import workshop_utils as wu
+
+    record = _beyond(main_run, "collectives")
+    assert {r["collective"] for r in record["rows"]} == set(wu.COLLECTIVES)
+    assert max(r["size_bytes"] for r in record["rows"]) == _beyond_sizes()["max_mib"] * 2**20
+    assert all(r["seconds"] > 0 for r in record["rows"])
+    table = wu.collective_table(record["rows"])
+    assert table[table.collective == "all_reduce"].measured_over_model.notna().all()
+    assert table[table.collective == "broadcast"].model_seconds.isna().all()
+
+
+@pytest.mark.notebook
+def test_fsdp_holds_one_share_per_rank_and_follows_ddps_loss_trajectory(main_run):
+    import workshop_utils as wu
+
+    record, sizes = _beyond(main_run, "fsdp"), _beyond_sizes()
+    ddp, fsdp = record["losses"]["DDP"], record["losses"]["FSDP"]
+    assert len(ddp) == len(fsdp) == sizes["fsdp_steps"] and record["model"] == sizes["model"]
+    assert max(abs(a - b) for a, b in zip(ddp, fsdp)) < 1e-5
+    assert wu.memory_ratio(record) == pytest.approx(1 / record["world_size"], abs=0.01)
+    first = next(r for r in record["held_bytes"] if r["strategy"] == "DDP")
+    assert first["parameters"] == 4 * record["parameters"] and first["optimizer"] == 8 * record["parameters"]
+
+
+@pytest.mark.notebook
+def test_tensor_parallel_splits_equal_the_unsplit_layer(main_run):
+    record, sizes = _beyond(main_run, "tensor-parallel"), _beyond_sizes()
+    batch, features, hidden = sizes["tp_batch"], sizes["tp_features"], 4 * sizes["tp_features"]
+    assert len(record["rows"]) == 4
+    for row in record["rows"]:
+        assert row["max_abs_difference"] <= 1e-5 * row["scale"], row["split"]
+    assert [row["output_shape"] for row in record["rows"][:2]] == [[batch, hidden], [batch, features]]
+    # the hand-written splits train: their input and weight-slice gradients are the unsplit layer's
+    # (dist.all_gather alone has no backward: the column split's input gradient would be missing)
+    assert all(row["max_grad_difference"] <= 1e-5 for row in record["rows"][:3])
+
+
+def _tensor_parallel_share(model, world: int) -> float:
+    """Parameters a rank holds under split_gpt, as a share of the model: column-wise layers split weight
+    and bias, row-wise layers their weight (the bias is added once, after the all-reduce, so every rank
+    keeps all of it); everything outside the blocks' six linear layers stays whole."""
+    from workshop_utils.parallel.gpt_parallel import COLUMNWISE, ROWWISE
+
+    split = 0
+    for block in model.blocks:
+        layers = dict(block.named_modules())
+        split += sum(p.numel() for name in COLUMNWISE for p in layers[name].parameters())
+        split += sum(layers[name].weight.numel() for name in ROWWISE)
+    total = sum(p.numel() for p in model.parameters())
+    return (total - split + split / world) / total
+
+
+@pytest.mark.notebook
+def test_the_gpt_sharded_and_split_per_block_trains_like_the_unsharded_model(main_run):
+    import workshop_utils as wu
+
+    record, sizes = _beyond(main_run, "gpt-parallel"), _beyond_sizes()
+    table = wu.gpt_parallel_table(record)
+    assert list(table.index) == ["one model (unsharded)", "FSDP2 per block", "FSDP2 per block, bf16 policy",
+                                 "tensor parallel per block"] and record["skipped"] == {}
+    reference = record["losses"]["one model (unsharded)"]
+    assert len(reference) == sizes["gpt_steps"] and reference[-1] < reference[0]  # it learns: equal losses mean more
+    for name in ("FSDP2 per block", "tensor parallel per block"):  # fp32 all through: equal to rounding
+        assert table.loc[name, "largest_loss_gap"] < 1e-5 and table.loc[name, "weight_gap"] < 1e-3, name
+    bf16 = table.loc["FSDP2 per block, bf16 policy"]
+    assert 0 < bf16.largest_loss_gap < 3e-2 and bf16.weight_gap < 0.3  # bf16's rounding, not another model
+    n, world = record["parameters"], record["world_size"]
+    unsharded = table.loc["one model (unsharded)"]
+    assert unsharded.parameters_mib * 2**20 == 4 * n and unsharded.optimizer_mib * 2**20 == 8 * n
+    assert unsharded.of_unsharded == 1.0
+    for name in ("FSDP2 per block", "FSDP2 per block, bf16 policy"):  # the bf16 copies live only while a block runs
+        assert table.loc[name, "of_unsharded"] == pytest.approx(1 / world, abs=0.01), name
+    expected = _tensor_parallel_share(wu.build_gpt(sizes["gpt_size"]), world)
+    assert 1 / world < expected < 1
+    assert table.loc["tensor parallel per block", "parameters_mib"] * 2**20 == pytest.approx(4 * n * expected)
+
+
+@pytest.mark.notebook
+def test_distributed_checkpoint_round_trip_and_reshard_into_one_process(main_run):
+    import workshop_utils as wu
+
+    record, sizes = _beyond(main_run, "checkpoint"), _beyond_sizes()
+    folder, world = main_run.dir / "checkpoints" / "dcp", record["world_size"]
+    trip = record["round_trip"]
+    assert trip["parameters_equal"]
+    assert trip["next_step_loss"]["saved"] == trip["next_step_loss"]["restored"]  # optimizer state restored too
+    assert {f["file"] for f in trip["files"]} == {".metadata", *(f"__{rank}_0.distcp" for rank in range(world))}
+    single = wu.load_into_one_process(folder / "sharded", wu.build_model(sizes["model"]))
+    assert wu.parameter_checksum(single, buffers=False) == trip["parameter_checksum"]
+    stall = {r["mode"]: r for r in record["stall"]["rows"]}
+    saves = sizes["ckpt_steps"] // sizes["ckpt_every"]
+    assert stall["none"]["saves"] == 0 and stall["sync"]["saves"] == stall["async"]["saves"] == saves >= 2
+    assert (folder / "stall" / f"async-step{sizes['ckpt_steps']}" / ".metadata").exists()
+    # the first save apart from the later ones, the background write timed, the state's size: what the sentence reads
+    for mode in ("sync", "async"):
+        assert stall[mode]["first_save_blocked_ms"] > 0 and stall[mode]["later_saves_blocked_ms"] > 0
+    assert stall["async"]["background_write_ms"] > 0 and stall["sync"]["background_write_ms"] is None
+    assert record["stall"]["state_mib_per_rank"] > 0
+    assert "dcp.async_save blocked training" in wu.stall_summary(record["stall"])
