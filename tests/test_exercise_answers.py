@@ -450,7 +450,8 @@ WRONG = [
     pytest.param("3.3", {"amp_step": amp_with(context=lambda: torch.autocast("cuda", dtype=torch.float16,
                                                                              enabled=False))},
                  ["ran in torch.float32, not float16", "another device"], id="3.3-cuda-autocast-on-cpu"),
-    pytest.param("3.3", {"amp_step": zeroed_at_the_end}, ["not cleared at the start of the step"],
+    pytest.param("3.3", {"amp_step": zeroed_at_the_end},
+                 ["previous step's gradients", "asks the step to clear them first"],
                  id="3.3-zero-grad-at-the-end"),
     # Exercise 3.3: the crashes, now one line each, naming the mistake (or the attendee's line).
     pytest.param("3.3", {"amp_step": amp_with(before=lambda model: model.half())},
@@ -509,7 +510,8 @@ WRONG = [
                  id="5.1-zero1-whole-h100"),
     pytest.param("5.1 zero1", {"gpus": 5}, ["`zero1_gpus` = 5", "41.7 GiB"], id="5.1-zero1-zero2-count"),
     # Exercise 4.2, 4.3.
-    pytest.param("4.2", {"largest_batch": LARGEST + 1}, ["rounded up"], id="4.2-rounded-up"),
+    pytest.param("4.2", {"largest_batch": LARGEST + 1}, [f"`largest_batch` = {LARGEST + 1} is not right: too large"],
+                 id="4.2-rounded-up"),
     pytest.param("4.2", {"mib_per_sample": INTERCEPT}, [f"`mib_per_sample` = {INTERCEPT:.4g} is not right"],
                  id="4.2-the-intercept"),
     pytest.param("4.3", {"biggest_phase": 3}, ["column name (text)"], id="4.3-a-number"),

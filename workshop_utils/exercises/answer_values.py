@@ -1,9 +1,5 @@
-"""What an exercise's answer is, before any tool reads it: one line to show it by, its kind in words, and
-one real number (or a whole number's exact digits) from any numeric type an attendee may hold.
-
-Notebook 06's checks share these, and its readers of Slurm, bash and torchrun raise ``Problem`` for what
-those tools would not read, so that every wrong answer ends as one line ("what is wrong. Fix: hint").
-"""
+"""What an answer is before any check reads it: one line to show it by, its kind in words, and one real number
+(or a whole number's exact digits) from any numeric type an attendee may hold; ``Problem`` for what is none."""
 
 from __future__ import annotations
 
@@ -14,11 +10,10 @@ import numbers
 
 
 class Problem(Exception):
-    """A mistake found while reading an answer: "problem. Fix: hint", as the readers return them."""
+    """A mistake found while reading an answer: "problem. Fix: hint"."""
 
 
 def show(value, limit: int = 60) -> str:
-    """``value`` as it may appear inside a one-line message: no line breaks, no control characters, short."""
     try:
         text = value if isinstance(value, str) else repr(value)
     except Exception:
@@ -28,7 +23,6 @@ def show(value, limit: int = 60) -> str:
 
 
 def kind(value) -> str:
-    """What an answer is, in words: "a list", "a dict", "text", ..."""
     if value is None:
         return "None"
     if isinstance(value, str):
@@ -38,8 +32,7 @@ def kind(value) -> str:
 
 
 def scalar(value):
-    """The one number ``value`` holds, unwrapped from a NumPy 0-d array or a 0-d tensor; ``Problem`` saying
-    what it is otherwise (None, a truth value, text, a list, an array of several, ...)."""
+    """The one number ``value`` holds, unwrapped from a 0-d array or tensor; ``Problem`` saying what it is else."""
     if value is None:
         raise Problem("is None")
     if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
@@ -68,8 +61,7 @@ def scalar(value):
 
 
 def number_of(value) -> float:
-    """One real number from an int, a float, a Decimal, a Fraction, a NumPy scalar or 0-d array, a 0-d tensor;
-    ``Problem`` saying what ``value`` is otherwise (NaN and infinities included)."""
+    """A finite float from any real number type; ``Problem`` saying what ``value`` is otherwise."""
     value = scalar(value)
     if isinstance(value, decimal.Decimal) and not value.is_finite():
         raise Problem("is nan" if value.is_nan() else f"is {'-' if value.is_signed() else ''}inf")
@@ -89,8 +81,7 @@ def number_of(value) -> float:
 
 
 def whole_digits(value) -> str | None:
-    """A whole number's exact digits (a huge int stays exact, never through a float); None for a fraction.
-    ``Problem`` for what is no number at all."""
+    """A whole number's exact digits (a huge int never goes through a float); None for a fraction."""
     value = scalar(value)
     size = (abs(int(value)).bit_length() * 0.30103 if isinstance(value, numbers.Integral) else
             value.adjusted() if isinstance(value, decimal.Decimal) and value.is_finite() else
@@ -106,7 +97,6 @@ def whole_digits(value) -> str | None:
 
 
 def kit_failure(exercise: str, err: Exception):
-    """A bug of a check itself, still one line for the attendee (and a test failure for the kit)."""
     from .exercise_cells import NotYet
 
     return NotYet(f"✗ {exercise}: the check itself failed on this answer ({type(err).__name__}: {show(str(err))}).",

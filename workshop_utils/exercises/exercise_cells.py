@@ -1,11 +1,7 @@
-"""The exercise cells: the attendee writes the code, a check right after it says pass or what is wrong.
-
-The committed notebooks hold each solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's
-style), so that CI executes them as they are and every exercise is proven solvable; the attendees' copies
-(``make attendee``) hold ``# YOUR CODE HERE`` and the block's ``### PLACEHOLDER`` lines (``achieved_tflops = ...``)
-in its place. ``...`` is Python's Ellipsis, which every check reads as "not done": one "not yet solved" line and
-False, so that the attendees' copy runs from top to bottom before anyone has written a line. A wrong answer raises
-``NotYet``, a ``WorkshopError`` shown as one line, so that a headless run of the solved notebooks fails.
+"""The exercise cells: the committed notebooks hold each solution between nbgrader-style markers, so that CI proves
+every exercise solvable; the attendees' copies (``make attendee``) hold the block's placeholders (``x = ...``) instead.
+A check reads ``...`` as "not yet solved" (one line, False: the copy runs top to bottom) and raises ``NotYet`` on a
+wrong answer, so that a headless run of the solved notebooks fails.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ class Unsolved(NotYet):
 
 
 def exercise_check(check):
-    """Decorate a check: an ``Unsolved`` answer prints its one line and returns False instead of raising."""
 
     @functools.wraps(check)
     def run(*args, **kwargs):
@@ -48,7 +43,6 @@ def exercise_check(check):
 
 
 def require_answered(value, exercise: str, problem: str, hint: str) -> None:
-    """Raise ``Unsolved`` (not yet solved, no mistake) while ``value`` is the placeholder ``...``."""
     if value is ...:
         raise Unsolved(f"… {exercise}: not yet solved: {problem}", hint)
 
@@ -62,13 +56,11 @@ def solved(*answers, exercise: str) -> bool:
 
 
 def passed(exercise: str, detail: str = "") -> bool:
-    """Show the one line a passing check shows (bold and green in a notebook, plain text elsewhere)."""
     show_verdict(f"✓ {exercise}: correct" + (f" ({detail})" if detail else "") + ".")
     return True
 
 
 def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
-    """Raise ``NotYet`` with the problem and the hint unless ``condition`` holds."""
     if not condition:
         raise NotYet(f"✗ {exercise}: {problem}", hint)
 
@@ -77,8 +69,7 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
 
 
 def attendee_source(source: str, where: str = "cell") -> str:
-    """A code cell's source with every solution block replaced by ``# YOUR CODE HERE`` and its placeholders;
-    a malformed block (unclosed, nested, a stray END or placeholder, a misspelt marker) is one line naming ``where``."""
+    """A code cell's source with every solution block replaced by its placeholders; a malformed block is one line."""
     out, opened = [], None
     for number, line in enumerate(source.splitlines(), start=1):
         text, indent = line.strip(), line[: len(line) - len(line.lstrip())]
@@ -110,11 +101,8 @@ def attendee_source(source: str, where: str = "cell") -> str:
 
 
 def attendee_notebook(source_path, out_path) -> int:
-    """Write the attendee's copy of one notebook, outputs cleared; return its number of exercises.
-
-    A cell tagged ``exercise`` must hold a solution block and a block must sit in such a cell, so
-    that no solution reaches an attendee untagged and no check stands after an empty exercise.
-    """
+    """Write the attendee's copy of one notebook, outputs cleared; return its number of exercises. The tag
+    ``exercise`` and a solution block go together: no solution reaches an attendee untagged."""
     import nbformat
 
     source_path, out_path = Path(source_path), Path(out_path)
@@ -147,7 +135,6 @@ def attendee_notebook(source_path, out_path) -> int:
 
 
 def write_attendee_notebooks(folder_in="notebooks", folder_out="notebooks/attendee") -> list[Path]:
-    """The attendees' copies of every notebook in ``folder_in``, written to ``folder_out`` (``make attendee``)."""
     sources = sorted(Path(folder_in).glob("*.ipynb"))
     if not sources:
         raise WorkshopError(f"No notebook in {folder_in}.", "pass the folder that holds the committed notebooks.")

@@ -1,6 +1,5 @@
-"""Notebook 03's exercises: fp16's range (gradients lost to 0, the largest safe loss scale) and a
-training step with autocast and GradScaler, run against the textbook step on a small model.
-"""
+"""Notebook 03's exercises: fp16's range (gradients lost to 0, the largest safe loss scale) and a training step
+with autocast and GradScaler, run against the textbook step on a small model: GradScaler judges its own calls."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ from .exercise_judging import attendee_error, attendee_function, called, checked
 @checked
 def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1.0,
                         exercise: str = "Exercise 3.1") -> bool:
-    """Share of the non-zero gradient values that become exactly 0 when (scaled and) cast to fp16."""
     value = number(lost_fraction, exercise, "lost_fraction", "one number, a fraction between 0 and 1")
     g = gradients.detach().flatten().float().cpu() if torch.is_tensor(gradients) else torch.zeros(0)
     nonzero = g[g != 0]
@@ -45,9 +43,8 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
 @checked
 def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.float16,
                           exercise: str = "Exercise 3.2") -> bool:
-    """The largest power of two S with S x (largest gradient) at most ``finfo(dtype).max``, as the exercise asks. A
-    cast rounds to nearest, so a product a little above max (below 65,520 for float16) still becomes max, finite:
-    the next power landing there is accepted too. A wrong S is told what the cast does with S x largest, or 2S x."""
+    """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``. A cast rounds to nearest,
+    so a product a little above max (below 65,520 for float16) still becomes max, finite: that S passes too."""
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
     tensors = [t for t in (gradients.values() if isinstance(gradients, dict) else [gradients])
                if torch.is_tensor(t) and t.numel()]
@@ -94,9 +91,8 @@ def _amp_model(device: torch.device) -> nn.Module:
 
 
 def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str, zero_grad: bool = True):
-    """One step on a small seeded MLP with stale gradients in place: (model, scaler, loss, dtypes seen). With
-    ``amp_step=None`` the textbook step (or the one that forgets ``zero_grad``). GradScaler itself refuses its calls
-    out of order ("No inf checks were recorded prior to update."): its words and the attendee's line are the line."""
+    """One step on a small seeded MLP with stale gradients in place: (model, scaler, loss, dtypes seen); with
+    ``amp_step=None`` the textbook step. GradScaler's own refusal of calls out of order is the message."""
     model = _amp_model(device)
     images, labels = torch.randn(16, 32, device=device), torch.randint(0, 10, (16,), device=device)
     for p in model.parameters():
@@ -128,9 +124,8 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str,
 
 
 def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, tolerance: float = 0.02) -> bool:
-    """The step moved every parameter as the reference step did, to ``tolerance`` of the reference's move: fp16
-    rounding in a loss computed another way (a log-softmax in fp16 on one device, fp32 on another) moves the update
-    by far less than 1%, every mistake by far more."""
+    """Every parameter moved as the reference step moved it, to ``tolerance``: fp16 rounding of a loss computed
+    another way moves the update by far less than 1%, every mistake by far more."""
     for p, q, s in zip(model.parameters(), reference.parameters(), start.parameters()):
         mine, theirs = p.detach().float() - s.detach().float(), q.detach().float() - s.detach().float()
         if p.shape != q.shape or not bool(torch.isfinite(mine).all()) or \
@@ -141,11 +136,8 @@ def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, toler
 
 @checked
 def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3") -> bool:
-    """Run ``amp_step(model, images, labels, optimizer, scaler)`` on a small model against the textbook step: once
-    with a scale that overflows (the step must be skipped and the scale halved) and once with one that fits (the
-    weights must move as a correct fp16 step moves them, and the scale grow, as it does after every clean step
-    here). Any loss that computes the cross-entropy of the logits passes, whichever ops autocast runs it in.
-    """
+    """``amp_step`` against the textbook step: with a scale that overflows (the step skipped, the scale halved)
+    and one that fits (the weights moved as a correct fp16 step moves them, the scale grown)."""
     attendee_function(amp_step, exercise, "amp_step", "model, images, labels, optimizer, scaler")
     device = as_device(device, exercise)
     scale, overflow = 2.0**8, 2.0**40  # 2**40 times a logit gradient of order 1/16 is far beyond fp16's 65,504
@@ -170,13 +162,12 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     reference, _, reference_loss, _ = _amp_trial(None, device, scale, exercise)
     if not _same_update(model, reference, start):  # named where the step that forgets zero_grad moves it alike
         stale = _same_update(model, _amp_trial(None, device, scale, exercise, zero_grad=False)[0], start)
-        raise NotYet(f"✗ {exercise}: " + ("the previous step's gradients were added to this step's: they were not "
-                                          "cleared at the start of the step." if stale else
+        raise NotYet(f"✗ {exercise}: " + ("the previous step's gradients were added to this step's: the exercise "
+                                          "asks the step to clear them first." if stale else
                                           "the weights after the step differ from a correct fp16 step's."),
-                     "call optimizer.zero_grad(set_to_none=True) first, before the backward pass (zeroing at the end "
-                     "of a step leaves whatever came before the first call)." if stale else "zero the gradients, "
-                     "forward and loss under autocast, scaler.scale(loss).backward(), scaler.step(optimizer), "
-                     "scaler.update().")
+                     "call optimizer.zero_grad(set_to_none=True) at the start of the step, as item 1 of the exercise "
+                     "says." if stale else "zero the gradients, forward and loss under autocast, "
+                     "scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update().")
     returned = number(loss, exercise, "returned loss", "one number (the loss tensor)")
     right = reference_loss.item()
     require(math.isclose(returned, right, rel_tol=1e-2), exercise,

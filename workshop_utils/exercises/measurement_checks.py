@@ -1,8 +1,6 @@
 """Notebook 04's exercises: measure, then decide (the loader's workers, the batch that fits, the next fix).
-
-Exercise 4.1's answer is a function: on a measured sweep some mistakes give the right numbers by
-chance, so the check also runs it on a sweep it builds, where every mistake gives its own answer.
-"""
+4.1's answer is a function: on a measured sweep some mistakes give the right numbers by chance, so the check also
+runs it on a sweep it builds, where every mistake gives its own answer."""
 
 from __future__ import annotations
 
@@ -18,13 +16,10 @@ from .exercise_judging import attendee_function, called, checked, count, describ
 
 
 def constructed_loader_sweep(pinned: bool = True):
-    """A loader sweep where each mistake of Exercise 4.1 gives its own answer: (table, starting row). The start is
-    not the first row, the slowest, the longest wait, 0 workers, the fastest or the most workers; the row that waits
-    least is not the fastest. Its columns are ``dataloader_sweep``'s, so that any of them reads as on the measured
-    sweep (``start.amdahl_max_speedup``, ``step_ms_median``)."""
+    """A loader sweep with ``dataloader_sweep``'s columns where each mistake of 4.1 gives its own answer: (table,
+    starting row). The start is no extreme row; the row that waits least is not the fastest."""
     import pandas as pd
 
-    # The row that waits least is not the fastest (8 workers unpinned; 2 pinned where pinning was swept).
     rows = [(8, False, 1700.0, 0.10), (0, False, 1000.0, 0.55), (4, False, 1900.0, 0.12), (2, False, 1600.0, 0.25)]
     if pinned:
         rows += [(0, True, 1050.0, 0.50), (2, True, 1650.0, 0.04), (4, True, 2000.0, 0.08), (8, True, 1750.0, 0.18)]
@@ -78,13 +73,8 @@ def _judge_loader(answers, sweep, start, exercise: str) -> tuple[int, float, flo
 
 @checked
 def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercise: str = "Exercise 4.1") -> bool:
-    """``loader_choice(sweep, start)`` returns the fastest row's workers, its speed-up over the starting row,
-    and Amdahl's ceiling 1 / (1 - f) there.
-
-    Judged on the measured sweep, and on one the check builds where every mistake gives its own answer:
-    on a measured sweep whose starting row is the fastest, "upside down" and the fastest row's f give the
-    right numbers by chance.
-    """
+    """``loader_choice(sweep, start)``: the fastest row's workers, its speed-up over ``start``, and Amdahl's ceiling
+    1 / (1 - f) at ``start``; judged on the measured sweep and on ``constructed_loader_sweep``."""
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
     rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
     if rows.empty:
@@ -123,8 +113,8 @@ def _same_answer(a, b) -> bool:
 @checked
 def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: float,
                        exercise: str = "Exercise 4.2") -> bool:
-    """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``
-    (the exercise cell sets it, so a value that is no limit is the attendee's to fix)."""
+    """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib`` (set
+    by the exercise cell: a value that is no limit is the attendee's to fix)."""
     try:
         limit = number(limit_mib, exercise, "limit_mib")
     except NotYet:  # the placeholder too: the cell's first line, not the answer
@@ -150,9 +140,8 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
     from_given = math.floor((limit_mib - intercept) / value) if value > 0 else None  # the slope as they rounded it
     no_intercept = ("that leaves the intercept out: at batch b the line is intercept + slope x b.",
                     "the line includes the intercept: solve intercept + slope * b <= limit.")
-    verdict(largest, right, exercise, "largest_batch", [
-        (math.ceil((limit_mib - intercept) / slope), "rounded up: at that batch the line is above the limit.",
-         "round down."), *[(math.floor(limit_mib / s), *no_intercept) for s in (slope, value) if s > 0]],
+    verdict(largest, right, exercise, "largest_batch", [(math.floor(limit_mib / s), *no_intercept)
+                                                        for s in (slope, value) if s > 0],
         "the largest whole batch b with intercept + slope * b <= limit_mib.", whole=True, also=[from_given],
         inputs=f"intercept {intercept:,.1f} MiB + {slope:.4g} MiB x b <= {limit_mib:,.0f} MiB")
     return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
@@ -160,11 +149,8 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
 
 @checked
 def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
-    """The top rung's largest part of the step, and Amdahl's speed-up of the step if that part ran twice as fast.
-
-    Parts that tie for the largest as wu.show_table shows them (three significant figures, which a reader cannot
-    tell apart) are each right, each judged with its own share.
-    """
+    """The top rung's largest part of the step, and Amdahl's speed-up if it ran twice as fast; parts that tie as
+    wu.show_table shows them are each right."""
     parts = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]
     top = breakdown.iloc[-1]
     largest = format_number(max(float(top[part]) for part in parts))
