@@ -1,7 +1,5 @@
-"""Notebook 05's exercises: ZeRO's memory per GPU, FSDP's traffic against DDP's, and the pipeline bubble.
-
-A count is judged by what it does (``smallest``), a time against the ring model's, from its inputs.
-"""
+"""Notebook 05's exercises: ZeRO's memory per GPU, FSDP's traffic against DDP's, and the pipeline bubble. A count is
+judged by what it does (``smallest``), a time against the ring model's."""
 
 from __future__ import annotations
 
@@ -56,7 +54,6 @@ def _is_infinite(value) -> bool:
 @checked
 def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
                       exercise: str = "Exercise 5.1") -> bool:
-    """The smallest number of GPUs whose ZeRO ``stage`` share of ``parameters`` fits ``budget_gib`` each."""
     name, (kept, split) = f"zero{stage}_gpus", _kept_and_split(parameters, stage, precision)
     right = fewest_gpus(parameters, budget_gib, stage, precision)
     if right == math.inf:
@@ -78,8 +75,6 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
 @checked
 def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Link,
                        exercise: str = "Exercise 5.2") -> bool:
-    """DDP: one ring all-reduce of the gradients (two passes). FSDP: two all-gathers of the parameters and one
-    reduce-scatter (three passes), each pass (p-1) * alpha + (p-1)/p * n / B."""
     p = world_size
     one_pass = (p - 1) * link.latency_us * 1e-6 + (p - 1) / p * n_bytes / (link.bandwidth_gbps * 1e9)
     inputs = f"{{}} passes of (p-1) * alpha + (p-1)/p * n / B, p = {p}, alpha = {link.latency_us:g} us, " \
@@ -96,7 +91,6 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
 
 @checked
 def check_microbatches(microbatches, stages: int, target: float, exercise: str = "Exercise 5.3") -> bool:
-    """The fewest micro-batches that bring the bubble of ``stages`` equal stages down to ``target``."""
     value = smallest(count(microbatches, exercise, "microbatches", "a whole number of micro-batches"), exercise,
                      "microbatches", lambda m: bubble_fraction(stages, m), target + 1e-12,
                      lambda m, bubble: f"with m = {m} the bubble (p-1) / (m+p-1) is {bubble:.3f}, above {target:g}",

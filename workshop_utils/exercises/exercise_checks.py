@@ -1,9 +1,5 @@
-"""The checks of the notebooks' exercises, importable from one place; the GPT's two (Exercises 1.4 and 2.4) live here,
-the others beside their notebook: ``tflops_checks`` (01), ``fp16_checks`` (03), ``measurement_checks`` (04),
-``beyond_dp_checks`` (05). A check works the right answer out from the inputs the exercise names (never a number
-typed in) and judges with ``exercise_judging``; where the data cannot tell a mistake from the right answer, the
-attendee writes a function and the check also runs it where they differ (4.1's sweep, 1.4's second GPT).
-"""
+"""Every check of notebooks 01-05 from one place, and the GPT's two (1.4, 2.4). Where the exercise's data cannot tell
+a mistake from the right answer, the attendee writes a function and the check also runs it where they differ."""
 
 from __future__ import annotations
 
@@ -25,18 +21,13 @@ __all__ = [  # every check, and what the tests read of them, from this one path
     "constructed_loader_sweep", "fewest_gpus", "activation_bytes_per_sequence", "largest_micro_batch",
 ]
 
-# ---------------------------------------------------------------- the GPT: FLOPs per token, micro-batches
-
-
-# Exercise 1.4's second configuration: sequence, width and context all differ (in the cpu profile the
-# sequence, the width and the context are all 128, so 12·L·d·T, 12·L·d² and 12·L·d·context agree there).
+# Exercise 1.4's second configuration: sequence, width and context all differ (in the cpu profile all are 128).
 SECOND_GPT = (2_345_678, 3, 96, 200)  # parameters, layers, width, sequence: the function's order
 
 
 def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float):
-    """The mistakes the notebook's text names: the position table left out (nanoGPT's N), attention halved for the
-    causal mask, the counter's number. Judged at the exercise's sizes only: at the second, half of attention lands
-    within 0.1% of width² in place of the sequence, which it would misname."""
+    """The mistakes the notebook's text names, judged at the exercise's sizes only: at the second, half of attention
+    lands within 0.1% of width² in place of the sequence, which it would misname."""
     return [
         (6 * (N - context * d) + 12 * L * d * T, "that leaves the position table out (nanoGPT's convention); "
                                                  "this exercise's N is every trainable parameter.",
@@ -51,10 +42,7 @@ def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float
 @checked
 def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, sequence_length: int,
                           counted: float, exercise: str = "Exercise 1.4") -> bool:
-    """``gpt_flops_per_token(parameters, layers, width, sequence)``: 6·N + 12·layers·width·sequence, N every
-    trainable parameter, shown beside what ``torch.utils.flop_counter`` counted on the model itself. Judged at the
-    exercise's sizes, then at ``SECOND_GPT``, where sequence, width and context differ (in the cpu profile all are
-    128, so width² or the context in place of the sequence is right there)."""
+    """6·N + 12·layers·width·sequence, judged at the exercise's sizes, then at ``SECOND_GPT``."""
     attendee_function(gpt_flops_per_token, exercise, "gpt_flops_per_token", "parameters, layers, width, sequence")
     hint = "FLOPs per token = 6 x parameters + 12 x layers x width x sequence, from the function's arguments."
     first = formula = None
@@ -76,20 +64,15 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
 
 def activation_bytes_per_sequence(size: GPTSize, sequence_length: int, stored_attention: bool = False,
                                   logits: bool = True) -> float:
-    """Activations one sequence keeps for the backward pass in 16-bit training: all blocks, and the loss's logits.
-
-    Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), section 4:
-    per layer, sequence s, width h, a heads, s·h·(34 + 5·a·s/h) bytes. The 5·a·s/h term is the attention
-    matrix; a fused attention kernel (scaled_dot_product_attention's flash path) never stores it. The blocks
-    are not all: the loss's bf16 logits and their fp32 log-softmax (2 + 4 bytes a token and vocabulary entry;
-    GPT-2 small at 1,024 tokens 0.29 GiB, as much as 12 blocks' 0.30 GiB) come on top unless ``logits=False``.
+    """Activations one sequence keeps for the backward pass in 16-bit training. Korthikanti et al. (2022), section
+    4: s·h·(34 + 5·a·s/h) bytes a layer, the 5·a·s/h the attention matrix a fused kernel never stores; the loss's
+    bf16 logits and fp32 log-softmax (2 + 4 bytes a token and vocabulary entry) come on top unless ``logits=False``.
     """
     per_layer = sequence_length * size.width * 34 + (5 * size.heads * sequence_length ** 2 if stored_attention else 0)
     return float(size.layers * per_layer + (sequence_length * size.vocab * (2 + 4) if logits else 0))
 
 
 def gib(n_bytes: float) -> str:
-    """Bytes as GiB to read: 18.8, 19,224, 5.87e+29."""
     return format_number(round(n_bytes / 2**30, 1))
 
 
@@ -106,8 +89,6 @@ def largest_micro_batch(size: GPTSize, sequence_length: int, free_bytes: float, 
 @checked
 def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_length: int, target_tokens: int,
                            ranks: int, free_bytes: float, exercise: str = "Exercise 2.4") -> bool:
-    """The largest power-of-two micro-batch whose activations and logits fit, and the accumulation steps that
-    reach the global batch."""
     micro = count(micro_batch, exercise, "micro_batch", "a whole number of sequences")
     steps = count(accumulation, exercise, "accumulation", "a whole number of micro-batches")
     require(micro >= 1 and steps >= 1, exercise, "both must be 1 or more.", "count sequences and steps from 1.")

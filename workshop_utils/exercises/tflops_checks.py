@@ -1,8 +1,5 @@
-"""Notebook 01's exercises: achieved TFLOP/s, a matrix multiply's TFLOP/s and MFU, worked out by hand.
-
-Each check works its right answer out from the inputs the exercise names and judges the attendee's
-with ``exercise_judging``; MFU first says when an earlier answer it builds on is not right yet.
-"""
+"""Notebook 01's exercises: achieved TFLOP/s, a matrix multiply's TFLOP/s and MFU, each judged from the inputs the
+exercise names; MFU carries 1.1's and 1.2's answers as the attendee rounded them."""
 
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ from .exercise_judging import answered_input, called, carried, checked, describe
 @checked
 def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_s: float,
                           exercise: str = "Exercise 1.1") -> bool:
-    """achieved TFLOP/s = training FLOPs per sample x samples per second / 1e12."""
     for name, given in (("flops_per_sample", flops_per_sample), ("samples_per_s", samples_per_s)):
         if not (isinstance(given, numbers.Real) and not isinstance(given, bool) and math.isfinite(given) and given > 0):
             raise WorkshopError(f"{exercise}: the run's {name} = {given!r} is not above 0.",
@@ -35,7 +31,6 @@ def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_
 
 
 def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
-    """The seconds of each repeat in what ``wu.time_repeats`` returned (or a list of seconds)."""
     require_answered(timings, exercise, f"`{name}` is still the placeholder `...`.",
                      "store what wu.time_repeats(...) returns in it, run that cell, then this one.")
     values = timings.seconds if isinstance(timings, Timings) else timings
@@ -59,8 +54,8 @@ def _exercise_n(device) -> int:
 
 
 def _timed_workload(timed, n: int, device, exercise: str) -> None:
-    """``timed``, the function handed to wu.time_repeats, must do what the exercise times: one n x n by n x n
-    float32 product, 2 n^3 FLOPs by ``torch.utils.flop_counter``, on ``device``."""
+    """``timed`` must do what the exercise times: one n x n float32 product on ``device``, 2 n^3 FLOPs by
+    ``torch.utils.flop_counter``."""
     from torch.utils.flop_counter import FlopCounterMode
 
     answered_input(timed, exercise, "the exercise cell", "matmul")
@@ -84,10 +79,8 @@ def _timed_workload(timed, n: int, device, exercise: str) -> None:
 def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None = None, device=None,
                         exercise: str = "Exercise 1.2", *, timings=None, precision: str = "fp32",
                         timed=None) -> bool:
-    """2 n^3 FLOPs in the median of ``timings`` (``seconds``, its median; without ``timings`` ``seconds`` stands for
-    the measurement), at most the data-sheet peak of ``precision``. ``timed`` must do one n x n float32 multiply
-    (``torch.utils.flop_counter`` counts it); with ``device`` the check times one too and shows it beside the answer,
-    refusing only a gap beyond 20x: on a shared machine both timings move with other people's work."""
+    """2 n^3 FLOPs in the median of ``timings``, at most the data-sheet peak. With ``device`` the check times the
+    multiply too and refuses only a gap beyond 20x: on a shared machine both timings move with others' work."""
     if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
         raise WorkshopError(f"{exercise}: n = {n!r} is no matrix size.", "pass the n of the exercise cell.")
     if device is not None:
@@ -139,7 +132,6 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
 
 
 def _device_name(name, exercise: str) -> str:
-    """The device's name as the environment reports it (env["device_name"])."""
     if not isinstance(name, str):
         raise WorkshopError(f"{exercise}: the device name is {name!r}, not a name.",
                             'pass env["device_name"], as the check cell does.')
@@ -150,11 +142,8 @@ def _device_name(name, exercise: str) -> str:
 def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
               exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
               samples_per_s: float | None = None, n: int | None = None, timings=None, seconds=None) -> bool:
-    """MFU = the achieved rate / the data-sheet peak for ``precision``, or / the measured matmul rate without one.
-
-    Given the inputs 1.1 and 1.2 start from, an earlier answer not right yet is said first ("fix Exercise 1.1
-    first"); one its check accepted rounded carries as it is. Of a measured rate MFU can exceed 1 when that rate was
-    timed on a busy machine: the pass says so instead of refusing a right division over a stopwatch."""
+    """MFU = the achieved rate / the data-sheet peak, or / 1.2's measured rate without one: then MFU may exceed 1
+    (a multiply timed on a busy machine), which the pass says instead of refusing a right division."""
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
     _device_name(device_name, exercise)
@@ -186,7 +175,6 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                                         if exact else "."))
     value = number(mfu, exercise, "mfu", "one number, a fraction")
     source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
-    # The attendee's own 1.1 and 1.2, as rounded as those checks accepted them, or the unrounded rates: both right.
     verdict(value, right, exercise, "mfu", [(1.0 if right > 1 else None, "that caps MFU at 1; of a measured rate, "
             "standing in for a peak, it may be above 1.", "MFU = achieved TFLOP/s / peak TFLOP/s, not capped.")],
             "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction (0.05 is 5%).",
@@ -196,8 +184,6 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                     (value <= 1 or right > 1, "MFU above 1 would be faster than the peak, which no run is.",
                      "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction between 0 and 1.")])
     if right > 1:
-        # Only a measured stand-in gets here (a data-sheet peak above was enforced): the arithmetic is right,
-        # and whether the multiply was timed on a busy machine is a stopwatch's matter, so it is said, not refused.
         percent = 100 * (value if value > 1 else right)  # as many decimals as show it above 100 (100.4, not 100)
         percent = next((f"{percent:.{d}f}" for d in range(6) if round(percent, d) > 100), f"{percent:.6f}")
         return passed(exercise, f"MFU {percent}% of the measured matmul rate: above 100% means the multiply "
