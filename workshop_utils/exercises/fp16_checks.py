@@ -43,37 +43,30 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
 @checked
 def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.float16,
                           exercise: str = "Exercise 3.2") -> bool:
-    """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``. A cast rounds to nearest,
-    so a product a little above max (below 65,520 for float16) still becomes max, finite: that S passes too."""
+    """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``; a product the cast still
+    rounds down to max (below 65,520 for float16) passes too: the cast itself decides."""
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
     tensors = [t for t in (gradients.values() if isinstance(gradients, dict) else [gradients])
                if torch.is_tensor(t) and t.numel()]
-    if not tensors:
-        raise WorkshopError(f"{exercise}: no gradient tensor to judge against.",
-                            "pass the gradients the exercise names.")
-    largest = max(float(t.detach().abs().max()) for t in tensors)
+    largest = max((float(t.detach().abs().max()) for t in tensors), default=math.nan)
     if not (math.isfinite(largest) and largest > 0):
         raise WorkshopError(f"{exercise}: the largest gradient is {largest}.", "pass the measured gradients.")
-    info = torch.finfo(dtype)
-    limit = info.max
-    overflow = limit + 2.0 ** math.floor(math.log2(limit)) * info.eps / 2  # from here up, a cast rounds to inf
+    limit, name = torch.finfo(dtype).max, str(dtype).removeprefix("torch.")
     right = 2.0 ** math.floor(math.log2(limit / largest))
     require(value > 0 and math.log2(value).is_integer(), exercise,
             f"`safe_scale` = {value:g} is not a power of two.",
             "use 2.0 ** k: scaling by a power of two changes only the exponent, so it is exact.")
-    name = str(dtype).removeprefix("torch.")
     fix = f"take the largest power of two S with S x the largest gradient <= finfo({name}).max ({limit:,.0f})."
-    require(value * largest < overflow, exercise, f"`safe_scale` = {value:g}: {value:g} x {largest:.6g} = "
-            f"{value * largest:,.6g}, which the cast to {name} rounds to inf (only values below {overflow:,.0f} "
-            f"round to {limit:,.0f}, the largest finite).", fix)
+    product = value * largest
+    cast = torch.tensor(product, dtype=torch.float64).to(dtype).item()
+    require(math.isfinite(cast), exercise, f"`safe_scale` = {value:g}: {value:g} x {largest:.6g} = {product:,.6g}, "
+            f"which the cast to {name} rounds to inf.", fix)
     require(value >= right, exercise, f"`safe_scale` = {value:g} is one power short or more: a larger power of two "
             f"still keeps the largest gradient at most {limit:,.0f}.", fix)
-    edge = value * largest > limit  # above max, but the cast rounds it down to max
     return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
-                            + (f"{value * largest:,.6g}, above {limit:,.0f} but below {overflow:,.0f}: cast to {name} "
-                               f"it rounds to {limit:,.0f}, still finite" if edge else
-                               f"{value * largest:,.0f}, {'below' if round(value * largest) < limit else 'at most'} "
-                               f"{limit:,.0f}"))
+                            + (f"{product:,.6g}, above {limit:,.0f}: cast to {name} it rounds to {cast:,.0f}, still "
+                               "finite" if product > limit else
+                               f"{product:,.0f}, {'below' if round(product) < limit else 'at most'} {limit:,.0f}"))
 
 
 _ORDER = ("once each, in GradScaler's order: scaler.scale(loss).backward(), then scaler.step(optimizer), then "
