@@ -65,9 +65,6 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
         raise NotYet(f"✗ {exercise}: {problem}", hint)
 
 
-# ---------------------------------------------------------------- the attendees' copies
-
-
 def attendee_source(source: str, where: str = "cell") -> str:
     """A code cell's source with every solution block replaced by its placeholders; a malformed block is one line."""
     out, opened = [], None

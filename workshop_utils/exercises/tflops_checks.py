@@ -146,11 +146,10 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     (a multiply timed on a busy machine), which the pass says instead of refusing a right division."""
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.",
                      "replace the `...` in the exercise cell with your code, run that cell, then this one.")
-    _device_name(device_name, exercise)
+    table_peak = peak_tflops(_device_name(device_name, exercise), precision)
     exact = [flops_per_sample * samples_per_s / 1e12] if None not in (flops_per_sample, samples_per_s) else []
     achieved = carried(achieved_tflops, exact, exercise, "achieved_tflops", "Exercise 1.1")
     exact_achieved = exact[0] if exact else achieved
-    table_peak = peak_tflops(device_name, precision)
     measured = exact_measured = None  # read only where no data-sheet peak is known: it stands in for one
     if not table_peak:
         answered_input(measured_peak_tflops, exercise, "Exercise 1.2", "matmul_tflops")
