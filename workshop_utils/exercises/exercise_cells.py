@@ -19,6 +19,8 @@ YOUR_CODE_HERE = "# YOUR CODE HERE"
 EXERCISE_TAG = "exercise"
 CHECK_TAG = "check"
 NBVAL_CHECKED_TAG = "nbval-check-output"  # nbval compares the cell's output with tests/nbval/<notebook>.json
+BLOCK_FIX = (f"a block is a line '{BEGIN_SOLUTION}', the solution and its '{PLACEHOLDER}<code>' lines, then "
+             f"'{END_SOLUTION}'; blocks do not nest.")
 
 
 class NotYet(WorkshopError):
@@ -72,28 +74,23 @@ def attendee_source(source: str, where: str = "cell") -> str:
         text, indent = line.strip(), line[: len(line) - len(line.lstrip())]
         problem = None
         if text == BEGIN_SOLUTION:
-            problem = opened and (f"'{BEGIN_SOLUTION}' inside the block opened on line {opened}.",
-                                  f"close that block with '{END_SOLUTION}' first: blocks do not nest.")
+            problem = opened and f"'{BEGIN_SOLUTION}' inside the block opened on line {opened}"
             opened = number
             out.append(indent + YOUR_CODE_HERE)
         elif text == END_SOLUTION:
-            problem = not opened and (f"'{END_SOLUTION}' without a '{BEGIN_SOLUTION}' before it.",
-                                      f"open the block with '{BEGIN_SOLUTION}' or delete this line.")
+            problem = not opened and f"'{END_SOLUTION}' without a '{BEGIN_SOLUTION}' before it"
             opened = None
         elif text == PLACEHOLDER.strip() or text.startswith(PLACEHOLDER):
-            problem = not opened and ("a placeholder line outside a solution block.",
-                                      f"move it between '{BEGIN_SOLUTION}' and '{END_SOLUTION}'.")
+            problem = not opened and "a placeholder line outside a solution block"
             out.append(indent + text[len(PLACEHOLDER):])
         elif text.startswith(("### BEGIN", "### END", "### PLACEHOLDER")):
-            problem = (f"unknown marker {text!r}.",
-                       f"spell it '{BEGIN_SOLUTION}', '{END_SOLUTION}' or '{PLACEHOLDER}<code>'.")
+            problem = f"unknown marker {text!r}"
         elif opened is None:
             out.append(line)
         if problem:
-            raise WorkshopError(f"{where}, line {number}: {problem[0]}", problem[1])
+            raise WorkshopError(f"{where}, line {number}: {problem}.", BLOCK_FIX)
     if opened is not None:
-        raise WorkshopError(f"{where}, line {opened}: '{BEGIN_SOLUTION}' has no '{END_SOLUTION}'.",
-                            f"end the solution with a line '{END_SOLUTION}'.")
+        raise WorkshopError(f"{where}, line {opened}: '{BEGIN_SOLUTION}' has no '{END_SOLUTION}'.", BLOCK_FIX)
     return "\n".join(out)
 
 
