@@ -177,7 +177,7 @@ def test_signal_options_slurm_refuses_are_refused(text):
 def test_sbatch_reads_directives_above_the_first_command_only():
     text = ("#!/bin/bash\n#SBATCH --nodes=1 -t 5 # a comment\n\n# note\n#SBATCH --job-name='a b'\n"
             "echo hi\n#SBATCH -N 2\n")
-    assert rules.sbatch_directives(text) == ["--nodes=1", "-t", "5", "--job-name=a b"]
+    assert rules.directives_and_first_command(text) == (["--nodes=1", "-t", "5", "--job-name=a b"], "echo hi", True)
 
 
 # ---------------------------------------------------------------------- Exercise 6.1: right answers pass

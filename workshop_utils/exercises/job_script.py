@@ -1,6 +1,5 @@
-"""Exercise 6.1's job script and what it asks for: the template with its gaps, the exercise's own
-specification (``JOB_SPEC``), the dict of answers turned into the script, and torchrun's own options as data
-(for the simulated torchrun, which reads its arguments with them).
+"""Exercise 6.1's job script: the template, the exercise's specification (``JOB_SPEC``), the answers filled in,
+and torchrun's options as data for the simulated torchrun.
 """
 
 from __future__ import annotations
@@ -87,18 +86,17 @@ def _gap_text(gap: str, value, exercise: str) -> str:
     flag = "--" + gap.replace("_", "-")
     if isinstance(value, str):
         if "\n" in value or "\r" in value:
-            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) holds a line break: what follows it would become "
-                         "a line of its own in the script.", f"only what goes after {flag}=, on one line.")
+            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) holds a line break, which would start a line of "
+                         "its own.", f"only what goes after {flag}=, on one line.")
         if gap not in DIRECTIVE_GAPS and value[:1].isspace():
             what = "endpoint" if gap == "rdzv_endpoint" else "value"
-            raise NotYet(f"✗ {exercise}: `{gap}` starts with a space: unquoted after {flag}=, the shell splits the "
-                         f"word there, so torchrun would get an empty {what} and read the rest as its next argument.",
-                         "no space after the = (one at the end does no harm).")
+            raise NotYet(f"✗ {exercise}: `{gap}` starts with a space: the shell splits the word there, so torchrun "
+                         f"would get an empty {what} after {flag}=.", "no space after the =.")
         try:
             words = sbatch_arguments(value) if gap in DIRECTIVE_GAPS else []
         except Problem:
-            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) has a quote that does not close: sbatch stops at "
-                         "it.", f"one value for {flag}, without quotes.") from None
+            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) has a quote that does not close: sbatch stops "
+                         "at it.", f"one value for {flag}, without quotes.") from None
         if len(words) > 1:
             raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) is {len(words)} words to sbatch: its #SBATCH line "
                          f"would take only {show(words[0])} as the value.", f"one value for {flag}, without spaces.")

@@ -1,12 +1,6 @@
-"""Exercise 6.1's simulated cluster: srun and torchrun as a job script meets them in the check's simulation.
-
-srun reads its options with Slurm's own table (``slurm_rules``), asks the runner for the step's cores (a step
-without --overlap waits for cores another step holds), starts its tasks on each node (a node later than the one
-before), passes them the signals it receives and ends what they leave behind. torchrun reads its arguments with
-torchrun's own parser (rebuilt from PyTorch's, ``job_script.torchrun_options``), does what torchrun's
-``config_from_args`` does with them, meets the other nodes' agents through the runner (the c10d or static
-rendezvous) and starts the training processes as torchrun does: ``python -u -m MODULE ARGS`` with torchrun's
-environment.
+"""Exercise 6.1's simulated srun and torchrun: srun reads its options with Slurm's table, gets its step's cores
+from the runner and starts its tasks on each node; torchrun reads its arguments with torchrun's own parser
+(rebuilt from PyTorch's), meets the other agents through the runner and starts ``python -u -m MODULE ARGS``.
 """
 
 from __future__ import annotations
@@ -14,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 
 from . import job_script_standins as standins
 from .answer_values import Problem
-from .job_script_standins import CATCHABLE, Link, Loop, die_of, hostlist, say, status_code, which
+from .job_script_standins import CATCHABLE, Link, Loop, die_of, hostlist, say, status_code
 from .slurm_rules import megabytes, slurm_signal
 
 
@@ -189,7 +184,7 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
             if not os.path.exists(program):
                 say(f"srun: error: Unable to open configuration file {program}")
                 os._exit(1)
-        found = which(program, env.get("PATH"))
+        found = shutil.which(program, path=env.get("PATH", "/bin:/usr/bin"))
         base = os.path.basename(found or program)
         if base == "torchrun" or re.fullmatch(r"python[0-9.]*", base):  # the cluster's, wherever they are: the
             if found is None and "/" not in program:                     # simulation's, as long as srun finds them
@@ -320,7 +315,8 @@ def torchrun(argv: list[str], prog: str = "torchrun") -> None:
                           ROLE_WORLD_SIZE=str(round_["world"]), MASTER_ADDR=round_["master_addr"],
                           MASTER_PORT=str(round_["master_port"]), TORCHELASTIC_RESTART_COUNT="0",
                           TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts), TORCHELASTIC_RUN_ID=str(launch["run_id"]))
-        program = python if command[0] == python else which(command[0], env.get("PATH")) or command[0]
+        found = shutil.which(command[0], path=env.get("PATH", "/bin:/usr/bin"))
+        program = python if command[0] == python else found or command[0]
         try:
             import subprocess
 

@@ -1,14 +1,7 @@
-"""Exercise 6.1's simulated job, the check's side: run a job script as Slurm would, on simulated nodes.
-
-A folder holds the script, the stand-ins on ``PATH`` (``job_script_standins``: srun, torchrun, scontrol, pkill,
-killall, hostname, getent, sleep, timeout, python, apptainer) and a module ``workshop_utils.train`` that behaves
-like the training toward a job. The runner (``job_script_runner``) starts as PID 1 of new PID and mount namespaces
-(``unshare --pid --fork --mount-proc``): whatever the script does (``kill -9 -1``, ``pkill -f python``,
-``kill $PPID``) reaches only processes inside them, never the attendee's kernel or the test suite; and where
-unshare permits it, every folder but the simulation's own is read-only to the job (``job_script_standins.confine``),
-so a ``$(rm ...)`` in a gap changes none of the attendee's files. The job's
-environment is what sbatch and slurmd give a batch shell, for the job the #SBATCH lines ask for, or for the same
-job on more nodes. What happened comes back as an ``Outcome``.
+"""Exercise 6.1's simulated job, the check's side: a folder with the script, the stand-ins on ``PATH`` and a fake
+``workshop_utils.train``, run by ``job_script_runner`` as PID 1 of new PID and mount namespaces (whatever the
+script kills or deletes stays inside), in the environment sbatch and slurmd give a batch shell. What happened
+comes back as an ``Outcome``.
 """
 
 from __future__ import annotations

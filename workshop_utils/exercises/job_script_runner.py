@@ -1,20 +1,11 @@
 """Exercise 6.1's simulated job, the runner: PID 1 of the namespace the job script runs in.
 
-It starts a Jupyter kernel of the same user on each node (a bystander no signal may reach), then the batch shell
-(the script, through its own #! line, as slurmstepd does), and serves the stand-ins (``job_script_standins``):
-it knows which node each process is on, hands out steps' cores, holds the rendezvous and keeps the job's clock.
-
-The clock is the job's, not the machine's: it moves only when nothing in the namespace can move by itself,
-every process asleep in a wait (for a child, a pipe, the runner) and two looks at /proc agreeing on it. A
-process asleep on the machine's clock (/bin/sleep, time.sleep) wakes by itself: it is waited for, up to
-``machine_sleep_s`` of such sleeps in all (the seconds each asked for, read from /proc, not timed), and a longer
-one ends the run at once. A job of more than ``most_processes`` processes (a fork bomb) is ended too. Then
-the next thing due happens: a sleep ends, a node starts, the warning comes (``--signal``: ``B:`` to the batch
-shell, else to the steps' tasks; once more a second later, as a second ``scancel --signal`` would), a checkpoint
-is written, the time limit ends the job. So what happens depends on the order of events, never on how fast this
-machine is. The job ends when the batch shell does (what is left is killed) or at the limit (SIGTERM, then
-SIGKILL after KillWait); the runner then writes what happened to outcome.json and exits, which ends the
-namespace. Standard library only.
+It starts a bystander Jupyter kernel on each node, then the batch shell, and serves the stand-ins: which node
+each process is on, steps' cores, the rendezvous, the job's clock. The clock moves only when nothing in the
+namespace can move by itself (two looks at /proc agree that every process waits); a sleep on the machine's
+clock is waited for up to ``machine_sleep_s`` in all, so what happens depends on the order of events, never on
+how fast this machine is. The job ends with the batch shell or at its limit; then outcome.json is written.
+Standard library only.
 """
 
 from __future__ import annotations

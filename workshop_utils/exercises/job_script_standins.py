@@ -1,14 +1,8 @@
-"""Exercise 6.1's simulated cluster, the programs' side: what a job script meets in the check's simulation.
-
-scontrol, scancel, pkill, killall, hostname, getent, sleep, timeout and apptainer (with srun, torchrun and python in
-``job_script_launch``), the training processes torchrun starts, and Slurm's other commands (which refuse: the
-simulated job has no controller, and must never reach a real one) are each this one file under another name, in
-the PID namespace that the check's runner (``job_script_runner``) leads. Each tells the runner what it was given
-and what it did, and waits for it where the real program waits on a cluster: for the other nodes, for the
-clock (the runner's, which moves only when every process waits). The work itself is real: bash runs the script,
-pgrep finds the processes, signals are sent and received.
-
-Standard library only, so that each starts in milliseconds; the training processes load this file by its path.
+"""Exercise 6.1's simulated cluster, the programs' side: scontrol, scancel, pkill, killall, hostname, getent,
+sleep, timeout, apptainer, the training processes, and Slurm's other commands (which refuse: the job has no
+controller), each this one file under another name. Each tells the runner what it did and waits for it where
+the real program waits on a cluster; the work itself is real (bash runs the script, signals are sent).
+Standard library only, so that each starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -17,6 +11,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -117,16 +112,6 @@ def say(text: str, code: int | None = None) -> None:
     print(text, file=sys.stderr, flush=True)
     if code is not None:
         sys.exit(code)
-
-
-def which(program: str, path: str | None) -> str | None:
-    if "/" in program:
-        return program if os.access(program, os.X_OK) else None
-    for folder in (path if path is not None else "/bin:/usr/bin").split(":"):
-        candidate = os.path.join(folder or ".", program)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def hostlist(text: str) -> list[str]:
@@ -308,7 +293,7 @@ def getent(argv: list[str]) -> None:
                   f"{address:<15} STREAM {key}\n{address:<15} DGRAM\n{address:<15} RAW")
         return
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != os.path.join(SIM, "bin"))
-    program = which("getent", path) or say("getent: command not found", 127)
+    program = shutil.which("getent", path=path) or say("getent: command not found", 127)
     os.execv(program, ["getent", *argv])
 
 
@@ -372,7 +357,7 @@ def container(argv: list[str]) -> None:
         args = args[2:] if args[0] in takes_value else args[1:]
     if len(args) < 2:
         say("FATAL: exec needs an image and a command", 255)
-    program = which(args[1], os.environ.get("PATH"))
+    program = shutil.which(args[1], path=os.environ.get("PATH", "/bin:/usr/bin"))
     if program is None:
         say(f"FATAL: \"{args[1]}\": executable file not found in $PATH", 255)
     os.execv(program, args[1:])
@@ -415,12 +400,8 @@ MS_REMOUNT, MS_BIND, MS_REC = 1 << 5, 1 << 12, 1 << 14
 
 
 def confine(keep: str, argv: list[str]) -> None:
-    """Every mount read-only but ``keep`` (the simulation's folder), then ``argv``: the unshare that starts the
-    job's own namespaces, whose copy of these mounts cannot make them writable again. Run as root of a user and
-    mount namespace of its own (``unshare --user --map-root-user --mount``), which needs no privilege: a script's
-    ``touch /tmp/x`` or ``rm -rf "$SLURM_SUBMIT_DIR"`` then fails as on a read-only disk, outside its folder.
-    /proc and /sys stay as they are: the job's namespace mounts a /proc of its own, which the kernel permits only
-    where the /proc it sees is not more restricted."""
+    """Every mount read-only but ``keep`` (the simulation's folder), then ``argv``; run as root of a user and
+    mount namespace of its own, which needs no privilege. /proc and /sys stay: the job mounts a /proc of its own."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)

@@ -1,13 +1,5 @@
-"""Exercise 6.1, what no run of the job script shows: its text as text, its #SBATCH lines as sbatch reads them,
-and what it asks for against the exercise.
-
-The text first: a byte-order mark, DOS line ends, look-alike spaces and dashes, an escaped space at a line's end,
-a #! line that names no bash. Then the #SBATCH lines, read by sbatch itself where it is installed (``sbatch -v``
-with a configuration that names no controller, stopped once it has listed the options it read; its refusals
-quoted), else by Slurm's option tables (``slurm_rules``). Then the request: one node, a time limit with room for
-the work, the warning's lead and the minute by which Slurm may send it early, a warning of at least 30 s, no
-option beyond the template's that changes the job. Last ``bash -n``: a loop never closed stops bash before the
-command that holds it.
+"""Exercise 6.1, what no run of the job script shows: its text, its #SBATCH lines as sbatch reads them (sbatch
+itself where installed, else Slurm's option tables), the request against the exercise, and ``bash -n``.
 """
 
 from __future__ import annotations
@@ -52,8 +44,8 @@ def text_problem(script: str) -> str | None:
     try:
         script.encode("utf-8")
     except UnicodeEncodeError as err:
-        return (f"the script holds a character that is no text (U+{ord(script[err.start]):04X}, half of a "
-                "surrogate pair), which no file can hold. Fix: type that character again, or remove it.")
+        return (f"the script holds U+{ord(script[err.start]):04X}, half of a surrogate pair, which no file can hold. "
+                "Fix: type that character again, or remove it.")
     if "\x00" in script:
         return "the script holds a NUL character, which bash cannot read. Fix: remove it."
     unfilled = [gap for gap in GAPS if "{" + gap + "}" in script]
@@ -62,38 +54,36 @@ def text_problem(script: str) -> str | None:
                 "as a dict, or the script with every gap filled.")
     doubled = re.search(r"\(\)\s*\{\{|;\s*\}\}", script)  # braces doubled as in a Python format string
     if doubled:
-        return (f"line {script.count(chr(10), 0, doubled.start()) + 1} holds {show(doubled.group().strip(' ;'))}: "
-                "bash reads {{ as a command of that name, not as the start of the function's body. Fix: one brace "
-                "each, forward() { ...; }, as the template prints it.")
+        return (f"line {_line(script, doubled.start())} holds {show(doubled.group().strip(' ;'))}: bash reads {{ as "
+                "a command, not as the function's body. Fix: one brace each, forward() { ...; }, as printed.")
     if script.startswith("\ufeff"):
-        return ("the script starts with a byte-order mark (BOM, U+FEFF), so its first line is not #!: sbatch refuses "
-                "it. Fix: save it as UTF-8 without BOM.")
+        return "the script starts with a byte-order mark (U+FEFF): sbatch refuses it. Fix: save it without BOM."
     if "\r" in script:
         kind = "DOS line breaks (\\r\\n)" if "\r\n" in script else "old Mac line breaks (\\r alone)"
-        return (f"the script has {kind}: sbatch refuses such a script before it queues anything. Fix: save it with "
-                "Unix line breaks (dos2unix, or your editor's line-ending setting).")
+        return f"the script has {kind}: sbatch refuses it. Fix: save it with Unix line breaks (dos2unix)."
     odd = _ODD_SPACES.search(script)
     if odd:
-        return (f"line {script.count(chr(10), 0, odd.start()) + 1} holds a U+{ord(odd.group()):04X} space (a "
-                "non-breaking space, often pasted from a web page or PDF): sbatch and bash do not take it for a "
-                "space, so it sticks to the word beside it. Fix: replace it with a plain space.")
+        return (f"line {_line(script, odd.start())} holds a U+{ord(odd.group()):04X} space (a non-breaking space): "
+                "sbatch and bash take it for part of a word. Fix: replace it with a plain space.")
     for number, line in enumerate(script.split("\n"), 1):
         code = re.sub(r"(^|\s)#(?!SBATCH).*", "", re.sub(r"'[^']*'|\"[^\"]*\"", "", line))  # quotes and comments
         found = _ODD_DASHES.search(code)                                                   # are data
         if found:
             looks = "an invisible soft hyphen" if found.group(1)[0] == "\u00ad" else "a dash that looks like a hyphen"
-            return (f"line {number} holds {show(found.group(1))} (U+{ord(found.group(1)[0]):04X}, {looks}, often "
-                    "pasted from slides or a PDF) where an option starts: sbatch, srun, torchrun and kill take only "
-                    "the plain hyphen-minus, so they do not see that option. Fix: type the option's hyphens again.")
+            return (f"line {number} holds {show(found.group(1))} (U+{ord(found.group(1)[0]):04X}, {looks}) where an "
+                    "option starts: the tools take only the plain hyphen-minus. Fix: type the option's hyphens again.")
     if len(script) > 50 * _LONGEST_WORD or re.search(r"\S{%d}" % (_LONGEST_WORD + 1), script):
         return (f"the script holds a word longer than {_LONGEST_WORD} characters (or is longer than "
                 f"{50 * _LONGEST_WORD}), which no job script needs. Fix: the template, its gaps filled.")
     escaped = re.search(r"(?<!\\)(?:\\\\)*\\[ \t]+\n", script)
     if escaped:
-        return (f"line {script.count(chr(10), 0, escaped.start()) + 1} ends in a backslash and a space: bash escapes "
-                "the space, not the line break, so the command ends there and the next line runs as a command of its "
-                "own. Fix: nothing after the backslash.")
+        return (f"line {_line(script, escaped.start())} ends in a backslash and a space: bash escapes the space, so "
+                "the next line runs as a command of its own. Fix: nothing after the backslash.")
     return _shebang_problem(script.split("\n", 1)[0])
+
+
+def _line(script: str, at: int) -> int:
+    return script.count("\n", 0, at) + 1
 
 
 def _shebang_problem(first: str) -> str | None:
@@ -105,8 +95,7 @@ def _shebang_problem(first: str) -> str | None:
     words = first[2:].split()
     program = (words[1] if len(words) > 1 and words[0].endswith("/env") else words[0]) if words else "nothing"
     dash = " (sh is dash on Debian and Ubuntu)" if program.rsplit("/", 1)[-1] in ("sh", "dash") else ""
-    return (f"the first line, {show(first)}, names {program} as the script's interpreter, which is no bash{dash}: "
-            "slurmstepd would run the template's bash (traps, waits, arrays) with another program, or with none. "
+    return (f"the first line, {show(first)}, names {program} as the script's interpreter, which is no bash{dash}. "
             "Fix: #!/bin/bash as the first line, on a line of its own.")
 
 
@@ -181,7 +170,7 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
 # ---------------------------------------------------------------------------------------------- the request
 
 _CHANGES_THE_JOB = {
-    "exclusive": "holds whole nodes, every core of them, while the training uses {cores}",
+    "exclusive": "holds whole nodes, every core of them, while the training uses a few",
     "hold": "queues the job held: it never starts until someone releases it",
     "test-only": "makes sbatch only estimate when the job would start: nothing is queued",
     "array": "makes the job an array: the same training would run once per task",
@@ -219,15 +208,14 @@ def _time_problem(read: dict, written: dict, spec: JobSpec, at: str) -> str | No
     lead = warning.lead_s if warning else 0
     shown = show(written.get("time", read.get("time")))
     if limit is None:
-        return ("no --time: the job would get the partition's default limit, perhaps shorter than it needs, perhaps "
-                "far longer than it asks for. Fix: --time with the work, the warning's lead and a minute's room.")
+        return ("no --time: the job would get the partition's default limit. Fix: --time with the work, the "
+                "warning's lead and a minute's room.")
     if limit == NO_LIMIT:
-        return (f"--time={shown}{at} asks for no time limit: the job gets the partition's longest, waits longer for a "
-                "slot, and its warning comes only then. Fix: a limit for the work, the warning's lead and a minute.")
+        return (f"--time={shown}{at} asks for no time limit: the job waits longer for a slot, and its warning comes "
+                "only then. Fix: a limit for the work, the warning's lead and a minute.")
     if warning is None:
-        return ("no --signal: when the time limit comes, Slurm ends the job without warning and the steps since the "
-                f"last checkpoint are lost. Fix: #SBATCH --signal=B:{spec.warning}@N sends SIG{spec.warning} to the "
-                "script N s before the end; its trap passes it on and the training loop checkpoints and stops.")
+        return ("no --signal: at the time limit Slurm ends the job without warning, and the steps since the last "
+                f"checkpoint are lost. Fix: #SBATCH --signal=B:{spec.warning}@N, N the seconds of warning.")
     if lead < spec.min_lead_s:
         return (f"--signal gives {lead} s of warning: too little to write a checkpoint on a busy file system. Fix: at "
                 f"least {spec.min_lead_s} s, with room to spare.")
@@ -237,9 +225,8 @@ def _time_problem(read: dict, written: dict, spec: JobSpec, at: str) -> str | No
                 f"before the end, up to {spec.early_s} s earlier still (sbatch's manual), so it could run out of "
                 f"time. Fix: at least {need} s, or a shorter warning.")
     if limit > spec.max_time_s:
-        return (f"--time={shown}{at} asks for {limit / 3600:g} h for about {spec.needed_s // 60} minutes of work: a "
-                "long request waits longer for its slot and holds what it does not use. Fix: the work and the "
-                "warning's lead, with some room: minutes, not hours.")
+        return (f"--time={shown}{at} asks for {limit / 3600:g} h for about {spec.needed_s // 60} minutes of work: it "
+                "waits longer for its slot. Fix: the work and the warning's lead, with some room: minutes, not hours.")
     return None
 
 
@@ -259,12 +246,10 @@ def request_problem(script: str, read: dict, written: dict, spec: JobSpec) -> st
         value, given = read.get(name), written.get(name, read.get(name))
         if value is None:
             continue
-        fix = f"Fix: --{name}={spec.tasks_per_node if name == 'ntasks-per-node' else spec.cores_per_task}."
-        if given.isdigit() and value.lstrip("-").isdigit() and int(given) != int(value):
-            return (f"--{name}={show(given)} is too big for sbatch: it reads it as {value}, its counts stop below "
-                    f"{INT_MAX}. {fix}")
-        if not (value.isdigit() and 0 < int(value) < INT_MAX):
-            return f"--{name}={show(given)} is no count sbatch takes (a whole number, 1 or more). {fix}"
+        big = given.isdigit() and value.lstrip("-").isdigit() and int(given) != int(value)
+        if big or not (value.isdigit() and 0 < int(value) < INT_MAX):
+            said = f" (too big: sbatch reads it as {value})" if big else ""
+            return f"--{name}={show(given)} is no count sbatch takes{said}. Fix: a whole number, 1 or more."
     for name in ("export", "output", "error", "mem", "mem-per-cpu"):
         why = _value_problem(name, written.get(name, read[name])) if name in read else None
         if why:
@@ -274,7 +259,7 @@ def request_problem(script: str, read: dict, written: dict, spec: JobSpec) -> st
         if name in read:
             value = written.get(name)
             return (f"#SBATCH --{name}{'=' + show(value) if value else ''}{line_of(script, '--' + name)} "
-                    f"{why.format(cores=spec.cores_per_task)}. Fix: leave --{name} out: the template's #SBATCH lines "
+                    f"{why}. Fix: leave --{name} out: the template's #SBATCH lines "
                     "ask for what the exercise needs.")
     return _time_problem(read, written, spec, line_of(script, "#SBATCH --time") or line_of(script, "#SBATCH -t"))
 

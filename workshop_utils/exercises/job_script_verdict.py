@@ -1,11 +1,6 @@
-"""Exercise 6.1, the job script judged by what it did: bash ran it in a simulated job (``job_script_run``), once
-as the exercise's job, once as the same job on two nodes (only #SBATCH --nodes changed, as the notebook says),
-and once where the training fails.
-
-The verdict is the first thing that went wrong, as one kind of failure: the job was stopped, the launch never
-ran, it ran with other arguments than the exercise needs, the warning never reached training, a checkpoint was
-lost, the job did not end. It says where (the node, the line, the command as the job ran it) and quotes bash,
-srun or torchrun where they spoke; the kinds, not each mistake, have their own words.
+"""Exercise 6.1, the job script judged by what bash did with it in a simulated job: as the exercise's job, on
+two nodes (only #SBATCH --nodes changed), and where training fails. The verdict is the first thing that went
+wrong, one message per kind of failure, quoting bash, srun or torchrun where they spoke.
 """
 
 from __future__ import annotations

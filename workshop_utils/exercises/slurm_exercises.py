@@ -1,24 +1,7 @@
-"""Notebook 06's exercises: the checks of 6.1 and 6.2 judge what the attendee wrote, then run it on the cluster.
-
-Every check judges against the exercise's own specification, written once beside it (``JOB_SPEC`` for 6.1),
-never against what the attendee's answer implies, and lets the real tools read an answer: sbatch its #SBATCH
-lines, bash the script, torchrun its arguments, the training command its flags. A wrong answer of any type is
-one line (``NotYet``: what is wrong, then the fix), never a traceback.
-
-Exercise 6.1: complete a job script.
-
-The attendee fills the gaps of ``JOB_SCRIPT``: the resources (nodes, tasks per node, CPUs per task, time), the
-signal that leaves the job time to checkpoint, and the launch line that starts torchrun on every node with its
-rendezvous taken from Slurm's variables. ``check_job_script`` judges first what no run shows
-(``job_script_static``: the text, the #SBATCH lines as sbatch reads them, the request), then what bash does with
-the script in a simulated job on one node and on two (``job_script_verdict``), then, where a Slurm answers, it
-submits the script, waits, and judges what happened from ``scontrol``, the job's output and its result record.
-
-Exercise 6.2: a learning-rate sweep as a job array: the sweep file's lines and the ``--array`` spec. The check
-names a miscount (a task without a line, a line no task reads) at once, then runs the array with the kit's
-``train_array.sbatch``, gathers it with a job that waits for it (``afterok``), and finds one result per rate.
-
-Exercise 6.3 (``slurm_usage``): a finished job's efficiency and the request for the next run.
+"""Notebook 06's exercises 6.1 and 6.2: each check judges the answer against the exercise's own specification
+(``JOB_SPEC`` for 6.1), lets the real tools read it (sbatch its #SBATCH lines, bash the script, torchrun its
+arguments, the training command its flags), then, where a Slurm answers, runs it and judges what the job did.
+A wrong answer of any type is one line (``NotYet``), never a traceback. 6.3 is in ``slurm_usage``.
 """
 
 from __future__ import annotations
@@ -86,8 +69,8 @@ def _judge_finished(job_id: str, output: Path, checkpoints: Path, result: Path, 
     nodes, cpus = whole(record.get("NumNodes")), whole(record.get("NumCPUs"))
     need = spec.nodes * spec.cores_per_task
     if nodes != spec.nodes or (cpus is not None and cpus < need):
-        return (f"job {job_id} got {nodes} node(s) and {cpus} CPU(s), not the {spec.nodes} node(s) and {need} CPU(s) "
-                "the exercise asks for. Fix: check the #SBATCH lines.")
+        return (f"job {job_id} got {nodes} node(s) and {cpus} CPU(s): the exercise asks for one node with a core for "
+                "each training process. Fix: check the #SBATCH lines.")
     # Every rank is in the process group once it forms, and rank 0's record says how large it was. Each rank's
     # greeting says so too, but two ranks' lines may share one line of the log: they are searched, not anchored.
     try:
@@ -115,15 +98,13 @@ def _check_call(exercise: str, jobs_dir, timeout_s) -> None:
     """The check's own arguments, read first and alike with or without a cluster: where one answers, they say
     where the jobs go and how long to wait for them, and a mistake there must not show only in class."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
-        raise NotYet(f"✗ {exercise}: timeout_s={show(repr(timeout_s), 30)} is no time to wait: where a Slurm cluster "
-                     "answers, the check waits that many seconds for its job.", "a number of seconds above 0, e.g. "
-                     "timeout_s=300.")
+        raise NotYet(f"✗ {exercise}: timeout_s={show(repr(timeout_s), 30)} is no time to wait for the check's job.",
+                     "a number of seconds above 0, e.g. timeout_s=300.")
     if jobs_dir is not None and not isinstance(jobs_dir, (str, os.PathLike)):
         raise NotYet(f"✗ {exercise}: jobs_dir is {kind(jobs_dir)}, not a folder's path.",
                      "a folder's path (made if missing), or None for the current folder.")
     if jobs_dir is not None and Path(jobs_dir).exists() and not Path(jobs_dir).is_dir():
-        raise NotYet(f"✗ {exercise}: jobs_dir {show(str(jobs_dir))} is a file, not a folder: where a Slurm cluster "
-                     "answers, the check writes its jobs' scripts and outputs in a folder of their own there.",
+        raise NotYet(f"✗ {exercise}: jobs_dir {show(str(jobs_dir))} is a file, not a folder.",
                      "a folder's path (made if missing), or None for the current folder.")
 
 
@@ -224,22 +205,17 @@ def _sweep_line(number: int, line: str) -> float | None:
     """The learning rate a sweep file's line sets (None: it sets none), read as the task reads it: split at white
     space (``read -r -a``), then the training command's flags; ``Problem`` where the command would stop."""
     shown = show(line)
-    if "\r" in line:
-        raise Problem(f"line {number} ({shown}) holds a carriage return (\\r), a Windows line end: bash's read does "
-                      "not split at it, so it would stay in the flag's value the task passes on. Fix: one line of "
-                      "flags per learning rate, without \\r (line.strip() removes it).")
-    if "\n" in line:
-        raise Problem(f"line {number} ({shown}) holds a line break: the sweep file would get more lines than "
-                      "tasks. Fix: one line of flags per learning rate.")
     odd = re.search("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]", line)
+    odd = "\r" if "\r" in line else "\n" if "\n" in line else odd and odd.group()
     if odd:
-        raise Problem(f"line {number} ({shown}) holds a U+{ord(odd.group()):04X} space (a non-breaking space, often "
-                      "pasted from a web page): bash's read -a splits only at spaces and tabs, so the flag and its "
-                      "value would reach the training as one word. Fix: a plain space, e.g. \"--lr 0.01\".")
+        what = {"\r": "a carriage return (\\r), a Windows line end, which bash's read keeps in the flag's value",
+                "\n": "a line break: the sweep file would get more lines than tasks"}.get(
+            odd, f"a U+{ord(odd):04X} space (a non-breaking space), where bash's read -a does not split")
+        raise Problem(f"line {number} ({shown}) holds {what}. Fix: one line of flags per learning rate, plain spaces "
+                      "between, e.g. \"--lr 0.01\".")
     if re.search(r"\{[A-Za-z_][\w.\[\]'\"]*\}", line):
         raise Problem(f"line {number} ({shown}) still holds its braces: without the f in front, a string keeps "
-                      "{lr} as it is; an f-string, f\"--lr {lr}\", puts the value in. Fix: "
-                      "sweep_lines = [f\"--lr {lr}\" for lr in learning_rates].")
+                      "{lr} as it is. Fix: an f-string, f\"--lr {lr}\".")
     try:
         flags = _train_flags().parse_args([w for w in re.split(r"[ \t\n]+", line) if w])  # read -a's IFS
     except Refusal as err:
@@ -304,14 +280,13 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
     if read != values:
         return f"the lines set {read}, not {values}. Fix: the learning rates in their given order."
     if not isinstance(spec, str):
-        return (f"`array` is {kind(spec)}: it is the text that goes after --array=, e.g. \"0-{len(lines) - 1}\". "
-                "Fix: FIRST-LAST, as text.")
+        return f"`array` is {kind(spec)}, not the text that goes after --array=. Fix: FIRST-LAST, as text."
     ranges, _ = array_ranges(spec)
     wanted = list(range(len(lines)))
     count = sum(len(r) for r in ranges)
     if count > 10 * len(lines) + 100:
         return (f"--array={show(spec)} starts {count} tasks for {len(lines)} lines: task i reads line i+1 of the "
-                f"sweep file. Fix: --array=0-{len(lines) - 1} (with %K to run at most K at a time).")
+                "sweep file. Fix: one task per line.")
     tasks = sorted({task for r in ranges for task in r})
     if tasks != wanted:
         beyond = [t for t in tasks if t >= len(lines)]
@@ -319,7 +294,7 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
         said = (f"task(s) {beyond} would find no line in the sweep file" if beyond else
                 f"line(s) {[t + 1 for t in unread]} would never train")
         return (f"--array={show(spec)} starts tasks {tasks}: task i reads line i+1 of the sweep file, so {said}. Fix: "
-                f"--array=0-{len(lines) - 1} (with %K to run at most K at a time).")
+                "one task per line, from the first line's.")
     return None
 
 

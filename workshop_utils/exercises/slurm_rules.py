@@ -1,12 +1,6 @@
-"""Slurm's rules, transcribed from its sources, for notebook 06's checks to read an answer as Slurm would.
-
-sbatch's reading of a job script's ``#SBATCH`` lines (``get_argument``, then glibc's ``getopt_long`` over
-sbatch's own option table: a long option may be shortened to any prefix that names one option), its parsers
-of ``--time`` (``time_str2mins``), ``--signal`` (``get_signal_opts``), ``--nodes`` (``verify_node_count``,
-with its k and m suffixes), counts (``parse_int``) and ``--array``; srun's option table, for a launch line.
-The option tables are Slurm 26.05's (``src/common/slurm_opt.c``): an option an older Slurm lacks is one
-nobody writes into this exercise's script.
-"""
+"""Slurm's rules, transcribed from its sources (Slurm 26.05's ``src/common``), for notebook 06's checks to read
+an answer as Slurm would: getopt_long over sbatch's and srun's option tables, ``--time``, ``--signal``,
+``--nodes`` and ``--array``."""
 
 from __future__ import annotations
 
@@ -81,12 +75,8 @@ NO_LIMIT = math.inf
 
 
 def time_limit_s(text) -> float | None:
-    """``sbatch --time=TEXT`` as the limit Slurm keeps, in seconds; ``NO_LIMIT`` for none; None if sbatch refuses it.
-
-    Slurm's ``time_str2mins``: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
-    "days-hours:minutes" and "days-hours:minutes:seconds"; "-1", "INFINITE" and "UNLIMITED" mean no limit, and
-    so does 0. Slurm keeps whole minutes, rounding up: "0:30" is a limit of one minute.
-    """
+    """``--time`` as Slurm's ``time_str2mins`` reads it, in seconds rounded up to whole minutes; ``NO_LIMIT``
+    for none (0 too); None if sbatch refuses it."""
     if not isinstance(text, str) or not text:
         return None
     if text.lower() in ("-1", "infinite", "unlimited"):
@@ -130,10 +120,7 @@ WarningSignal = collections.namedtuple("WarningSignal", "signal lead_s to_batch_
 
 
 def slurm_signal(text) -> WarningSignal | None:
-    """``sbatch --signal=[{R|B}:]<sig_num>[@sig_time]`` as Slurm's ``get_signal_opts`` reads it; None if refused.
-
-    The lead defaults to 60 s; sig_time is 0 to 65535. ``R`` (reservations) may stand before or after ``B``.
-    """
+    """``--signal=[{R|B}:]<sig_num>[@sig_time]`` as Slurm's ``get_signal_opts`` reads it; None if refused."""
     if not isinstance(text, str):
         return None
     batch, rest = False, text
@@ -161,31 +148,26 @@ MAX_ARRAY_INDEX = 4_000_000  # Slurm's MaxArraySize is at most 4000001: no task 
 
 
 def array_ranges(spec: str) -> tuple[list[range], int | None]:
-    """``--array=SPEC`` as Slurm reads it: (ranges of task ids, the %K limit or None); ``Problem`` if refused.
-
-    "0-15", "0,6,16-32", "0-15:4" (every 4th), with "%K" at the end to run at most K tasks at a time."""
+    """``--array=SPEC`` as Slurm reads it: (ranges of task ids, the %K limit or None); ``Problem`` if refused."""
     body, percent, limit = spec.removeprefix("--array=").partition("%")
-    if percent:
-        count = whole(limit) if re.fullmatch(r"[0-9]+", limit) else None
-        if count is None:
-            raise Problem(f"--array={show(spec)} is not a task list Slurm reads: %K takes a whole number. Fix: "
-                          "FIRST-LAST%K, e.g. 0-2%2.")
-        if count < 1:
-            raise Problem(f"--array={show(spec)}: %{limit} would let {count} tasks run at a time. Fix: %K with K of "
-                          "1 or more, or no % at all.")
+    count = whole(limit) if re.fullmatch(r"[0-9]+", limit) else None
+    why = "" if not percent else "%K takes a whole number" if count is None else (
+        f"%{limit} would let none run: %K with K of 1 or more, or no %" if count < 1 else "")
     ranges = []
     for part in body.split(","):
         found = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part)
         if not found:
-            raise Problem(f"--array={show(spec)} is not a task list Slurm reads. Fix: FIRST-LAST, e.g. 0-2.")
-        first = int(found.group(1))
-        last = int(found.group(2)) if found.group(2) is not None else first
-        step = int(found.group(3)) if found.group(3) is not None else 1
+            why = why or "FIRST-LAST, e.g. 0-15"
+            continue
+        first, last, step = int(found[1]), int(found[2] or found[1]), int(found[3] or 1)
         if last < first or step < 1 or last > MAX_ARRAY_INDEX:
-            raise Problem(f"--array={show(spec)} is not a task list Slurm reads (FIRST-LAST with FIRST <= LAST, "
-                          f"a step of 1 or more, ids up to {MAX_ARRAY_INDEX}). Fix: FIRST-LAST, e.g. 0-2.")
+            why = why or f"FIRST <= LAST, a step of 1 or more, ids up to {MAX_ARRAY_INDEX}"
+            continue
         ranges.append(range(first, last + 1, step))
-    return ranges, (int(limit) if percent else None)
+    if why:
+        raise Problem(f"--array={show(spec)} is not a task list Slurm reads ({why}). Fix: FIRST-LAST, e.g. 0-15, "
+                      "with %K to run at most K at a time.")
+    return ranges, count if percent else None
 
 
 def array_tasks(spec) -> list[int] | None:
@@ -210,8 +192,7 @@ OptionTable = collections.namedtuple("OptionTable", "program long short alias pe
 
 def option_table(program: str, names: str, no_argument: str, optional: str, short: str, alias=None,
                  permute: bool = False) -> OptionTable:
-    """A table from Slurm's lists: every name, those taking no argument, those taking an optional one, and
-    the short letters as "Nnodes cc..." pairs (letter then its long name)."""
+    """A table from Slurm's lists; the short letters as "Nnodes cc..." pairs (letter then its long name)."""
     none, maybe = set(no_argument.split()), set(optional.split())
     long = {name: 0 if name in none else 2 if name in maybe else 1 for name in names.split()}
     letters = {pair[0]: pair[1:] for pair in short.split()}
@@ -219,9 +200,8 @@ def option_table(program: str, names: str, no_argument: str, optional: str, shor
 
 
 def getopt_long(args: list[str], table: OptionTable) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """(option, value) for each option in ``args`` as glibc's getopt_long reads them, then the operands;
-    ``Problem`` with getopt's own words where it would stop. An exact name wins; else a prefix must name
-    one option (or aliases of one)."""
+    """(option, value) for each option in ``args`` as glibc's getopt_long reads them (a unique prefix names an
+    option), then the operands; ``Problem`` with getopt's own words where it would stop."""
     found, operands, i = [], [], 0
     while i < len(args):
         arg = args[i]
@@ -369,10 +349,7 @@ def sbatch_arguments(rest: str) -> list[str]:
 
 
 def directives_and_first_command(script: str) -> tuple[list[str], str | None, bool]:
-    """(the #SBATCH options sbatch reads, the first command, whether #SBATCH lines follow it unread).
-
-    sbatch reads line by line from the top (a backslash at a line's end joins nothing), and stops at the first
-    line that is neither blank nor a comment."""
+    """(the #SBATCH options sbatch reads, the first command, whether #SBATCH lines follow it unread)."""
     arguments, lines = [], script.split("\n")
     for number, line in enumerate(lines):
         magic = next((m for m in MAGIC if line.startswith(m)), None)
@@ -382,8 +359,3 @@ def directives_and_first_command(script: str) -> tuple[list[str], str | None, bo
             return arguments, line, any(later.startswith(MAGIC) for later in lines[number + 1:])
     return arguments, None, False
 
-
-def sbatch_directives(script: str) -> list[str]:
-    """The options of a script's ``#SBATCH`` lines, in order, as sbatch reads them: from the top, until the first
-    line that is neither blank nor a comment."""
-    return directives_and_first_command(script)[0]

@@ -1,9 +1,6 @@
-"""Exercise 6.3: a finished job's efficiency from what it asked for and used (``slurm_jobs.job_usage``), and the
-request for the next run.
-
-The job the notebook measures has one CPU and no GPU, where forgetting to divide by the CPUs or to count the
-GPUs changes nothing; so the check also runs the attendee's exercise cell again on ``OTHER_JOB``, a job with
-several of each, and judges those answers too.
+"""Exercise 6.3: a finished job's efficiency and the request for the next run. The notebook's job has one CPU
+and no GPU, where a missing division by the CPUs or a GPU count left out changes nothing, so the check also
+runs the attendee's cell again on ``OTHER_JOB``.
 """
 
 from __future__ import annotations
