@@ -157,7 +157,7 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("torchrun --nproc-per-node=4 {s}", "torchrun would run with --nproc-per-node=4; the lab runs 2 processes"),
     ("torchrun --nnodes=2 --nproc-per-node=2 {s}", "torchrun would run with --nnodes=2;"),
     ("srun torchrun --nnodes 2 --nproc-per-node=2 {s}", "--nnodes=2"),
-    ("bash {s}", "the command starts 'bash', not torchrun"),
+    ("bash {s}", "bash ran the line and it started no torchrun (bash: command not found)"),
     ("torchrun --nproc-per-node=2", "torchrun would stop at once: the following arguments are required: "
                                     "training_script"),
     ("torchrun --nproc-per-node=2 other.py", "'other.py' as the training script in place of your lab script"),
@@ -197,6 +197,22 @@ def test_wrong_launch_lines_are_named(tmp_path, command, message):
     with pytest.raises(NotYet, match=re.escape(message)) as caught:
         read_launch_line(command.format(s=script), script, 2, LAB_EXERCISE)
     assert "\n" not in str(caught.value) and " Fix: " in str(caught.value)
+
+
+def test_the_line_runs_in_bash_with_stand_ins_alone(tmp_path):
+    """bash runs the line, restricted, with recording stand-ins alone on PATH: no kill, no command named by its
+    path (an interpreter so named is refused in bash's words), nothing else the line names runs."""
+    script, kept = tmp_path / "my_train_ddp.py", tmp_path / "kept.txt"
+    kept.write_text("kept")
+    for line, words in ((f"torchrun --nproc-per-node=2 {script} && rm -f {kept}", "to the launch (rm -f"),
+                        (f"kill -0 {os.getpid()} && torchrun --nproc-per-node=2 {script}", "(kill: command not found)"),
+                        (f"/usr/bin/python3 -m torch.distributed.run --nproc-per-node=2 {script}",
+                         "/usr/bin/python3: restricted: cannot specify `/' in command names"),
+                        (f"python -c 'open(\"{kept}\", \"w\")'", "the command starts 'python', not torchrun")):
+        with pytest.raises(NotYet, match=re.escape(words)):
+            read_launch_line(line, script, 2, LAB_EXERCISE)
+    assert read_launch_line(f"/usr/bin/rm -f {kept}; torchrun --nproc-per-node=2 {script}", script, 2).assigned == {}
+    assert kept.read_text() == "kept"
 
 
 def test_a_list_whose_item_holds_the_whole_line_says_so(tmp_path):
@@ -272,6 +288,23 @@ def test_a_number_two_mistakes_give_names_both_not_one_as_certain():
     value = by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps, latency_steps=63)
     with pytest.raises(NotYet, match=r"which 2 mistakes give here: .*one message\. Or: .*latency \(p-1\) times"):
         wu.check_ddp_efficiency(value, step_s, grad_bytes)
+
+
+def test_2_3_two_digits_off_by_a_rounding_slip_ask_for_more_not_a_mistake_and_bf16_holds_the_answer(capsys):
+    """Right 0.9043: 0.91 is also the GiB/s mistake's two digits; a bf16 tensor of the right value reads 0.9062."""
+    import torch
+
+    step_s, grad_bytes = 0.0345, 4 * 11_173_962
+    with pytest.raises(NotYet, match=r"= 0\.91 is off by less than one step of its last digit") as caught:
+        wu.check_ddp_efficiency(0.91, step_s, grad_bytes)
+    assert "GiB/s" not in str(caught.value)
+    with pytest.raises(NotYet, match="latency \\(p-1\\) times"):  # a mistake two digits away is still named
+        wu.check_ddp_efficiency(0.93, step_s, grad_bytes)
+    right = wu.check_ddp_efficiency(0.9043, step_s, grad_bytes)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert wu.check_ddp_efficiency(torch.tensor(right, dtype=dtype), step_s, grad_bytes) == right
+    with pytest.raises(NotYet, match="0.9102 is not right"):  # another value in bf16 is still refused
+        wu.check_ddp_efficiency(torch.tensor(0.91, dtype=torch.bfloat16), step_s, grad_bytes)
 
 
 # ---------------------------------------------------------------- Exercise 2.1

@@ -7,8 +7,8 @@ import math
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
 from ..system.errors import WorkshopError
 from .ddp_lab_files import EFFICIENCY_EXERCISE
-from .exercise_cells import passed
-from .exercise_judging import checked, number, verdict
+from .exercise_cells import passed, require
+from .exercise_judging import SIGNIFICANT_WORDS, accepted, checked, number, verdict
 
 
 @checked
@@ -72,6 +72,16 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     def communication(efficiency: float) -> float:  # per step, as an efficiency implies it: 1 / e - 1 steps
         return 1 / efficiency - 1 if efficiency > 0 else math.nan
 
+    dtype = str(getattr(efficiency, "dtype", ""))  # a right value held in a bf16 or fp16 tensor is that one
+    if dtype.endswith(("bfloat16", "float16")):
+        import torch
+
+        value = right if value == torch.tensor(right).to(getattr(torch, dtype.split(".")[-1])).item() else value
+    two_digits = float(f"{value:.2g}") == value != float(f"{value:.1g}")
+    require(accepted(value, right, through=communication) or not two_digits
+            or abs(value - right) > 10 ** (math.floor(math.log10(abs(value))) - 1), exercise,
+            f"`efficiency_64` = {value:g} is off by less than one step of its last digit: {SIGNIFICANT_WORDS} are "
+            "too few here to tell a rounding slip from a mistake.", "round to three decimals, or leave it unrounded.")
     verdict(value, right, exercise, "efficiency_64", mistakes,
             "efficiency = step / (step + the buckets' ring all-reduce times); "
             "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.", through=communication,

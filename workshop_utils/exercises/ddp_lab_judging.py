@@ -10,7 +10,9 @@ import io
 import os
 import re
 import shlex
-import sys
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -19,9 +21,33 @@ from .ddp_lab_files import LAB_EXERCISE, LOSS_LINE, THROUGHPUT, read_output, rep
 from .exercise_cells import NotYet, require
 from .exercise_judging import short
 
-CHAINS = ("&&", ";", "||", "|", "&")  # shell operators that put a second command beside the launch
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
-WRAPPERS = ("env", "time", "nohup")  # commands that run the command after their options (srun: see _launch_part)
+# All bash finds on PATH: srun, env and nohup run the stand-in named (VAR=value set), torchrun and python record.
+STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "module")
+STAND_IN = r"""#!/bin/bash
+case ${0##*/} in
+srun|env|nohup)
+    while (( $# )) && [[ $1 == */* || ! -f $LAB_TOOLS/$1 ]]; do
+        [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] && export "$1"
+        shift
+    done
+    (( $# )) && exec "$LAB_TOOLS/$1" "${@:2}"
+    exit 0 ;;
+module) exit 0 ;;
+esac
+[[ /proc/self/fd/0 -ef /dev/null ]] && how=background
+[[ (-n $how || /proc/self/fd/0 -ef /proc/$PPID/fd/0) && /proc/self/fd/1 -ef /proc/$PPID/fd/1 ]] || how+=" pipe"
+printf '%s\0' "$how" "$LAB_CD" "${0##*/}" "$@" > "$LAB_RECORD/$BASHPID.argv"
+for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$LAB_RECORD/$BASHPID.env"
+echo "# launched" > "/proc/$PPID/fd/2"
+exit "$LAB_EXIT"
+"""
+# Before the line: cd moves LAB_CD (a restricted bash has no cd), /usr/bin/env is env, no kill, and every command
+# waits for those in the background first, so that the trace's order is the line's, and so does the end.
+PRELUDE = ('cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; LAB_CD=$to; }; '
+           '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; enable -n kill enable; trap wait DEBUG; '
+           'lab_end() { wait; }; trap lab_end EXIT; set -x\n')
+BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
 
 
 @dataclass
@@ -84,50 +110,44 @@ def example_line(nproc: int, script: Path) -> str:
 
 
 def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXERCISE) -> LaunchLine:
-    """The attendee's launch line, read before anything starts: as a shell splits it (the check runs no shell), then
-    as torchrun's own parser reads its options. One line names what would not launch the lab as asked."""
+    """The attendee's launch line as bash runs it, with recording stand-ins for torchrun and python (``_run_in_bash``),
+    then the launch it recorded as torchrun's own parser reads it. One line names what would not launch the lab."""
     example = example_line(nproc, script)
     require(isinstance(command, (str, list, tuple)), exercise,
             f"`lab_command` = {short(repr(command), 40)} cannot be read as a command line: it must be a text "
             f"(a str), not {type(command).__name__}.", f"write the launch line in quotes, e.g. {example}.")
-    try:
-        tokens = (_words(command.strip().lstrip("!").strip()) if isinstance(command, str)
-                  else [os.fspath(t) for t in command])
-    except (ValueError, TypeError) as err:
-        raise NotYet(f"✗ {exercise}: the command cannot be read as a command line ({err}).",
-                     f"write it as one string, e.g. {example}.") from None
-    text = command if isinstance(command, str) else " ".join(tokens)
-    several = next((t for t in tokens if len(t.split()) > 1 and not isinstance(command, str)
-                    and Path(t).expanduser().resolve() != script.resolve()), None)
+    tokens = [] if isinstance(command, str) else [os.fspath(t) for t in command]
+    several = next((t for t in tokens if len(t.split()) > 1 and Path(t).expanduser().resolve() != script.resolve()),
+                   None)
     require(several is None, exercise, f"`lab_command` is a list whose item {short(repr(several), 50)} holds several "
             f"words{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
             f"give each word its own item (shlex.split(line) splits a line), or write one string: {example}.")
+    text = command.strip().lstrip("!").strip() if isinstance(command, str) else shlex.join(tokens)
     quoted = shlex.quote(str(script))
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
-    redirect = next((t for t in tokens if set(t) <= set("<>&|0123456789") and ("<" in t or ">" in t)), None)
-    expanded = next((t for t in (text.split() if isinstance(command, str) else tokens) if "$" in t or "`" in t), None)
+    expanded = next((t for t in text.split() if "$" in t or "`" in t or "/dev/tcp/" in t), None)
     for found, problem, fix in (
             (braces, f"the command holds {braces and braces.group(0)} as written: the f in front of the quotes, "
                      "which puts the value in, is missing.", f"write it as an f-string: {example}."),
-            (quoted != str(script) and str(script) in text and str(script) not in tokens,
-             f"the path of your script ({quoted}) holds a space or another character the shell splits at: "
-             "unquoted, torchrun would get it as several words.", f"quote it for the shell: {example}."),
-            (redirect, f"the command redirects ({redirect}): the check reads the ranks' output itself and runs the "
-                       "launch without a shell.", f"leave the redirection out, e.g. {example}."),
             (expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does "
-                       "not run through a shell.",
-             f"write the values themselves, e.g. {example} (an f-string puts Python's values in).")):
+                       "not expand.",
+             f"write the values themselves, e.g. {example} (an f-string puts Python's values in)."),
+            (not text, "the command has no launch line.", f"write the launch line, e.g. {example}.")):
         require(not found, exercise, problem, fix)
-    tokens, folder, chained, assigned = _launch_part(tokens)
-    require(chained != ["&"], exercise, "the command ends in &, which runs the launch in the background: nothing "
-                                        "would wait for it to end.", f"leave the & out: {example}.")
-    require(not chained, exercise, f"the command chains a second command after the launch "
-                                   f"({short(' '.join(chained), 60)}); the check runs the one torchrun launch alone.",
-            f"make it the launch line only, e.g. {example}; run anything else in a cell of its own.")
-    require(bool(tokens), exercise, "the command has no launch line.", f"write the launch line, e.g. {example}.")
-    first = Path(tokens[0]).name
-    python = first.startswith("python") or tokens[0] == sys.executable
-    module, start = _python_module(tokens) if python else (None, 1)
+    launches, after, background, said = _run_in_bash(text)
+    require(bool(launches), exercise, "bash ran the line and it started no torchrun" + (
+        f" ({short(said, 120)})." if said else "."), f"write the torchrun line, e.g. {example}.")
+    require(not after and len(launches) == 1, exercise, "the command chains a second command to the launch ("
+            + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun "
+            "launch alone.", f"make it the launch line only, e.g. {example}; run anything else in a cell of its own.")
+    require(not background, exercise, "the command ends in &, which runs the launch in the background: nothing "
+                                      "would wait for it to end.", f"leave the & out: {example}.")
+    folder, tokens, assigned = launches[0]
+    require(quoted == str(script) or str(script) not in text or str(script) in tokens, exercise,
+            f"the path of your script ({quoted}) holds a space or another character the shell splits at: unquoted, "
+            "torchrun would get it as several words.", f"quote it for the shell: {example}.")
+    first = tokens[0]
+    module, start = _python_module(tokens) if first.startswith("python") else (None, 1)
     require(first == "torchrun" or module in TORCH_LAUNCHERS, exercise,
             f"the command starts {tokens[0]!r}{f' with -m {module}' if module else ''}, not torchrun: nothing would "
             f"start the lab's {nproc} processes or set RANK, LOCAL_RANK and WORLD_SIZE in them.",
@@ -138,7 +158,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
                      f"write only the options the lab needs, in full, then your script: {example}.") from None
     named = Path(parsed.training_script).expanduser()
-    resolved = (named if named.is_absolute() or folder is None else Path(folder).expanduser() / named).resolve()
+    resolved = (Path(folder) / named).resolve()
     how = "as a program (--no-python), with your file as its argument," if parsed.no_python else \
         "as the training script"
     shown = str(resolved) if named.name == script.name else named.name  # the same name: where it points tells
@@ -175,6 +195,37 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     require(refusal is None, exercise, f"torchrun would stop at once: {short(refusal or '', 160)}.",
             f"write only the options the lab needs, in full, then your script: {example}.")
     return LaunchLine(list(parsed.training_script_args), assigned)
+
+
+def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str], bool, str]:
+    """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
+    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
+    launches, after, background, said = [], [], False, ""
+    with tempfile.TemporaryDirectory() as tools:
+        for name in STAND_INS:
+            (Path(tools) / name).write_text(STAND_IN)
+            (Path(tools) / name).chmod(0o755)
+        for code in (0, 1):
+            (record := Path(tools, f"run{code}")).mkdir()
+            base = {"PATH": tools, "HOME": os.path.expanduser("~"), "LAB_TOOLS": tools, "LAB_RECORD": str(record),
+                    "LAB_CD": os.getcwd(), "LAB_EXIT": str(code)}
+            try:
+                done = subprocess.run([shutil.which("bash") or "/bin/bash", "--norc", "--noprofile", "-r", "-c",
+                                       PRELUDE + line], env=base, cwd=record, input="", capture_output=True, text=True,
+                                      timeout=20)
+            except subprocess.TimeoutExpired:
+                return [], [], False, "it did not end within 20 s"
+            traced = done.stderr.split("\n+ lab_end\n")[0].split("# launched\n", 1)[1:]
+            after += [t.removeprefix("+ ") for t in "".join(traced).splitlines() if t.startswith("+ ")]
+            said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in done.stderr.splitlines()
+                                 if t[:1] not in "+#"), "")
+            for argv in sorted(record.glob("*.argv")):
+                how, folder, *words = argv.read_text().split("\0")[:-1]
+                background, after = background or "background" in how, after + ["a pipe"] * ("pipe" in how)
+                env = dict(v.partition("=")[::2] for v in argv.with_suffix(".env").read_text().split("\0")[:-1])
+                if code == 0:
+                    launches.append((folder, words, {k: v for k, v in env.items() if k not in {*base, *BASH_OWN}}))
+    return launches, list(dict.fromkeys(after)), background, said
 
 
 def _config_refusal(parsed: argparse.Namespace) -> str | None:
@@ -234,52 +285,6 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
             return tokens[index + 1], index + 2
         index += 2 if tokens[index] in ("-W", "-X") else 1
     return None, 1
-
-
-def _words(line: str) -> list[str]:
-    """A shell line's words, its operators apart ("x.py;rm" is three words); a backslash at a line's end continues
-    it, a word that starts with # starts a comment, and a second line is a second command (as after a ;)."""
-    words: list[str] = []
-    for part in line.replace("\\\n", " ").split("\n"):
-        lexer = shlex.shlex(part, posix=True, punctuation_chars=True)
-        lexer.whitespace_split, lexer.commenters = True, ""  # a # inside a word (a#b) is no comment
-        tokens = list(lexer)
-        tokens = tokens[:next((i for i, t in enumerate(tokens) if t.startswith("#")), len(tokens))]
-        words += [";", *tokens] if tokens and words else tokens
-    return words
-
-
-def _launch_part(tokens: list[str]) -> tuple[list[str], str | None, list[str], dict[str, str]]:
-    """(the launch: the first command that starts torchrun, srun or python, else the last; the folder a ``cd`` before
-    it moved to; what is chained after it; its ``VAR=value`` words), ``env`` and an ``srun ...`` prefix taken off."""
-    folder, start = None, 0
-    for end in [i for i, t in enumerate(tokens) if t in CHAINS] + [len(tokens)]:
-        head = tokens[start:end]
-        command = next((Path(t).name for t in head  # past VAR=value, env, time, nohup and their options
-                        if not (_assignment(t) or Path(t).name in WRAPPERS or t.startswith("-"))), "")
-        if command in ("torchrun", "srun") or command.startswith("python") or end == len(tokens):
-            break
-        if len(head) == 2 and head[0] == "cd":
-            moved = Path(head[1]).expanduser()
-            folder = str(moved if folder is None or moved.is_absolute() else Path(folder) / moved)
-        start = end + 1
-    if end < len(tokens):
-        return head, folder, tokens[end:], {}
-    assigned, wrapped = {}, False
-    while head and (_assignment(head[0]) or Path(head[0]).name in WRAPPERS or wrapped and head[0].startswith("-")):
-        word = head.pop(0)
-        wrapped = wrapped or Path(word).name in WRAPPERS
-        if _assignment(word):
-            name, _, assigned[name] = word.partition("=")
-    if head and Path(head[0]).name == "srun":
-        launch = [i for i, t in enumerate(head) if Path(t).name == "torchrun" or Path(t).name.startswith("python")]
-        head = head[launch[0]:] if launch else head
-    return head, folder, [], assigned
-
-
-def _assignment(word: str) -> bool:
-    """``VAR=value`` before a command: the shell sets VAR for it."""
-    return "=" in word and not word.startswith("-") and word.split("=")[0].isidentifier()
 
 
 # ---------------------------------------------------------------- what the ranks did
