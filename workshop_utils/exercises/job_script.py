@@ -54,8 +54,7 @@ class JobSpec:
     needed_s: int = 120  # start-up and a few CPU steps take well under this; the warning's lead comes on top
     early_s: int = 60  # sbatch's manual: "the signal may be sent up to 60 seconds earlier than specified"
     max_time_s: int = 3_600  # an hour: far more than a two-minute job needs; a longer request waits longer in the queue
-    # "With --nodes=2 the same script trains on two nodes: only #SBATCH --nodes changes" (the notebook): the check
-    # also runs the script on two nodes.
+    # the check also runs the script on two nodes: "only #SBATCH --nodes changes" (the notebook)
 
     @property
     def ranks(self) -> int:
@@ -81,8 +80,7 @@ RDZV_FIX = ("--rdzv-endpoint=HOST:PORT, HOST the job's first node (the first nam
 
 
 def _gap_text(gap: str, value, exercise: str) -> str:
-    """A gap's answer as the script's text: text as it is, a whole number (of any numeric type) as its exact
-    digits."""
+    """A gap's answer as the script's text: text as it is, a whole number as its exact digits."""
     flag = "--" + gap.replace("_", "-")
     if isinstance(value, str):
         if "\n" in value or "\r" in value:
@@ -137,8 +135,7 @@ def fill_job_script(answers: dict, exercise: str = EXERCISE) -> str:
 
 @functools.cache
 def torchrun_options() -> tuple[dict, ...]:
-    """torchrun's options as data (names, what each takes, its default), so that a process without PyTorch can
-    rebuild the same parser: the simulated torchrun reads its arguments as torchrun does."""
+    """torchrun's options as data, for the simulated torchrun to rebuild its parser without PyTorch."""
     from torch.distributed.run import get_args_parser
 
     options = []
@@ -158,8 +155,7 @@ def torchrun_options() -> tuple[dict, ...]:
 
 
 def torch_modules() -> dict[str, str]:
-    """The files of PyTorch's modules that need nothing but the standard library, for the simulated torchrun to
-    load by path: its argument actions and its readers of a rendezvous endpoint and configuration."""
+    """The files of PyTorch's standard-library-only modules that the simulated torchrun loads by path."""
     from torch.distributed import argparse_util
     from torch.distributed.elastic.rendezvous import utils
 

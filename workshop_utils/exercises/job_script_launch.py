@@ -202,8 +202,7 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
 
 
 def _torch(name: str):
-    """One of PyTorch's modules that need only the standard library, loaded by its path (see
-    ``job_script.torch_modules``): importing PyTorch itself would take seconds."""
+    """One of ``job_script.torch_modules``, loaded by path: importing PyTorch would take seconds."""
     import importlib.util
 
     with open(os.path.join(standins.SIM, "sim.json")) as file:

@@ -97,8 +97,7 @@ def job_environment(run: JobRun, work: str, bin_dir: str) -> dict:
 _USERS = (["--user", "--map-user=1000", "--map-group=1000"], ["--user", "--map-root-user"], [])
 
 
-# Before those, a user and mount namespace where everything but the simulation's folder is read-only
-# (``job_script_standins.confine``): what the script writes stays in its folder.
+# Before those, everything but the simulation's folder made read-only (``job_script_standins.confine``).
 _CONFINE = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.exercises.job_script_standins import "
             "confine\nconfine(sys.argv[2], sys.argv[3:])")
 

@@ -110,8 +110,7 @@ class Runner:
                 for name in os.listdir("/proc") if name.isdigit() and self.parent(int(name)) == pid]
 
     def leaves_of(self, pid: int) -> list[str]:
-        """The commands a process waits for in the end: the ends of its tree (a subshell's command, not the
-        subshell)."""
+        """The commands a process waits for in the end: the leaves of its tree."""
         children = self.children_of(pid)
         return [c["command"] for c in children if not self.children_of(c["pid"])] + [
             leaf for c in children for leaf in self.leaves_of(c["pid"])]
@@ -264,8 +263,7 @@ class Runner:
                 conn.send(op="granted")
 
     def training_fails(self, conn: Conn) -> str | None:
-        """Why a training process stops at its start: the run where training fails, or a master address its
-        node cannot reach."""
+        """Why a training process stops at its start: the failing run, or a master address out of reach."""
         env = next(e for e in reversed(self.events) if e.get("pid") == conn.pid and e["what"] == "start")
         if self.config["fail"] and env.get("rank") == "0":
             return "RuntimeError: the simulated training failed (this run checks that the job then ends)"
@@ -389,8 +387,7 @@ class Runner:
                                           "Connection refused)", nobody_hosts=True)
 
     def warn(self):
-        """Slurm's warning, sent once (slurmctld marks the job WARN_SENT): only a later change of the job's time
-        limit would send it again."""
+        """Slurm's warning, sent once (slurmctld marks the job WARN_SENT)."""
         sig, lead, batch = self.config["warning"]
         if self.bash_status is not None:
             return
@@ -507,8 +504,7 @@ class Runner:
         self.progress()
 
     def kernel(self, node: int):
-        """Another job's Jupyter kernel of the same user on the node (bash named python3, so that pgrep takes it
-        for one): it writes down every signal it receives and keeps running."""
+        """Another job's Jupyter kernel on the node: it writes down every signal it gets and keeps running."""
         found = os.path.join(self.sim, f"kernel-{node}.signals")
         code = (f"for s in {' '.join(s.name[3:] for s in CATCHABLE)}; do trap \"echo SIG$s >> {found}\" $s; done; "
                 f"echo ready; exec 1>&-; exec 3<> {self.sim}/kernel.fifo; while :; do read -u 3 _; done")

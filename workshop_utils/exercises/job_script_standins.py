@@ -140,8 +140,7 @@ def _fd_target(fd: int) -> str:
 
 
 def training() -> None:
-    """A training process as workshop_utils.train behaves toward a job: it greets, trains until SIGUSR1, then
-    writes a checkpoint (which takes a while) and ends; SIGTERM ends it at once."""
+    """A training process toward a job: it greets, trains until SIGUSR1, checkpoints and ends."""
     env = os.environ
     limit = float(env.get("JOBSIM_MEM_MB") or 0)
     if 0 < limit < 1024:  # PyTorch alone takes a few hundred MiB: the step's cgroup ends the process
@@ -283,8 +282,7 @@ def hostname(argv: list[str]) -> None:
 
 
 def getent(argv: list[str]) -> None:
-    """getent hosts, ahosts or ahostsv4 NODE: the cluster's name service knows the job's nodes (at the addresses
-    hostname -i gives); every other question goes to this machine's getent."""
+    """getent hosts NODE knows the job's nodes; every other question goes to this machine's getent."""
     nodes = Link("getent").config["nodes"]
     if len(argv) > 1 and argv[0] in ("hosts", "ahosts", "ahostsv4") and all(key in nodes for key in argv[1:]):
         for key in argv[1:]:
@@ -364,8 +362,7 @@ def container(argv: list[str]) -> None:
 
 
 def scancel(argv: list[str]) -> None:
-    """scancel --signal=SIG [--batch|--full] JOB: Slurm signals the job's steps (their every process), or its batch
-    shell; without --signal, scancel would end the job, which this simulation does not allow."""
+    """scancel --signal=SIG [--batch|--full] JOB; without --signal (ending the job) it refuses."""
     number, batch, steps, job = None, False, True, None
     args = list(argv)
     while args:
@@ -435,8 +432,7 @@ PROGRAMS = {"scancel": scancel, **{name: slurm_client for name in CLIENTS}, "pki
 
 
 def main(sim: str) -> None:
-    """The program this file stands in for, by the name it was started under (``job_script_launch`` has srun,
-    torchrun and python)."""
+    """The program this file stands in for, by the name it was started under."""
     global SIM
     SIM = sim
     PROGRAMS[os.path.basename(sys.argv[0])](sys.argv[1:])

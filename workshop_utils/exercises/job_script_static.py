@@ -23,8 +23,7 @@ _BASH = re.compile(r"#!\s*(?:(?:/usr)?(?:/local)?/bin/bash|(?:/usr)?/bin/env\s+b
 
 
 def line_of(script: str, needle: str) -> str:
-    """" (line N)" for the one line of the script that holds ``needle`` (comments aside); "" when none or several
-    do."""
+    """" (line N)" for the one line (comments aside) that holds ``needle``; "" when none or several do."""
     found = [k for k, line in enumerate(script.split("\n"), 1) if needle in re.sub(r"(^|\s)#(?!SBATCH).*", "", line)]
     return f" (line {found[0]})" if len(found) == 1 else ""
 
@@ -103,9 +102,8 @@ def _shebang_problem(first: str) -> str | None:
 
 
 def _sbatch_reading(script: str) -> dict[str, str] | None:
-    """sbatch's own reading of the #SBATCH lines (``sbatch -v``, its option listing); ``Problem`` with its
-    words where it refuses them; None where this sbatch says neither. The configuration names no controller, so
-    nothing is ever submitted; sbatch is stopped once it has listed its options."""
+    """sbatch's own reading of the #SBATCH lines (``sbatch -v``, stopped once it has listed them; no controller
+    is named, so nothing is submitted); ``Problem`` with its words; None where it says neither."""
     with tempfile.TemporaryDirectory(prefix="sbatch-") as folder:
         with open(os.path.join(folder, "slurm.conf"), "w") as file:
             file.write("ClusterName=check\nSlurmctldHost=localhost\n")

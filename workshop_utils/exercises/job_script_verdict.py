@@ -66,8 +66,7 @@ class Judge:
         return f"`{show(command, 90)}`{line_of(self.script, command.split()[0] if command else '?')}"
 
     def launch(self, token: str = "torchrun") -> str:
-        """The launch as the job ran it: srun's and torchrun's own argv, and the script's line that holds ``token``
-        (the option at fault), else the one that holds torchrun."""
+        """The launch as the job ran it, and the script's line that holds ``token``, else torchrun."""
         agent = self.agents[0] if self.agents else {}
         srun = next((s for s in self.sruns if s["pid"] == agent.get("ppid")), None) or next(
             (s for s in self.sruns if re.search(r"torchrun|torch\.distributed\.run", " ".join(s.get("argv") or []))),
@@ -202,8 +201,7 @@ class Judge:
                 f"--rdzv-id=\"$SLURM_JOB_ID\" and {RDZV_FIX}.")
 
     def training_setup(self) -> str | None:
-        """The training processes: started, one world, one core and one thread each, the script's arguments, their
-        lines in the job's log."""
+        """The training processes: one world, one core and thread each, the script's arguments, their log."""
         spec, where = self.spec, self.where
         ended = self.ended_early()
         if ended or not self.trainings:
@@ -306,8 +304,7 @@ class Judge:
 
     def _idle(self, first: dict) -> tuple[str, str]:
         """Nothing ran after the warning: what the batch shell ran when it came, and the fix. bash runs a trap only
-        once the command in the foreground has ended; a command of the script's in the background (bash's start
-        left it ignoring SIGQUIT) leaves bash in wait, which the warning interrupts, so the trap did nothing."""
+        once the command in the foreground has ended, or when the warning interrupts its wait."""
         until = next(iter(self.o.of("time_limit")), {})
         started = [e for e in self.o.of("start") if first["t"] <= e["t"] < until.get("t", 1e12)]
         running = [r for r in first.get("running") or [] if r.get("role") != "kernel"]

@@ -37,9 +37,8 @@ __all__ = ["ANSWERS", "EXERCISE", "GAPS", "JOB_SCRIPT", "JOB_SPEC", "NEEDED_S", 
 
 
 def script_problem(script: str, spec: JobSpec = JOB_SPEC) -> str | None:
-    """The first mistake of a job script against the exercise (``spec``), as "problem. Fix: ..."; None when it is
-    right. What no run shows first (the text, the #SBATCH lines, the request), then what bash did with it in a
-    simulated job, where this machine can run one (``namespaces_problem``)."""
+    """The first mistake of a job script against ``spec``, as "problem. Fix: ..."; None when it is right. What
+    no run shows first, then what bash did with it in a simulated job, where this machine can run one."""
     problem = text_problem(script)
     if problem:
         return problem
@@ -95,8 +94,7 @@ def _refuse(exercise: str, problem: str):
 
 
 def _check_call(exercise: str, jobs_dir, timeout_s) -> None:
-    """The check's own arguments, read first and alike with or without a cluster: where one answers, they say
-    where the jobs go and how long to wait for them, and a mistake there must not show only in class."""
+    """The check's own arguments, read alike with or without a cluster, so no mistake shows only in class."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
         raise NotYet(f"✗ {exercise}: timeout_s={show(repr(timeout_s), 30)} is no time to wait for the check's job.",
                      "a number of seconds above 0, e.g. timeout_s=300.")
@@ -125,8 +123,7 @@ def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, uns
 
 @exercise_check
 def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: str = EXERCISE) -> bool:
-    """Read the script (or ``JOB_SCRIPT`` filled from a dict of answers) against ``JOB_SPEC``, then run it on the
-    cluster when one answers, and judge what it did."""
+    """Judge the script (or ``JOB_SCRIPT`` filled from a dict) against ``JOB_SPEC``, then on the cluster."""
     _check_call(exercise, jobs_dir, timeout_s)
     if script is ...:
         raise Unsolved(f"… {exercise}: not yet solved: fill the gaps of the job script.",
@@ -301,8 +298,7 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
 @exercise_check
 def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout_s: float = 300,
                       exercise: str = SWEEP) -> bool:
-    """Read the sweep file's lines and the array spec; where Slurm answers, run the array, gather it with a job
-    that waits for it, and check one result per learning rate."""
+    """Judge the sweep's lines and array spec, then run and gather the array where Slurm answers."""
     from ..lessons.slurm_jobs import SCRIPT_FIELDS, config_flags, gather_array, template
 
     _check_call(exercise, jobs_dir, timeout_s)

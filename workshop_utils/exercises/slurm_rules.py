@@ -114,8 +114,7 @@ def _signal_number(text: str) -> int:
     return 0
 
 
-# What ``--signal`` asks Slurm to send before the time limit, and to whom: its number, its lead in seconds, and
-# whether the batch shell alone receives it (B:) rather than every step of the job (srun's tasks).
+# ``--signal``: its number, its lead in seconds, and whether the batch shell alone gets it (B:), not the steps.
 WarningSignal = collections.namedtuple("WarningSignal", "signal lead_s to_batch_shell")
 
 
@@ -184,9 +183,8 @@ def array_tasks(spec) -> list[int] | None:
 # ---------------------------------------------------------------------------------------------- getopt_long
 
 
-# A command's options as getopt_long sees them: each long name (in the table's order) with its argument (0 none,
-# 1 required, 2 optional, only as --name=value), the short letters (letter -> long name), aliases of one option,
-# and whether operands may come before options (GNU order) or the first operand ends them.
+# A command's options as getopt_long sees them: each long name in order with its argument (0 none, 1 required, 2
+# optional), short letters (letter -> long name), aliases, and whether operands may come before options.
 OptionTable = collections.namedtuple("OptionTable", "program long short alias permute")
 
 

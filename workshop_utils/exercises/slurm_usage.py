@@ -22,15 +22,13 @@ USAGE = "Exercise 6.3"
 TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
 ANSWERS = ("cpu_efficiency", "time_share", "gpu_hours", "next_time_limit_s", "next_memory_mib")
 USAGE_KEYS = ("elapsed_s", "time_limit_s", "cpus", "gpus", "cpu_time_s", "max_rss_mib")
-# A second job to judge the attendee's arithmetic on: several CPUs and GPUs, where a term left out gives another
-# answer (the notebook's own job has one CPU and no GPU).
+# A second job to judge the attendee's arithmetic on, where a CPU or GPU term left out gives another answer.
 OTHER_JOB = {"job": "another job", "elapsed_s": 5410, "time_limit_s": 7200, "cpus": 8, "gpus": 4,
              "cpu_time_s": 25968.0, "max_rss_mib": 23500.0, "source": "made up: 8 CPUs and 4 GPUs for 1.5 hours"}
 
 
 def next_request(usage: dict) -> tuple[int, int]:
-    """(seconds, MiB) to ask for next time: 1.5 x the elapsed time in whole minutes, 1.25 x the peak memory in
-    whole 100 MiB."""
+    """(seconds, MiB) to ask for next time: the use with a margin, in whole minutes and 100 MiB."""
     return (60 * math.ceil(TIME_MARGIN * usage["elapsed_s"] / 60),
             100 * math.ceil(MEMORY_MARGIN * usage["max_rss_mib"] / 100))
 
@@ -59,8 +57,7 @@ def _usage_numbers(usage) -> dict:
 
 
 def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
-    """Each answer against the same arithmetic on ``usage``, by the rule every exercise shares (``verdict``): the
-    bound any right answer keeps, else the value and the one expected, with the formula as the fix."""
+    """Each answer against the same arithmetic on ``usage``, by the rule every exercise shares."""
     elapsed, cpus, gpus, limit = usage["elapsed_s"], usage["cpus"], usage["gpus"], usage["time_limit_s"]
     right_time, right_memory = next_request(usage)
     inputs = ", ".join(f"{key} {usage[key]:g}" for key in USAGE_KEYS)
@@ -129,8 +126,7 @@ def _earlier_values(cell: str, namespace: dict) -> list[str]:
 
 
 def _run_cell(cell: str, namespace: dict, usage: dict) -> dict | None:
-    """The answers the cell computes from ``usage`` (run in a copy of ``namespace``, its printing kept); None when
-    the cell cannot be run again apart from the notebook (it sets ``usage`` itself, or fails)."""
+    """The answers the cell computes from ``usage``; None when it cannot run apart from the notebook."""
     global _RERUNNING
     try:
         tree = ast.parse(cell)
@@ -159,9 +155,8 @@ def _run_cell(cell: str, namespace: dict, usage: dict) -> dict | None:
 @checked
 def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib, usage: dict,
                     exercise: str = USAGE, cell: str | None = None) -> bool:
-    """Each answer against the same arithmetic on ``usage``, the usual mistakes named; then, where the exercise
-    cell can be run again (``cell``, by default the notebook's latest cell that assigns all five answers), the
-    cell's answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
+    """Each answer against the same arithmetic on ``usage``; then, where the exercise cell can be run again,
+    its answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
     given = dict(zip(ANSWERS, (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)))
     answers = {name: number(value, exercise, name) for name, value in given.items()}
     read = _usage_numbers(usage)
