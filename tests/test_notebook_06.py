@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +33,7 @@ import pytest
 from slurm_cluster import SlurmCluster, missing_binaries
 
 from workshop_utils.parallel.launch import stop_process_group
+from workshop_utils.system.profiles import notebook_profiles
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = "06_slurm_deployment.ipynb"
@@ -169,6 +172,90 @@ def test_preempted_run_checkpointed_requeued_resumed_and_matches_the_uninterrupt
     assert rows["preempted"]["param_checksum"] == rows["uninterrupted"]["param_checksum"]
     events = steps_of(recorded, "timeline")[0]["value"]["events"]
     assert [e["what"] for e in events] == ["scancel --signal=USR1"]
+
+
+# The kit's job scripts as the notebook submitted them: what tests/test_slurm.py would otherwise submit again.
+
+
+def job_output(run_dir: Path, name: str) -> tuple[str, str, Path]:
+    """(job id, output text, run folder) of the notebook's one job called ``name`` (its %x-%j.out in slurm-jobs/)."""
+    outputs = sorted((run_dir / "slurm-jobs").glob(f"{name}-*.out"))
+    assert len(outputs) == 1, outputs
+    return outputs[0].stem.rsplit("-", 1)[1], outputs[0].read_text(), outputs[0].with_suffix("")
+
+
+def job_row(recorded: dict, job_id: str) -> dict:
+    return next(j for j in frame_rows(steps_of(recorded, "jobs")[-1]["value"]) if j["job"] == job_id)
+
+
+@needs_slurm
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_env_check_reports_each_task_and_writes_the_environment(executed):
+    import torch
+
+    run_dir, entry, _, recorded = executed
+    assert entry["status"] == "ok"
+    job_id, text, folder = job_output(run_dir, "wu-env-check")
+    assert (job_row(recorded, job_id)["state"], job_row(recorded, job_id)["exit_code"]) == ("COMPLETED", "0:0")
+    host = socket.gethostname().split(".")[0]
+    assert "nodes: 1 (" in text and "tasks: 2" in text
+    tasks = {}
+    for rank in (0, 1):
+        line = re.search(rf"^{rank}: {host} rank {rank} local {rank} cpus (\S+) numa \S+ omp 1 gpus none gpu_numa - "
+                         rf"nics \S+ workers (\S+) worker_threads 1$", text, re.M)
+        assert line, text
+        tasks[rank] = line.groups()
+    # Bound to a core each (srun --cpu-bind=cores), and each task's DataLoader workers run on its core alone.
+    assert tasks[0][0] != tasks[1][0] and all(cpus == workers for cpus, workers in tasks.values()), tasks
+    assert "UserWarning" not in text, "the crowded workers are shown on purpose, without PyTorch's warning"
+    assert "== NUMA layout of" in text
+    assert f"torch: {torch.__version__}" in text
+    assert ("CPU-only node" in text) == (shutil.which("nvidia-smi") is None)
+    env = json.loads((folder / "environment.json").read_text())
+    assert env["torch"] == torch.__version__ and env["slurm"]["SLURM_JOB_ID"] == job_id
+
+
+@needs_slurm
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_one_gpu_script_trains_and_writes_its_result(executed):
+    run_dir, entry, _, recorded = executed
+    assert entry["status"] == "ok"
+    steps = notebook_profiles(REPO / "notebooks" / NOTEBOOK)["cpu"]["steps"]
+    job_id, text, folder = job_output(run_dir, "wu-one-gpu")
+    assert (job_row(recorded, job_id)["state"], job_row(recorded, job_id)["exit_code"]) == ("COMPLETED", "0:0")
+    assert "rank 0 of 1" in text and "GPUs none" in text
+    assert re.search(r"GPUs none, cores \d+, 1 CPU thread\(s\)", text), "one core by default, and one thread on it"
+    assert re.search(rf"Done: {steps} steps on 1 process\(es\)", text), text
+    assert f"results in {folder}" in text
+    result = json.loads((folder / "result.json").read_text())
+    assert result["metrics"]["steps"] == steps and result["metrics"]["world_size"] == 1
+    assert result["metrics"]["interrupted"] is False
+    assert result["environment"]["slurm"]["SLURM_JOB_ID"] == job_id
+
+
+@needs_slurm
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(executed):
+    run_dir, entry, _, recorded = executed
+    assert entry["status"] == "ok"
+    steps = notebook_profiles(REPO / "notebooks" / NOTEBOOK)["cpu"]["steps"]
+    job_id, text, folder = job_output(run_dir, "wu-preemptible")
+    job = job_row(recorded, job_id)
+    assert (job["state"], job["exit_code"], job["restarts"]) == ("COMPLETED", "0:0", 1), job
+    stopped = re.search(r"Stop signal received: checkpointing at step (\d+)", text)
+    assert "USR1 received" in text and stopped, text
+    assert f"requeueing job {job_id}" in text and "attempt 2" in text
+    assert f"at step {stopped.group(1)}." in text.split("attempt 2")[1], "the requeued run did not resume there"
+
+    result = json.loads((folder / "result.json").read_text())
+    reference = json.loads((job_output(run_dir, "wu-one-gpu")[2] / "result.json").read_text())
+    assert 10 <= result["metrics"]["resumed_from_step"] < steps
+    assert result["metrics"]["resumed_from_step"] == int(stopped.group(1))
+    assert result["metrics"]["steps"] == steps and not result["metrics"]["interrupted"]
+    assert result["metrics"]["param_checksum"] == reference["metrics"]["param_checksum"], "work was lost or changed"
 
 
 @needs_slurm
