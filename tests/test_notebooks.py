@@ -466,3 +466,61 @@ def test_distributed_checkpoint_round_trip_and_reshard_into_one_process(main_run
     assert stall["async"]["background_write_ms"] > 0 and stall["sync"]["background_write_ms"] is None
     assert record["stall"]["state_mib_per_rank"] > 0
     assert "dcp.async_save blocked training" in wu.stall_summary(record["stall"])
+
+
+# ---------------------------------------------------------------------- notebook 02's GPT launches, read from this run
+# Section 10 trains the GPT under DDP twice (no_sync() and an all-reduce after every micro-batch) and measures how
+# much of the all-reduce the backward pass hides; tests/test_accumulation.py keeps what no notebook launches.
+
+
+def _ddp_gpt_records(main_run) -> dict:
+    """Section 10's two GPT trainings under DDP, by whether they all-reduced every micro-batch."""
+    records = [json.loads(path.read_text()) for path in (main_run.dir / "results").glob("ddp-gpt-*.json")]
+    runs = {r["config"]["sync_micro_batches"]: r for r in records if r.get("kind") == "train"}
+    assert set(runs) == {False, True}, [r["name"] for r in records]
+    return runs
+
+
+@pytest.mark.notebook
+def test_no_sync_sends_one_all_reduce_per_step_for_the_same_weights(main_run):
+    """Two ranks, several micro-batches a step: no_sync() all-reduces once a step and trains the same model."""
+    runs = _ddp_gpt_records(main_run)
+    skipped, every = runs[False]["metrics"], runs[True]["metrics"]
+    config = runs[False]["config"]
+    assert config["accumulation_steps"] > 1 and runs[True]["config"]["bucket_cap_mb"] == config["bucket_cap_mb"]
+    assert every["all_reduces"] == config["accumulation_steps"] * skipped["all_reduces"] > 0
+    assert skipped["global_batch_size"] == config["batch_size"] * config["accumulation_steps"] * skipped["world_size"]
+    assert skipped["world_size"] >= 2
+    # The same weights step after step, to rounding: each step's loss and the final evaluation agree.
+    assert runs[False]["step_loss"] == pytest.approx(runs[True]["step_loss"], rel=1e-5)
+    assert skipped["final_test_loss"] == pytest.approx(every["final_test_loss"], rel=1e-5)
+
+
+@pytest.mark.notebook
+def test_the_overlap_measurement_all_reduces_every_gradient_in_ddps_own_buckets(main_run):
+    import math
+
+    import workshop_utils as wu
+
+    record = json.loads((main_run.dir / "results" / "ddp-gpt-overlap.json").read_text())
+    size = notebook_profiles(ROOT / "notebooks" / "02_multi_gpu_ddp.ipynb")[PROFILE]["gpt_size"]
+    assert (record["backend"], record["model"]) == ("gloo", f"GPT {size}") and record["world_size"] >= 2
+    table = wu.overlap_table(record)
+    gradient_mib = 4 * wu.count_parameters(wu.build_model("gpt", size=size)) / 2**20
+    assert table.gradient_mib.tolist() == pytest.approx([gradient_mib] * len(table))  # each gradient once, in fp32
+    rows = sorted(table.itertuples(), key=lambda row: -row.bucket_cap_mb)
+    large, small = rows[0], rows[-1]
+    assert len(rows) >= 2 and large.buckets >= 1
+    assert [row.buckets for row in rows] == sorted({row.buckets for row in rows}), "smaller buckets, more of them"
+    assert (table[["compute_ms", "communication_ms", "overlapped_ms"]] > 0).all().all()
+    assert ((table.exposed_p25_ms <= table.exposed_ms) & (table.exposed_ms <= table.exposed_p75_ms)).all()
+    for row in rows[1:]:
+        assert row.hidden_ms == pytest.approx(row.communication_ms - row.exposed_ms)
+    if large.buckets == 1:  # every gradient in one bucket, full when the backward pass ends: nothing was hidden
+        assert math.isnan(large.hidden_ms) and math.isnan(large.hidden_share)
+    for row in table.itertuples():
+        assert wu.overlap_sentence(row).startswith(f"{row.bucket_cap_mb:g} MiB buckets ({row.buckets} of them)")
+    # Rank 0's trace of one overlapped backward pass with the small buckets: each bucket's all-reduce is in it.
+    events = [event.get("name") for event in json.loads((main_run.dir / "traces" / "ddp_overlap.json").read_text())[
+        "traceEvents"]]
+    assert record["traced_bucket_cap_mb"] == small.bucket_cap_mb and events.count("gloo:all_reduce") == small.buckets
