@@ -1,9 +1,6 @@
-"""Notebook 02's DDP lab and Exercise 2.1: the ranks' side (``main``) and the checks that launch them, as two nodes
-on this machine (two torchrun agents: the line's processes on node 0, one more on node 1), so that a rank from
-LOCAL_RANK or a world size from LOCAL_WORLD_SIZE or typed in fails. A probe in each rank watches PyTorch (the indices
-every DataLoader draws, the samplers and DDP built, ``torch.save``, the final parameters): a script is judged by what
-it did, not by what it prints. The code that branches on CUDA stays here: the GPU check's list of paths names it.
-"""
+"""Notebook 02's DDP lab and Exercise 2.1, run as two nodes on this machine (two torchrun agents) so that a rank
+from LOCAL_RANK or a world size from LOCAL_WORLD_SIZE fails; a probe in each rank records what the script did to
+PyTorch. The code that branches on CUDA stays here: the GPU check's list of paths names it."""
 
 from __future__ import annotations
 
@@ -34,7 +31,7 @@ from .ddp_lab_judging import (LabRun, example_line, findings, placeholders_left,
 from .exercise_cells import NotYet, Unsolved, passed, require, require_answered
 from .exercise_judging import checked, short
 
-__all__ = [  # the lab's public names, from this one path (wu's table, the GPU check, the tests)
+__all__ = [  # the lab's public names (wu's table, the GPU check, the tests)
     "LAB_EXERCISE", "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",
     "judge_average_gradients", "lab_device", "lab_folder", "lab_nodes", "main", "placeholders_left",
     "read_launch_line", "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
@@ -45,8 +42,8 @@ __all__ = [  # the lab's public names, from this one path (wu's table, the GPU c
 
 def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 300, echo: bool = True,
                args=()) -> float | None:
-    """``python script --out-dir out_dir``, its output streamed; the samples/s it reported (None if none). It runs
-    where, and with the threads, each rank of the lab runs: a GPU process would be no baseline for CPU ranks."""
+    """``python script --out-dir out_dir``: the samples/s it reported (None if none), run where and with the
+    threads each rank of the lab runs (a GPU process would be no baseline for CPU ranks)."""
     command = [sys.executable, str(script), *map(str, args), "--out-dir", str(out_dir)]
     if echo:
         print("$ python " + shlex.join(map(str, command[1:])), flush=True)
@@ -76,9 +73,8 @@ def lab_device(nproc: int) -> str:
 
 
 def lab_nodes(nproc: int) -> tuple[int, ...]:
-    """The processes of each node a lab launch runs as: the line's ``nproc`` on node 0, one more on node 1, so that
-    the local counts differ from the global ones and a world size typed in for ``nproc`` is wrong (everywhere:
-    without a GPU for each, the ranks run on the CPU rather than split ``nproc`` over the nodes)."""
+    """The line's ``nproc`` on node 0, one more on node 1: local counts differ from global ones, and a world size
+    typed in for ``nproc`` is wrong on every machine."""
     return nproc, 1
 
 
@@ -86,7 +82,7 @@ def lab_nodes(nproc: int) -> tuple[int, ...]:
 
 
 class Tee:
-    """A text stream that also copies what it is given into a file (one rank's output, for the checker)."""
+    """A text stream that also copies into a file (one rank's output, for the checker)."""
 
     def __init__(self, stream, path: Path):
         self._stream, self._file = stream, open(path, "a", buffering=1)
@@ -214,8 +210,8 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
 
 
 def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...], exercise: str) -> NotYet:
-    """The one line a failed run gets: a rank the time limit stopped, a sampler given another rank's numbers, two
-    ranks on one GPU (NCCL's abort may say nothing else), else the rank that failed first."""
+    """A failed run's one line: a rank stopped at the limit, a sampler given wrong counts, two ranks on one GPU
+    (NCCL's abort may say nothing else), else the rank that failed first."""
     nproc = sum(per_node)
     stalled = sorted((json.loads(p.read_text()) for p in folder.glob("rank*.stalled")), key=lambda s: s["time"])
     if stalled:  # the first limit reached; the rank named is the one that stopped progressing first
@@ -239,7 +235,7 @@ def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...],
 
 
 class _LaunchHere:
-    """``check_ddp_lab``'s default command: the checker writes the torchrun line itself (tests, the GPU check)."""
+    """``check_ddp_lab``'s default command: the checker writes the torchrun line itself."""
 
     def __repr__(self) -> str:
         return "LAUNCH_HERE"
@@ -256,10 +252,8 @@ def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, e
         command = f"torchrun --nproc-per-node={nproc} {shlex.quote(str(script))}"
     launch = read_launch_line(command, script, nproc, exercise)
     given = command if isinstance(command, str) else shlex.join(map(str, command))
-    folder = fresh_folder(workdir, "check")
-    out_dir = folder / "out"
-    per_node = lab_nodes(nproc)
-    ranks = sum(per_node)
+    folder, per_node = fresh_folder(workdir, "check"), lab_nodes(nproc)
+    out_dir, ranks = folder / "out", sum(per_node)
     if echo:
         print(f"$ {' '.join([given, *map(shlex.quote, map(str, args))])} --out-dir {shlex.quote(str(out_dir))}   "
               f"(under the checker's probe, as two nodes on this machine: torchrun --nnodes=2, "
@@ -282,20 +276,18 @@ def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, e
 @checked
 def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_s: float = 300, echo: bool = True,
                   args=(), exercise: str = LAB_EXERCISE, idle_limit_s: float | None = None) -> LabRun:
-    """Run the attendee's DDP script under the probe as ``nproc`` processes and one more on a second node; pass, or
-    ``NotYet`` naming the mistake. ``command``: the attendee's launch line, read as torchrun reads it (left out, the
-    checker writes it); ``args``, then ``--out-dir`` (a fresh folder), follow the script's own arguments; a rank that
-    makes no progress is stopped at a limit scaled to this machine (``idle_limit_s`` where given)."""
+    """Run the attendee's DDP script under the probe as ``nproc`` processes plus one on a second node, launched
+    by ``command`` (left out, the checker writes it); pass, or ``NotYet`` naming the mistake."""
     script = Path(script)
     require(script.exists(), exercise, f"{script} does not exist.", "run the cell that writes your copy first.")
     gaps = placeholders_left(script.read_text(), exercise)
     if gaps:
         raise Unsolved(f"… {exercise}: not yet solved: {script.name} still has the placeholder `...` on line(s) "
                        f"{', '.join(map(str, gaps))}.", "replace each `...` under '# YOUR CODE HERE' with your code.")
+    example = example_line(nproc, script)
     require_answered(command, exercise, "`lab_command` is still the placeholder `...`.",
-                     f"write the launch line: {example_line(nproc, script)}.")
-    require(command is not None, exercise, "`lab_command` is None.",
-            f"write the launch line as a string: {example_line(nproc, script)}.")
+                     f"write the launch line: {example}.")
+    require(command is not None, exercise, "`lab_command` is None.", f"write the launch line as a string: {example}.")
     records, params, out_dir, folder, lines, seconds, per_node = _lab_records(
         script, workdir, nproc, command, timeout_s, echo, args, exercise, idle_limit_s)
     facts: dict = {}
@@ -315,10 +307,8 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
 
 
 def _gradients(spec_file: str) -> None:
-    """One rank's side of ``judge_average_gradients``: each function's average against DDP's, same model and batch,
-    on the launch's world, then on node 0's ranks alone (``SECOND_WORLD``). Writes ``round<k>/fn<i>/rank<r>.json``:
-    the comparison, the function's error, or why the ranks could not be compared; each collective it starts is
-    logged first (``rank<r>.calls``), so that a hang or an abort still shows who called what."""
+    """One rank's side of ``judge_average_gradients``: each function against DDP, on the launch's world, then on
+    node 0's ranks alone; each collective is logged before it starts, so that a hang still shows who called what."""
     import copy
 
     import torch
@@ -416,9 +406,8 @@ def _gradients(spec_file: str) -> None:
 
 def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise: str = GRADIENTS_EXERCISE,
                             idle_limit_s: float | None = None) -> list:
-    """Each of ``functions`` (sources the ranks can run), run in one launch; for each, its facts on both world sizes
-    or the ``NotYet`` naming its first mistake. One that fails on some ranks only, does not return within the ranks'
-    limit, or whose ranks call different collectives, ends the launch: those after it are not judged."""
+    """Each of ``functions`` (sources), run in one launch: its facts on both world sizes or its ``NotYet``. One
+    that leaves the ranks unable to go on (a hang, a failure on some ranks) ends the launch."""
     folder = fresh_folder(workdir, "gradients")
     files = []
     for index, (source, name) in enumerate(functions):
@@ -450,9 +439,8 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
 @checked
 def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
                             exercise: str = GRADIENTS_EXERCISE, idle_limit_s: float | None = None) -> dict:
-    """Run ``average_gradients(model)`` under torchrun, on 3 ranks as two nodes, then on node 0's 2 ranks; its
-    gradients must be DDP's, on the same model and batch, on every rank at both world sizes. The ranks run the
-    function's source with the modules it reads; a function or variable of the notebook it reads is named first."""
+    """``average_gradients(model)`` under torchrun, on 3 ranks as two nodes, then on node 0's 2: its gradients
+    must be DDP's on every rank at both world sizes."""
     require_answered(average_gradients, exercise, "`average_gradients` is still the placeholder.",
                      "define the function in the exercise cell and run it.")
     require(callable(average_gradients), exercise, "`average_gradients` is not a function.",
@@ -482,8 +470,7 @@ def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
 
 @record_failures  # the probe records the script's own failure; this records the probe's and the gradients'
 def main(argv=None) -> None:
-    """``--probe FOLDER SCRIPT [ARGS...]`` or ``--gradients SPEC``: what a rank of a check runs; ``--agent
-    TORCHRUN_ARGS``: what each node of a check runs, torchrun itself (``torchrun_agent``)."""
+    """What a rank (``--probe``, ``--gradients``) or a node (``--agent``, torchrun itself) of a check runs."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--agent"]:
         torchrun_agent(argv[1:])

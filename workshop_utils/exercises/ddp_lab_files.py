@@ -1,5 +1,5 @@
-"""The DDP lab's files (its scripts, the attendee's copy), the two nodes its ranks run as (torchrun on each, its
-report folded to a line), their time limits and progress: what ``ddp_lab`` and ``ddp_lab_judging`` both read."""
+"""The DDP lab's files, the two nodes its ranks run as, their time limits and progress: what ``ddp_lab`` and
+``ddp_lab_judging`` both read."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ STALLED_EXIT = 124  # a rank the time limit stopped (as `timeout` exits)
 
 
 def lab_folder(folder=None) -> Path:
-    """The folder holding the lab's scripts: ``folder``, else the checkout's, else ./labs/ddp_lab."""
+    """The folder holding the lab's scripts."""
     candidates = [Path(folder)] if folder is not None else [
         *([repo_root() / "notebooks" / "labs" / "ddp_lab"] if repo_root() else []),
         Path.cwd() / "labs" / "ddp_lab", Path.cwd() / "notebooks" / "labs" / "ddp_lab"]
@@ -104,9 +104,8 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
               echo: bool, exercise: str, assigned: dict | None = None,
               idle_limit_s: float | None = None) -> tuple[list[int], list[str]]:
     """``python -m PROBE_MODULE module_args`` as the ranks of one torchrun agent per node on this machine, as
-    ``srun torchrun`` starts them on a cluster, so that RANK and LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE differ
-    as on two machines. Each agent gets its own GPUs and ``assigned`` (set in front of the launch); once one has
-    ended, the other is stopped 5 s later, as a cluster ends a job whose task failed."""
+    ``srun torchrun`` starts them on a cluster; once one agent has ended, the other is stopped 5 s later, as a
+    cluster ends a job whose task failed."""
     port, ranks = free_port(), sum(per_node)
     env = {**job_env(cpu_threads_per_process(ranks), hide_gpus=device == "cpu"), STARTED: repr(time.time()),
            **(assigned or {})}
@@ -134,8 +133,7 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
 
 
 def torchrun_agent(argv: list[str]) -> None:
-    """torchrun itself (``python -m torch.distributed.run ARGV``), its report of a failure written to
-    ``<log dir>/node<k>.report`` for ``root_cause`` and said here in one line, without its frames and box."""
+    """torchrun itself, its report of a failure kept for ``root_cause`` and said in one line, without its box."""
     import logging
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -165,18 +163,14 @@ def torchrun_agent(argv: list[str]) -> None:
         raise SystemExit(1) from None
 
 
-def torchrun_reports(folder: Path) -> list[str]:
-    """What ``torchrun_agent`` kept of each node's report, each line behind its node's label as streamed."""
-    return [f"[node {path.stem.removeprefix('node')}] {line}" for path in sorted((folder / TORCHRUN_LOGS).glob(
-        "node*.report")) for line in path.read_text().splitlines()]
-
-
 def failed_run(exercise: str, code: int, lines: list[str], nproc: int, folder: Path, rank_output=None,
                where: str = "") -> NotYet:
-    """A failed run's one line: the rank that failed first (``root_cause``: the others' lost connections are
-    consequences), its own last lines shown, as the streamed output interleaves the ranks; else the last line."""
+    """A failed run's one line: the rank that failed first (the others' lost connections are consequences), its
+    own last lines shown; else the output's last line."""
     said = f"✗ {exercise}: the run failed{where} (exit status {code})"
-    cause = root_cause([*lines, *torchrun_reports(folder)], nproc, folder / TORCHRUN_LOGS, rank_output=rank_output)
+    reports = [f"[node {path.stem.removeprefix('node')}] {line}" for path in sorted((folder / TORCHRUN_LOGS).glob(
+        "node*.report")) for line in path.read_text().splitlines()]  # each line behind its node's label, as streamed
+    cause = root_cause([*lines, *reports], nproc, folder / TORCHRUN_LOGS, rank_output=rank_output)
     if cause is not None:
         if cause.last_lines:
             print(cause.last_lines_text())
@@ -188,8 +182,7 @@ def failed_run(exercise: str, code: int, lines: list[str], nproc: int, folder: P
 
 
 def scaled_limit(startup_s: float) -> float:
-    """How long a rank may make no progress: what the check's caller gave (``IDLE_LIMIT``), else ``LIMIT_FACTOR``
-    x what this machine took to start it, at least ``LIMIT_FLOOR_S``."""
+    """How long a rank may make no progress: what the caller gave, else scaled to what this machine took."""
     return float(os.environ.get(IDLE_LIMIT) or max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s))
 
 
@@ -210,8 +203,8 @@ def note_progress(folder: Path, rank: int, what: str, **more) -> None:
 
 
 def _progress(folder: Path, ranks: int, at: float) -> dict[int, dict | None]:
-    """Each rank's last ``note_progress`` as of ``at`` (None: it wrote none); one that failed after ``at``, as one
-    waiting in a collective does when the others stop, is shown where it was."""
+    """Each rank's last ``note_progress`` as of ``at``; one that failed after ``at`` (as one waiting in a collective
+    does when the others stop) is shown where it was."""
     paths = {rank: folder / f"rank{rank}.progress" for rank in range(ranks)}
     notes = {rank: json.loads(path.read_text()) if path.exists() else None for rank, path in paths.items()}
     return {rank: note.get("was", note) if note and note["what"] == "failed" and note["time"] > at else note
@@ -219,8 +212,7 @@ def _progress(folder: Path, ranks: int, at: float) -> dict[int, dict | None]:
 
 
 def first_to_stall(folder: Path, ranks: int, at: float) -> tuple[int, float] | None:
-    """(the rank, when) that stopped making progress first of those not finished, not the one whose own limit came
-    first; None when none is left."""
+    """(the rank, when) that stopped making progress first of those not finished, or None."""
     last = {rank: note["time"] for rank, note in _progress(folder, ranks, at).items()
             if note and note["what"] != "finished"}
     return min(last.items(), key=lambda item: (item[1], item[0])) if last else None
@@ -236,8 +228,7 @@ def what_ran(folder: Path, ranks: int, at: float | None = None) -> str:
 
 
 def watch_progress(folder: Path, rank: int, record: dict, lock: threading.Lock) -> None:
-    """This rank's progress, for the check; one that makes none for ``scaled_limit`` of what this machine took to
-    reach its first batch stops itself (exit ``STALLED_EXIT``), saying where it was."""
+    """This rank's progress, for the check; past ``scaled_limit`` without any, the rank stops itself."""
     launched, said = float(os.environ.get(STARTED) or time.time()), None
     while True:
         time.sleep(0.25)

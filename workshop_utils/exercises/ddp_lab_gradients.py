@@ -1,5 +1,5 @@
-"""Exercise 2.1 around its ranks (which ``ddp_lab`` runs): the attendee's function as source they can run, the
-files through which they wait for each other, and the one line for each world size the function ran on."""
+"""Exercise 2.1 around its ranks (which ``ddp_lab`` runs): the function as source they can run, the files through
+which they wait for each other, and the one line for each world size."""
 
 from __future__ import annotations
 
@@ -38,8 +38,7 @@ def placeholder_body(source: str) -> bool:
 
 
 def function_source(function, exercise: str) -> tuple[str, str]:
-    """(the source the ranks run, the name it defines): a ``def`` as written, a lambda as ``name = lambda ...``,
-    padded with blank lines so that its line numbers are those of the attendee's cell."""
+    """(the source the ranks run, the name it defines), padded so that its line numbers are the cell's."""
     hint = "define it with def average_gradients(model): ... in a notebook cell, and run that cell."
     try:
         lines, first = inspect.getsourcelines(function)
@@ -82,8 +81,8 @@ def _home(value) -> str | None:
 
 
 def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> str:
-    """Import lines, after the function's source, for the modules (and objects from them) ``function`` reads from its
-    notebook; ``NotYet`` naming a function or variable of the notebook it reads, which the ranks do not have."""
+    """Import lines for the modules ``function`` reads from its notebook; ``NotYet`` naming a function or variable
+    of the notebook it reads, which the ranks do not have."""
     namespace = getattr(function, "__globals__", {})
     lines = []
     for name in sorted(_global_names(function.__code__) - set(given)):
@@ -109,8 +108,7 @@ def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> s
 
 
 def watched(op: str, original, started: list[str], log: Path, unwaited: list):
-    """``original``, the collective ``op``, logging each call first: a rank that then hangs still shows its calls.
-    The work an ``async_op=True`` call returns is kept in ``unwaited`` until something waits for it."""
+    """``original``, the collective ``op``, logging each call first: a rank that then hangs still shows its calls."""
     def call(*args, **kwargs):
         started.append(op)
         with open(log, "a") as file:
@@ -127,21 +125,14 @@ class Awaited:
         self.work, self._unwaited = work, unwaited
         unwaited.append(self)
 
-    def wait(self, *args, **kwargs):
-        self._unwaited[:] = [w for w in self._unwaited if w is not self]
-        return self.work.wait(*args, **kwargs)
-
-    def get_future(self):
-        self._unwaited[:] = [w for w in self._unwaited if w is not self]
-        return self.work.get_future()
-
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # wait and get_future take it out of ``unwaited``
+        if name in ("wait", "get_future"):
+            self._unwaited[:] = [w for w in self._unwaited if w is not self]
         return getattr(self.work, name)
 
 
 def compared(mine, ddp, own) -> dict:
-    """The attendee's gradients ``mine`` against DDP's and this rank's ``own``: the largest gaps, and the factor
-    (``ratio``) and ``residual`` of ``mine`` as a multiple of DDP's."""
+    """The largest gaps of ``mine`` to DDP's and to this rank's ``own``, and ``mine`` as a multiple of DDP's."""
     import torch
 
     def gap(a, b):
@@ -196,8 +187,8 @@ def _collective_summary(calls: dict[int, list[str]]) -> str:
 
 
 def gradients_failure(folder: Path, nproc: int, exercise: str) -> NotYet | None:
-    """The one line for the attendee's function on one world size (``folder``: its files) that did not end in a
-    comparison on every rank: its error, a time limit, or different calls; None when the ranks failed elsewhere."""
+    """The one line for a function that did not end in a comparison on every rank: its error, a time limit, or
+    different calls; None when the ranks failed elsewhere."""
     records = {r: _record(folder, r) for r in range(nproc) if (folder / f"rank{r}.json").exists()}
     errors = sorted((r for r in records.values() if r.get("error")), key=lambda r: r["time"])
     first = next((r for r in errors if not LOST_PEER.search(r["error"])), None)
@@ -230,9 +221,8 @@ def gradients_failure(folder: Path, nproc: int, exercise: str) -> NotYet | None:
 
 
 def judge_comparison(results: list[dict], world: int, exercise: str) -> dict:
-    """The function's gradients on every rank of one world size against DDP's: the facts of a pass, or ``NotYet``
-    saying what they are: the sum divided by what (each rank's divisor d = world / ratio, where whole), each rank's
-    own, or how far from DDP's."""
+    """The facts of a pass, or ``NotYet`` saying what the gradients are: the sum divided by what, each rank's own,
+    or how far from DDP's."""
     worst = {key: max(math.inf if r[key] is None else r[key] for r in results)  # JSON keeps no inf: None
              for key in ("to_ddp", "to_own")}
     calls, unwaited = results[0]["calls"], max(r.get("unwaited", 0) for r in results)

@@ -85,8 +85,7 @@ def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
 
 
 def torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
-    """``args`` as torchrun's own parser reads them (``torch.distributed.launch`` adds ``--use-env``;
-    ``nproc_per_node`` None where no option gave it); ``ValueError`` with torchrun's message where it would stop."""
+    """``args`` as torchrun's own parser reads them; ``ValueError`` with torchrun's message where it would stop."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -110,8 +109,8 @@ def example_line(nproc: int, script: Path) -> str:
 
 
 def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXERCISE) -> LaunchLine:
-    """The attendee's launch line as bash runs it, with recording stand-ins for torchrun and python (``_run_in_bash``),
-    then the launch it recorded as torchrun's own parser reads it. One line names what would not launch the lab."""
+    """The attendee's launch line as bash runs it with recording stand-ins, then the launch it recorded as
+    torchrun's own parser reads it; one line names what would not launch the lab."""
     example = example_line(nproc, script)
     require(isinstance(command, (str, list, tuple)), exercise,
             f"`lab_command` = {short(repr(command), 40)} cannot be read as a command line: it must be a text "
@@ -229,8 +228,7 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
 
 
 def _config_refusal(parsed: argparse.Namespace) -> str | None:
-    """What torchrun's own reading of its launch settings refuses (log specs, restarts, redirects), or None; read
-    with no log folder made, no warning logged and the environment left as it was."""
+    """What torchrun's own reading of its settings refuses, or None (no log folder made, nothing logged)."""
     import logging
     from unittest import mock
 
@@ -331,9 +329,8 @@ def _measured_throughput(records: list[dict]) -> tuple[float, float]:
 
 
 def sampler_mistake(records: list[dict], per_node: tuple[int, ...], exercise: str) -> NotYet | None:
-    """The first DistributedSampler given another rank or world size than its process's, by what it was given
-    (LOCAL_RANK, LOCAL_WORLD_SIZE where every wrong one was that); recorded before the sampler ran, so that one that
-    refused its arguments is named too. Never the right count: a world size typed in as that would pass here."""
+    """The first DistributedSampler given another rank or world size than its process's, named by what it was given
+    (LOCAL_RANK, LOCAL_WORLD_SIZE); recorded before the sampler ran, so that one that refused them is named too."""
     for given, local, what in (("rank", "LOCAL_RANK", "rank"), ("num_replicas", "LOCAL_WORLD_SIZE", "world size")):
         wrong = [(r, s[given]) for r in records for s in r.get("samplers", [])
                  if s[given] not in (None, r["rank"] if given == "rank" else int(r["env"]["WORLD_SIZE"]))]
@@ -455,8 +452,7 @@ PARTS = (_data, _model, _checkpoint, _output, _end)
 
 def findings(records: list[dict], params: list, out_dir: Path, per_node: tuple[int, ...], exercise: str,
              facts: dict | None = None) -> list[NotYet]:
-    """The first mistake of each part of a finished run of ``per_node`` processes on each node, in the order an
-    attendee meets them; [] when it is right. ``facts`` collects what the passing line says."""
+    """The first mistake of each part of a finished run, in the order an attendee meets them; [] when right."""
     facts = {} if facts is None else facts
     world, nproc = records[0]["env"].get("WORLD_SIZE"), sum(per_node)
     require(len(records) == nproc and world == str(nproc), exercise,
