@@ -139,8 +139,9 @@ def test_02_averaging_by_hand_gives_ddp_gradients(tmp_path, capsys):
 def test_02_no_sync_by_hand_all_reduces_once_a_step_and_leaves_no_process_group(capsys):
     """The cell's DDP step of 4 micro-batches: the hook sees every bucket 4 times without no_sync(), once with it.
 
-    The training loop's ``accumulation_steps`` does the same on real ranks: tests/test_accumulation.py counts its
-    all-reduces (4x as many without ``no_sync``) and compares its weights with the all-reduce-every-time run.
+    The training loop's ``accumulation_steps`` does the same on real ranks: tests/test_notebooks.py counts its
+    all-reduces in notebook 02's run (4x as many without ``no_sync``) and compares its losses with the
+    all-reduce-every-time run.
     """
     import torch.distributed as dist
 
