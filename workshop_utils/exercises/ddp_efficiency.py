@@ -14,10 +14,8 @@ from .exercise_judging import SIGNIFICANT_WORDS, accepted, checked, number, verd
 @checked
 def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_size: int = 64,
                          gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
-    """The weak-scaling efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model: the
-    ring crosses InfiniBand beyond one node, the gradients travel in DDP's buckets. Answers are compared through
-    the communication time they imply (1/efficiency - 1 steps): near 1 and near 0, the mistakes' efficiencies can
-    agree to many digits, their communication times do not."""
+    """The efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model. Answers are compared
+    through the communication time they imply: near 1 and near 0 the mistakes' efficiencies agree to many digits."""
     value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
     try:  # the kit's inputs, as a tensor or numpy scalar too
         step_s, grad_bytes, world_size, gpus_per_node = float(step_s), float(grad_bytes), int(world_size), \
@@ -37,7 +35,6 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
         return step_s / (step_s + comm_s)
 
     def ring(lat_s: float = lat, bytes_per_s: float = bw, gpus: int = p, steps=None, latency_steps=None) -> float:
-        """The efficiency with the buckets' ring all-reduces written out, one part of the formula changed."""
         steps = 2 * (gpus - 1) if steps is None else steps
         return efficiency_with(sum((steps if latency_steps is None else latency_steps) * lat_s
                                    + steps / gpus * n / bytes_per_s for n in ddp_buckets(grad_bytes)))

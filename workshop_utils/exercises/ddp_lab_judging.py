@@ -1,5 +1,5 @@
-"""Reading and judging one run of the DDP lab: the launch line, as torchrun itself reads it, then what the probe
-recorded on every rank, each part's first mistake (one run shows every part's); ``ddp_lab`` judges a crash."""
+"""Judging the DDP lab: the launch line, as bash runs it and torchrun reads it, then each part's first mistake in
+what the probe recorded on every rank; ``ddp_lab`` judges a crash."""
 
 from __future__ import annotations
 
@@ -313,8 +313,8 @@ THROUGHPUT_TOLERANCE = 1.4
 
 
 def _measured_throughput(records: list[dict]) -> tuple[float, float]:
-    """(at least, at most): the job's samples per second over its training loop, as the probe saw them: from the
-    first draw to the script's end, or to about one step after the last draw (a loader with workers draws ahead)."""
+    """(at least, at most) the job's samples per second, as the probe saw them: from the first draw to the script's
+    end, or to about one step after the last draw (a loader with workers draws ahead)."""
     entries = [_training_entries(r) for r in records]
     drawn = sum(len(e["indices"]) for mine in entries for e in mine)
     first = min(r["first_draw"] for r in records if r["first_draw"])
