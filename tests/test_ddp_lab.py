@@ -213,6 +213,8 @@ def test_the_line_runs_in_bash_with_stand_ins_alone(tmp_path):
             read_launch_line(line, script, 2, LAB_EXERCISE)
     assert read_launch_line(f"/usr/bin/rm -f {kept}; torchrun --nproc-per-node=2 {script}", script, 2).assigned == {}
     assert kept.read_text() == "kept"
+    with pytest.raises(NotYet, match="started no torchrun"):  # a loop's output stops it at bash's file limit
+        read_launch_line(f"while :; do echo {'x' * 100}; done; torchrun --nproc-per-node=2 {script}", script, 2)
 
 
 def test_a_list_whose_item_holds_the_whole_line_says_so(tmp_path):

@@ -39,12 +39,12 @@ esac
 [[ (-n $how || /proc/self/fd/0 -ef /proc/$PPID/fd/0) && /proc/self/fd/1 -ef /proc/$PPID/fd/1 ]] || how+=" pipe"
 printf '%s\0' "$how" "$LAB_CD" "${0##*/}" "$@" > "$LAB_RECORD/$BASHPID.argv"
 for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$LAB_RECORD/$BASHPID.env"
-echo "# launched" > "/proc/$PPID/fd/2"
+echo "# launched" >> "/proc/$PPID/fd/2"
 exit "$LAB_EXIT"
 """
-# Before the line: cd moves LAB_CD (a restricted bash has no cd), /usr/bin/env is env, no kill, and every command
-# waits for those in the background first, so that the trace's order is the line's, and so does the end.
-PRELUDE = ('cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; LAB_CD=$to; }; '
+# Before the line: 1 MiB of output at most, cd moves LAB_CD (a restricted bash has no cd), /usr/bin/env is env,
+# no kill, and every command waits for those in the background first (so does the end): the trace is in order.
+PRELUDE = ('ulimit -f 1024; cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; LAB_CD=$to; }; '
            '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; enable -n kill enable; trap wait DEBUG; '
            'lab_end() { wait; }; trap lab_end EXIT; set -x\n')
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
@@ -208,16 +208,18 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
             (record := Path(tools, f"run{code}")).mkdir()
             base = {"PATH": tools, "HOME": os.path.expanduser("~"), "LAB_TOOLS": tools, "LAB_RECORD": str(record),
                     "LAB_CD": os.getcwd(), "LAB_EXIT": str(code)}
-            try:
-                done = subprocess.run([shutil.which("bash") or "/bin/bash", "--norc", "--noprofile", "-r", "-c",
-                                       PRELUDE + line], env=base, cwd=record, input="", capture_output=True, text=True,
-                                      timeout=20)
-            except subprocess.TimeoutExpired:
-                return [], [], False, "it did not end within 20 s"
-            traced = done.stderr.split("\n+ lab_end\n")[0].split("# launched\n", 1)[1:]
+            with open(record / "said", "a") as errors:  # a file, which ulimit -f keeps small, as any loop's output
+                try:
+                    subprocess.run([shutil.which("bash") or "/bin/bash", "--norc", "--noprofile", "-r", "-c",
+                                    PRELUDE + line], env=base, cwd=record, input="", stdout=subprocess.DEVNULL,
+                                   stderr=errors, text=True, timeout=20)
+                except subprocess.TimeoutExpired:
+                    return [], [], False, "it did not end within 20 s"
+            stderr = (record / "said").read_text(errors="replace")
+            traced = stderr.split("\n+ lab_end\n")[0].split("# launched\n", 1)[1:]
             after += [t.removeprefix("+ ") for t in "".join(traced).splitlines() if t.startswith("+ ")]
-            said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in done.stderr.splitlines()
-                                 if t[:1] not in "+#"), "")
+            said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"),
+                                "")
             for argv in sorted(record.glob("*.argv")):
                 how, folder, *words = argv.read_text().split("\0")[:-1]
                 background, after = background or "background" in how, after + ["a pipe"] * ("pipe" in how)
