@@ -120,7 +120,8 @@ def test_a_chain_glued_to_the_script_name_is_read_as_the_shell_reads_it(tmp_path
         read_launch_line(f"torchrun --nproc-per-node=2 {script};rm -rf /tmp/x", script, 2)
 
 
-@pytest.mark.parametrize("before", ["cd {d} &&", "module load python/3.11 &&", "OMP_NUM_THREADS=1"])
+@pytest.mark.parametrize("before", ["cd {d} &&", "module load python/3.11 &&", "OMP_NUM_THREADS=1",
+                                    "source venv/bin/activate &&"])
 def test_what_comes_before_the_launch_is_still_taken_off(tmp_path, before):
     script = tmp_path / "my_train_ddp.py"
     line = f"{before.format(d=tmp_path)} torchrun --nproc-per-node=2 {script}"

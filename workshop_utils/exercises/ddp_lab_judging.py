@@ -43,10 +43,11 @@ echo "# launched" >> "/proc/$PPID/fd/2"
 exit "$LAB_EXIT"
 """
 # Before the line: 1 MiB of output at most, cd moves LAB_CD (a restricted bash has no cd), /usr/bin/env is env,
-# no kill, and every command waits for those in the background first (so does the end): the trace is in order.
+# source (a venv's activate) does nothing, no kill, and every command waits for those in the background first (so
+# does the end): the trace is in order.
 PRELUDE = ('ulimit -f 1024; cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; LAB_CD=$to; }; '
-           '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; enable -n kill enable; trap wait DEBUG; '
-           'lab_end() { wait; }; trap lab_end EXIT; set -x\n')
+           '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; source() { :; }; .() { :; }; '
+           'enable -n kill enable; trap wait DEBUG; lab_end() { wait; }; trap lab_end EXIT; set -x\n')
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
 
 
