@@ -102,8 +102,7 @@ class Judge:
         if self.o.reason == "machine_sleep":
             return (f"{self.where}the check stopped the job: {self.at(event.get('command') or '')} sleeps "
                     f"{event['seconds']:g} s on the machine's own clock, and the check waits for at most "
-                    f"{MACHINE_SLEEP_S} s of such sleeps. Fix: before the launch, only commands that end soon (sleep "
-                    "N by its name is the job's own clock, which the check skips).")
+                    f"{MACHINE_SLEEP_S} s of such sleeps. Fix: before the launch, only commands that end soon.")
         return None
 
     def never_launched(self) -> str | None:
@@ -159,9 +158,8 @@ class Judge:
         elif len(self.launches) < len(self.agents):
             said, quote = "torchrun stopped at its arguments", self.said(r"^torchrun: error", r"Error: ")
             if comment_in_command(self.script):
-                said, fix = f"{said}{quote}: {comment_in_command(self.script)}", ("Fix: the comment above or below the "
-                                                                                  "command, not between its lines.")
-                quote = ""
+                said, quote = f"{said}{quote}: {comment_in_command(self.script)}", ""
+                fix = "Fix: the comment above or below the command, not between its lines."
         for launch in self.launches.values():
             if said:
                 break

@@ -291,7 +291,7 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
         said = (f"task(s) {beyond} would find no line in the sweep file" if beyond else
                 f"line(s) {[t + 1 for t in unread]} would never train")
         return (f"--array={show(spec)} starts tasks {tasks}: task i reads line i+1 of the sweep file, so {said}. Fix: "
-                "one task per line, from the first line's.")
+                "task ids from 0, one per line.")
     return None
 
 
