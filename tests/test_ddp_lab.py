@@ -24,7 +24,7 @@ import workshop_utils as wu
 from workshop_utils.exercises import ddp_lab
 from workshop_utils.exercises.ddp_lab import (LAB_EXERCISE, judge_average_gradients, lab_folder, placeholders_left,
                                               read_launch_line, solution_text)
-from workshop_utils.exercises import ddp_lab_files
+from workshop_utils.exercises import ddp_lab_files, ddp_lab_judging
 from workshop_utils.exercises.ddp_lab_files import (LIMIT_FACTOR, LIMIT_FLOOR_S, note_progress, run_nodes, scaled_limit,
                                                     what_ran)
 from workshop_utils.exercises.ddp_lab_gradients import function_source, gradients_failure, shipped_globals
@@ -215,6 +215,78 @@ def test_the_line_runs_in_bash_with_stand_ins_alone(tmp_path):
     assert kept.read_text() == "kept"
     with pytest.raises(NotYet, match="started no torchrun"):  # a loop's output stops it at bash's file limit
         read_launch_line(f"while :; do echo {'x' * 100}; done; torchrun --nproc-per-node=2 {script}", script, 2)
+
+
+@pytest.mark.parametrize("line", [
+    # the stand-ins' folders are written into them: a LAB_TOOLS set by the line names no real program
+    "env LAB_TOOLS=/usr/bin touch {made}",
+    "LAB_TOOLS=/usr/bin nohup touch {made}",
+    "LAB_TOOLS=/usr/bin srun touch {made}",
+    "env LAB_TOOLS=/usr/bin rm {kept}",
+    # the stand-ins' bash (-p) reads no BASH_ENV, SHELLOPTS or exported function, and env exports none of them
+    "env BASH_ENV=/dev/stdin torchrun --nproc-per-node=2 {s} <<< '/usr/bin/touch {made}'",
+    "nohup env BASH_ENV=/dev/stdin torchrun --nproc-per-node=2 {s} <<< '/usr/bin/touch {made}'",
+    "env SHELLOPTS=xtrace BASH_ENV={evil} torchrun --nproc-per-node=2 {s}",
+    "trap() {{ /usr/bin/touch {made}; }}; export -f trap; torchrun --nproc-per-node=2 {s}",
+    # nor does a LAB_RECORD or a LAB_EXIT set by the line move the record or the exit code
+    "LAB_RECORD={d} torchrun --nproc-per-node=2 {s}",
+    "LAB_EXIT=0 torchrun --nproc-per-node=2 {s} || /usr/bin/touch {made}",
+])
+def test_nothing_the_line_sets_lets_it_run_a_program_or_write_a_file(tmp_path, line):
+    script, made, kept, evil = (tmp_path / name for name in ("my_train_ddp.py", "made", "kept.txt", "evil.sh"))
+    kept.write_text("kept")
+    evil.write_text(f"/usr/bin/touch {made}\n")
+    try:
+        read_launch_line(line.format(s=script, made=made, kept=kept, evil=evil, d=tmp_path), script, 2)
+    except NotYet as refused:
+        assert "\n" not in str(refused) and "the check itself failed" not in str(refused), str(refused)
+    assert not made.exists() and kept.read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.sh", "kept.txt"], "no record written here"
+
+
+def _running(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline", "status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
+            and any(marker in word for word in p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("line, verdict", [
+    # the loops wait in front of the launch until the time is up: the shell, and they, are ended then
+    ("set +x; {{ while :; do :; done & }}; torchrun --nproc-per-node=2 {s}", "did not end within 2 s"),
+    # a job with a process group of its own (job control on) is ended too: the whole session is
+    ("set +x; set -m; {{ while :; do :; done & }}; torchrun --nproc-per-node=2 {s}", "did not end within 2 s"),
+    # the shell ends at once, the loop left behind is ended with it
+    ("set +x; trap - DEBUG EXIT; {{ while :; do :; done & }}; disown -a; torchrun --nproc-per-node=2 {s}", None),
+])
+def test_nothing_the_line_starts_outlives_the_check(tmp_path, monkeypatch, line, verdict):
+    monkeypatch.setattr(ddp_lab_judging, "LINE_TIMEOUT_S", 2)
+    script, marker = tmp_path / "my_train_ddp.py", f"# left-behind-{os.getpid()}-{len(line)}"
+    try:
+        read_launch_line(f"{line.format(s=script)} {marker}", script, 2)
+        said = "accepted"
+    except NotYet as refused:
+        said = str(refused)
+    assert (verdict or "accepted") in said and "\n" not in said, said
+    assert not _running(marker)
+
+
+def test_a_line_that_takes_more_memory_than_any_launch_line_stops_at_once(tmp_path, monkeypatch):
+    """256 MiB at most: the brace expansion fails in bash's words, long before the time is up."""
+    monkeypatch.setattr(ddp_lab_judging, "LINE_TIMEOUT_S", 120)
+    script = tmp_path / "my_train_ddp.py"
+    with pytest.raises(NotYet, match=r"started no torchrun \(.*cannot allocate") as caught:
+        read_launch_line(f"x=( {{1..5000000}} ); torchrun --nproc-per-node=2 {script}", script, 2)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("line, words", [
+    ("torchrun --nproc-per-node=2 \0{s}", "the command holds a NUL byte"),
+    ("torchrun --nproc-per-node=2 {s} " + "x" * 2_100_000, "the command is 2,100,"),
+], ids=["NUL", "over 2 MB"])
+def test_a_line_no_shell_takes_gets_one_line(tmp_path, line, words):
+    script = tmp_path / "my_train_ddp.py"
+    with pytest.raises(NotYet, match=re.escape(words)) as caught:
+        read_launch_line(line.format(s=script), script, 2)
+    assert "\n" not in str(caught.value) and "the check itself failed" not in str(caught.value)
 
 
 def test_a_list_whose_item_holds_the_whole_line_says_so(tmp_path):

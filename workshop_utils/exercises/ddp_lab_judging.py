@@ -24,30 +24,40 @@ from .exercise_judging import short
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
 # All bash finds on PATH: srun, env and nohup run the stand-in named (VAR=value set), torchrun and python record.
 STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "module")
-STAND_IN = r"""#!/bin/bash
+# The folders and the exit code are written into the text, not read from the environment, which the line sets
+# (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
+# with SIGINT ignored (bash, no job control); its stdin is /dev/null, as `< /dev/null` makes it too.
+STAND_IN = r"""#!@BASH@ -p
+tools=@TOOLS@ record=@RECORD@
 case ${0##*/} in
 srun|env|nohup)
-    while (( $# )) && [[ $1 == */* || ! -f $LAB_TOOLS/$1 ]]; do
-        [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] && export "$1"
+    while (( $# )) && [[ $1 == */* || ! -f $tools/$1 ]]; do
+        [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $1 =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
+            export "$1"
         shift
     done
-    (( $# )) && exec "$LAB_TOOLS/$1" "${@:2}"
+    (( $# )) && exec "$tools/$1" "${@:2}"
     exit 0 ;;
 module) exit 0 ;;
 esac
-[[ /proc/self/fd/0 -ef /dev/null ]] && how=background
-[[ (-n $how || /proc/self/fd/0 -ef /proc/$PPID/fd/0) && /proc/self/fd/1 -ef /proc/$PPID/fd/1 ]] || how+=" pipe"
-printf '%s\0' "$how" "$LAB_CD" "${0##*/}" "$@" > "$LAB_RECORD/$BASHPID.argv"
-for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$LAB_RECORD/$BASHPID.env"
-echo "# launched" >> "/proc/$PPID/fd/2"
-exit "$LAB_EXIT"
+how=
+[[ $(trap -p INT) ]] && how=background
+[[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
+printf '%s\0' "$how" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
+for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
+echo "# launched" >> "$record/said"
+exit @EXIT@
 """
-# Before the line: 1 MiB of output at most, cd moves LAB_CD (a restricted bash has no cd), /usr/bin/env is env,
-# source (a venv's activate) does nothing, no kill, and every command waits for those in the background first (so
-# does the end): the trace is in order.
-PRELUDE = ('ulimit -f 1024; cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; LAB_CD=$to; }; '
+# Before the line: 1 MiB of output and 256 MiB of memory at most, cd moves LAB_CD (a restricted bash has no cd) to
+# a folder that exists, /usr/bin/env is env, source (a venv's activate) does nothing, no kill, and every command
+# waits for those in the background first (so does the end): the trace is in order.
+PRELUDE = ('ulimit -f 1024 -v 262144; '
+           'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
+           '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
            '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; source() { :; }; .() { :; }; '
            'enable -n kill enable; trap wait DEBUG; lab_end() { wait; }; trap lab_end EXIT; set -x\n')
+LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
+LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
 
 
@@ -123,6 +133,9 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
             f"words{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
             f"give each word its own item (shlex.split(line) splits a line), or write one string: {example}.")
     text = command.strip().lstrip("!").strip() if isinstance(command, str) else shlex.join(tokens)
+    require("\0" not in text and len(text) <= LONGEST_LINE, exercise, "the command holds a NUL byte (\\0), which "
+            "no shell line holds." if "\0" in text else f"the command is {len(text):,} characters long: no launch "
+            "line is.", f"write the launch line alone, e.g. {example}.")
     quoted = shlex.quote(str(script))
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
     expanded = next((t for t in text.split() if "$" in t or "`" in t or "/dev/tcp/" in t), None)
@@ -201,33 +214,71 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
     """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
     alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
     launches, after, background, said = [], [], False, ""
-    with tempfile.TemporaryDirectory() as tools:
-        for name in STAND_INS:
-            (Path(tools) / name).write_text(STAND_IN)
-            (Path(tools) / name).chmod(0o755)
+    bash = shutil.which("bash") or "/bin/bash"
+    with tempfile.TemporaryDirectory() as folder:
+        (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
         for code in (0, 1):
-            (record := Path(tools, f"run{code}")).mkdir()
-            base = {"PATH": tools, "HOME": os.path.expanduser("~"), "LAB_TOOLS": tools, "LAB_RECORD": str(record),
-                    "LAB_CD": os.getcwd(), "LAB_EXIT": str(code)}
-            with open(record / "said", "a") as errors:  # a file, which ulimit -f keeps small, as any loop's output
-                try:
-                    subprocess.run([shutil.which("bash") or "/bin/bash", "--norc", "--noprofile", "-r", "-c",
-                                    PRELUDE + line], env=base, cwd=record, input="", stdout=subprocess.DEVNULL,
-                                   stderr=errors, text=True, timeout=20)
-                except subprocess.TimeoutExpired:
-                    return [], [], False, "it did not end within 20 s"
-            stderr = (record / "said").read_text(errors="replace")
+            (tools := Path(folder, f"run{code}", "bin")).mkdir(parents=True)
+            record = tools.parent
+            for name in STAND_INS:
+                (tools / name).write_text(STAND_IN.replace("@BASH@", bash).replace("@EXIT@", str(code)).replace(
+                    "@TOOLS@", shlex.quote(str(tools))).replace("@RECORD@", shlex.quote(str(record))))
+                (tools / name).chmod(0o755)
+            base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
+            with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the file small
+                if not _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE + line], base, record,
+                                       nothing, errors):
+                    return [], [], False, f"it did not end within {LINE_TIMEOUT_S} s"
+            stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
             traced = stderr.split("\n+ lab_end\n")[0].split("# launched\n", 1)[1:]
             after += [t.removeprefix("+ ") for t in "".join(traced).splitlines() if t.startswith("+ ")]
             said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"),
                                 "")
             for argv in sorted(record.glob("*.argv")):
-                how, folder, *words = argv.read_text().split("\0")[:-1]
+                how, cwd, *words = argv.read_text().split("\0")[:-1]
                 background, after = background or "background" in how, after + ["a pipe"] * ("pipe" in how)
                 env = dict(v.partition("=")[::2] for v in argv.with_suffix(".env").read_text().split("\0")[:-1])
                 if code == 0:
-                    launches.append((folder, words, {k: v for k, v in env.items() if k not in {*base, *BASH_OWN}}))
+                    launches.append((cwd, words, {k: v for k, v in env.items() if k not in {*base, *BASH_OWN}}))
     return launches, list(dict.fromkeys(after)), background, said
+
+
+def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> bool:
+    """``command`` run in a session of its own, within LINE_TIMEOUT_S; whatever it started is ended with it
+    (a loop left in the background, a job in a process group of its own), so nothing outlives the check."""
+    import signal
+    import time
+
+    import psutil
+
+    shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
+                             start_new_session=True)
+    try:
+        shell.wait(timeout=LINE_TIMEOUT_S)
+        ended = True
+    except subprocess.TimeoutExpired:
+        ended = False
+    for _ in range(10):  # a process forking as it is killed: until none is left
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(shell.pid, signal.SIGKILL)
+        left = [p.pid for p in psutil.process_iter(["status"]) if p.pid != shell.pid and _session(p.pid) == shell.pid
+                and p.info["status"] != psutil.STATUS_ZOMBIE]  # a zombie is ended: its parent, or init, reaps it
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not left:
+            break
+        time.sleep(0.05)  # a SIGKILL takes a moment to land
+    shell.wait()
+    return ended
+
+
+def _session(pid: int) -> int | None:
+    """The session ``pid`` is in, or None where it has ended."""
+    try:
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def _config_refusal(parsed: argparse.Namespace) -> str | None:
