@@ -144,6 +144,10 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     # a rendezvous on this machine, named
     ("torchrun --master-addr=localhost --master-port=29500 --nproc-per-node=2 {s}", []),
     ("torchrun --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 --nproc-per-node=2 {s}", []),
+    # input from /dev/null, and output onto stderr, start the launch in the foreground: no & and no pipe
+    ("torchrun --nproc-per-node=2 {s} < /dev/null", []),
+    ("torchrun --nproc-per-node=2 {s} 1>&2", []),
+    ("torchrun --nproc-per-node=2 {s} 2>&1", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"

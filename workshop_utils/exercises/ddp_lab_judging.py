@@ -26,7 +26,7 @@ TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what 
 STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "module")
 # The folders and the exit code are written into the text, not read from the environment, which the line sets
 # (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
-# with SIGINT ignored (bash, no job control); its stdin is /dev/null, as `< /dev/null` makes it too.
+# with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &. No /proc.
 STAND_IN = r"""#!@BASH@ -p
 tools=@TOOLS@ record=@RECORD@
 case ${0##*/} in
@@ -41,7 +41,7 @@ srun|env|nohup)
 module) exit 0 ;;
 esac
 how=
-[[ $(trap -p INT) ]] && how=background
+[[ $(trap -p INT) && /dev/stdin -ef /dev/null ]] && how=background
 [[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
 printf '%s\0' "$how" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
 for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
