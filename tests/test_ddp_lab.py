@@ -385,6 +385,33 @@ def test_2_3_two_digits_off_by_a_rounding_slip_ask_for_more_not_a_mistake_and_bf
         wu.check_ddp_efficiency(torch.tensor(0.91, dtype=torch.bfloat16), step_s, grad_bytes)
 
 
+@pytest.mark.parametrize("step_s, grad_bytes", [(0.002, 2.4e6), (0.03, 2.4e6), (0.1, 2.4e6), (0.03, 44.8e6)])
+def test_2_3_the_right_value_from_a_bf16_or_fp16_tensors_item_passes(step_s, grad_bytes):
+    """The refusal of a tensor asks for its .item(): that of the right value held in bf16 or fp16 is the answer as
+    those formats hold it (0.957 at a 30 ms step lands on the GiB/s mistake's value too, as 0.957 rounded does)."""
+    import torch
+
+    ib = wu.LINKS["ib_ndr"]
+    right = by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert wu.check_ddp_efficiency(torch.tensor(right, dtype=dtype).item(), step_s, grad_bytes) == right
+
+
+@pytest.mark.parametrize("step_s, grad_bytes, cut", [(0.001, 2.4e6, 0.424), (0.1, 44.8e6, 0.964),
+                                                     (0.1, 2.4e6, 0.986), (0.1, 4 * 120_000, 0.9935)])
+def test_2_3_a_value_cut_off_within_its_last_digit_is_asked_for_rounded_not_called_wrong(step_s, grad_bytes, cut):
+    """Right 0.42472: 0.42 passes, so 0.424 (a digit cut off) is no wrong answer either: it is asked for rounded."""
+    ib = wu.LINKS["ib_ndr"]
+    right = by_hand(step_s, grad_bytes, 64, ib.latency_us, ib.bandwidth_gbps)
+    digits = len(str(cut)) - 2
+    assert math.floor(right * 10**digits) / 10**digits == cut != round(right, digits)
+    with pytest.raises(NotYet, match=rf"= {cut} is off by less than one step of its last digit: it is not the "
+                                     rf"answer rounded to {digits} digits.*round\(efficiency_64, {digits}\)") as caught:
+        wu.check_ddp_efficiency(cut, step_s, grad_bytes)
+    assert "not right" not in str(caught.value) and "\n" not in str(caught.value)
+    assert wu.check_ddp_efficiency(round(right, digits), step_s, grad_bytes) == right
+
+
 # ---------------------------------------------------------------- Exercise 2.1
 
 

@@ -69,16 +69,24 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     def communication(efficiency: float) -> float:  # per step, as an efficiency implies it: 1 / e - 1 steps
         return 1 / efficiency - 1 if efficiency > 0 else math.nan
 
-    dtype = str(getattr(efficiency, "dtype", ""))  # a right value held in a bf16 or fp16 tensor is that one
-    if dtype.endswith(("bfloat16", "float16")):
-        import torch
+    # The right value as bf16 or fp16 holds it (a tensor, or its .item()) is that one, as a rounding of it is, whatever
+    # mistake it may land on too: neither format holds more digits.
+    import torch
 
-        value = right if value == torch.tensor(right).to(getattr(torch, dtype.split(".")[-1])).item() else value
-    two_digits = float(f"{value:.2g}") == value != float(f"{value:.1g}")
-    require(accepted(value, right, through=communication) or not two_digits
-            or abs(value - right) > 10 ** (math.floor(math.log10(abs(value))) - 1), exercise,
-            f"`efficiency_64` = {value:g} is off by less than one step of its last digit: {SIGNIFICANT_WORDS} are "
-            "too few here to tell a rounding slip from a mistake.", "round to three decimals, or leave it unrounded.")
+    if value in {torch.tensor(right, dtype=torch.float64).to(half).item() for half in (torch.bfloat16, torch.float16)}:
+        value = right
+    # A value within one step of its last digit of the answer, yet not its rounding (a digit cut off, or rounded
+    # the wrong way): too close to tell a slip from a mistake, so it is asked for rounded, never called wrong.
+    digits = next((d for d in range(1, 7) if float(f"{value:.{d}g}") == value), 0)
+    if digits >= 2 and not accepted(value, right, through=communication):
+        decimals = digits - 1 - math.floor(math.log10(abs(value)))
+        require(abs(value - right) > 10.0 ** -decimals, exercise,
+                f"`efficiency_64` = {value:g} is off by less than one step of its last digit: " + (
+                    f"{SIGNIFICANT_WORDS} are too few here to tell a rounding slip from a mistake." if digits == 2 else
+                    f"it is not the answer rounded to {digits} digits (a digit cut off?), and too near it to tell a "
+                    "slip from a mistake."),
+                "round to three decimals, or leave it unrounded." if digits == 2 else
+                f"round it, round(efficiency_64, {decimals}), rather than cutting digits off, or leave it unrounded.")
     verdict(value, right, exercise, "efficiency_64", mistakes,
             "efficiency = step / (step + the buckets' ring all-reduce times); "
             "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.", through=communication,
