@@ -195,6 +195,17 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     # python starts one process, with none of torchrun's variables: said before anything starts
     ("python {s}", "the command starts 'python', not torchrun"),
     ("python3 -u {s} --epochs 2", "the command starts 'python3', not torchrun"),
+    # a cd into a folder that does not exist fails, and what follows its && never runs
+    ("cd /nonexistent && torchrun --nproc-per-node=2 {s}",
+     "started no torchrun (cd: /nonexistent: No such file or directory)."),
+    # the check's shell takes no redirection of output: said so, not "started no torchrun"
+    ("torchrun --nproc-per-node=2 {s} > log.txt", "the command redirects output (log.txt), which the check's shell "
+                                                  "does not take"),
+    ("torchrun --nproc-per-node=2 {s} 2>/dev/null", "the command redirects output (/dev/null)"),
+    ("torchrun --nproc-per-node=2 {s} >> log", "the command redirects output (log)"),
+    # a loop that never ends is named by the limit it met; the check's own folders are not shown
+    ("while :; do :; done; torchrun --nproc-per-node=2 {s}", "(it ran on until its trace filled the check's 1 MiB"),
+    ("torchrun --nproc-per-node=2 {s} < ~+/missing", "started no torchrun (…/run0/missing: No such file"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"
@@ -291,6 +302,22 @@ def test_a_line_no_shell_takes_gets_one_line(tmp_path, line, words):
     with pytest.raises(NotYet, match=re.escape(words)) as caught:
         read_launch_line(line.format(s=script), script, 2)
     assert "\n" not in str(caught.value) and "the check itself failed" not in str(caught.value)
+
+
+def test_a_run_that_ended_and_is_refused_leaves_no_check_folder(tmp_path, monkeypatch):
+    """Its findings point into no file there; a crash's folder (the ranks' output) is kept."""
+    script = wu.solve_ddp_lab(tmp_path / "my_train_ddp.py", LAB)
+
+    def ran(script, workdir, *args, **kwargs):
+        folder = workdir / "check"
+        (folder / "out").mkdir(parents=True)
+        return [{}], [[]], folder / "out", folder, [], 1.0, (2, 1)
+
+    monkeypatch.setattr(ddp_lab, "_lab_records", ran)
+    monkeypatch.setattr(ddp_lab, "findings", lambda *args: [NotYet("✗ Exercise 2.2: a mistake.", "fix it.")])
+    with pytest.raises(NotYet, match="a mistake"):
+        wu.check_ddp_lab(script, tmp_path, echo=False)
+    assert not (tmp_path / "check").exists()
 
 
 def test_a_list_whose_item_holds_the_whole_line_says_so(tmp_path):

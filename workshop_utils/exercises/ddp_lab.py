@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import shlex
+import shutil
 import sys
 import threading
 import time
@@ -292,7 +293,8 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
         script, workdir, nproc, command, timeout_s, echo, args, exercise, idle_limit_s)
     facts: dict = {}
     mistakes = findings(records, params, out_dir, per_node, exercise, facts)
-    if mistakes:
+    if mistakes:  # a run that ended: no line of the verdict points into its folder (a crash's does, and keeps it)
+        shutil.rmtree(folder, ignore_errors=True)
         raise mistakes[0]
     ranks = sum(per_node)
     passed(exercise, f"{ranks} {facts['backend']} ranks on two nodes ({' + '.join(map(str, per_node))} processes), "

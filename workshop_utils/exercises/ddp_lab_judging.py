@@ -51,7 +51,8 @@ exit @EXIT@
 # Before the line: 1 MiB of output and 256 MiB of memory at most, cd moves LAB_CD (a restricted bash has no cd) to
 # a folder that exists, /usr/bin/env is env, source (a venv's activate) does nothing, no kill, and every command
 # waits for those in the background first (so does the end): the trace is in order.
-PRELUDE = ('ulimit -f 1024 -v 262144; '
+OUTPUT_LIMIT = 2**20  # bytes of the line's trace
+PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
            '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
            '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; source() { :; }; .() { :; }; '
@@ -148,6 +149,11 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
             (not text, "the command has no launch line.", f"write the launch line, e.g. {example}.")):
         require(not found, exercise, problem, fix)
     launches, after, background, said = _run_in_bash(text)
+    redirected = re.match(r"(.*): restricted: cannot redirect output", said)
+    target = short(redirected.group(1), 40) if redirected else ""
+    require(bool(launches) or not redirected, exercise, f"the command redirects output ({target}), which the check's "
+            "shell does not take: the check shows the launch's output itself.",
+            f"leave the redirection out: {example}.")
     require(bool(launches), exercise, "bash ran the line and it started no torchrun" + (
         f" ({short(said, 120)})." if said else "."), f"write the torchrun line, e.g. {example}.")
     require(not after and len(launches) == 1, exercise, "the command chains a second command to the launch ("
@@ -230,6 +236,8 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
                                        nothing, errors):
                     return [], [], False, f"it did not end within {LINE_TIMEOUT_S} s"
             stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
+            if (record / "said").stat().st_size >= OUTPUT_LIMIT:
+                said = said or f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
             traced = stderr.split("\n+ lab_end\n")[0].split("# launched\n", 1)[1:]
             after += [t.removeprefix("+ ") for t in "".join(traced).splitlines() if t.startswith("+ ")]
             said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"),
