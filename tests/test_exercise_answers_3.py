@@ -138,6 +138,9 @@ def test_a_line_continued_and_commented_reads_as_the_shell_reads_it(tmp_path):
     ("torchrun --nproc-per-node=2 {s}\necho hi", ["chains a second command"]),
     ("torchrun --nproc-per-node=2 {s} > log 2>&1", ["redirects output (log), which the check's shell does not"]),
     ("torchrun --nproc-per-node=$(echo 2) {s}", ["shell expansion", "$(echo"]),
+    # bash opens these as network connections: the check's shell never does
+    ("torchrun --nproc-per-node=2 {s} < /dev/tcp/127.0.0.1/9", ["shell expansion", "/dev/tcp/127.0.0.1/9"]),
+    ("torchrun --nproc-per-node=2 {s} < /dev/udp/127.0.0.1/9", ["shell expansion", "/dev/udp/127.0.0.1/9"]),
 ])
 def test_what_the_check_would_not_run_as_a_shell_does_is_named(tmp_path, line, words):
     script = tmp_path / "my_train_ddp.py"

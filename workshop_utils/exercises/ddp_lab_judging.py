@@ -139,7 +139,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
             "line is.", f"write the launch line alone, e.g. {example}.")
     quoted = shlex.quote(str(script))
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
-    expanded = next((t for t in text.split() if "$" in t or "`" in t or "/dev/tcp/" in t), None)
+    expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
     for found, problem, fix in (
             (braces, f"the command holds {braces and braces.group(0)} as written: the f in front of the quotes, "
                      "which puts the value in, is missing.", f"write it as an f-string: {example}."),
