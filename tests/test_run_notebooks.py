@@ -108,10 +108,10 @@ def test_a_hung_notebook_is_stopped_at_its_limit_and_the_others_still_run(tmp_pa
 
 @pytest.mark.slow
 def test_check_holds_every_notebook_to_its_budget(tmp_path, monkeypatch, capsys):
-    """Budget 3 s here: a run flags the 4-s notebook over budget; the pre-flight stops it at 3 s and fails."""
-    monkeypatch.setitem(rn.TIME_BUDGET_S, "cpu", 3)
+    """Budget 1 s here: a run flags the 2-s notebook over budget; the pre-flight stops it at 1 s and fails."""
+    monkeypatch.setitem(rn.TIME_BUDGET_S, "cpu", 1)
     folder = tmp_path / "nbs"
-    write_notebook(folder, "a_slow.ipynb", "import time\ntime.sleep(4)")
+    write_notebook(folder, "a_slow.ipynb", "import time\ntime.sleep(2)")
 
     rn.main(["--notebooks", str(folder), "--run-dir", str(tmp_path / "run"), "--profile", "cpu"])
     slow = entries(tmp_path / "run")["a_slow.ipynb"]
@@ -125,7 +125,7 @@ def test_check_holds_every_notebook_to_its_budget(tmp_path, monkeypatch, capsys)
     assert "Pre-flight: NOT ready: 0 of 1 notebook(s) pass within their budget; failed: a_slow.ipynb" \
         in capsys.readouterr().out
     checked = entries(tmp_path / "check")["a_slow.ipynb"]
-    assert checked["status"] == "FAILED" and checked["timed_out"] is True and checked["limit_s"] == 3
+    assert checked["status"] == "FAILED" and checked["timed_out"] is True and checked["limit_s"] == 1
     assert checked["check"] is True
     assert "**Pre-flight: NOT ready.**" in (tmp_path / "check" / "report.md").read_text()
 
