@@ -57,6 +57,25 @@ def corpus():
     return wu.load_text(quiet=True)
 
 
+@pytest.fixture(scope="session")
+def two_rank_run(tmp_path_factory):
+    """helpers.TWO_RANK_RUN launched once on 2 gloo ranks, uninterrupted: (the launch, its checkpoint folder).
+
+    test_ddp compares it with one process and resumes from its checkpoints; test_faults compares its SIGKILLed
+    runs with it. Its checkpoints go where the notebook's crash-and-resume demo puts its own (a run folder's
+    ``checkpoints/``), so test_ddp's demo meets an earlier run's final checkpoint there.
+    """
+    from helpers import TWO_RANK_RUN
+
+    from workshop_utils.parallel.launch import launch_training
+    from workshop_utils.system.results import fresh_folder
+
+    checkpoints = fresh_folder(tmp_path_factory.mktemp("ddp") / "checkpoints", "ddp_crash_resume")
+    launched = launch_training(2, checkpoint_dir=str(checkpoints), echo=False, timeout_s=300, threads=1,
+                               **TWO_RANK_RUN)
+    return launched, checkpoints
+
+
 @pytest.fixture
 def one_thread():
     """Training runs in one thread: on a busy 2-core runner two threads wait on each other.

@@ -36,6 +36,11 @@ ACCURACY_FLOOR_PCT = 20
 # One run's test accuracy on 512 images moves by about 2 points from sampling alone (binomial, p = 0.3).
 ACCURACY_MARGIN_POINTS = 3
 
+# 8 steps (2 epochs) on 2 gloo ranks, global batch 16, on CPU processes also on a GPU machine: conftest's
+# two_rank_run, the uninterrupted run that test_ddp and test_faults compare with.
+TWO_RANK_RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, test_size=16, seed=0,
+                    warmup_steps=0, device="cpu")
+
 # The tests stop a notebook at this many times its budget: a guard against hangs, not a verdict on speed. On a
 # 2-core runner shared with other work, notebook 03 (100 s idle) once took over 600 s (twice its budget).
 HANG_LIMIT_FACTOR = 4

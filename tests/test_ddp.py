@@ -6,27 +6,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import TWO_RANK_RUN
+
 import workshop_utils as wu
 from workshop_utils.spine.data import ResumableSampler, mix_seeds
 from workshop_utils.system.results import fresh_folder
 from workshop_utils.parallel.launch import launch_nodes, launch_training, resume_verdict
 from workshop_utils.spine.trainer import _lr_lambda
 
-RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, test_size=16, seed=0, warmup_steps=0,
-           device="cpu")  # gloo on CPU processes, also on a GPU machine
+RUN = TWO_RANK_RUN  # rank 0 checkpoints at each epoch's end
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
-    """8 steps (2 epochs) on 2 gloo ranks, global batch 16; rank 0 checkpoints at each epoch's end.
-
-    Its checkpoints go where the notebook's crash-and-resume demo puts its own (a run folder's
-    ``checkpoints/``), so the demo below meets an earlier run's final checkpoint there.
-    """
-    run_dir = tmp_path_factory.mktemp("ddp")
-    checkpoints = fresh_folder(run_dir / "checkpoints", "ddp_crash_resume")
-    launched = launch_training(2, checkpoint_dir=str(checkpoints), echo=False, timeout_s=300, threads=1, **RUN)
-    return launched, checkpoints
+def ddp_run(two_rank_run):
+    """The session's uninterrupted 2-rank run (conftest), whose checkpoints sit in a run folder's checkpoints/."""
+    return two_rank_run
 
 
 @pytest.mark.parametrize("length,world", [(64, 2), (60, 4), (61, 2)])

@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import write_fake_cifar
+from helpers import TWO_RANK_RUN, write_fake_cifar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workshop_utils as wu
 from workshop_utils.parallel.dist_checkpoint import load_into_one_process, read_dcp_metadata
-from workshop_utils.parallel.launch import launch_torchrun, launch_training, resume_verdict
+from workshop_utils.parallel.launch import launch_torchrun, resume_verdict
 from workshop_utils.spine import checkpoint as ckpt
 from workshop_utils.spine.data import FOLDER
 
@@ -614,8 +614,7 @@ def test_a_dcp_value_with_code_is_refused_and_nothing_runs(tmp_path):
 
 # ---------------------------------------------------------------- 5. SIGKILL under torchrun, and exact resume
 
-RUN = dict(model="simplecnn", batch_size=8, steps=8, epochs=2, train_size=64, test_size=16, seed=0, warmup_steps=0,
-           device="cpu", checkpoint_every=3)  # 4 steps an epoch on 2 gloo ranks; checkpoints at steps 3, 6, 8
+RUN = {**TWO_RANK_RUN, "checkpoint_every": 3}  # 4 steps an epoch on 2 gloo ranks; checkpoints at steps 3, 6, 8
 
 
 def _flags(options: dict) -> list[str]:
@@ -626,9 +625,10 @@ def _flags(options: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    return launch_training(2, checkpoint_dir=str(folder / "ck"), echo=False, timeout_s=300, threads=1, **RUN).record
+def uninterrupted(two_rank_run):
+    """The session's uninterrupted run of the same settings (conftest): where checkpoints are written changes no
+    parameter, as test_ddp's crash-and-resume also shows."""
+    return two_rank_run[0].record
 
 
 @pytest.mark.slow
