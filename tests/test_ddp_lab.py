@@ -296,11 +296,22 @@ def test_a_line_that_takes_more_memory_than_any_launch_line_stops_at_once(tmp_pa
 @pytest.mark.parametrize("line, words", [
     ("torchrun --nproc-per-node=2 \0{s}", "the command holds a NUL byte"),
     ("torchrun --nproc-per-node=2 {s} " + "x" * 2_100_000, "the command is 2,100,"),
-], ids=["NUL", "over 2 MB"])
+    ("torchrun --nproc-per-node=2 {s} '\ud800'", "the command holds the character '\\ud800'"),
+], ids=["NUL", "over 2 MB", "lone surrogate"])
 def test_a_line_no_shell_takes_gets_one_line(tmp_path, line, words):
     script = tmp_path / "my_train_ddp.py"
     with pytest.raises(NotYet, match=re.escape(words)) as caught:
         read_launch_line(line.format(s=script), script, 2)
+    assert "\n" not in str(caught.value) and "the check itself failed" not in str(caught.value)
+
+
+def test_odd_bytes_from_the_line_or_the_lab_folder_are_read_back_as_they_went(tmp_path):
+    """A folder name that is not UTF-8 reaches Python as surrogates and is launched as it is; a record cut off by
+    the line's own ulimit is no launch, not a crash."""
+    script = tmp_path / "lab\udcff" / "my_train_ddp.py"
+    assert read_launch_line(f"torchrun --nproc-per-node=2 {shlex.quote(str(script))}", script, 2).script_args == []
+    with pytest.raises(NotYet) as caught:
+        read_launch_line(f"set +x; ulimit -f 0; torchrun --nproc-per-node=2 {script}", script, 2)
     assert "\n" not in str(caught.value) and "the check itself failed" not in str(caught.value)
 
 

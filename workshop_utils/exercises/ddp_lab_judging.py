@@ -134,9 +134,13 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
             f"words{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
             f"give each word its own item (shlex.split(line) splits a line), or write one string: {example}.")
     text = command.strip().lstrip("!").strip() if isinstance(command, str) else shlex.join(tokens)
-    require("\0" not in text and len(text) <= LONGEST_LINE, exercise, "the command holds a NUL byte (\\0), which "
-            "no shell line holds." if "\0" in text else f"the command is {len(text):,} characters long: no launch "
-            "line is.", f"write the launch line alone, e.g. {example}.")
+    try:  # a file name's undecodable bytes come back as they went in (surrogateescape); a lone surrogate cannot
+        odd = "a NUL byte (\\0)" if "\0" in text else text.encode("utf-8", "surrogateescape") and ""
+    except UnicodeEncodeError as error:
+        odd = f"the character {ascii(text[error.start])}"
+    require(not odd and len(text) <= LONGEST_LINE, exercise, f"the command holds {odd}, which no shell line holds."
+            if odd else f"the command is {len(text):,} characters long: no launch line is.",
+            f"write the launch line alone, e.g. {example}.")
     quoted = shlex.quote(str(script))
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
     expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
@@ -243,9 +247,12 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
             said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"),
                                 "")
             for argv in sorted(record.glob("*.argv")):
-                how, cwd, *words = argv.read_text().split("\0")[:-1]
+                fields = argv.read_text(errors="surrogateescape").split("\0")[:-1]
+                if len(fields) < 3:  # a stand-in stopped while writing it (the line's own ulimit -f)
+                    continue
+                how, cwd, *words = fields
                 background, after = background or "background" in how, after + ["a pipe"] * ("pipe" in how)
-                env = dict(v.partition("=")[::2] for v in argv.with_suffix(".env").read_text().split("\0")[:-1])
+                env = dict(v.partition("=")[::2] for v in argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1])
                 if code == 0:
                     launches.append((cwd, words, {k: v for k, v in env.items() if k not in {*base, *BASH_OWN}}))
     return launches, list(dict.fromkeys(after)), background, said
