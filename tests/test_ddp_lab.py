@@ -266,9 +266,9 @@ def _running(marker: str) -> list[psutil.Process]:
 
 @pytest.mark.parametrize("line, verdict", [
     # the loops wait in front of the launch until the time is up: the shell, and they, are ended then
-    ("set +x; {{ while :; do :; done & }}; torchrun --nproc-per-node=2 {s}", "did not end within 2 s"),
+    ("set +x; {{ while :; do :; done & }}; torchrun --nproc-per-node=2 {s}", "line did not end within 2 s, though"),
     # a job with a process group of its own (job control on) is ended too: the whole session is
-    ("set +x; set -m; {{ while :; do :; done & }}; torchrun --nproc-per-node=2 {s}", "did not end within 2 s"),
+    ("set +x; set -m; {{ while :; do :; done & }}; torchrun --nproc-per-node=2 {s}", "line did not end within 2 s, though"),
     # the shell ends at once, the loop left behind is ended with it
     ("set +x; trap - DEBUG EXIT; {{ while :; do :; done & }}; disown -a; torchrun --nproc-per-node=2 {s}", None),
 ])

@@ -158,6 +158,9 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     require(bool(launches) or not redirected, exercise, f"the command redirects output ({target}), which the check's "
             "shell does not take: the check shows the launch's output itself.",
             f"leave the redirection out: {example}.")
+    require(bool(launches) or not said.startswith(TIMED_OUT), exercise, f"bash's run of the line {said}, though "
+            "the check's torchrun ends at once: something in the line waits or loops.",
+            f"make it the launch line only, e.g. {example}.")
     require(bool(launches), exercise, "bash ran the line and it started no torchrun" + (
         f" ({short(said, 120)})." if said else "."), f"write the torchrun line, e.g. {example}.")
     require(not after and len(launches) == 1, exercise, "the command chains a second command to the launch ("
@@ -220,6 +223,9 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     return LaunchLine(list(parsed.training_script_args), assigned)
 
 
+TIMED_OUT = "did not end within"
+
+
 def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str], bool, str]:
     """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
     alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
@@ -238,7 +244,7 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
             with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the file small
                 if not _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE + line], base, record,
                                        nothing, errors):
-                    return [], [], False, f"it did not end within {LINE_TIMEOUT_S} s"
+                    return [], [], False, f"{TIMED_OUT} {LINE_TIMEOUT_S} s"
             stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
             if (record / "said").stat().st_size >= OUTPUT_LIMIT:
                 said = said or f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
