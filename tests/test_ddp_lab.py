@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -303,6 +304,19 @@ def test_a_line_no_shell_takes_gets_one_line(tmp_path, line, words):
     with pytest.raises(NotYet, match=re.escape(words)) as caught:
         read_launch_line(line.format(s=script), script, 2)
     assert "\n" not in str(caught.value) and "the check itself failed" not in str(caught.value)
+
+
+@pytest.mark.parametrize("sigint", [signal.SIG_IGN, signal.default_int_handler], ids=["ignored", "handled"])
+def test_a_background_launch_is_told_apart_however_the_kit_was_started(tmp_path, sigint):
+    """A kernel or a test run started with & in a script inherits SIGINT ignored: still `< /dev/null` is a launch in
+    the foreground and `&` one in the background."""
+    script, was = tmp_path / "my_train_ddp.py", signal.signal(signal.SIGINT, sigint)
+    try:
+        assert read_launch_line(f"torchrun --nproc-per-node=2 {script} < /dev/null", script, 2).script_args == []
+        with pytest.raises(NotYet, match="ends in &"):
+            read_launch_line(f"torchrun --nproc-per-node=2 {script} &", script, 2)
+    finally:
+        signal.signal(signal.SIGINT, was)
 
 
 def test_odd_bytes_from_the_line_or_the_lab_folder_are_read_back_as_they_went(tmp_path):

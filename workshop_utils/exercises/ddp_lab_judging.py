@@ -272,8 +272,10 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> 
 
     import psutil
 
+    # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
+    # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
     shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         shell.wait(timeout=LINE_TIMEOUT_S)
         ended = True
