@@ -140,6 +140,7 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("torchrun --nproc-per-node=02 --nnodes=01 {s}", []),  # torchrun reads both as numbers: 2 and 1
     # what starts the launch in a terminal too: python's own options before -m, commands that run the next one
     ("python -u -m torch.distributed.run --nproc-per-node=2 {s}", []),
+    (f"{shlex.quote(sys.executable)} -m torch.distributed.run --nproc-per-node=2 {{s}}", []),  # the kernel's Python
     ("time torchrun --nproc-per-node=2 {s}", []),
     ("/usr/bin/env torchrun --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
     # a rendezvous on this machine, named
@@ -217,13 +218,14 @@ def test_wrong_launch_lines_are_named(tmp_path, command, message):
 
 def test_the_line_runs_in_bash_with_stand_ins_alone(tmp_path):
     """bash runs the line, restricted, with recording stand-ins alone on PATH: no kill, no command named by its
-    path (an interpreter so named is refused in bash's words), nothing else the line names runs."""
+    path (an interpreter so named, other than the kernel's own Python, is refused in bash's words), nothing else the
+    line names runs."""
     script, kept = tmp_path / "my_train_ddp.py", tmp_path / "kept.txt"
     kept.write_text("kept")
     for line, words in ((f"torchrun --nproc-per-node=2 {script} && rm -f {kept}", "to the launch (rm -f"),
                         (f"kill -0 {os.getpid()} && torchrun --nproc-per-node=2 {script}", "(kill: command not found)"),
-                        (f"/usr/bin/python3 -m torch.distributed.run --nproc-per-node=2 {script}",
-                         "/usr/bin/python3: restricted: cannot specify `/' in command names"),
+                        (f"/opt/another/python3 -m torch.distributed.run --nproc-per-node=2 {script}",
+                         "/opt/another/python3: restricted: cannot specify `/' in command names"),
                         (f"python -c 'open(\"{kept}\", \"w\")'", "the command starts 'python', not torchrun")):
         with pytest.raises(NotYet, match=re.escape(words)):
             read_launch_line(line, script, 2, LAB_EXERCISE)

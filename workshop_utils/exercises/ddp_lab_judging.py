@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,10 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
              f"write the values themselves, e.g. {example} (an f-string puts Python's values in)."),
             (not text, "the command has no launch line.", f"write the launch line, e.g. {example}.")):
         require(not found, exercise, problem, fix)
+    # the kernel's own Python, named by its path (f"{sys.executable} -m torch.distributed.run ..."), is the python
+    # stand-in: the check's bash runs no command named by its path
+    for path in {sys.executable, shlex.quote(sys.executable)}:
+        text = re.sub(rf"(?<![^\s;&|(]){re.escape(path)}(?=\s)", "python", text)
     launches, after, background, said = _run_in_bash(text)
     redirected = re.match(r"(.*): restricted: cannot redirect output", said)
     target = short(redirected.group(1), 40) if redirected else ""
