@@ -50,14 +50,16 @@ echo "# launched" >> "$record/said"
 exit @EXIT@
 """
 # Before the line: 1 MiB of output and 256 MiB of memory at most, cd moves LAB_CD (a restricted bash has no cd) to
-# a folder that exists, /usr/bin/env is env, source (a venv's activate) does nothing, no kill, and every command
-# waits for those in the background first (so does the end): the trace is in order.
+# a folder that exists, /usr/bin/env is env and the kernel's own Python by its path (f"{sys.executable} -m ...") is
+# python, source (a venv's activate) does nothing, no kill, and every command waits for those in the background
+# first (so does the end): the trace is in order.
 OUTPUT_LIMIT = 2**20  # bytes of the line's trace
 PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
            '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
            '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; source() { :; }; .() { :; }; '
-           'enable -n kill enable; trap wait DEBUG; lab_end() { wait; }; trap lab_end EXIT; set -x\n')
+           + (f'{sys.executable}() {{ python "$@"; }}; ' if shlex.quote(sys.executable) == sys.executable else '')
+           + 'enable -n kill enable; trap wait DEBUG; lab_end() { wait; }; trap lab_end EXIT; set -x\n')
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
@@ -153,10 +155,6 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
              f"write the values themselves, e.g. {example} (an f-string puts Python's values in)."),
             (not text, "the command has no launch line.", f"write the launch line, e.g. {example}.")):
         require(not found, exercise, problem, fix)
-    # the kernel's own Python, named by its path (f"{sys.executable} -m torch.distributed.run ..."), is the python
-    # stand-in: the check's bash runs no command named by its path
-    for path in {sys.executable, shlex.quote(sys.executable)}:
-        text = re.sub(rf"(?<![^\s;&|(]){re.escape(path)}(?=\s)", "python", text)
     launches, after, background, said = _run_in_bash(text)
     redirected = re.match(r"(.*): restricted: cannot redirect output", said)
     target = short(redirected.group(1), 40) if redirected else ""
