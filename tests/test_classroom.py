@@ -58,6 +58,97 @@ def test_bad_arguments_are_one_line_before_anything_starts(argv, expected, capsy
     assert stopped.value.code == 2 and said.count("\n") == 1 and expected in said, said
 
 
+def test_the_servers_start_hand_out_and_stop_together_and_a_failure_is_not_lost(tmp_path):
+    """Every attendee's step runs at once (a barrier that only all of them together pass), each result under its
+    attendee's name; one attendee's error reaches the class, not only a thread's log."""
+    import threading
+
+    people = [attendee.Attendee(f"a{i}", tmp_path / f"a{i}") for i in range(3)]
+    together = threading.Barrier(len(people), timeout=60)
+
+    def step(person):
+        together.wait()  # one after the other, the first would wait here alone and the barrier would break
+        return person.name.upper()
+
+    assert classroom._for_each(people, step) == {"a0": "A0", "a1": "A1", "a2": "A2"}
+
+    def fails_for_one(person):
+        if person.name == "a1":
+            raise WorkshopError("The hub would not start a1's server (500: boom).", "see the hub's log.")
+        return person.name
+
+    with pytest.raises(WorkshopError, match="a1's server"):
+        classroom._for_each(people, fails_for_one)
+
+
+def fake_kernels(monkeypatch, module, kernels: list[str], failing_cell: int | None = None) -> list[str]:
+    """Kernels that behave as ``kernels`` says at their first cell ("never answers": the websocket closes; "dies at
+    once"; "answers"; "closes later": at the second), in ``module``'s view; the list of those started, in order,
+    filled as they start."""
+    import contextlib
+
+    from workshop_utils.portal_check.kernel import Cell
+
+    started = []
+
+    @contextlib.contextmanager
+    def kernel_socket(*args, **kwargs):
+        started.append(kernels[len(started)])
+        yield started[-1]
+
+    def run_cell(behaviour, code, number, kernel, timeout_s):
+        if number == 1 and behaviour == "never answers":
+            raise WorkshopError(f"The websocket of kernel {kernel} closed while cell {number} ran.", "see its log.")
+        if number == 1 and behaviour == "dies at once":
+            return Cell("died", "", "the kernel died while the cell ran")
+        if number == 2 and behaviour == "closes later":
+            raise WorkshopError(f"The websocket of kernel {kernel} closed while cell {number} ran.", "see its log.")
+        if number == failing_cell:
+            return Cell("error", "", "NameError: name 'x' is not defined")
+        # the handout's command names the interpreter, whose path may hold any word ("check" in a CI checkout's)
+        if "-m workshop_utils.handout" in code:
+            return Cell("ok", "written to ~/x\n")
+        return Cell("ok", "✓ right\n" if "# check" in code else "")
+
+    monkeypatch.setattr(module, "kernel_socket", kernel_socket)
+    monkeypatch.setattr(module, "run_cell", run_cell)
+    return started
+
+
+@pytest.mark.parametrize("kernels, failing_cell, ok, error", [
+    (["never answers", "answers"], None, True, ""),  # the port race: its websocket closes before cell 1's answer
+    (["dies at once", "answers"], None, True, ""),  # the server's word that the kernel died before cell 1 answered
+    (["answers"], 3, False, "NameError"),  # a cell's own error is the attendee's result: no second kernel
+    (["closes later"], None, False, "closed while cell 2 ran"),  # it answered, then its socket closed: no second
+    (["never answers", "never answers"], None, False, "closed while cell 1 ran"),  # started again once, not more
+])
+def test_a_kernel_that_never_answers_its_first_cell_is_started_again_once(monkeypatch, kernels, failing_cell, ok,
+                                                                          error):
+    import nbformat
+
+    started = fake_kernels(monkeypatch, attendee, kernels, failing_cell)
+    cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell("y = 2"),
+             nbformat.v4.new_code_cell("print(x)  # check", metadata={"tags": ["check"]})]
+    run = attendee.run_notebook("http://hub/user/a", "token", "kernel", "workshop/01.ipynb", cells, {"profile": "cpu"},
+                                cell_timeout_s=10)
+    assert (run.ok, run.kernel_starts, started) == (ok, len(kernels), kernels), run
+    assert error in run.error and run.checks_passed == ok and run.failed_cell == failing_cell, run
+
+
+@pytest.mark.parametrize("kernels, handed_out", [(["never answers", "answers"], True),
+                                                 (["dies at once", "answers"], True),
+                                                 (["never answers", "never answers"], False)])
+def test_the_handouts_kernel_is_started_again_once_when_it_never_answers(monkeypatch, kernels, handed_out):
+    started = fake_kernels(monkeypatch, classroom, kernels)
+    monkeypatch.setattr(sys, "executable", "/builds/check/.venv/bin/python")  # a checkout's path may hold any word
+    if handed_out:
+        assert classroom._handout("http://hub/user/a", "token", 10) == "written to ~/x"
+    else:
+        with pytest.raises(WorkshopError, match="closed while cell 1 ran"):
+            classroom._handout("http://hub/user/a", "token", 10)
+    assert started == kernels
+
+
 needs_cgroups = pytest.mark.skipif(Cgroups.unavailable() is not None, reason=str(Cgroups.unavailable()))
 
 

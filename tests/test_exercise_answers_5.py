@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import warnings
 
 import numpy as np
@@ -24,6 +25,7 @@ import workshop_utils as wu
 from test_exercise_answers import CALLS, GRADS, outcome
 from workshop_utils.exercises.exercise_cells import NotYet
 from workshop_utils.spine.timing import Timings
+from workshop_utils.system.errors import WorkshopError
 
 
 def sig(x: float, digits: int) -> float:
@@ -67,6 +69,209 @@ def test_4_2_takes_a_slope_rounded_to_two_digits_and_the_batch_from_it(slope):
     right, intercept = np.polyfit(fitted.batch_size.astype(float), fitted.peak_memory_mib.astype(float), 1)
     for answer in (right, sig(right, 2), sig(right, 3)):
         assert wu.check_batch_memory(answer, int((limit - intercept) // answer), sweep, limit) is True
+
+
+def test_4_2_does_not_take_a_batch_from_an_intercept_rounded_like_the_slope():
+    """Rounded to the slope's two digits, an intercept near the limit moves the batch by hundreds: 7,649 as 7,600
+    gave 784 where the line gives 685, past the limit and past the sweep's own out-of-memory batch (700). So the
+    intercept does not carry: 1.4 and 140 (328 for 329) are refused too, as a batch the line does not give."""
+    sizes = np.array([16, 32, 64, 128, 256, 512, 700])
+    sweep = pd.DataFrame({"batch_size": sizes, "status": ["ok"] * 6 + ["out of memory at batch 700"],
+                          "peak_memory_mib": 7649 + 0.5123 * sizes})
+    assert int((8000 - 7649) // 0.5123) == 685 and int((8000 - sig(7649, 2)) // 0.51) == 784
+    with pytest.raises(NotYet, match="`largest_batch` = 784 is not right: too large"):
+        wu.check_batch_memory(0.51, 784, sweep, 8000)
+    assert wu.check_batch_memory(0.51, int((8000 - 7649) // 0.51), sweep, 8000) is True  # the slope alone carries
+    sweep = pd.DataFrame({"batch_size": sizes[:5], "status": ["ok"] * 4 + ["out of memory at batch 256"],
+                          "peak_memory_mib": 144.7 + 1.383 * sizes[:5]})
+    with pytest.raises(NotYet, match="`largest_batch` = 328 is not right: too small"):
+        wu.check_batch_memory(1.4, 328, sweep, 600)
+
+
+@pytest.mark.parametrize("intercept, limit, batch, words", [
+    (9962.0, 9990.0, -834, "its sign is wrong"),  # 9,962 as 10,000: past the limit, a negative batch
+    (9951.0, 10000.0, 0, "it should not be 0"),  # 9,951 as 10,000: the limit itself, no batch
+    (9949.0, 10000.0, 8333, "too large"),  # 9,949 as 9,900: twice the line's 4,132
+])
+def test_4_2_a_batch_from_an_intercept_rounded_near_the_limit_is_refused(intercept, limit, batch, words):
+    sizes = np.array([100, 200, 400, 800, 1600])
+    sweep = pd.DataFrame({"batch_size": sizes, "status": ["ok"] * 5, "peak_memory_mib": intercept + 0.01234 * sizes})
+    assert int((limit - sig(intercept, 2)) // 0.012) == batch
+    with pytest.raises(NotYet, match=f"`largest_batch` = {batch:,} is not right: {words}"):
+        wu.check_batch_memory(0.012, batch, sweep, limit)
+
+
+@pytest.mark.parametrize("sweep, got", [(None, "got None"), ({"batch_size": [32]}, "got a dict"),
+                                        (pd.DataFrame({"batch_size": [32]}), "got a table of columns ['batch_size']"),
+                                        (pd.DataFrame(), "got a table of columns []")])
+def test_4_2_a_sweep_that_is_no_sweep_table_is_named_not_called_the_kits_defect(sweep, got):
+    with pytest.raises(WorkshopError, match=rf"`batch_sweep` should be the sweep's table, {re.escape(got)}") as caught:
+        wu.check_batch_memory(1.4, 327, sweep, 600.0)
+    assert "\n" not in str(caught.value) and "defect" not in str(caught.value)
+
+
+@pytest.mark.parametrize("sizes, slope, intercept, batch", [([64, 128, 192, 256], 2.6, 100.5, 640),
+                                                             ([32, 64, 128, 256], 0.7, 123.0, 1000)])
+def test_4_2_an_exactly_linear_sweep_takes_the_batch_that_meets_the_limit_and_floors_one_below(sizes, slope,
+                                                                                              intercept, batch):
+    """Where the line meets the limit at a whole batch, the division lands a hair to either side of it (639.99999):
+    the batch itself is right, and so is the notebook's own ``int((limit - intercept) // slope)``."""
+    sweep = pd.DataFrame({"batch_size": sizes, "status": ["ok"] * len(sizes),
+                          "peak_memory_mib": [intercept + slope * size for size in sizes]})
+    limit = intercept + slope * batch
+    fitted_slope, fitted_intercept = np.polyfit(np.array(sizes, float), sweep.peak_memory_mib.to_numpy(), 1)
+    solution = int((limit - fitted_intercept) // fitted_slope)
+    assert solution in (batch - 1, batch)
+    for answer in {batch, solution}:
+        assert wu.check_batch_memory(fitted_slope, answer, sweep, limit) is True
+    for wrong, words in ((batch + 1, "too large"), (batch - 2, "too small")):
+        with pytest.raises(NotYet, match=f"`largest_batch` = {wrong:,} is not right: {words}"):
+            wu.check_batch_memory(fitted_slope, wrong, sweep, limit)
+
+
+@pytest.mark.parametrize("peaks, limit, notebooks, line", [
+    ([103.2, 106.4, 112.8, 125.6], 200.0, 999, 1000),  # the division lands a hair above 1000: floor gives 1000
+    ([166.9658, 201.1108, 260.7987, 389.6619], 2589.4, 2479, 2480),  # measured, meeting the limit within 1e-13
+])
+def test_4_2_the_notebooks_floor_division_passes_where_the_division_lands_a_hair_above_the_whole_batch(
+        peaks, limit, notebooks, line):
+    """The notebook's ``(limit - intercept) // slope`` gave one less than floor of the division where that landed a
+    hair above the whole batch, and was refused as too small (a review's finding)."""
+    sweep = pd.DataFrame({"batch_size": [32, 64, 128, 256], "status": ["ok"] * 4, "peak_memory_mib": peaks})
+    slope, intercept = np.polyfit(sweep.batch_size.astype(float), sweep.peak_memory_mib, 1)
+    assert int((limit - intercept) // slope) == notebooks and math.floor((limit - intercept) / slope) == line
+    for answer in (notebooks, line):
+        assert wu.check_batch_memory(slope, answer, sweep, limit) is True
+    with pytest.raises(NotYet, match=f"`largest_batch` = {line + 1:,} is not right: too large"):
+        wu.check_batch_memory(slope, line + 1, sweep, limit)
+
+
+def test_4_2_a_batch_past_the_limit_passes_by_no_leeway_at_large_batches():
+    """The leeway for float noise is a ten-billionth of the limit in MiB, not a billionth of the batch: at a hundred
+    million samples a batch whose line is over the limit by a tenth of a sample's MiB is refused."""
+    sizes = np.array([1e6, 2e6, 4e6, 8e6])
+    sweep = pd.DataFrame({"batch_size": sizes, "status": ["ok"] * 4, "peak_memory_mib": 100.0 + 1.7e-3 * sizes})
+    limit = 100.0 + 1.7e-3 * (123_456_789 + 0.9)
+    assert wu.check_batch_memory(1.7e-3, 123_456_789, sweep, limit) is True
+    with pytest.raises(NotYet, match="too large"):
+        wu.check_batch_memory(1.7e-3, 123_456_790, sweep, limit)
+
+
+@pytest.mark.parametrize("column, cell", [("peak_memory_mib", "n/a"), ("peak_memory_mib", None),
+                                          ("peak_memory_mib", math.nan), ("batch_size", pd.NA),
+                                          ("batch_size", math.nan)])
+def test_4_2_a_row_that_fit_without_a_number_is_named_in_one_line_not_called_the_kits_defect(column, cell):
+    sweep = pd.DataFrame({"batch_size": pd.array([32, 64, 128, 256], dtype="Int64"), "status": ["ok"] * 4,
+                          "peak_memory_mib": pd.array([168.0, 208.0, 364.0, 497.0], dtype=object)})
+    sweep.loc[2, column] = cell
+    shown = {"batch_size": "<NA>", "peak_memory_mib": repr(cell)}[column]  # a nullable int column holds nan as NA
+    with pytest.raises(WorkshopError, match="a row of the sweep that fit has no finite number for its batch_size or "
+                                            "peak_memory_mib: batch_size = ") as caught:
+        wu.check_batch_memory(1.4, 300, sweep, 600.0)
+    assert "defect" not in str(caught.value) and "\n" not in str(caught.value)
+    assert f"{column} = {shown}" in str(caught.value), caught.value  # the value at fault, not a row cut short
+
+
+@pytest.mark.parametrize("nudge", [0.0, 1e-7])
+def test_4_2_a_flat_sweep_is_named_as_no_growth_not_judged_as_a_line(nudge):
+    """A flat sweep fits a slope of float noise (2e-16), above 0: its batch of 4.6e17 was called "far too large"."""
+    sweep = pd.DataFrame({"batch_size": [32, 64, 128, 256], "status": ["ok"] * 4,
+                          "peak_memory_mib": [100.0, 100.0, 100.0, 100.0 + nudge]})
+    with pytest.raises(WorkshopError, match="grows by less than a millionth of itself across the sweep"):
+        wu.check_batch_memory(1e-9, 10**9, sweep, 600.0)
+
+
+def test_4_2_says_a_small_slope_with_its_digits_and_a_limit_at_the_intercept_as_at_it_not_below(capsys):
+    sizes = np.array([32, 64, 128, 256])
+    sweep = pd.DataFrame({"batch_size": sizes, "status": ["ok"] * 4, "peak_memory_mib": 100.0 + 0.0049 * sizes})
+    slope, intercept = np.polyfit(sizes.astype(float), sweep.peak_memory_mib, 1)
+    assert wu.check_batch_memory(slope, int((600 - intercept) // slope), sweep, 600.0) is True
+    assert "(0.0049 MiB per sample;" in capsys.readouterr().out  # was 0.00
+    with pytest.raises(NotYet, match="MiB is at the line's intercept"):
+        wu.check_batch_memory(slope, 0, sweep, intercept)
+
+
+def test_4_2_no_batch_below_0_passes_where_the_line_meets_the_limit_at_batch_0():
+    """A limit a hair above the intercept meets the line at batch 0: 0 passes, and the one below it (-1) passed too."""
+    sweep = pd.DataFrame({"batch_size": [32, 64, 128, 256], "status": ["ok"] * 4,
+                          "peak_memory_mib": [164.0, 228.0, 356.0, 612.0]})
+    assert wu.check_batch_memory(2.0, 0, sweep, 100.0 + 1e-8) is True
+    with pytest.raises(NotYet, match="`largest_batch` = -1 is not right"):
+        wu.check_batch_memory(2.0, -1, sweep, 100.0 + 1e-8)
+
+
+def test_4_2_a_sweep_of_one_batch_size_measured_twice_is_named_in_one_line():
+    """Two rows of one batch size give no line: named as the sweep's, not numpy's RankWarning nor the kit's defect."""
+    sweep = pd.DataFrame({"batch_size": [64, 64, 512], "status": ["ok", "ok", "out of memory at batch 512"],
+                          "peak_memory_mib": [200.0, 201.0, 0.0]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(WorkshopError, match="only 1 batch size fit, and a line needs two") as caught:
+            wu.check_batch_memory(1.0, 10, sweep, 823.0)
+    assert "defect" not in str(caught.value)
+
+
+def test_4_2_shows_the_lines_slope_with_its_four_digits():
+    """1.0004 shown as "1" read as a slope of exactly one MiB a sample."""
+    sizes = np.array([64, 128, 256])
+    sweep = pd.DataFrame({"batch_size": sizes, "status": ["ok"] * 3, "peak_memory_mib": 100.0 + 1.0004 * sizes})
+    with pytest.raises(NotYet, match=re.escape("+ 1.000 MiB x b <= 1,000 MiB")):
+        wu.check_batch_memory(1.0004, 3, sweep, 1000.0)
+
+
+def bf16(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.bfloat16)
+
+
+def test_a_mistake_held_in_bf16_where_the_answer_in_bf16_is_the_same_value_is_refused():
+    """Why the right value held in bf16 passes in 2.3 alone, not everywhere: bf16 keeps about 0.4%, and mistakes that
+    close land on the answer's own bf16 value (a review tried the rule everywhere): 5.2 without the latency term on
+    the notebook's own inputs, 3.1 with the zeros in the denominator, 4.3 with f over the parts' sum."""
+    ib, sent, gpus = wu.LINKS["ib_ndr"], 2 * 7e9, 64
+    pass_s = (gpus - 1) / gpus * sent / (ib.bandwidth_gbps * 1e9)  # the ring's bandwidth term, no latency
+    assert bf16(2 * pass_s) == bf16(2 * (pass_s + (gpus - 1) * ib.latency_us * 1e-6))
+    with pytest.raises(NotYet):
+        wu.check_fsdp_traffic(bf16(2 * pass_s), bf16(3 * pass_s), sent, gpus, ib)
+    grads = torch.full((200_000,), 1e-3)
+    grads[:26756], grads[26756:27154] = 1e-9, 0.0
+    assert bf16(26756 / 200_000) == bf16(26756 / (200_000 - 398))
+    with pytest.raises(NotYet):
+        wu.check_lost_fraction(bf16(26756 / 200_000), grads)
+    breakdown = pd.DataFrame([{"data_ms": 1.2, "forward_ms": 18.4, "backward_ms": 40.7, "optimizer_ms": 4.9,
+                               "step_ms": 65.5}])
+    share = 40.7 / (1.2 + 18.4 + 40.7 + 4.9)
+    assert bf16(1 / (1 - share / 2)) == bf16(1 / (1 - 40.7 / 65.5 / 2))
+    with pytest.raises(NotYet):
+        wu.check_next_fix("backward_ms", bf16(1 / (1 - share / 2)), breakdown)
+
+
+@pytest.mark.parametrize("overflowed", [torch.tensor(70000.0, dtype=torch.float16), -np.float16(np.inf),
+                                        torch.tensor([70000.0], dtype=torch.float16)])
+def test_an_answer_that_overflowed_float16_is_told_so_not_to_take_item(overflowed):
+    """inf from float16 was told "a tensor's .item() gives one": its .item() is inf too."""
+    with pytest.raises(NotYet, match="is -?inf: float16 holds at most 65,504") as caught:
+        achieved(overflowed, 0.5)
+    assert ".item()" not in str(caught.value)
+    with pytest.raises(NotYet, match=r"is inf\. Fix"):  # bfloat16 reaches float32's range: an inf there is no overflow
+        achieved(torch.tensor(math.inf, dtype=torch.bfloat16), 0.5)
+
+
+@pytest.mark.parametrize("flops, samples_per_s, named", [("x", 5.0, "the run's flops_per_sample = 'x'"),
+                                                          (1e9, True, "the run's samples_per_s = True"),
+                                                          (1e9, -2.0, "the run's samples_per_s = -2.0")])
+def test_1_1_a_run_number_that_is_none_is_named_with_its_value_in_one_line(flops, samples_per_s, named):
+    """The run's numbers are the kit's inputs, read as 2.3 reads its cell's: named with their value, never judged."""
+    with pytest.raises(WorkshopError, match=re.escape(f"{named} should be a number above 0")) as caught:
+        wu.check_achieved_tflops(1.0, flops, samples_per_s)
+    assert "\n" not in str(caught.value) and "rerun the training cell" in str(caught.value)
+
+
+def test_a_refused_value_is_never_shown_as_a_value_that_passes():
+    """np.float16(1.27) is 1.2695...: refused, it read "`achieved_tflops` = 1.27 is not right" while 1.27 passes."""
+    assert achieved(1.27, 1.2666) is True
+    with pytest.raises(NotYet, match=r"`achieved_tflops` = 1\.2695312 is not right: slightly too large") as caught:
+        achieved(np.float16(1.27), 1.2666)
+    assert "= 1.27 " not in str(caught.value)
 
 
 def loader_sweep(fastest_samples: float) -> pd.DataFrame:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import workshop_utils as wu
 from workshop_utils.exercises.exercise_cells import NotYet
 from workshop_utils.spine.timing import Timings
+from workshop_utils.system.errors import WorkshopError
 
 CPU = torch.device("cpu")
 
@@ -263,3 +264,85 @@ def test_1_4_a_pass_shows_the_formulas_value_not_the_answers_rounding(capsys):
     two_digits = lambda N, L, d, T: float(f"{6 * N + 12 * L * d * T:.2g}")  # noqa: E731
     assert wu.check_flops_per_token(two_digits, 842_496, size, 128, 5_701_632.0) is True
     said(capsys.readouterr().out, ["5.84 MFLOP per token by the formula"], ["5.80 MFLOP", "5.8 MFLOP"])
+
+
+# ---------------------------------------------------------------- the fifth review's findings (R5)
+
+
+def _amp(own_optimizer=False, own_scaler=False, update=lambda scaler: scaler.update(), returns=lambda loss: loss):
+    """3.3's solution stepping an optimizer or a GradScaler of its own, updating the scale another way, or
+    returning something else."""
+    def step(model, images, labels, optimizer, scaler):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if own_optimizer else optimizer
+        scaler = torch.amp.GradScaler("cpu") if own_scaler else scaler
+        optimizer.zero_grad(set_to_none=True)
+        with wu.autocast("fp16", CPU):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        update(scaler)
+        return returns(loss)
+    return step
+
+
+def _fastest_of(rows):  # 4.1 with the fastest row taken among some rows only
+    def choose(sweep, start):
+        chosen = rows(sweep)
+        fastest = chosen.loc[chosen.samples_per_s.idxmax()]
+        return int(fastest.num_workers), fastest.samples_per_s / start.samples_per_s, 1 / (1 - start.data_wait_fraction)
+    return choose
+
+
+GPU_LOADER = loader_sweep([(0, False, 2100.0, 30.0, 0.62), (0, True, 2150.0, 30.0, 0.61),
+                           (2, False, 5200.0, 12.0, 0.18), (2, True, 5600.0, 11.0, 0.12),
+                           (4, False, 5500.0, 12.0, 0.15), (4, True, 5450.0, 12.0, 0.16)])  # fastest: pinned, 2 workers
+PHASES = pd.DataFrame({"step_ms": [10.0], "data_ms": [1.0], "backward_ms": [6.0], "operators_per_step": [40.0]})
+
+
+@pytest.mark.parametrize("call, named, not_named", [
+    (lambda: wu.check_amp_step(_amp(own_optimizer=True), CPU), ["an optimizer of its own", "`optimizer` argument"],
+     []),
+    (lambda: wu.check_amp_step(_amp(own_scaler=True), CPU), ["never used the `scaler` it is given"],
+     ["optimizer.step()"]),
+    (lambda: wu.check_amp_step(_amp(returns=lambda loss: (loss, loss)), CPU),
+     ["what `amp_step` returns", "one value, not 2"], ["tuple of one", "`returned loss`"]),
+    (lambda: wu.check_amp_step(_amp(update=lambda scaler: scaler.update(2.0**16)), CPU), ["with no argument"], []),
+    (lambda: wu.check_loader_choice(_fastest_of(lambda s: s[s.pin_memory]), GPU_LOADER, 2),
+     ["on a second sweep", "`best_workers` = 4 is not the num_workers of the fastest row"], []),
+    (lambda: wu.check_loader_choice(_fastest_of(lambda s: s[s.num_workers > 0]), GPU_LOADER, 2),
+     ["on a second sweep", "is not the num_workers of the fastest row"], []),
+    (lambda: wu.check_batch_memory(1.3681, 329, BATCHES, 600 / 1024), ["is below the line's intercept"],
+     ["its sign is wrong"]),
+    (lambda: wu.check_batch_memory(1.3681, 329, BATCHES, 50), ["`limit_mib` = 50 MiB is below"], ["sign"]),
+    (lambda: wu.check_achieved_tflops(0.995 * RATE, 1.2345e9, 456.78), ["is not right: slightly too small (within 1%)"],
+     ["10x"]),
+    (lambda: wu.check_achieved_tflops(1, 1.2345e9, 1026.0), ["is not right, or keeps fewer than two significant"], []),
+    (lambda: wu.check_next_fix("operators_per_step", 1.25, PHASES), ["no column of the step's parts"],
+     ["of the table"]),
+    (lambda: wu.check_matmul_tflops(50.0, 4096, 2 * 4096**3 / 50e12, timings=Timings(
+        seconds=np.full(3, 2 * 4096**3 / 50e12), output_shape=())), ["single number", "time the product itself"],
+     ["from the top"]),
+    (lambda: wu.check_mfu(59.0, 0.059, "x86_64", "fp32", 0.1), ["a percentage, above 1"], ["which no run is"]),
+    (lambda: wu.check_micro_batch_plan(-32, -4, wu.GPT_SIZES["gpt2-small"], 1024, 2**19, 4, 32 * 2**30),
+     ["at least one of each is needed"], ["sequences fit"]),
+    (lambda: wu.check_fewest_gpus(-math.inf, 7e9, 35, stage=3), ["`zero3_gpus` = -inf, but a finite number"],
+     ["what stays whole fits"]),
+], ids=["F1-3.3-own-optimizer", "F2-3.3-own-scaler", "F3-3.3-two-values", "F4-3.3-update-with-a-scale",
+        "F20-4.1-fastest-pinned", "F20-4.1-fastest-with-workers", "F5-4.2-limit-in-gib", "F5-4.2-limit-below",
+        "F7-1.1-near-miss", "F9-1.1-a-one-not-rounded", "F8-4.3-not-a-part", "F12-1.2-sum-timed",
+        "F13-1.3-measured-percentage", "F14-2.4-negative", "cosmetic-5.1-minus-inf"])
+def test_r5_a_refusal_names_what_happened(call, named, not_named):
+    said(refusal(call), named, not_named)
+
+
+def test_r5_the_runs_numbers_and_an_accepted_ddp_time_carry(capsys):
+    # F16: the run's samples_per_s as a 0-d tensor is a number; F21: FSDP's 3 passes from the accepted 0.55 s for 2
+    assert wu.check_achieved_tflops(RATE, 1.2345e9, torch.tensor(456.78, dtype=torch.float64)) is True
+    assert wu.check_fsdp_traffic(0.55, 1.5 * 0.55, 14e9, 64, NDR) is True
+    assert wu.check_fsdp_traffic(0.5519, 3 * one_pass(), 14e9, 64, NDR) is True
+    with pytest.raises(NotYet, match="`fsdp_s` = 1.1 is not right"):
+        wu.check_fsdp_traffic(0.55, 2 * 0.55, 14e9, 64, NDR)
+    # F19: a row of the table in place of the table is one line on its input, no defect of the kit
+    with pytest.raises(WorkshopError, match="`breakdown` should be the table") as caught:
+        wu.check_next_fix("backward_ms", 1.25, PHASES.iloc[-1])
+    assert type(caught.value) is WorkshopError

@@ -83,6 +83,22 @@ def test_accuracy_parity_takes_the_seed_spread_off_each_gap():
     assert pd.isna(parity.loc["fp32", "beyond spread (points)"])
 
 
+
+def test_a_recorded_spread_stands_for_a_second_seed_and_is_the_widest_recorded():
+    """Notebooks 02 and 03 read fp32's seed spread from the records in the cpu profile instead of training again."""
+    ranges = [row["max_pct"] - row["min_pct"] for path in SPREADS
+              for row in json.loads(path.read_text())["tables"]["spread"] if row["case"] == "03 resnet18-fp32"]
+    assert len(ranges) >= 2 and wu.recorded_spread_points("resnet18-fp32", "cpu") == max(ranges)
+    assert wu.recorded_spread_points("resnet18-fp32", "gpu") is None  # none recorded: the notebook trains again
+    assert wu.recorded_spread_points("resnet18-fp16", "cpu") is None
+    table = wu.mode_table([_record("simplecnn", "fp32", 30, 0.36), _record("simplecnn", "bf16", 30, 0.30)])
+    parity = wu.accuracy_parity(table, [], {("simplecnn", False): 4.0}).set_index("precision")
+    assert parity.loc["bf16", "beyond spread (points)"] == pytest.approx(2.0)
+    # a second seed trained as well: the wider of the two spreads counts
+    wider = wu.accuracy_parity(table, [_record("simplecnn", "fp32", 30, 0.31, seed=1)], {("simplecnn", False): 4.0})
+    assert wider.set_index("precision").loc["bf16", "beyond spread (points)"] == pytest.approx(1.0)
+
+
 SPREADS = sorted((Path(__file__).resolve().parents[1] / "results" / "reference" / "benchmarks")
                  .glob("accuracy_spread*.json"))
 

@@ -293,3 +293,16 @@ def test_the_simulated_jobs_own_node_written_in_is_refused(simulated, endpoint):
     the simulated job, whose first node always has it, and would fail the next real job."""
     refused(answers(rdzv_endpoint=endpoint), "line 17 names", "simulated job", "the next job gets other nodes",
             "job's first node")
+
+
+# ---------------------------------------------------------------- found by a fifth review
+def test_too_few_cores_names_the_request_that_asked_for_them(simulated):
+    """It opened with OMP_NUM_THREADS=1 and the launch's line, both right, and listed four things to fix."""
+    message = refused(answers(cpus_per_task=1), "#SBATCH --cpus-per-task=1 (line 5)", "one core for each training")
+    assert not message.startswith("✗ Exercise 6.1: OMP_NUM_THREADS") and "OMP_NUM_THREADS=1, as in" not in message
+
+
+def test_a_rendezvous_at_each_nodes_own_host_names_only_the_endpoint_to_fix(simulated):
+    """Its Fix listed --nnodes, --rdzv-backend and --rdzv-id too, which the script had right."""
+    message = refused(answers(rdzv_endpoint="localhost:29500"), "never completed the rendezvous", "Fix: --rdzv-endpoint")
+    assert "--rdzv-backend=c10d" not in message.split("Fix:")[1], message

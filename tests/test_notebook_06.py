@@ -258,6 +258,45 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(e
     assert result["metrics"]["param_checksum"] == reference["metrics"]["param_checksum"], "work was lost or changed"
 
 
+# Exercises 6.1 and 6.2 as the notebook's check cells ran them on the cluster: what tests/test_slurm.py would
+# otherwise submit again. The notebook's answers are the solutions, so each check submitted and judged a real job.
+
+
+def check_said(run_dir: Path, call: str) -> str:
+    """The last line the notebook's check cell that calls ``call`` showed (printed, or displayed as the ✓ line)."""
+    cells = nbformat.read(run_dir / "notebooks" / NOTEBOOK, as_version=4).cells
+    cell = next(c for c in cells if "check" in c.metadata.get("tags", []) and call in c.source)
+    printed = "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.outputs).strip()
+    return printed.splitlines()[-1] if printed else ""
+
+
+@needs_slurm
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_exercise_61_runs_the_attendees_script_and_judges_what_the_job_did(executed):
+    run_dir, entry, _, _ = executed
+    assert entry["status"] == "ok"
+    said = check_said(run_dir, "wu.check_job_script(")
+    assert re.fullmatch(r"✓ Exercise 6\.1: correct \(job \d+ \(\S+job.sbatch\) ran on 1 node\(s\) with 2 ranks, "
+                        r"wrote its checkpoints, inside its 300 s limit\)\.", said), said
+    folder = next((run_dir / "slurm-jobs").glob("ex61-*"))
+    log = next(folder.glob("ex61-train-*.out")).read_text()
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log and list((folder / "checkpoints").glob("step_*.pt"))
+
+
+@needs_slurm
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_exercise_62_runs_the_array_gathers_it_and_finds_each_rate(executed):
+    run_dir, entry, _, _ = executed
+    assert entry["status"] == "ok"
+    said = check_said(run_dir, "wu.check_array_sweep(")
+    assert re.fullmatch(r"✓ Exercise 6\.2: correct \(array \d+: 3 tasks, one per learning rate, gathered by job \d+\)\.",
+                        said), said
+    gathered = next((run_dir / "slurm-jobs").glob("ex62-*/wu-sweep-*/sweep.csv")).read_text()
+    assert all(str(lr) in gathered for lr in (0.01, 0.03, 0.1))
+
+
 @needs_slurm
 @pytest.mark.notebook
 @pytest.mark.slow

@@ -524,3 +524,18 @@ def test_the_overlap_measurement_all_reduces_every_gradient_in_ddps_own_buckets(
     events = [event.get("name") for event in json.loads((main_run.dir / "traces" / "ddp_overlap.json").read_text())[
         "traceEvents"]]
     assert record["traced_bucket_cap_mb"] == small.bucket_cap_mb and events.count("gloo:all_reduce") == small.buckets
+
+
+@pytest.mark.notebook
+def test_the_ddp_labs_solution_passes_with_every_ranks_record(main_run):
+    """Notebook 02 runs the lab's solution through its check: its line, each rank's record and one checkpoint."""
+    executed = nbformat.read(main_run.dir / "notebooks" / "02_multi_gpu_ddp.ipynb", as_version=4)
+    (cell,) = [c for c in executed.cells if c.cell_type == "code" and "wu.check_ddp_lab(" in c.source]
+    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in cell.outputs)
+    assert "✓ Exercise 2.2: correct (3 gloo ranks on two nodes (2 + 1 processes)" in text, text
+    check = main_run.dir / "ddp_lab" / "check"
+    assert {p.name for p in check.iterdir()} >= {"rank0.json", "rank1.json", "rank2.json", "rank0-params.pt", "out"}
+    records = [json.loads((check / f"rank{r}.json").read_text()) for r in range(3)]
+    assert [r["samplers"] for r in records] == [[{"rank": r, "num_replicas": 3}] for r in range(3)]
+    assert [len(r["saves"]) for r in records] == [1, 0, 0] and all(r["torn_down"] for r in records)
+    assert [p.name for p in (check / "out").iterdir()] == ["checkpoint.pt"]

@@ -71,6 +71,20 @@ def test_the_error_file_is_torchruns_own_format_with_the_exact_time_and_rank(tmp
     assert extra["rank"] == 3 and 0 <= extra["time"] - failure.timestamp < 1
 
 
+def test_a_rank_stopped_while_it_writes_its_error_file_leaves_none_torchrun_cannot_read(tmp_path, monkeypatch):
+    """torchrun stops the survivors with SIGTERM while they record their own error: an empty error.json made its
+    agent crash on reading it (JSONDecodeError) instead of restarting the ranks. A rank stopped mid-write (here,
+    between writing and moving the file into place) leaves no error file, which torchrun reads as "no reply"."""
+    def stopped(*args):
+        raise SystemExit("SIGTERM")
+
+    monkeypatch.setattr(os, "replace", stopped)
+    with pytest.raises(SystemExit):
+        fail(tmp_path / "error.json", RuntimeError("gloo lost its peer"))
+    assert not (tmp_path / "error.json").exists()
+    assert ProcessFailure(0, 1234, -15, str(tmp_path / "error.json")).message  # torchrun's own reading: no raise
+
+
 def test_nothing_is_written_outside_a_launch(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
     monkeypatch.chdir(tmp_path)

@@ -306,8 +306,10 @@ WRONG_61 = [
     (dict(nproc_per_node=1), ["--nproc-per-node=1", "not the 2 the exercise asks for"]),
     (dict(nproc_per_node=4, cpus_per_task=4), ["--nproc-per-node=4", "not the 2"]),
     (dict(nproc_per_node="$N"), ["N: unbound variable"]),
-    (dict(cpus_per_task=1), ["OMP_NUM_THREADS=1 for 2 training processes on 1 core(s)", "srun --cpus-per-task=1"]),
-    (dict(cpus_per_task=4), ["OMP_NUM_THREADS=1 for 2 training processes on 4 core(s)", "srun --cpus-per-task=4"]),
+    (dict(cpus_per_task=1), ["#SBATCH --cpus-per-task=1 (line 5)", "1 core(s) for its 2 training processes",
+                             "srun --cpus-per-task=1"]),
+    (dict(cpus_per_task=4), ["#SBATCH --cpus-per-task=4 (line 5)", "4 core(s) for its 2 training processes",
+                             "srun --cpus-per-task=4"]),
     # answers of the wrong type
     (dict(nodes=None), ["`nodes` is None"]),
     (dict(nodes=[1]), ["`nodes` is a list"]),
@@ -438,6 +440,9 @@ RIGHT_62 = [
     (LINES, "0-2"), (LINES, "0-2%1"), (LINES, "0-2%3"), (LINES, "0,1,2"), (LINES, "0-1,2"), (LINES, "0-2:1"),
     (LINES, "--array=0-2"), (tuple(LINES), "0-2"), ([np.str_(line) for line in LINES], "0-2"),
     (["--lr=0.01", "--lr 3e-2", "--lr 0.1"], "0-2"), (["--lr 0.01", "--lr 0.03  ", "\t--lr 0.1"], "0-2"),
+    # Found by a review: a rate computed in float (0.1 * 0.1 = 0.010000000000000002) is the same rate, and any
+    # sequence of lines reads as the list it holds.
+    ([f"--lr {0.1 * 0.1}", f"--lr {0.1 * 0.3}", "--lr 0.1"], "0-2"), (np.array(LINES), "0-2"),
 ]
 
 
@@ -787,6 +792,20 @@ def test_a_limit_inside_the_warning_and_its_early_minute_is_refused(time):
                                    ["--lr 0.01", "--lr 0.03 --precision fp32", "--no-compile --lr 0.1"]])
 def test_a_sweep_line_with_another_flag_beside_its_rate_is_named(lines):
     assert "also sets" in _se.sweep_problem(lines, "0-2", (0.01, 0.03, 0.1))
+
+
+def test_a_sweep_line_with_a_logging_flag_is_not_told_it_changes_the_run():
+    """Found by a review: --log-every changes what is printed, not the run; the refusal says what the lines are for."""
+    problem = _se.sweep_problem([f"--lr {lr} --log-every 5" for lr in RATES], "0-2", RATES)
+    assert "also sets --log-every" in problem and "vary the learning rate alone" in problem
+    assert "not be the same run" not in problem
+
+
+def test_a_series_of_sweep_lines_reads_as_its_list():
+    import pandas as pd
+
+    assert _se.sweep_problem(pd.Series(LINES), "0-2", RATES) is None
+    assert "not [0.01, 0.03, 0.1]" in _se.sweep_problem(pd.Series(LINES[::-1]), "0-2", RATES)
 
 
 # ---------------------------------------------------------------- found by a second attempt to fool the checks

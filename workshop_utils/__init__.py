@@ -32,7 +32,8 @@ _MODULES = {
         "accumulation_table", "step_time_change",
     ),
     "lessons.checks": (
-        "EXPECTED", "check_baseline", "layer_intensities", "seed_spread", "summary_table", "what_you_should_see",
+        "EXPECTED", "check_baseline", "layer_intensities", "recorded_spread_points", "seed_spread", "summary_table",
+        "what_you_should_see",
     ),
     "exercises.ddp_lab": (
         "LabRun", "attendee_script", "check_average_gradients", "check_ddp_efficiency", "check_ddp_lab",

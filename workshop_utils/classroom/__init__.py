@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
@@ -42,8 +43,8 @@ from ..system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
 from ..system.hardware import environment
 from ..system.results import check_output_path, git_commit, repo_root, write_json_or_fallback
 from ..system.server import affinity_cores
-from .attendee import (Attendee, exercise_section, make_attendees, remove_attendees, run_folders, run_notebook,
-                       separate_users_possible, whole_notebook)
+from .attendee import (Attendee, exercise_section, in_a_kernel, make_attendees, remove_attendees, run_folders,
+                       run_notebook, separate_users_possible, whole_notebook)
 from .cgroups import Cgroups
 from .hub import Hub, missing_pieces, register_kernel
 
@@ -54,9 +55,15 @@ HANDOUT = "workshop"  # each attendee's copy: ~/workshop
 
 def _handout(server: str, token: str, timeout_s: float) -> str:
     """The attendee's one line in a terminal, run in a kernel of their server: their copy of the solved notebooks."""
-    with kernel_socket(server, token, KERNEL_NAME, timeout_s=timeout_s) as ws:
-        cell = run_cell(ws, f"!{sys.executable} -m workshop_utils.handout ~/{HANDOUT} --solutions", 1, KERNEL_NAME,
-                        timeout_s)
+    cells = []
+
+    def attempt(ws) -> bool:  # whether the kernel answered
+        cells.append(run_cell(ws, f"!{sys.executable} -m workshop_utils.handout ~/{HANDOUT} --solutions", 1,
+                              KERNEL_NAME, timeout_s))
+        return cells[-1].status != "died"
+
+    in_a_kernel(lambda: kernel_socket(server, token, KERNEL_NAME, timeout_s=timeout_s), attempt)
+    cell = cells[-1]
     if cell.status != "ok" or "written to" not in cell.text:
         raise WorkshopError(f"The handout failed in {server}: {cell.error or cell.text.strip()[-300:]}",
                             "run python -m workshop_utils.handout in that server's terminal to see why.")
@@ -74,6 +81,13 @@ def _work(attendee: Attendee, server: str, token: str, parameters: dict, cell_ti
         if not runs[-1].ok:
             break
     return {"runs": runs, "seconds": round(sum(r.seconds for r in runs), 1)}
+
+
+def _for_each(people: list[Attendee], do) -> dict:
+    """``do(person)`` for every attendee at once, as a room's servers start, hand out and stop together (one after
+    the other, a class of N waits N times for what takes one wait); {name: what it returned}, or its first error."""
+    with ThreadPoolExecutor(max_workers=len(people)) as pool:
+        return dict(zip((p.name for p in people), pool.map(do, people)))
 
 
 def _records_in_the_install(since_marker: Path) -> list[str]:
@@ -147,12 +161,14 @@ if {one_user!r}:  # one Unix user for all: the spawner gives each attendee's run
     c.Spawner.environment.update({{"WORKSHOP_RUNS": lambda spawner: {runs_per_home!r}.format(spawner.user.name)}})
 """)
         started = time.perf_counter()
-        for person in people:
+
+        def start(person: Attendee) -> str:
             hub.start_server(person.name)
-        servers = {p.name: hub.server_url(p.name) for p in people}
+            return hub.server_url(person.name)
+
+        servers = _for_each(people, start)
         say(f"{len(people)} servers ready in {time.perf_counter() - started:.0f} s")
-        for person in people:
-            _handout(servers[person.name], token, cell_timeout_s)
+        _for_each(people, lambda person: _handout(servers[person.name], token, cell_timeout_s))
         solo_seconds = None
         if solo:
             alone = _work(people[0], servers[people[0].name], token, parameters, cell_timeout_s)
@@ -172,8 +188,7 @@ if {one_user!r}:  # one Unix user for all: the spawner gives each attendee's run
         for thread in threads:
             thread.join()
         wall = round(time.perf_counter() - began, 1)
-        for person in people:
-            hub.stop_server(person.name)
+        _for_each(people, lambda person: hub.stop_server(person.name))
         record = _record(people, short, results, cgroups, clock, marker, wall, solo_seconds, cpus, memory_gib,
                          short_of_memory_gib, parameters, no_cgroups, no_users)
     finally:
@@ -282,7 +297,9 @@ def main(argv=None) -> None:
         signal.signal(signal.SIGTERM, previous)
     for row in record["rows"]:
         print(f"{row['attendee']}: {'ok' if row['passed'] else 'FAILED'} in {row['seconds']} s, peak "
-              f"{row['peak_memory_mib']} MiB, results in ~/{', ~/'.join(row['run_folders']) or 'nowhere'}")
+              f"{row['peak_memory_mib']} MiB, results in ~/{', ~/'.join(row['run_folders']) or 'nowhere'}"
+              + "".join(f" ({run['notebook']}'s first kernel never answered: started again)" for run in row["runs"]
+                        if run["kernel_starts"] > 1))
     print(f"{record['attendees']} attendees at once: {record['wall_s']:.0f} s"
           + (f" against {record['solo_wall_s']:.0f} s alone ({record['slowdown_vs_alone']}x)"
              if record["solo_wall_s"] else "") + (": passed" if record["passed"] else ": FAILED"))

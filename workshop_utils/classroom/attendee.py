@@ -22,6 +22,7 @@ import nbformat
 
 from ..portal_check import kernel_socket
 from ..portal_check.kernel import run_cell
+from ..system.errors import WorkshopError
 from ..system.results import repo_root
 
 CHECK, EXERCISE, PARAMETERS = "check", "exercise", "parameters"
@@ -121,6 +122,7 @@ class NotebookRun:
     failed_cell: int | None = None
     cell_source: str = ""
     error: str = ""
+    kernel_starts: int = 0
     checks_shown: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
@@ -132,32 +134,70 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+# Two kernels started at once can race for a port (each server picks free ones, then its kernel binds them): the
+# one that loses never answers, and its server gives up on it after a minute. An attendee restarts it; so does this.
+KERNEL_STARTS = 2
+
+
+def in_a_kernel(open_kernel, work) -> int:
+    """``work(ws)`` in a kernel ``open_kernel()`` starts (a context manager giving its websocket), and once more in a
+    new one where the first never answered: ``work`` returned False, or the socket closed first (WorkshopError, raised
+    from the last kernel). Returns how many kernels it took."""
+    for start in range(1, KERNEL_STARTS + 1):
+        try:
+            with open_kernel() as ws:
+                if work(ws):
+                    return start
+        except WorkshopError:
+            if start == KERNEL_STARTS:
+                raise
+    return KERNEL_STARTS
+
+
 def run_notebook(server: str, token: str, kernel: str, path_in_home: str, cells: list, parameters: dict,
                  cell_timeout_s: float) -> NotebookRun:
     """Run ``cells`` in a kernel of the attendee's server started for the notebook at ``path_in_home`` (so in its
     folder, as JupyterLab does), with ``parameters`` set after its parameters cell, as papermill sets them.
-    Stops at the first failing cell; a check passes when its cell shows a ✓ line."""
+    Stops at the first failing cell; a check passes when its cell shows a ✓ line. A kernel that never answers its
+    first cell is started again, once (``kernel_starts`` says how many it took)."""
     run = NotebookRun(Path(path_in_home).name, cells=len(cells))
     injected = "\n".join(f"{name} = {value!r}" for name, value in parameters.items())
     started = time.perf_counter()
-    try:
-        with kernel_socket(server, token, kernel, path=path_in_home, timeout_s=cell_timeout_s) as ws:
-            for number, cell in enumerate(cells, 1):
-                code = cell.source + ("\n" + injected if PARAMETERS in _tags(cell) else "")
+
+    def open_kernel():
+        run.kernel_starts += 1
+        run.checks = run.checks_passed = 0
+        run.failed_cell, run.cell_source, run.error, run.checks_shown = None, "", "", []
+        return kernel_socket(server, token, kernel, path=path_in_home, timeout_s=cell_timeout_s)
+
+    def attempt(ws) -> bool:  # whether the kernel answered its first cell
+        for number, cell in enumerate(cells, 1):
+            code = cell.source + ("\n" + injected if PARAMETERS in _tags(cell) else "")
+            try:
                 result = run_cell(ws, code, number, kernel, cell_timeout_s)
-                if CHECK in _tags(cell):
-                    run.checks += 1
-                    shown = [line for line in result.text.splitlines() if line.strip()[:1] in "✓✗⚠?…"]
-                    run.checks_shown += shown
-                    run.checks_passed += any(line.startswith(PASSED) for line in shown)
-                if result.status != "ok":
-                    run.failed_cell, run.cell_source = number, cell.source.strip().splitlines()[0][:120]
-                    run.error = result.error or _last_line(result.text)
-                    break
-            else:
-                run.ok = run.checks_passed == run.checks
-                if not run.ok:
-                    run.error = f"{run.checks - run.checks_passed} of {run.checks} check(s) did not show ✓"
+            except WorkshopError as err:  # a socket closed after the kernel answered is this attendee's result
+                if number == 1:
+                    raise
+                run.error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+                return True
+            if number == 1 and result.status == "died":
+                return False
+            if CHECK in _tags(cell):
+                run.checks += 1
+                shown = [line for line in result.text.splitlines() if line.strip()[:1] in "✓✗⚠?…"]
+                run.checks_shown += shown
+                run.checks_passed += any(line.startswith(PASSED) for line in shown)
+            if result.status != "ok":
+                run.failed_cell, run.cell_source = number, cell.source.strip().splitlines()[0][:120]
+                run.error = result.error or _last_line(result.text)
+                return True
+        run.ok = run.checks_passed == run.checks
+        if not run.ok:
+            run.error = f"{run.checks - run.checks_passed} of {run.checks} check(s) did not show ✓"
+        return True
+
+    try:
+        in_a_kernel(open_kernel, attempt)
     except Exception as err:  # noqa: BLE001 -- a server or kernel that failed is this attendee's result
         run.error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
     run.seconds = round(time.perf_counter() - started, 1)

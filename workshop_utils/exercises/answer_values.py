@@ -94,10 +94,3 @@ def whole_digits(value) -> str | None:
         return str(int(value)) if value == int(value) else None
     number = number_of(value)
     return str(int(number)) if number.is_integer() else None
-
-
-def kit_failure(exercise: str, err: Exception):
-    from .exercise_cells import NotYet
-
-    return NotYet(f"✗ {exercise}: the check itself failed on this answer ({type(err).__name__}: {show(str(err))}).",
-                  "this is a bug in the kit: tell the instructor, with your answer.")

@@ -9,18 +9,21 @@ import numbers
 from ..parallel.comm_model import Link, ring_all_reduce_s
 from ..parallel.pipeline import bubble_fraction
 from ..parallel.sharding import BYTES_PER_PARAMETER, ZERO_STAGES
-from ..system.errors import WorkshopError
-from .answer_values import scalar
-from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import checked, count, number, smallest, verdict
+from .answer_values import scalar, show
+from .exercise_cells import passed, require, require_answered
+from .exercise_judging import checked, count, kit_input, number, smallest, verdict
+
+# An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
+# what the exercise's budget leaves part of.
+H100_GIB = 79.2
 
 
 def _kept_and_split(parameters: float, stage: int, precision: str, gib: float = 2**30) -> tuple[float, float]:
     """GiB of parameters, gradients and Adam state a ZeRO stage keeps whole on every GPU, and GiB it shards."""
-    if not isinstance(stage, numbers.Integral) or not 0 <= stage < len(ZERO_STAGES):
-        raise WorkshopError(f"stage {stage!r} is no ZeRO stage.", "pass 0 (DDP), 1, 2 or 3.")
-    if precision not in BYTES_PER_PARAMETER:
-        raise WorkshopError(f"unknown precision {precision!r}.", f"use one of {sorted(BYTES_PER_PARAMETER)}.")
+    kit_input(isinstance(stage, numbers.Integral) and 0 <= stage < len(ZERO_STAGES),
+              f"stage {stage!r} is no ZeRO stage.", "pass 0 (DDP), 1, 2 or 3.")
+    kit_input(precision in BYTES_PER_PARAMETER, f"unknown precision {precision!r}.",
+              f"use one of {sorted(BYTES_PER_PARAMETER)}.")
     pairs = list(zip(BYTES_PER_PARAMETER[precision], list(ZERO_STAGES.values())[stage]))
     return (sum(b for b, s in pairs if not s) * parameters / gib, sum(b for b, s in pairs if s) * parameters / gib)
 
@@ -39,11 +42,6 @@ def fewest_gpus(parameters: float, budget_gib: float, stage: int, precision: str
     return gpus
 
 
-# An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
-# what the exercise's budget leaves part of.
-H100_GIB = 79.2
-
-
 def _is_infinite(value) -> bool:
     try:
         return math.isinf(float(scalar(value)))
@@ -55,16 +53,13 @@ def _is_infinite(value) -> bool:
 def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
                       exercise: str = "Exercise 5.1") -> bool:
     name, (kept, split) = f"zero{stage}_gpus", _kept_and_split(parameters, stage, precision)
-    right = fewest_gpus(parameters, budget_gib, stage, precision)
-    if right == math.inf:
-        require_answered(gpus, exercise, f"`{name}` is still the placeholder `...`.",
-                         "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    if fewest_gpus(parameters, budget_gib, stage, precision) == math.inf:
+        require_answered(gpus, exercise, f"`{name}` is still the placeholder `...`.")
         require(_is_infinite(gpus), exercise, f"no number of GPUs holds it under stage {stage}.",
                 f"set {name} = math.inf: what stays whole on every GPU already exceeds the budget.")
         return passed(exercise, f"stage {stage} cannot hold it at any size")
-    if _is_infinite(gpus):
-        raise NotYet(f"✗ {exercise}: `{name}` = inf, but a finite number of GPUs holds it under stage {stage}.",
-                     "what stays whole fits the budget here: divide the sharded part into the rest.")
+    require(not _is_infinite(gpus), exercise, f"`{name}` = {show(gpus)}, but a finite number of GPUs holds it under "
+            f"stage {stage}.", "divide what is sharded into what the budget leaves beside what stays whole.")
     value = smallest(count(gpus, exercise, name, "a whole number of GPUs"), exercise, name, lambda p: kept + split / p,
                      budget_gib, lambda p, each: f"at {p} GPU{'s' * (p > 1)} each holds {each:.1f} GiB, more than "
                      f"the {budget_gib:g} GiB budget", f"fewer GPUs already hold it within {budget_gib:g} GiB each",
@@ -77,15 +72,15 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
                        exercise: str = "Exercise 5.2") -> bool:
     p = world_size
     one_pass = (p - 1) * link.latency_us * 1e-6 + (p - 1) / p * n_bytes / (link.bandwidth_gbps * 1e9)
-    inputs = f"{{}} passes of (p-1) * alpha + (p-1)/p * n / B, p = {p}, alpha = {link.latency_us:g} us, " \
-             f"B = {link.bandwidth_gbps:g} GB/s, n = {n_bytes:.3g} bytes"
+    inputs = (f"{{}} passes of (p-1) * alpha + (p-1)/p * n / B, p = {p}, alpha = {link.latency_us:g} us, "
+              f"B = {link.bandwidth_gbps:g} GB/s, n = {n_bytes:.3g} bytes")
     hint = "each pass (p-1) * alpha + (p-1)/p * n / B, in seconds: alpha in seconds, B in bytes/s."
     ddp = number(ddp_s, exercise, "ddp_s", "one number, in seconds")
     verdict(ddp, ring_all_reduce_s(n_bytes, p, link), exercise, "ddp_s", [], "an all-reduce is 2 passes (a "
             "reduce-scatter and an all-gather), " + hint, inputs=inputs.format(2))
     fsdp = number(fsdp_s, exercise, "fsdp_s", "one number, in seconds")
     verdict(fsdp, 3 * one_pass, exercise, "fsdp_s", [], "FSDP is 3 passes (all-gather for the forward pass, again for "
-            "the backward, reduce-scatter of the gradients), " + hint, inputs=inputs.format(3))
+            "the backward, reduce-scatter of the gradients), " + hint, also=[1.5 * ddp], inputs=inputs.format(3))
     return passed(exercise, f"DDP {1e3 * ddp:.0f} ms, FSDP {1e3 * fsdp:.0f} ms per step: {fsdp / ddp:.2f}x")
 
 

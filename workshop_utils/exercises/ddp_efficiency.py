@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
-from ..system.errors import WorkshopError
 from .ddp_lab_files import EFFICIENCY_EXERCISE
 from .exercise_cells import passed, require
-from .exercise_judging import SIGNIFICANT_WORDS, accepted, checked, number, verdict
+from .exercise_judging import accepted, checked, kit_number, number, verdict
 
 
 @checked
@@ -16,15 +15,15 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
                          gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
     """The efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model. Answers are compared
     through the communication time they imply: near 1 and near 0 the mistakes' efficiencies agree to many digits."""
+    # the cell's, as a tensor or numpy scalar too (gradients past a PiB: bucket by bucket, the model would take hours)
+    step_s, grad_bytes, world_size, gpus_per_node = (
+        kit_number(given, exercise, f"the cell's {name}", "pass the inputs of the exercise's cell.", least, whole, most)
+        for name, given, least, whole, most in (("step_s", step_s, 0, False, math.inf),
+                                                ("grad_bytes", grad_bytes, 0, False, 2.0**50),
+                                                ("world_size", world_size, 2, True, 2.0**20),
+                                                ("gpus_per_node", gpus_per_node, 1, True, 2.0**20)))
+    world_size, gpus_per_node = int(world_size), int(gpus_per_node)
     value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
-    try:  # the kit's inputs, as a tensor or numpy scalar too
-        step_s, grad_bytes, world_size, gpus_per_node = float(step_s), float(grad_bytes), int(world_size), \
-            int(gpus_per_node)
-    except (TypeError, ValueError, RuntimeError):
-        step_s = 0.0
-    if not (step_s > 0 and grad_bytes > 0 and world_size >= 2 and gpus_per_node >= 1):
-        raise WorkshopError(f"{exercise}: step_s, grad_bytes, world_size and gpus_per_node must be numbers, positive "
-                            "(world_size 2 or more).", "pass the inputs of the exercise's cell.")
     within, between = LINKS["nvlink4"], LINKS["ib_ndr"]
     row = predict_scaling(step_s, grad_bytes, [world_size], within, between, gpus_per_node).iloc[0]
     right = float(row.efficiency_no_overlap)
@@ -62,18 +61,27 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
         # too, so that a number two mistakes give names both, never one of them as certain.
         (ring(latency_steps=p - 1), "that pays the latency (p-1) times per bucket; the ring pays it at each of its "
          "2(p-1) steps.", "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth, for each bucket."),
-        (ring(gpus=gpus_per_node), f"that is a ring over one node's {gpus_per_node} GPUs.",
+        (ring(gpus=gpus_per_node) if p > gpus_per_node > 1 else None,
+         f"that is a ring over one node's {gpus_per_node} GPUs.",
          f"the ring runs over all {p} GPUs: p = {p} in t(n, p), over InfiniBand between the nodes."),
     ]
 
     def communication(efficiency: float) -> float:  # per step, as an efficiency implies it: 1 / e - 1 steps
         return 1 / efficiency - 1 if efficiency > 0 else math.nan
 
+    # The answer rounded to 1 (or held in bf16) is the mistake of no all-reduce at all: never accepted, however near
+    # 1 the answer is; far from 1, the mistake's own row names it.
+    shown = next((f"{right:.{d}f}" for d in range(6, 17) if f"{right:.{d}f}" != f"{1:.{d}f}"), repr(right))
+    require(value != 1 or not 0.995 <= right < 1, exercise, f"`efficiency_64` = 1 is a step with no all-reduce at "
+            f"all: the answer, {shown}, keeps its communication only in digits that rounding to 1 removed.",
+            "leave it unrounded (a Python float), or round to as many decimals as keep it below 1.")
     # The right value as bf16 or fp16 holds it (a tensor, or its .item()) is that one, as a rounding of it is, whatever
     # mistake it may land on too: neither format holds more digits.
     import torch
 
-    if value in {torch.tensor(right, dtype=torch.float64).to(half).item() for half in (torch.bfloat16, torch.float16)}:
+    # (not 0: below float16's range the answer underflows to 0, which holds nothing of it)
+    if value and value in {torch.tensor(right, dtype=torch.float64).to(half).item()
+                           for half in (torch.bfloat16, torch.float16)}:
         value = right
     # A value within one step of its last digit of the answer, yet not its rounding (a digit cut off, or rounded
     # the wrong way): too close to tell a slip from a mistake, so it is asked for rounded, never called wrong.
@@ -81,16 +89,13 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     if digits >= 2 and not accepted(value, right, through=communication):
         decimals = digits - 1 - math.floor(math.log10(abs(value)))
         require(abs(value - right) > 10.0 ** -decimals, exercise,
-                f"`efficiency_64` = {value:g} is off by less than one step of its last digit: " + (
-                    f"{SIGNIFICANT_WORDS} are too few here to tell a rounding slip from a mistake." if digits == 2 else
-                    f"it is not the answer rounded to {digits} digits (a digit cut off?), and too near it to tell a "
-                    "slip from a mistake."),
-                "round to three decimals, or leave it unrounded." if digits == 2 else
+                f"`efficiency_64` = {value:g} is off by less than one step of its last digit: it is not the answer "
+                f"rounded to {digits} digits (a digit cut off?), and too near it to tell a slip from a mistake.",
                 f"round it, round(efficiency_64, {decimals}), rather than cutting digits off, or leave it unrounded.")
     verdict(value, right, exercise, "efficiency_64", mistakes,
             "efficiency = step / (step + the buckets' ring all-reduce times); "
             "t(n, p) = 2(p-1) latency + 2(p-1)/p n / bandwidth.", through=communication,
             limits=[(0 < value <= 1, "an efficiency is a fraction between 0 and 1.",
                      "efficiency = step / (step + communication).")])
-    passed(exercise, f"{right:.1%} at {world_size} GPUs without overlap, over {link.name.split(',')[0]}")
+    passed(exercise, f"{right:.1%} at {world_size} GPUs without overlap, over {link.name.split(',')[0].split(' (')[0]}")
     return right

@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -37,8 +38,6 @@ __all__ = [  # the lab's public names (wu's table, the GPU check, the tests)
     "judge_average_gradients", "lab_device", "lab_folder", "lab_nodes", "main", "placeholders_left",
     "read_launch_line", "run_single", "solution_text", "solve_ddp_lab", "start_ddp_lab",
 ]
-
-# ---------------------------------------------------------------- the launches: one process, or the lab's ranks
 
 
 def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 300, echo: bool = True,
@@ -74,12 +73,8 @@ def lab_device(nproc: int) -> str:
 
 
 def lab_nodes(nproc: int) -> tuple[int, ...]:
-    """The line's ``nproc`` on node 0, one more on node 1: local counts differ from global ones, and a world size
-    typed in for ``nproc`` is wrong on every machine."""
+    """``nproc`` on node 0, one more on node 1: a world size typed in for ``nproc`` is wrong on every machine."""
     return nproc, 1
-
-
-# ---------------------------------------------------------------- the probe: runs in every rank
 
 
 class Tee:
@@ -184,13 +179,15 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
             frames = frames.tb_next
         record_failure(err.with_traceback(frames or err.__traceback__))
         if LOST_PEER.search(str(err)):  # a consequence of another rank's failure
-            print(f"rank {rank} stopped: it lost its connection to a rank that failed ({type(err).__name__})",
-                  file=sys.stderr)
+            # one write: a rank forked from its agent shares the agent's stderr, and print's separate "\n" could
+            # land after the agent's own line
+            sys.stderr.write(f"rank {rank} stopped: it lost its connection to a rank that failed "
+                             f"({type(err).__name__})\n")
         else:  # the script's frames and PyTorch's, not the probe's
             shown = [f for f in traceback.extract_tb(err.__traceback__)
                      if Path(f.filename).resolve() != Path(__file__).resolve() and "runpy" not in f.filename]
-            print("Traceback (most recent call last):\n", *traceback.format_list(shown),
-                  *traceback.format_exception_only(type(err), err), sep="", end="", file=sys.stderr)
+            sys.stderr.write("".join(["Traceback (most recent call last):\n", *traceback.format_list(shown),
+                                      *traceback.format_exception_only(type(err), err)]))
         code = 1
     with lock:
         record["end"] = time.time()
@@ -205,9 +202,6 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
     if not record["torn_down"]:
         dist.destroy_process_group()  # recorded above; closed here so that this process ends cleanly
     raise SystemExit(code)
-
-
-# ---------------------------------------------------------------- the lab's checker
 
 
 def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...], exercise: str) -> NotYet:
@@ -235,6 +229,11 @@ def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...],
     return failed_run(exercise, code, lines, nproc, folder, stderr)
 
 
+def _status(codes: list[int]) -> int:
+    """The launch's exit status: a failing agent's, not that of the one the check stopped seconds after it."""
+    return next((code for code in codes if code > 0), max(codes, key=abs))
+
+
 class _LaunchHere:
     """``check_ddp_lab``'s default command: the checker writes the torchrun line itself."""
 
@@ -247,8 +246,7 @@ LAUNCH_HERE = _LaunchHere()
 
 def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, echo: bool, args, exercise: str,
                  idle_limit_s: float | None = None):
-    """One run of the attendee's script under the probe: (records, parameters, out dir, folder, lines, seconds,
-    the processes of each node)."""
+    """One run under the probe: (records, parameters, out dir, folder, lines, seconds, processes per node)."""
     if command is LAUNCH_HERE:
         command = f"torchrun --nproc-per-node={nproc} {shlex.quote(str(script))}"
     launch = read_launch_line(command, script, nproc, exercise)
@@ -265,7 +263,7 @@ def _lab_records(script: Path, workdir, nproc: int, command, timeout_s: float, e
                              exercise, launch.assigned, idle_limit_s)
     seconds = time.perf_counter() - started
     if any(codes):
-        raise _crash(max(codes, key=abs), lines, folder, per_node, exercise)
+        raise _crash(_status(codes), lines, folder, per_node, exercise)
     import torch
 
     records = [json.loads(path.read_text()) for path in sorted(folder.glob("rank*.json"))]
@@ -303,9 +301,6 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
                      f"about {facts['measured']:.0f} seen by the checker; process group closed")
     return LabRun(ranks, facts["backend"], facts["samples_per_rank"], facts["reported"], facts["measured"],
                   facts["checkpoint"], seconds, folder, lines)
-
-
-# ---------------------------------------------------------------- gradients averaged by hand
 
 
 def _gradients(spec_file: str) -> None:
@@ -429,7 +424,7 @@ def judge_average_gradients(functions, workdir, timeout_s: float = 600, exercise
             try:
                 if len(results) < world or any(r.get("error") or r.get("stopped") for r in results):
                     raise gradients_failure(where, world, exercise) or failed_run(
-                        exercise, max(codes, key=abs), lines, world, folder, where=" outside your function")
+                        exercise, _status(codes), lines, world, folder, where=" outside your function")
                 facts[world] = judge_comparison(results, world, exercise)
             except NotYet as mistake:
                 facts = mistake
@@ -467,13 +462,14 @@ def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
             "max_difference": max(f["max_difference"] for f in facts.values()), "world_sizes": sorted(facts)[::-1]}
 
 
-# ---------------------------------------------------------------- the entry the ranks run
-
-
 @record_failures  # the probe records the script's own failure; this records the probe's and the gradients'
 def main(argv=None) -> None:
-    """What a rank (``--probe``, ``--gradients``) or a node (``--agent``, torchrun itself) of a check runs."""
+    """What a rank (``--probe``, ``--gradients``) or a node (``--agent``: torchrun) of a check runs."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["--agent"]:  # a rank forked from its agent ends on torchrun's SIGTERM as a fresh Python does
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if argv[:1] == ["--agent"]:
         torchrun_agent(argv[1:])
     elif len(argv) >= 3 and argv[0] == "--probe":

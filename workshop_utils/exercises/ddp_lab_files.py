@@ -34,19 +34,17 @@ LIMIT_FACTOR, LIMIT_FLOOR_S = 5.0, 30.0
 STALLED_EXIT = 124  # a rank the time limit stopped (as `timeout` exits)
 
 
-# ---------------------------------------------------------------- the lab's files
-
-
 def lab_folder(folder=None) -> Path:
     """The folder holding the lab's scripts."""
     candidates = [Path(folder)] if folder is not None else [
         *([repo_root() / "notebooks" / "labs" / "ddp_lab"] if repo_root() else []),
         Path.cwd() / "labs" / "ddp_lab", Path.cwd() / "notebooks" / "labs" / "ddp_lab"]
-    for path in candidates:
-        if (path / SOLUTION_FILE).exists():
-            return path
-    raise WorkshopError(f"Cannot find the DDP lab's {SOLUTION_FILE} (looked in {', '.join(map(str, candidates))}).",
-                        "run from a checkout of the workshop, or pass the folder that holds notebooks/labs/ddp_lab.")
+    found = next((path for path in candidates if (path / SOLUTION_FILE).exists()), None)
+    if found is None:
+        raise WorkshopError(f"Cannot find the DDP lab's {SOLUTION_FILE} (looked in "
+                            f"{', '.join(map(str, candidates))}).", "run from a checkout of the workshop, or pass the "
+                            "folder that holds notebooks/labs/ddp_lab.")
+    return found
 
 
 def solution_text(source: str) -> str:
@@ -93,11 +91,7 @@ def reported_throughput(lines) -> float | None:
 
 
 def read_output(path: Path) -> str:
-    """A file a rank writes, or "" when it never got to write it."""
     return path.read_text(errors="replace") if path.exists() else ""
-
-
-# ---------------------------------------------------------------- two nodes on this machine, and their limits
 
 
 def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, device: str, timeout_s: float,
@@ -114,13 +108,17 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
     if idle_limit_s is not None:
         env[IDLE_LIMIT] = repr(float(idle_limit_s))
     ids = visible_gpu_ids() or [str(i) for i in range(ranks)]
+    entry = ["-m", PROBE_MODULE]  # on GPUs, each rank a Python of its own: CUDA is no state to fork
+    if device == "cpu":  # the ranks forked from their agent, which has imported torch: seconds less per launch
+        (launcher := folder / "rank.py").write_text(f"from {PROBE_MODULE} import main\n\nmain()\n")
+        entry = ["--run-path", "--start-method=fork", str(launcher)]
     commands, envs = {}, {}
     for node, n in enumerate(per_node):
         label, first = f"[node {node}] ", sum(per_node[:node])
         commands[label] = [sys.executable, "-m", PROBE_MODULE, "--agent", f"--nnodes={len(per_node)}",
                            f"--node-rank={node}", f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
                            f"--master-port={port}", "--max-restarts=0", f"--log-dir={folder / TORCHRUN_LOGS}",
-                           "-m", PROBE_MODULE, *module_args]
+                           *entry, *module_args]
         envs[label] = env if device == "cpu" else {**env, "CUDA_VISIBLE_DEVICES": ",".join(ids[first:first + n])}
     try:
         return stream(commands, None, timeout_s, echo, envs, linger_s=5)
@@ -140,7 +138,7 @@ def torchrun_agent(argv: list[str]) -> None:
     from torch.distributed.run import parse_args, run
 
     for name in list(logging.root.manager.loggerDict):  # torchrun's logs of the failure said below, and once
-        if name.startswith("torch.distributed.elastic"):
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     if os.environ.pop(AGENT_QUIET, None):  # the agent's own C++ warnings off (its store losing node 0), not the ranks'
         os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
@@ -151,7 +149,8 @@ def torchrun_agent(argv: list[str]) -> None:
         report = Path(args.log_dir) / f"node{args.node_rank}.report"
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(str(failed))
-        rank, failure = failed.get_first_failure()
+        # torchrun's first failure compares whole seconds; the ranks' error files hold the exact time
+        rank, failure = min(failed.failures.items(), key=lambda item: _exact_time(item[1]))
         how = ("stopped at the check's time limit" if failure.exitcode == STALLED_EXIT else
                f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit status {failure.exitcode}")
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
@@ -159,8 +158,16 @@ def torchrun_agent(argv: list[str]) -> None:
         cause = ("" if not said or failure.exitcode <= 0 or "To enable traceback" in said[-1] else
                  ", having lost its connection to a rank that failed" if LOST_PEER.search(said[-1]) else
                  f": {' '.join(said[-1].split())[:160]}")
-        print(f"torchrun: rank {rank} ended ({how}){cause}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"torchrun: rank {rank} ended ({how}){cause}\n")  # one write, as the ranks' lines
+        sys.stderr.flush()
         raise SystemExit(1) from None
+
+
+def _exact_time(failure) -> float:
+    """When a rank failed, from the time its error file holds (the kit writes it exactly), else torchrun's."""
+    message = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    extra = message.get("extraInfo") if isinstance(message, dict) else None
+    return float(extra.get("time", failure.timestamp)) if isinstance(extra, dict) else float(failure.timestamp)
 
 
 def failed_run(exercise: str, code: int, lines: list[str], nproc: int, folder: Path, rank_output=None,
@@ -194,19 +201,16 @@ def limit_words(limit_s: float, startup_s: float) -> str:
             f"least {LIMIT_FLOOR_S:.0f} s)")
 
 
-# ---------------------------------------------------------------- where each rank was
-
-
 def note_progress(folder: Path, rank: int, what: str, **more) -> None:
     """What this rank is doing now, for the check to say where each rank was if a limit is reached."""
     write_json({"what": what, "time": time.time(), **more}, folder / f"rank{rank}.progress")
 
 
 def _progress(folder: Path, ranks: int, at: float) -> dict[int, dict | None]:
-    """Each rank's last ``note_progress`` as of ``at``; one that failed after ``at`` (as one waiting in a collective
-    does when the others stop) is shown where it was."""
-    paths = {rank: folder / f"rank{rank}.progress" for rank in range(ranks)}
-    notes = {rank: json.loads(path.read_text()) if path.exists() else None for rank, path in paths.items()}
+    """Each rank's last note as of ``at``: one that failed after ``at`` (as one waiting in a collective does when the
+    others stop) is shown where it was."""
+    notes = {rank: json.loads(path.read_text()) if (path := folder / f"rank{rank}.progress").exists() else None
+             for rank in range(ranks)}
     return {rank: note.get("was", note) if note and note["what"] == "failed" and note["time"] > at else note
             for rank, note in notes.items()}
 

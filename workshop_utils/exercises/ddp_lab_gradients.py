@@ -151,13 +151,11 @@ def compared(mine, ddp, own) -> dict:
 
 
 def started_calls(folder: Path, rank: int) -> list[str]:
-    path = folder / f"rank{rank}.calls"
-    return path.read_text().split() if path.exists() else []
+    return (path.read_text().split() if (path := folder / f"rank{rank}.calls").exists() else [])
 
 
 def _record(folder: Path, rank: int, ending: str = "json") -> dict | None:
-    path = folder / f"rank{rank}.{ending}"
-    return json.loads(path.read_text()) if path.exists() else None
+    return json.loads(path.read_text()) if (path := folder / f"rank{rank}.{ending}").exists() else None
 
 
 def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str], limit_s: float) -> str | None:

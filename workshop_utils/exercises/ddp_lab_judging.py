@@ -99,24 +99,6 @@ def placeholders_left(source: str, exercise: str = LAB_EXERCISE) -> list[int]:
                    and id(n) not in indices})
 
 
-def torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
-    """``args`` as torchrun's own parser reads them; ``ValueError`` with torchrun's message where it would stop."""
-    from torch.distributed.run import get_args_parser
-
-    parser = get_args_parser()
-    parser.set_defaults(nproc_per_node=None)
-    if launch:
-        parser.add_argument("--use-env", "--use_env", default=False, action="store_true")
-
-    def refuse(message=None, *_):
-        raise ValueError(message or "stopped")
-
-    parser.error = refuse  # exit without a message: -h (or --version) printed, nothing run
-    parser.exit = lambda status=0, message=None: refuse(message or "it prints its help (-h) and runs nothing")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return parser.parse_args(args)
-
-
 def example_line(nproc: int, script: Path) -> str:
     """The notebook's launch line, as a fix shows it: the path quoted for the shell where it needs quoting (a space)."""
     path = "{shlex.quote(str(lab_file))}" if shlex.quote(str(script)) != str(script) else "{lab_file}"
@@ -127,83 +109,80 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     """The attendee's launch line as bash runs it with recording stand-ins, then the launch it recorded as
     torchrun's own parser reads it; one line names what would not launch the lab."""
     example = example_line(nproc, script)
-    require(isinstance(command, (str, list, tuple)), exercise,
-            f"`lab_command` = {short(repr(command), 40)} cannot be read as a command line: it must be a text "
-            f"(a str), not {type(command).__name__}.", f"write the launch line in quotes, e.g. {example}.")
+
+    def refuse(wrong, problem: str, fix: str) -> None:
+        if wrong:
+            raise NotYet(f"✗ {exercise}: {problem}", fix.replace("EXAMPLE", example))
+
+    refuse(not isinstance(command, (str, list, tuple)), f"`lab_command` = {short(repr(command), 40)} cannot be read "
+           f"as a command line: it must be a text (a str), not {type(command).__name__}.",
+           "write the launch line in quotes, e.g. EXAMPLE.")
     tokens = [] if isinstance(command, str) else [os.fspath(t) for t in command]
     several = next((t for t in tokens if len(t.split()) > 1 and Path(t).expanduser().resolve() != script.resolve()),
                    None)
-    require(several is None, exercise, f"`lab_command` is a list whose item {short(repr(several), 50)} holds several "
-            f"words{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
-            f"give each word its own item (shlex.split(line) splits a line), or write one string: {example}.")
+    refuse(several, f"`lab_command` is a list whose item {short(repr(several), 50)} holds several words"
+           f"{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
+           "give each word its own item (shlex.split(line) splits a line), or write one string: EXAMPLE.")
     text = command.strip().lstrip("!").strip() if isinstance(command, str) else shlex.join(tokens)
     try:  # a file name's undecodable bytes come back as they went in (surrogateescape); a lone surrogate cannot
         odd = "a NUL byte (\\0)" if "\0" in text else text.encode("utf-8", "surrogateescape") and ""
     except UnicodeEncodeError as error:
         odd = f"the character {ascii(text[error.start])}"
-    require(not odd and len(text) <= LONGEST_LINE, exercise, f"the command holds {odd}, which no shell line holds."
-            if odd else f"the command is {len(text):,} characters long: no launch line is.",
-            f"write the launch line alone, e.g. {example}.")
-    quoted = shlex.quote(str(script))
+    refuse(odd or len(text) > LONGEST_LINE, f"the command holds {odd}, which no shell line holds." if odd else
+           f"the command is {len(text):,} characters long: no launch line is.", "write the launch line alone, e.g. "
+           "EXAMPLE.")
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
+    refuse(braces, f"the command holds {braces and braces.group(0)} as written: the f in front of the quotes, which "
+           "puts the value in, is missing.", "write it as an f-string: EXAMPLE.")
     expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
-    for found, problem, fix in (
-            (braces, f"the command holds {braces and braces.group(0)} as written: the f in front of the quotes, "
-                     "which puts the value in, is missing.", f"write it as an f-string: {example}."),
-            (expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does "
-                       "not expand.",
-             f"write the values themselves, e.g. {example} (an f-string puts Python's values in)."),
-            (not text, "the command has no launch line.", f"write the launch line, e.g. {example}.")):
-        require(not found, exercise, problem, fix)
+    refuse(expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does not "
+           "expand.", "write the values themselves, e.g. EXAMPLE (an f-string puts Python's values in).")
+    refuse(not text, "the command has no launch line.", "write the launch line, e.g. EXAMPLE.")
     launches, after, background, said = _run_in_bash(text)
     redirected = re.match(r"(.*): restricted: cannot redirect output", said)
-    target = short(redirected.group(1), 40) if redirected else ""
-    require(bool(launches) or not redirected, exercise, f"the command redirects output ({target}), which the check's "
-            "shell does not take: the check shows the launch's output itself.",
-            f"leave the redirection out: {example}.")
-    require(bool(launches) or not said.startswith(TIMED_OUT), exercise, f"bash's run of the line {said}, though "
-            "the check's torchrun ends at once: something in the line waits or loops.",
-            f"make it the launch line only, e.g. {example}.")
-    require(bool(launches), exercise, "bash ran the line and it started no torchrun" + (
-        f" ({short(said, 120)})." if said else "."), f"write the torchrun line, e.g. {example}.")
-    require(not after and len(launches) == 1, exercise, "the command chains a second command to the launch ("
-            + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun "
-            "launch alone.", f"make it the launch line only, e.g. {example}; run anything else in a cell of its own.")
-    require(not background, exercise, "the command ends in &, which runs the launch in the background: nothing "
-                                      "would wait for it to end.", f"leave the & out: {example}.")
+    if not launches:
+        refuse(redirected, f"the command redirects output ({short(redirected and redirected.group(1), 40)}), which "
+               "the check's shell does not take: the check shows the launch's output itself.",
+               "leave the redirection out: EXAMPLE.")
+        refuse(said.startswith(TIMED_OUT), f"bash's run of the line {said}, though the check's torchrun ends at "
+               "once: something in the line waits or loops.", "make it the launch line only, e.g. EXAMPLE.")
+        refuse(True, "bash ran the line and it started no torchrun" + (f" ({short(said, 120)})." if said else "."),
+               "write the torchrun line, e.g. EXAMPLE.")
+    refuse(after or len(launches) > 1, "the command chains a second command to the launch ("
+           + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun launch "
+           "alone.", "make it the launch line only, e.g. EXAMPLE; run anything else in a cell of its own.")
+    refuse(background, "the command ends in &, which runs the launch in the background: nothing would wait for it "
+           "to end.", "leave the & out: EXAMPLE.")
     folder, tokens, assigned = launches[0]
-    require(quoted == str(script) or str(script) not in text or str(script) in tokens, exercise,
-            f"the path of your script ({quoted}) holds a space or another character the shell splits at: unquoted, "
-            "torchrun would get it as several words.", f"quote it for the shell: {example}.")
-    first = tokens[0]
-    module, start = _python_module(tokens) if first.startswith("python") else (None, 1)
-    require(first == "torchrun" or module in TORCH_LAUNCHERS, exercise,
-            f"the command starts {tokens[0]!r}{f' with -m {module}' if module else ''}, not torchrun: nothing would "
-            f"start the lab's {nproc} processes or set RANK, LOCAL_RANK and WORLD_SIZE in them.",
-            f"launch it with torchrun: {example}.")
+    quoted = shlex.quote(str(script))
+    refuse(quoted != str(script) and str(script) in text and str(script) not in tokens, f"the path of your script "
+           f"({quoted}) holds a space or another character the shell splits at: unquoted, torchrun would get it as "
+           "several words.", "quote it for the shell: EXAMPLE.")
+    module, start = _python_module(tokens) if tokens[0].startswith("python") else (None, 1)
+    refuse(tokens[0] != "torchrun" and module not in TORCH_LAUNCHERS, f"the command starts {tokens[0]!r}"
+           f"{f' with -m {module}' if module else ''}, not torchrun: nothing would start the lab's {nproc} processes "
+           "or set RANK, LOCAL_RANK and WORLD_SIZE in them.", "launch it with torchrun: EXAMPLE.")
+    options = "write only the options the lab needs, in full, then your script: EXAMPLE."
     try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities, no script
-        parsed = torchrun_reads(tokens[start:], launch=module == "torch.distributed.launch")
+        parsed = _torchrun_reads(tokens[start:], launch=module == "torch.distributed.launch")
     except ValueError as refusal:
-        raise NotYet(f"✗ {exercise}: torchrun would stop at once: {short(str(refusal), 160)}.",
-                     f"write only the options the lab needs, in full, then your script: {example}.") from None
+        refuse(True, f"torchrun would stop at once: {short(str(refusal), 160)}.", options)
     named = Path(parsed.training_script).expanduser()
     resolved = (Path(folder) / named).resolve()
-    how = "as a program (--no-python), with your file as its argument," if parsed.no_python else \
-        "as the training script"
     shown = str(resolved) if named.name == script.name else named.name  # the same name: where it points tells
-    require(resolved == script.resolve(), exercise, f"torchrun would run {shown!r} {how} in place of your lab script "
-                                                    f"{quoted}.", f"name only your script after torchrun's options: "
-                                                                  f"{example}.")
+    refuse(resolved != script.resolve(), f"torchrun would run {shown!r} " + (
+        "as a program (--no-python), with your file as its argument," if parsed.no_python else
+        "as the training script") + f" in place of your lab script {quoted}.",
+        "name only your script after torchrun's options: EXAMPLE.")
     flag = "-m" if parsed.module else "--no-python" if parsed.no_python else None
-    require(flag is None, exercise, f"with {flag}, torchrun would run your script " + (
+    refuse(flag, f"with {flag}, torchrun would run your script " + (
         "as a module name (python -m): Python finds no module named by a path." if parsed.module else
         "as a program of its own, without python: a .py file is no program to execute."),
-            f"leave {flag} out: torchrun runs the script with python, {example}.")
-    require(module != "torch.distributed.launch" or parsed.use_env, exercise,
-            "torch.distributed.launch (the launcher torchrun replaced) passes --local-rank=<n> to the script as an "
-            "argument; the lab's script takes no such argument, and its argparse would stop every rank "
-            "(\"unrecognized arguments: --local-rank=0\").",
-            f"launch with torchrun, which sets LOCAL_RANK in each process's environment instead: {example}.")
+        f"leave {flag} out: torchrun runs the script with python, EXAMPLE.")
+    refuse(module == "torch.distributed.launch" and not parsed.use_env, "torch.distributed.launch (the launcher "
+           "torchrun replaced) passes --local-rank=<n> to the script as an argument; the lab's script takes no such "
+           "argument, and its argparse would stop every rank (\"unrecognized arguments: --local-rank=0\").",
+           "launch with torchrun, which sets LOCAL_RANK in each process's environment instead: EXAMPLE.")
     from torch.distributed.run import parse_min_max_nnodes
 
     wrong = [f"{option}={value}" if value is not None else f"no {option} (so one process)"
@@ -211,19 +190,34 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
                                                 ("--nnodes", parsed.nnodes, parse_min_max_nnodes, (1, 1)),
                                                 ("--node-rank", parsed.node_rank, int, 0))
              if _read(read, value) != right]  # as torchrun turns them into numbers: 02 is 2
-    require(not wrong, exercise, f"torchrun would run with {', '.join(wrong)}; the lab runs {nproc} processes on one "
-                                 "node, node 0 (torchrun waits for any other node it is told of).",
-            f"use --nproc-per-node={nproc} alone: {example}.")
+    refuse(wrong, f"torchrun would run with {', '.join(wrong)}; the lab runs {nproc} processes on one node, node 0 "
+           "(torchrun waits for any other node it is told of).", f"use --nproc-per-node={nproc} alone: EXAMPLE.")
     backend = "c10d" if parsed.standalone else parsed.rdzv_backend
-    require(backend in ("static", "c10d"), exercise, f"--rdzv-backend={backend} needs a rendezvous server of its own; "
-            "torchrun's static or c10d rendezvous meets on this machine.", f"leave --rdzv-backend out: {example}.")
+    refuse(backend not in ("static", "c10d"), f"--rdzv-backend={backend} needs a rendezvous server of its own; "
+           "torchrun's static or c10d rendezvous meets on this machine.", "leave --rdzv-backend out: EXAMPLE.")
     host = "" if parsed.standalone else _rendezvous_host(parsed)
-    require(host in _this_machine(), exercise, f"torchrun would meet its ranks at {short(host, 40)!r}, not on this "
-            "machine: the lab's one node is this one.", f"leave --master-addr and --rdzv-endpoint out: {example}.")
+    refuse(host not in _this_machine(), f"torchrun would meet its ranks at {short(host, 40)!r}, not on this machine: "
+           "the lab's one node is this one.", "leave --master-addr and --rdzv-endpoint out: EXAMPLE.")
     refusal = _config_refusal(parsed)
-    require(refusal is None, exercise, f"torchrun would stop at once: {short(refusal or '', 160)}.",
-            f"write only the options the lab needs, in full, then your script: {example}.")
+    refuse(refusal, f"torchrun would stop at once: {short(refusal or '', 160)}.", options)
     return LaunchLine(list(parsed.training_script_args), assigned)
+
+
+def _torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace:
+    """``args`` as torchrun's own parser reads them; ``ValueError`` with torchrun's message where it would stop."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.set_defaults(nproc_per_node=None)
+    if launch:
+        parser.add_argument("--use-env", "--use_env", default=False, action="store_true")
+
+    def stop(message=None, *_):
+        raise ValueError(message or "it prints its help (-h) and runs nothing")
+
+    parser.error, parser.exit = stop, lambda status=0, message=None: stop(message)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return parser.parse_args(args)
 
 
 TIMED_OUT = "did not end within"
@@ -261,9 +255,10 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
                     continue
                 how, cwd, *words = fields
                 background, after = background or "background" in how, after + ["a pipe"] * ("pipe" in how)
-                env = dict(v.partition("=")[::2] for v in argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1])
+                env = argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1]
                 if code == 0:
-                    launches.append((cwd, words, {k: v for k, v in env.items() if k not in {*base, *BASH_OWN}}))
+                    launches.append((cwd, words, {k: v for k, _, v in (e.partition("=") for e in env)
+                                                  if k not in {*base, *BASH_OWN}}))
     return launches, list(dict.fromkeys(after)), background, said
 
 
@@ -280,15 +275,12 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> 
     shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
                              start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        shell.wait(timeout=LINE_TIMEOUT_S)
-        ended = True
+        ended = shell.wait(timeout=LINE_TIMEOUT_S) is not None
     except subprocess.TimeoutExpired:
         ended = False
     for _ in range(10):  # a process forking as it is killed: until none is left
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(shell.pid, signal.SIGKILL)
-        left = [p.pid for p in psutil.process_iter(["status"]) if p.pid != shell.pid and _session(p.pid) == shell.pid
-                and p.info["status"] != psutil.STATUS_ZOMBIE]  # a zombie is ended: its parent, or init, reaps it
+        left = [p.pid for p in psutil.process_iter(["status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
+                and _session(p.pid) == shell.pid]  # a zombie is ended: its parent, or init, reaps it
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -300,7 +292,6 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> 
 
 
 def _session(pid: int) -> int | None:
-    """The session ``pid`` is in, or None where it has ended."""
     try:
         return os.getsid(pid)
     except (ProcessLookupError, PermissionError):
@@ -365,9 +356,6 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
     return None, 1
 
 
-# ---------------------------------------------------------------- what the ranks did
-
-
 def _training_entries(record: dict) -> list[dict]:
     """The probe's entries (one per epoch) of the loader that drew the most samples, in order."""
     by_dataset: dict[int, list[dict]] = {}
@@ -425,123 +413,129 @@ def sampler_mistake(records: list[dict], per_node: tuple[int, ...], exercise: st
     return None
 
 
-def _data(records, params, out_dir, per_node, exercise, facts) -> None:
+def _data(records, params, out_dir, nproc, facts):
     """A shard per rank (the sampler given the global rank and world size), reshuffled every epoch."""
-    mistake = sampler_mistake(records, per_node, exercise)
-    if mistake is not None:
-        raise mistake
     epochs = [[e["indices"] for e in _training_entries(r)] for r in records]
-    for rank, mine in enumerate(epochs):
-        require(bool(mine) and len(mine[0]) > 0, exercise, f"rank {rank} drew no samples from a DataLoader.",
-                "train from a DataLoader over the dataset (step 3).")
-    require(min(len(e) for e in epochs) >= 2, exercise, "the run trained one epoch: a reshuffle cannot be seen.",
-            "run at least 2 epochs (the script's default is 3).")
+    empty = next((rank for rank, mine in enumerate(epochs) if not mine or not mine[0]), None)
+    if empty is not None:
+        yield f"rank {empty} drew no samples from a DataLoader.", "train from a DataLoader over the dataset (step 3)."
+        return
+    if min(len(e) for e in epochs) < 2:
+        yield "the run trained one epoch: a reshuffle cannot be seen.", "run at least 2 epochs (the script's default " \
+                                                                        "is 3)."
+        return
     first = [set(e[0]) for e in epochs]
-    for rank in range(1, sum(per_node)):
-        shared = len(first[0] & first[rank]) / max(1, min(len(first[0]), len(first[rank])))
-        require(shared <= 0.1, exercise, f"ranks 0 and {rank} share {shared:.0%} of their samples in epoch 0"
-                + (": every rank read the whole data set." if shared >= 0.9 else "."),
-                "give the DataLoader a DistributedSampler(dataset) in place of shuffle=True, with the same seed on "
-                "every rank, so that the shards split one permutation (step 3).")
-    require(epochs[0][0] != epochs[0][1], exercise, "rank 0 read its shard in the same order in epochs 0 and 1: "
-            "the sampler never reshuffled.",
-            "call sampler.set_epoch(epoch) at the start of every epoch (step 5), with shuffle=True in the sampler.")
+    shares = ((len(first[0] & first[rank]) / max(1, min(len(first[0]), len(first[rank]))), rank)
+              for rank in range(1, nproc))
+    shared, rank = next(((share, rank) for share, rank in shares if share > 0.1), (0, 0))
+    if shared:
+        yield (f"ranks 0 and {rank} share {shared:.0%} of their samples in epoch 0"
+               + (": every rank read the whole data set." if shared >= 0.9 else "."),
+               "give the DataLoader a DistributedSampler(dataset) in place of shuffle=True, with the same seed on "
+               "every rank, so that the shards split one permutation (step 3).")
+    if epochs[0][0] == epochs[0][1]:
+        yield ("rank 0 read its shard in the same order in epochs 0 and 1: the sampler never reshuffled.",
+               "call sampler.set_epoch(epoch) at the start of every epoch (step 5), with shuffle=True in the sampler.")
     facts["samples_per_rank"] = len(epochs[0][0])
 
 
-def _model(records, params, out_dir, per_node, exercise, facts) -> None:
+def _model(records, params, out_dir, nproc, facts):
     """Wrapped in DDP, so that every rank ends with the same parameters."""
-    require(all(params) and len({len(p) for p in params}) == 1, exercise,
-            "no parameters to compare: no torch.optim optimizer (and no DDP model) was found.",
-            "train with a torch.optim optimizer over the model's parameters.")
-    gap = max(float((a - b).abs().max()) for rank in range(1, sum(per_node)) for a, b in zip(params[0], params[rank]))
+    if not all(params) or len({len(p) for p in params}) != 1:
+        yield ("no parameters to compare: no torch.optim optimizer (and no DDP model) was found.",
+               "train with a torch.optim optimizer over the model's parameters.")
+        return
+    gap = max(float((a - b).abs().max()) for rank in range(1, nproc) for a, b in zip(params[0], params[rank]))
     wrapped = all(r["ddp"] for r in records)
-    require(gap <= 1e-6 * max(1.0, max(float(p.abs().max()) for p in params[0])) and wrapped, exercise,
-            ("" if wrapped else "the model was not wrapped in DistributedDataParallel; ")
-            + f"the ranks' parameters differ by up to {gap:.2g} after training.",
-            "wrap the model, ddp_model = DDP(model, device_ids=[local_rank] on a GPU, else None), and run the "
-            "forward pass through ddp_model (step 4).")
+    if gap > 1e-6 * max(1.0, max(float(p.abs().max()) for p in params[0])) or not wrapped:
+        yield (("" if wrapped else "the model was not wrapped in DistributedDataParallel; ")
+               + f"the ranks' parameters differ by up to {gap:.2g} after training.",
+               "wrap the model, ddp_model = DDP(model, device_ids=[local_rank] on a GPU, else None), and run the "
+               "forward pass through ddp_model (step 4).")
     facts["backend"] = records[0]["backend"]
 
 
-def _checkpoint(records, params, out_dir, per_node, exercise, facts) -> None:
+def _checkpoint(records, params, out_dir, nproc, facts):
     """One file, by rank 0, holding the trained weights."""
     import torch
 
     savers = [r["rank"] for r in records if r["saves"]]
-    who = "every rank" if len(savers) == len(records) else f"{len(savers) or 'no'} ranks"
-    require(savers == [0], exercise, f"{who} saved a checkpoint" + (f" (ranks {', '.join(map(str, savers))} called "
-            "torch.save)." if savers else "."),
-            "save on global rank 0 alone, into args.out_dir: if rank == 0: torch.save(...), rank from RANK "
-            "(steps 1 and 8).")
+    if savers != [0]:
+        who = "every rank" if len(savers) == len(records) else f"{len(savers) or 'no'} ranks"
+        yield (f"{who} saved a checkpoint" + (f" (ranks {', '.join(map(str, savers))} called torch.save)."
+                                              if savers else "."),
+               "save on global rank 0 alone, into args.out_dir: if rank == 0: torch.save(...), rank from RANK "
+               "(steps 1 and 8).")
+        return
     files = sorted(p for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
-    require(len(files) == 1, exercise, f"torch.save wrote {records[0]['saves'][0]}, not into the --out-dir folder."
-            if not files else f"{len(files)} files were written ({', '.join(p.name for p in files)}).",
-            "save one file, once, into Path(args.out_dir).")
+    if len(files) != 1:
+        yield (f"torch.save wrote {records[0]['saves'][0]}, not into the --out-dir folder." if not files else
+               f"{len(files)} files were written ({', '.join(p.name for p in files)}).",
+               "save one file, once, into Path(args.out_dir).")
+        return
     try:
-        state = _state_dict(torch.load(files[0], map_location="cpu", weights_only=True))
+        state = _state_dict(torch.load(files[0], map_location="cpu", weights_only=True)) or {}
     except Exception:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
-        state = None
-    saved = [t.float() for t in (state or {}).values()]
-    wrapped = next((k for k in state or {} if k.startswith("module.")), None)
-    require(wrapped is None, exercise, f"{files[0].name} holds the DDP wrapper's state dict: its keys carry DDP's "
-            f"`module.` prefix ({short(wrapped or '', 40)}), which the plain model does not load.",
-            "save ddp_model.module.state_dict() (or model.state_dict()) (step 8).")
-    require(state is not None and all(any(s.shape == p.shape and torch.equal(s, p) for s in saved)
-                                      for p in params[0]), exercise,
-            f"{files[0].name} does not hold the trained parameters as the plain model's state dict.",
-            "after the training loop, save model.state_dict() or ddp_model.module.state_dict() (step 8).")
+        state = {}
+    wrapped = next((k for k in state if k.startswith("module.")), None)
+    saved = [t.float() for t in state.values()]
+    if wrapped:
+        yield (f"{files[0].name} holds the DDP wrapper's state dict: its keys carry DDP's `module.` prefix "
+               f"({short(wrapped, 40)}), which the plain model does not load.",
+               "save ddp_model.module.state_dict() (or model.state_dict()) (step 8).")
+    elif not state or not all(any(s.shape == p.shape and torch.equal(s, p) for s in saved) for p in params[0]):
+        yield (f"{files[0].name} does not hold the trained parameters as the plain model's state dict.",
+               "after the training loop, save model.state_dict() or ddp_model.module.state_dict() (step 8).")
     facts["checkpoint"] = files[0]
 
 
-def _output(records, params, out_dir, per_node, exercise, facts) -> None:
+def _output(records, params, out_dir, nproc, facts):
     """Rank 0 alone logs, and reports the whole job's throughput, near what the ranks drew."""
-    nproc = sum(per_node)
     outputs = [read_output(out_dir.parent / f"rank{r}.stdout") for r in range(nproc)]
-    chatty = {rank: [line for line in outputs[rank].splitlines() if THROUGHPUT.search(line) or LOSS_LINE.search(line)]
-              for rank in range(1, nproc)}
-    loggers = [rank for rank, lines in chatty.items() if lines]
-    if loggers:
-        raise NotYet(f"✗ {exercise}: rank {loggers[0]} logged too ({chatty[loggers[0]][0].strip()!r}).",
-                     "print where the global rank is 0: if rank == 0: print(...), rank from RANK (steps 6 and 7).")
+    chatty = [(rank, line) for rank in range(1, nproc) for line in outputs[rank].splitlines()
+              if THROUGHPUT.search(line) or LOSS_LINE.search(line)]
+    if chatty:
+        yield (f"rank {chatty[0][0]} logged too ({chatty[0][1].strip()!r}).",
+               "print where the global rank is 0: if rank == 0: print(...), rank from RANK (steps 6 and 7).")
     reported = reported_throughput(outputs[0].splitlines())
-    require(reported is not None, exercise, "rank 0 printed no throughput.",
-            "print e.g. f\"throughput: {seen * world_size / elapsed:.0f} samples/s\" on rank 0 (step 7).")
+    if reported is None:
+        yield ("rank 0 printed no throughput.",
+               "print e.g. f\"throughput: {seen * world_size / elapsed:.0f} samples/s\" on rank 0 (step 7).")
+        return
     low, high = _measured_throughput(records)
 
     def near(rate: float) -> bool:
         return low / THROUGHPUT_TOLERANCE <= rate <= high * THROUGHPUT_TOLERANCE
 
-    require(near(reported), exercise, f"the reported throughput, {reported:.0f} samples/s, is far from the about "
-            f"{high:.0f} samples/s the {nproc} ranks drew ({reported / high:.2g}x)"
-            + (": it is one rank's." if near(reported * nproc) else "."),
-            "count every rank's samples once, over the training loop's time: seen * world_size / elapsed, "
-            "world_size from WORLD_SIZE (LOCAL_WORLD_SIZE counts one node's) (step 7).")
+    if not near(reported):
+        yield (f"the reported throughput, {reported:.0f} samples/s, is far from the about {high:.0f} samples/s the "
+               f"{nproc} ranks drew ({reported / high:.2g}x)" + (": it is one rank's." if near(reported * nproc)
+                                                                  else "."),
+               "count every rank's samples once, over the training loop's time: seen * world_size / elapsed, "
+               "world_size from WORLD_SIZE (LOCAL_WORLD_SIZE counts one node's) (step 7).")
     facts["reported"], facts["measured"] = reported, high
 
 
-def _end(records, params, out_dir, per_node, exercise, facts) -> None:
+def _end(records, params, out_dir, nproc, facts):
     """The process group closed."""
     open_ranks = [str(r["rank"]) for r in records if not r["torn_down"]]
-    require(not open_ranks, exercise, f"the script ended with the process group still open (rank(s) "
-            f"{', '.join(open_ranks)}).", "end with dist.destroy_process_group() (step 9).")
-
-
-PARTS = (_data, _model, _checkpoint, _output, _end)
+    if open_ranks:
+        yield (f"the script ended with the process group still open (rank(s) {', '.join(open_ranks)}).",
+               "end with dist.destroy_process_group() (step 9).")
 
 
 def findings(records: list[dict], params: list, out_dir: Path, per_node: tuple[int, ...], exercise: str,
              facts: dict | None = None) -> list[NotYet]:
-    """The first mistake of each part of a finished run, in the order an attendee meets them; [] when right."""
+    """Every mistake a finished run shows, in the order an attendee meets them (a part stops at a mistake the
+    rest of it depends on); [] when right."""
     facts = {} if facts is None else facts
     world, nproc = records[0]["env"].get("WORLD_SIZE"), sum(per_node)
     require(len(records) == nproc and world == str(nproc), exercise,
             f"{len(records)} process(es) ran (WORLD_SIZE={world}); the check runs {nproc}, "
             f"{' + '.join(map(str, per_node))} on two nodes.", f"launch with torchrun --nproc-per-node={per_node[0]}.")
-    found = []
-    for part in PARTS:
-        try:
-            part(records, params, out_dir, per_node, exercise, facts)
-        except NotYet as mistake:
-            found.append(mistake)
+    sampler = sampler_mistake(records, per_node, exercise)
+    found = [sampler] if sampler else []
+    for part in ((_model, _checkpoint, _output, _end) if sampler else (_data, _model, _checkpoint, _output, _end)):
+        found += [NotYet(f"✗ {exercise}: {problem}", fix) for problem, fix in part(records, params, out_dir, nproc,
+                                                                                   facts)]
     return found

@@ -1,8 +1,7 @@
-"""The exercise cells: the committed notebooks hold each solution between nbgrader-style markers, so that CI proves
-every exercise solvable; the attendees' copies (``make attendee``) hold the block's placeholders (``x = ...``) instead.
-A check reads ``...`` as "not yet solved" (one line, False: the copy runs top to bottom) and raises ``NotYet`` on a
-wrong answer, so that a headless run of the solved notebooks fails.
-"""
+"""The exercise cells: the committed notebooks hold each solution between nbgrader-style markers (CI proves every
+exercise solvable); the attendees' copies (``make attendee``) hold the block's placeholders (``x = ...``). A check
+reads ``...`` as "not yet solved" (one line, False: the copy runs top to bottom) and raises ``NotYet`` on a wrong
+answer, so that a headless run of the solved notebooks fails."""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ YOUR_CODE_HERE = "# YOUR CODE HERE"
 EXERCISE_TAG = "exercise"
 CHECK_TAG = "check"
 NBVAL_CHECKED_TAG = "nbval-check-output"  # nbval compares the cell's output with tests/nbval/<notebook>.json
+ANSWER_HERE = "replace the `...` in the exercise cell with your code, run that cell, then this one."
 BLOCK_FIX = (f"a block is a line '{BEGIN_SOLUTION}', the solution and its '{PLACEHOLDER}<code>' lines, then "
              f"'{END_SOLUTION}'; blocks do not nest.")
 
@@ -44,7 +44,7 @@ def exercise_check(check):
     return run
 
 
-def require_answered(value, exercise: str, problem: str, hint: str) -> None:
+def require_answered(value, exercise: str, problem: str, hint: str = ANSWER_HERE) -> None:
     if value is ...:
         raise Unsolved(f"… {exercise}: not yet solved: {problem}", hint)
 
@@ -74,12 +74,10 @@ def attendee_source(source: str, where: str = "cell") -> str:
         text, indent = line.strip(), line[: len(line) - len(line.lstrip())]
         problem = None
         if text == BEGIN_SOLUTION:
-            problem = opened and f"'{BEGIN_SOLUTION}' inside the block opened on line {opened}"
-            opened = number
+            problem, opened = opened and f"'{BEGIN_SOLUTION}' inside the block opened on line {opened}", number
             out.append(indent + YOUR_CODE_HERE)
         elif text == END_SOLUTION:
-            problem = not opened and f"'{END_SOLUTION}' without a '{BEGIN_SOLUTION}' before it"
-            opened = None
+            problem, opened = not opened and f"'{END_SOLUTION}' without a '{BEGIN_SOLUTION}' before it", None
         elif text == PLACEHOLDER.strip() or text.startswith(PLACEHOLDER):
             problem = not opened and "a placeholder line outside a solution block"
             out.append(indent + text[len(PLACEHOLDER):])
@@ -102,8 +100,7 @@ def attendee_notebook(source_path, out_path) -> int:
     source_path, out_path = Path(source_path), Path(out_path)
     if source_path.resolve() == out_path.resolve():
         raise WorkshopError(f"Would overwrite the source notebook {source_path}.", "write the copy to another folder.")
-    notebook = nbformat.read(source_path, as_version=4)
-    exercises = 0
+    notebook, exercises = nbformat.read(source_path, as_version=4), 0
     for index, cell in enumerate(notebook.cells):
         if cell.cell_type != "code":
             continue
@@ -112,15 +109,13 @@ def attendee_notebook(source_path, out_path) -> int:
         tags = list(cell.get("metadata", {}).get("tags", []))
         tagged, blocked = EXERCISE_TAG in tags, any(line.strip() == BEGIN_SOLUTION for line in cell.source.splitlines())
         if tagged != blocked:
-            raise WorkshopError(
-                f"{where}: " + ("tagged 'exercise' but holds no solution block." if tagged else
-                                "holds a solution block but is not tagged 'exercise'."),
-                "an exercise cell holds its solution between the markers and carries the tag 'exercise'.")
-        cell.source = attendee
-        if CHECK_TAG in tags:
-            # The solved check's expected output is its ✓ line; the attendee's first run prints "not yet solved".
+            raise WorkshopError(f"{where}: " + ("tagged 'exercise' but holds no solution block." if tagged else
+                                                "holds a solution block but is not tagged 'exercise'."),
+                                "an exercise cell holds its solution between the markers and carries the tag "
+                                "'exercise'.")
+        if CHECK_TAG in tags:  # the solved check's expected output is its ✓ line, the copy's "not yet solved"
             cell.metadata["tags"] = [tag for tag in tags if tag != NBVAL_CHECKED_TAG]
-        cell.outputs, cell.execution_count = [], None
+        cell.source, cell.outputs, cell.execution_count = attendee, [], None
         cell.metadata.pop("execution", None)  # papermill's timings of the solved run
         exercises += tagged
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,57 +7,47 @@ import dataclasses
 
 from ..spine.gpt import GPTSize, flops_per_token_closed_form
 from ..system.display import format_number
-from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus
+from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus  # noqa: F401
 from .exercise_cells import passed, require
-from .exercise_judging import KitDefect, attendee_function, called, checked, count, number, verdict
-from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale
-from .measurement_checks import check_batch_memory, check_loader_choice, check_next_fix, constructed_loader_sweep
-from .tflops_checks import check_achieved_tflops, check_matmul_tflops, check_mfu
-
-__all__ = [  # every check, and what the tests read of them, from this one path
-    "KitDefect", "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus",
-    "check_flops_per_token", "check_fsdp_traffic", "check_loader_choice", "check_lost_fraction", "check_matmul_tflops",
-    "check_mfu", "check_micro_batch_plan", "check_microbatches", "check_next_fix", "check_safe_loss_scale",
-    "constructed_loader_sweep", "fewest_gpus", "activation_bytes_per_sequence", "largest_micro_batch",
-]
+from .exercise_judging import KitDefect, attendee_function, called, checked, count, number, verdict  # noqa: F401
+from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale  # noqa: F401
+from .measurement_checks import (check_batch_memory, check_loader_choice, check_next_fix,  # noqa: F401
+                                 constructed_loader_sweep)
+from .tflops_checks import check_achieved_tflops, check_matmul_tflops, check_mfu  # noqa: F401
 
 # Exercise 1.4's second configuration: sequence, width and context all differ (in the cpu profile all are 128).
 SECOND_GPT = (2_345_678, 3, 96, 200)  # parameters, layers, width, sequence: the function's order
 
 
-def _flops_mistakes(N: int, L: int, d: int, T: int, context: int, counted: float):
-    """The mistakes the notebook's text names, judged at the exercise's sizes only: at the second, half of attention
-    lands within 0.1% of width² in place of the sequence, which it would misname."""
-    return [
-        (6 * (N - context * d) + 12 * L * d * T, "that leaves the position table out (nanoGPT's convention); "
-                                                 "this exercise's N is every trainable parameter.",
-         "use the parameters as they are."),
-        (6 * N + 6 * L * d * T, "that halves attention for the causal mask; the formula counts all of it, as "
-                                "every MFU convention does.", "use 12 x layers x width x sequence."),
-        (counted, "that is the counter's measurement, not the formula.",
-         "write 6 x parameters + 12 x layers x width x sequence."),
-    ]
-
-
 @checked
 def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, sequence_length: int,
                           counted: float, exercise: str = "Exercise 1.4") -> bool:
-    """6·N + 12·layers·width·sequence, judged at the exercise's sizes, then at ``SECOND_GPT``."""
+    """6·N + 12·L·d·T with the mistakes the notebook names; then at ``SECOND_GPT``, where they would be misnamed."""
     attendee_function(gpt_flops_per_token, exercise, "gpt_flops_per_token", "parameters, layers, width, sequence")
-    hint = "FLOPs per token = 6 x parameters + 12 x layers x width x sequence, from the function's arguments."
-    first = formula = None
-    for where, (N, L, d, T) in ((exercise, (parameters, size.layers, size.width, sequence_length)),
+    N, L, d, T = parameters, size.layers, size.width, sequence_length
+    formula = flops_per_token_closed_form(size, T, N)
+    mistakes = [
+        (6 * (N - size.context * d) + 12 * L * d * T, "that leaves the position table out (nanoGPT's convention); "
+                                                      "this exercise's N is every trainable parameter.",
+         "use the parameters as they are."),
+        (6 * N + 6 * L * d * T, "that halves attention for the causal mask; the formula counts all of it, as every "
+                                "MFU convention does.", "use 12 x layers x width x sequence."),
+        (counted, "that is the counter's measurement, not the formula.",
+         "write 6 x parameters + 12 x layers x width x sequence."),
+    ]
+    first = None
+    for where, (N, L, d, T) in ((exercise, (N, L, d, T)),
                                 (f"{exercise}: at a second configuration the check tries", SECOND_GPT)):
         right = flops_per_token_closed_form(dataclasses.replace(size, layers=L, width=d), T, N)
         value = number(called(gpt_flops_per_token, where, "gpt_flops_per_token", N, L, d, T), where,
                        "gpt_flops_per_token", "one number, FLOPs per token", returned_by="gpt_flops_per_token")
-        verdict(value, right, where, "gpt_flops_per_token(...)",
-                _flops_mistakes(N, L, d, T, size.context, counted) if first is None else [
-                    (first, "the same number as at the exercise's sizes: your function reads the notebook's "
-                            "variables, not its arguments.", "compute from `parameters`, `layers`, `width` and "
-                                                             "`sequence`.")], hint,
+        verdict(value, right, where, "gpt_flops_per_token(...)", mistakes, "FLOPs per token = 6 x parameters + 12 x "
+                "layers x width x sequence, from the function's arguments.",
                 inputs=f"6 x {N:,} parameters + 12 x {L} layers x width {d} x {T} tokens")
-        first, formula = first or value, formula or right
+        mistakes = [(value, "the same number as at the exercise's sizes: your function reads the notebook's "
+                            "variables, not its arguments.",
+                     "compute from `parameters`, `layers`, `width` and `sequence`.")] if first is None else []
+        first = value
     return passed(exercise, f"{formula / 1e6:.2f} MFLOP per token by the formula; the counter measured "
                             f"{counted / 1e6:.2f} on the model itself")
 
@@ -78,10 +68,8 @@ def gib(n_bytes: float) -> str:
 
 def largest_micro_batch(size: GPTSize, sequence_length: int, free_bytes: float, tokens_per_rank: int) -> int:
     """The largest power of two of sequences that fits ``free_bytes`` and divides a rank's share of the batch."""
-    per_sequence = activation_bytes_per_sequence(size, sequence_length)
-    sequences = tokens_per_rank // sequence_length
-    micro = 1
-    while micro * 2 * per_sequence <= free_bytes and sequences % (micro * 2) == 0:
+    per_sequence, micro = activation_bytes_per_sequence(size, sequence_length), 1
+    while micro * 2 * per_sequence <= free_bytes and (tokens_per_rank // sequence_length) % (micro * 2) == 0:
         micro *= 2
     return micro
 
@@ -91,21 +79,21 @@ def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_le
                            ranks: int, free_bytes: float, exercise: str = "Exercise 2.4") -> bool:
     micro = count(micro_batch, exercise, "micro_batch", "a whole number of sequences")
     steps = count(accumulation, exercise, "accumulation", "a whole number of micro-batches")
+    require(micro >= 1 and steps >= 1, exercise, f"`micro_batch` = {micro}, `accumulation` = {steps}: at least one "
+            "of each is needed.", "count from 1.")
     per_sequence = activation_bytes_per_sequence(size, sequence_length)
-    blocks_only = activation_bytes_per_sequence(size, sequence_length, logits=False)
-    free = gib(free_bytes)
-    require(micro * per_sequence <= free_bytes, exercise, f"{format_number(micro)} sequences keep "
-            f"{gib(micro * per_sequence)} GiB ({gib(micro * blocks_only)} in the blocks, the loss's logits the rest); "
-            f"{free} GiB are free.", "count per_sequence as the cell above does, logits included, and take fewer "
-                                     "sequences per micro-batch.")
+    kept, free = gib(micro * per_sequence), gib(free_bytes)
+    require(micro * per_sequence <= free_bytes, exercise, f"{format_number(micro)} sequences keep {kept} GiB ("
+            f"{gib(micro * activation_bytes_per_sequence(size, sequence_length, logits=False))} in the blocks, the "
+            f"loss's logits the rest); {free} GiB are free.",
+            "count per_sequence as the cell above does, logits included, and take fewer sequences per micro-batch.")
     tokens = micro * steps * ranks * sequence_length
-    require(tokens == target_tokens, exercise,
-            f"{micro} x {steps} x {ranks} ranks x {sequence_length} tokens is {tokens:,} tokens a step, not "
-            f"{target_tokens:,}.", "global batch = micro-batch x accumulation x ranks x sequence.")
-    best = largest_micro_batch(size, sequence_length, free_bytes, target_tokens // ranks)
-    fit = "1 sequence fits" if micro == 1 else f"{micro} sequences fit"
-    require(micro >= best, exercise, f"{fit}, but so does a larger power of two that divides the batch: fewer, "
-                                     "larger micro-batches keep the GPU busier for the same global batch.",
+    require(tokens == target_tokens, exercise, f"{micro} x {steps} x {ranks} ranks x {sequence_length} tokens is "
+            f"{tokens:,} tokens a step, not {target_tokens:,}.", "global batch = micro-batch x accumulation x ranks "
+                                                                 "x sequence.")
+    require(micro >= largest_micro_batch(size, sequence_length, free_bytes, target_tokens // ranks), exercise,
+            f"{'1 sequence fits' if micro == 1 else f'{micro} sequences fit'}, but so does a larger power of two "
+            "that divides the batch: fewer, larger micro-batches keep the GPU busier for the same global batch.",
             "double the micro-batch while it fits and still divides the batch.")
     return passed(exercise, f"{micro} sequences x {steps} accumulation steps x {ranks} ranks = {tokens:,} tokens; "
-                            f"{gib(micro * per_sequence)} of {free} GiB of activations and logits")
+                            f"{kept} of {free} GiB of activations and logits")

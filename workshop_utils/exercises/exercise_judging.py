@@ -1,9 +1,5 @@
-"""What every exercise check shares: reading an answer strictly and judging it in one line.
-
-A wrong answer is one ``NotYet`` line (what the value is, which way it is off, from which inputs), an exception in
-the attendee's code one line naming their line, and an exception inside a check a one-line ``KitDefect``, its cause
-chained. The one tolerance rule (``accepted``) holds in every exercise.
-"""
+"""What every exercise check shares: an answer read strictly, one tolerance, one line per verdict: a wrong answer
+(``NotYet``), an exception in the attendee's code (naming their line) or inside a check (``KitDefect``)."""
 
 from __future__ import annotations
 
@@ -21,6 +17,9 @@ from .answer_values import Problem, kind, number_of, show
 from .exercise_cells import NotYet, exercise_check, require, require_answered
 
 LARGEST_COUNT = 2**53  # beyond it a float no longer holds every whole number
+# The one tolerance of every exercise: within REL of the right value (a float32, another order of the same
+# operations), or the right value rounded to at least SIGNIFICANT digits. A count is right only when equal.
+REL, SIGNIFICANT, SIGNIFICANT_WORDS = 1e-3, 2, "two significant digits"
 
 
 class KitDefect(WorkshopError):
@@ -28,16 +27,15 @@ class KitDefect(WorkshopError):
 
 
 def checked(check):
-    """Decorate a check so that it never shows a traceback: any exception but a ``WorkshopError`` is a
-    ``KitDefect``, and an ``Unsolved`` answer prints its line (``exercise_check``)."""
+    """A check that never shows a traceback: any exception but a ``WorkshopError`` is a one-line ``KitDefect``."""
     signature = inspect.signature(check)
-    default = signature.parameters["exercise"].default if "exercise" in signature.parameters else "the exercise"
+    default = getattr(signature.parameters.get("exercise"), "default", "the exercise")
 
     @exercise_check
     @functools.wraps(check)
     def run(*args, **kwargs):
         try:
-            signature.bind(*args, **kwargs)
+            exercise = signature.bind(*args, **kwargs).arguments.get("exercise", default)
         except TypeError as err:
             raise WorkshopError(f"{check.__name__} was called with arguments it does not take ({err}).",
                                 "run the check cell as the notebook gives it.") from None
@@ -46,12 +44,32 @@ def checked(check):
         except WorkshopError:
             raise
         except Exception as err:  # noqa: BLE001 - turned into one line; the cause stays chained
-            exercise = signature.bind(*args, **kwargs).arguments.get("exercise", default)
             raise KitDefect(f"✗ {exercise}: the check itself failed ({type(err).__name__}: {short(err)}); that is "
                             "a defect of the kit, not a verdict on your answer.",
                             "tell the instructor; the error's __cause__ holds the check's traceback.") from err
 
     return run
+
+
+def kit_input(condition: bool, problem: str, fix: str) -> None:
+    """An input the kit passes (a measured table, the run's numbers), not the attendee's answer: one line if wrong."""
+    if not condition:
+        raise WorkshopError(problem, fix)
+
+
+def kit_number(given, exercise: str, name: str, fix: str, least: float = 0, whole: bool = False,
+               most: float = math.inf) -> float:
+    """An input number the kit passes (the run's, the cell's), as a float; one line naming it and its value if it is
+    none (text and truth values are none), or not above 0, below ``least``, past ``most``, or not ``whole``."""
+    try:
+        value = number_of(given)
+    except Problem:
+        value = math.nan
+    kit_input(least <= value <= most and value > 0 and (value.is_integer() or not whole),
+              f"{exercise}: {name} = {short(repr(given), 40)} should be "
+              + (f"a whole number, {least:g} or more" if whole else "a number above 0")
+              + (f", at most {most:.0f}." if most < math.inf else "."), fix)
+    return value
 
 
 def short(err_or_text, limit: int = 200) -> str:
@@ -64,13 +82,10 @@ def described(value) -> str:
 
 def number(value, exercise: str, name: str, what: str = "one number", returned_by: str | None = None,
            earlier: str = "") -> float:
-    """``value`` as a float (a one-element tensor, array or Series too), else one ``NotYet`` line. A tuple of one
-    is refused: the cells after the exercise compute with it. ``returned_by`` names the attendee's function whose
-    result this is, ``earlier`` the exercise an input comes from."""
-    subject, give = ((f"what `{returned_by}` returns", f"make `{returned_by}` return") if returned_by
-                     else (f"`{name}`" + f" from {earlier}" * bool(earlier), f"give `{name}`"))
-    require_answered(value, exercise, f"{subject} is still the placeholder `...`.",
-                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    """``value`` as a float (a one-element tensor or array too; a tuple of one is none), else one ``NotYet`` line."""
+    subject = f"what `{returned_by}` returns" if returned_by else f"`{name}`" + f" from {earlier}" * bool(earlier)
+    give = f"make `{returned_by}` return" if returned_by else f"give `{name}`"
+    require_answered(value, exercise, f"{subject} is still the placeholder `...`.")
     try:
         with warnings.catch_warnings():  # what the conversion would warn of is said in the answer's line
             warnings.simplefilter("ignore")
@@ -78,23 +93,25 @@ def number(value, exercise: str, name: str, what: str = "one number", returned_b
             if getattr(value, "shape", ()) not in ((), None) and size == 1:
                 value = value.reshape(()) if hasattr(value, "reshape") else np.asarray(value).reshape(())
             return number_of(value)
-    except Problem as problem:
-        said, text, truth = str(problem), isinstance(value, (str, bytes)), isinstance(value, (bool, np.bool_))
-        if said.endswith("beyond what a float holds"):
-            said = "is too large to be a number here"
-        elif said not in ("is None", "is nan", "is inf", "is -inf"):
-            said = f"should be {what}, got " + (f"the text {show(repr(value), 40)}" if text else str(value) if truth
-                                                else said.removeprefix("is ").split(", not")[0])
-        fix = ("a comma after the number makes a tuple of one: remove it." if isinstance(value, tuple) else
-               f"{give} the number itself, without quotes." if text else
-               f"a comparison gives True or False: {give} the number." if truth else
-               f"make `{returned_by}` end with `return` and the number (without it, it returns None)."
-               if returned_by and value is None else
-               f"{give} {what}: an int or a float (a tensor's .item() gives one).")
-        raise NotYet(f"✗ {exercise}: {subject} {said}.", fix) from None
     except Exception as err:  # noqa: BLE001 - whatever the object does on conversion, the answer is no number
-        raise NotYet(f"✗ {exercise}: {subject} should be {what}, {described(value)}; reading it as one failed "
-                     f"({type(err).__name__}).", f"{give} one number (an int or a float).") from None
+        said = str(err) if isinstance(err, Problem) else f"is {kind(value)}, not a number"
+    text, truth = isinstance(value, (str, bytes)), isinstance(value, (bool, np.bool_))
+    if said in ("is inf", "is -inf") and str(getattr(value, "dtype", "")) in ("float16", "torch.float16"):
+        raise NotYet(f"✗ {exercise}: {subject} {said}: float16 holds at most 65,504, and this overflowed it.",
+                     "compute it in float32 (.float() on the tensor) or as a Python float.")
+    if said.endswith("beyond what a float holds"):
+        said = "is too large to be a number here"
+    elif said not in ("is None", "is nan", "is inf", "is -inf"):
+        said = f"should be {what}, got " + (f"the text {show(repr(value), 40)}" if text else str(value) if truth
+                                            else said[3:].split(", not")[0])
+    raise NotYet(f"✗ {exercise}: {subject} {said}.",
+                 "a comma after the number makes a tuple of one: remove it." if isinstance(value, tuple) and
+                 len(value) == 1 else f"{give} one value, not {len(value)}." if isinstance(value, tuple) else
+                 f"{give} the number itself, without quotes." if text else
+                 f"a comparison gives True or False: {give} the number." if truth else
+                 f"make `{returned_by}` end with `return` and the number (without it, it returns None)."
+                 if returned_by and value is None else f"{give} {what}: an int or a float (a tensor's .item() gives "
+                                                       "one).") from None
 
 
 def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
@@ -108,22 +125,16 @@ def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
 
 
 def smallest(value: int, exercise: str, name: str, measure, limit: float, too_few, too_many: str, fix: str) -> int:
-    """``value``, the smallest count with ``measure(value) <= limit``. Too few is told what it gives, too many only
-    ``too_many``: a smaller count that works is the answer or a step from it, so it is never named."""
+    """``value``, the smallest count with ``measure(value) <= limit``. Too many never names a count that works: it is
+    the answer or a step from it."""
     require(value >= 1, exercise, f"`{name}` = {value}: at least one is needed.", "count from 1.")
     require(measure(value) <= limit, exercise, f"`{name}` = {value}: {too_few(value, measure(value))}.", fix)
     require(value == 1 or measure(value - 1) > limit, exercise, f"`{name}` = {value}: too many: {too_many}.", fix)
     return value
 
 
-# The one tolerance of every exercise: within REL of the right value (a float32, another order of the same
-# operations), or the right value rounded to at least SIGNIFICANT digits. A count is right only when equal.
-REL, SIGNIFICANT, SIGNIFICANT_WORDS = 1e-3, 2, "two significant digits"
-
-
 def close(value: float, target: float, through=None) -> bool:
-    """Within ``REL``, compared ``through`` a function where the quantity is another (2.3: the communication time
-    an efficiency implies, where efficiencies near 1 all look alike)."""
+    """Within ``REL``, compared ``through`` a function where that is the quantity (2.3: the communication time)."""
     if through is not None:
         value, target = through(value), through(target)
     return math.isclose(value, target, rel_tol=REL, abs_tol=1e-12)
@@ -139,8 +150,7 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
             whole: bool = False, also=(), through=None, limits=(), inputs: str = "") -> None:
     """Return when ``value`` is ``right`` (or one of ``also``: the formula on an earlier answer as the attendee
     rounded it); else one ``NotYet`` line, the first that applies: the named mistakes ``(value, problem, fix)`` it
-    matches (all of them where several do: naming one would be a guess), too few digits, a broken bound
-    ``(holds, problem, fix)``, else which way it is off for what ``inputs`` gives, ``hint`` as the fix."""
+    matches (all where several do), too few digits, a broken bound ``(holds, problem, fix)``, which way it is off."""
     rights = [r for r in (right, *also) if r is not None]
     if any(accepted(value, r, whole, through) for r in rights):
         return
@@ -155,7 +165,10 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
             if math.isclose(value, wrong, rel_tol=1e-9):
                 exact.setdefault(problem, fix)
     matched = exact if len(matched) > 1 and len(exact) == 1 else matched
-    shown = f"`{name}` = {written(value)}"
+    display = written(value)  # with more digits where its four would read as a right answer (float16's 1.2695)
+    if any(accepted(float(display.replace(",", "")), r, whole, through) for r in rights):
+        display = f"{value:.8g}"
+    shown = f"`{name}` = {display}"
     if len(matched) == 1:
         (problem, fix), = matched.items()
         raise NotYet(f"✗ {exercise}: {shown}: {problem}", fix)
@@ -163,8 +176,8 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
         raise NotYet(f"✗ {exercise}: {shown}, which {len(matched)} mistakes give here: " + " Or: ".join(matched),
                      " / ".join(dict.fromkeys(matched.values())))
     require(whole or all(rounded_digits(value, r) is None for r in rights), exercise,
-            f"`{name}` = {value:g} keeps fewer than {SIGNIFICANT_WORDS} of the answer, too few to tell the right "
-            "answer from a mistake.",
+            f"`{name}` = {value:g} is not right, or keeps fewer than {SIGNIFICANT_WORDS} of the answer: too few "
+            "to tell a rounding from a mistake.",
             f"give at least {SIGNIFICANT_WORDS}: round to more decimals, or leave `{name}` unrounded.")
     for holds, problem, fix in limits:
         require(holds, exercise, f"{shown}: {problem}", fix)
@@ -173,20 +186,20 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
 
 
 def how_far(value: float, right: float, whole: bool = False) -> str:
-    """Which way ``value`` is off and, from 10x on, by about what factor: never a value the attendee could paste,
-    and no direction where the right value is 0 (any would name it)."""
+    """Which way ``value`` is off, from 10x on by about what factor: never a value the attendee could paste."""
     if right == 0 or value == 0 or not (math.isfinite(value) and math.isfinite(right)):
         return "" if right == 0 else "it should not be 0" if value == 0 else "it is no finite number"
     if (value > 0) != (right > 0):
         return "its sign is wrong"
     ratio = abs(value) / abs(right)  # may overflow to inf or underflow to 0: inverted only within a million
     direction = "too large" if ratio > 1 else "too small"
+    if 0.99 < ratio < 1.01 and not whole:
+        return f"slightly {direction} (within 1%)"
     if 0.1 < ratio < 10:
         return direction if whole else f"{direction} (within 10x)"
     if not 1e-6 < ratio < 1e6:
         return f"more than 1,000,000x {direction}"
-    factor = float(f"{max(ratio, 1 / ratio):.1g}")  # one significant digit: a hint, not a value to divide back
-    return f"about {factor:,.0f}x {direction}"
+    return f"about {float(f'{max(ratio, 1 / ratio):.1g}'):,.0f}x {direction}"  # one digit: a hint, not a value
 
 
 def written(value: float) -> str:
@@ -198,13 +211,11 @@ def written(value: float) -> str:
 
 def rounded_digits(value: float, right: float) -> int | None:
     """The significant digits ``value`` keeps as ``right`` rounded to the decimals it was written with, or None.
-    A float drops trailing zeros, so the most decimals that fit count; from 100 up tens and hundreds count too
-    (300 keeps two digits of 304.9), below they do not (a batch of 30 is no rounding of 32)."""
+    From 100 up tens and hundreds count too (300 keeps two digits of 304.9), below they do not (30 is no 32)."""
     if value == 0 or right == 0 or not math.isfinite(right):
         return None
-    magnitude = math.floor(math.log10(abs(right)))
-    digits = None
-    for decimals in range(-magnitude if magnitude >= 2 else 0, 16):
+    magnitude, digits = math.floor(math.log10(abs(right))), None
+    for decimals in range(-magnitude if magnitude >= 2 else 0, 16):  # the most decimals that fit count
         # rel 1e-7: a float32 holding the rounded number (np.float32(2.52)) is 2.5199999..., still written as 2.52
         if (math.isclose(value, round(value, decimals), rel_tol=1e-7)
                 and abs(value - right) <= 0.5 * 10.0**-decimals * (1 + 1e-9)):
@@ -213,8 +224,8 @@ def rounded_digits(value: float, right: float) -> int | None:
 
 
 def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
-    """An earlier exercise's answer this one builds on, as that exercise's check accepts it against its ``rights``
-    (this answer is then judged from the attendee's own rounding), or ``NotYet``: fix that exercise first."""
+    """An earlier exercise's answer this one builds on, if that exercise's check accepts it against its ``rights``
+    (this answer is then judged from the attendee's own rounding); else ``NotYet``: fix that exercise first."""
     answered_input(given, exercise, earlier, name)
     value = number(given, exercise, name, earlier=earlier)
     require(not rights or any(accepted(value, right) for right in rights), exercise,
@@ -228,13 +239,12 @@ def attendee_error(err: BaseException, function, exercise: str, name: str, hint:
     code = getattr(function, "__code__", None)
     own = [f for f in traceback.extract_tb(err.__traceback__) if code is not None and f.filename == code.co_filename]
     error = f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__
-    if own:
-        line = (own[-1].line or linecache.getline(own[-1].filename, own[-1].lineno)).strip()
-        return NotYet(f"✗ {exercise}: `{name}` raised {error} (line {own[-1].lineno} of its cell: "
-                      f"`{short(line, 80)}`).",
-                      hint or "that line of your code raised it; fix it and run the exercise cell again.")
-    return NotYet(f"✗ {exercise}: calling `{name}` raised {error}.",
-                  hint or f"check how `{name}` is defined: its arguments and what it calls.")
+    if not own:
+        return NotYet(f"✗ {exercise}: calling `{name}` raised {error}.",
+                      hint or f"check how `{name}` is defined: its arguments and what it calls.")
+    line = (own[-1].line or linecache.getline(own[-1].filename, own[-1].lineno)).strip()
+    return NotYet(f"✗ {exercise}: `{name}` raised {error} (line {own[-1].lineno} of its cell: `{short(line, 80)}`).",
+                  hint or "that line of your code raised it; fix it and run the exercise cell again.")
 
 
 def attendee_function(function, exercise: str, name: str, arguments: str) -> None:
@@ -245,8 +255,7 @@ def attendee_function(function, exercise: str, name: str, arguments: str) -> Non
 
 
 def called(function, exercise: str, name: str, *args, failure=None):
-    """What the attendee's ``function`` returns; an exception in it (``sys.exit`` too) is one line: ``failure(err)``
-    where given, else their line and the error."""
+    """What the attendee's ``function`` returns; an exception in it (``sys.exit`` too) is one line, ``failure(err)``."""
     try:
         result = function(*args)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code: one line, their line

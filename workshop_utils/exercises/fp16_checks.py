@@ -12,10 +12,9 @@ from torch import nn
 
 from ..spine.precision import autocast
 from ..system.display import format_number
-from ..system.errors import WorkshopError
 from ..system.hardware import as_device
 from .exercise_cells import NotYet, passed, require
-from .exercise_judging import attendee_error, attendee_function, called, checked, number, verdict
+from .exercise_judging import attendee_error, attendee_function, called, checked, kit_input, number, verdict
 
 
 @checked
@@ -23,17 +22,16 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
                         exercise: str = "Exercise 3.1") -> bool:
     value = number(lost_fraction, exercise, "lost_fraction", "one number, a fraction between 0 and 1")
     g = gradients.detach().flatten().float().cpu() if torch.is_tensor(gradients) else torch.zeros(0)
-    nonzero = g[g != 0]
-    if not nonzero.numel():
-        raise WorkshopError(f"{exercise}: no non-zero gradient to judge against.", "pass the measured gradients.")
-    right = ((nonzero * scale).half() == 0).double().mean().item()
-    zeros = "that counts the values that were zero already; zeros do not count, a zero has nothing to lose."
-    cast_zero = (g * scale).half() == 0
+    nonzero, cast_zero = g[g != 0], (g * scale).half() == 0
+    kit_input(nonzero.numel() > 0, f"{exercise}: no non-zero gradient to judge against.",
+              "pass the measured gradients.")
+    zeros = ("that counts the values that were zero already; zeros do not count, a zero has nothing to lose.",
+             "count only the non-zero values: g[g != 0].")
     # the notebook's text promises this one by name: a zero counted, in the numerator, the denominator or both
-    counted_zeros = [(float(wrong), zeros, "count only the non-zero values: g[g != 0].") for wrong in (
-        (cast_zero & (g != 0)).sum() / g.numel(), cast_zero.double().mean(), cast_zero.sum() / nonzero.numel())]
-    verdict(value, right, exercise, "lost_fraction", counted_zeros, "non-zero values whose fp16 cast (.half()) is 0, "
-            "divided by the number of non-zero values, as a fraction.",
+    verdict(value, ((nonzero * scale).half() == 0).double().mean().item(), exercise, "lost_fraction",
+            [(float(wrong), *zeros) for wrong in ((cast_zero & (g != 0)).sum() / g.numel(), cast_zero.double().mean(),
+                                                  cast_zero.sum() / nonzero.numel())],
+            "non-zero values whose fp16 cast (.half()) is 0, divided by the number of non-zero values, as a fraction.",
             inputs=f"{nonzero.numel():,} non-zero values" + (f" scaled by {scale:g}" if scale != 1 else ""),
             limits=[(0 <= value <= 1, "a fraction of the values lies between 0 and 1.",
                      "divide the count of lost values by the count of non-zero values.")])
@@ -46,27 +44,25 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
     """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``; a product the cast still
     rounds down to max (below 65,520 for float16) passes too: the cast itself decides."""
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
-    tensors = [t for t in (gradients.values() if isinstance(gradients, dict) else [gradients])
-               if torch.is_tensor(t) and t.numel()]
-    largest = max((float(t.detach().abs().max()) for t in tensors), default=math.nan)
-    if not (math.isfinite(largest) and largest > 0):
-        raise WorkshopError(f"{exercise}: the largest gradient is {largest}.", "pass the measured gradients.")
+    largest = max((float(t.detach().abs().max()) for t in (gradients.values() if isinstance(gradients, dict) else
+                                                            [gradients]) if torch.is_tensor(t) and t.numel()),
+                  default=math.nan)
+    kit_input(math.isfinite(largest) and largest > 0, f"{exercise}: the largest gradient is {largest}.",
+              "pass the measured gradients.")
     limit, name = torch.finfo(dtype).max, str(dtype).removeprefix("torch.")
-    right = 2.0 ** math.floor(math.log2(limit / largest))
-    require(value > 0 and math.log2(value).is_integer(), exercise,
-            f"`safe_scale` = {value:g} is not a power of two.",
+    require(value > 0 and math.log2(value).is_integer(), exercise, f"`safe_scale` = {value:g} is not a power of two.",
             "use 2.0 ** k: scaling by a power of two changes only the exponent, so it is exact.")
     fix = f"take the largest power of two S with S x the largest gradient <= finfo({name}).max ({limit:,.0f})."
     product = value * largest
     cast = torch.tensor(product, dtype=torch.float64).to(dtype).item()
     require(math.isfinite(cast), exercise, f"`safe_scale` = {value:g}: {value:g} x {largest:.6g} = {product:,.6g}, "
             f"which the cast to {name} rounds to inf.", fix)
-    require(value >= right, exercise, f"`safe_scale` = {value:g} is one power short or more: a larger power of two "
-            f"still keeps the largest gradient at most {limit:,.0f}.", fix)
-    return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes "
-                            + (f"{product:,.6g}, above {limit:,.0f}: cast to {name} it rounds to {cast:,.0f}, still "
-                               "finite" if product > limit else
-                               f"{product:,.0f}, {'below' if round(product) < limit else 'at most'} {limit:,.0f}"))
+    require(value >= 2.0 ** math.floor(math.log2(limit / largest)), exercise, f"`safe_scale` = {value:g} is one "
+            f"power short or more: a larger power of two still keeps the largest gradient at most {limit:,.0f}.", fix)
+    becomes = (f"{product:,.6g}, above {limit:,.0f}: cast to {name} it rounds to {cast:,.0f}, still finite"
+               if product > limit else f"{product:,.0f}, {'below' if round(product) < limit else 'at most'} "
+                                       f"{limit:,.0f}")
+    return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes {becomes}")
 
 
 _ORDER = ("once each, in GradScaler's order: scaler.scale(loss).backward(), then scaler.step(optimizer), then "
@@ -90,17 +86,17 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str,
     images, labels = torch.randn(16, 32, device=device), torch.randint(0, 10, (16,), device=device)
     for p in model.parameters():
         p.grad = torch.full_like(p, 1e3)  # the previous step's gradients, which the step must clear
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # its state shows it was stepped
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=1)
     dtypes = []
     hook = model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
     try:
         if amp_step is not None:
             def refused(err):  # GradScaler's own refusal gets the order as its fix, unless the weights are fp16
+                half = any(p.dtype == torch.float16 for p in model.parameters())
                 said_by = traceback.extract_tb(err.__traceback__)[-1].filename
-                return attendee_error(err, amp_step, exercise, "amp_step", _HALF if any(
-                    p.dtype == torch.float16 for p in model.parameters()) else _ORDER if "grad_scaler" in said_by
-                    else None)
+                return attendee_error(err, amp_step, exercise, "amp_step",
+                                      _HALF if half else _ORDER if "grad_scaler" in said_by else None)
 
             loss = called(amp_step, exercise, "amp_step", model, images, labels, optimizer, scaler, failure=refused)
         else:
@@ -113,7 +109,7 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str,
             scaler.update()
     finally:
         hook.remove()
-    return model, scaler, loss, dtypes
+    return model, scaler, loss, dtypes, optimizer
 
 
 def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, tolerance: float = 0.02) -> bool:
@@ -129,19 +125,21 @@ def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, toler
 
 @checked
 def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3") -> bool:
-    """``amp_step`` against the textbook step: with a scale that overflows (the step skipped, the scale halved)
-    and one that fits (the weights moved as a correct fp16 step moves them, the scale grown)."""
+    """``amp_step`` against the textbook step, with a scale that overflows (skipped, halved) and one that fits."""
     attendee_function(amp_step, exercise, "amp_step", "model, images, labels, optimizer, scaler")
     device = as_device(device, exercise)
     scale, overflow = 2.0**8, 2.0**40  # 2**40 times a logit gradient of order 1/16 is far beyond fp16's 65,504
     start = _amp_model(device)
-    model, scaler, loss, dtypes = _amp_trial(amp_step, device, scale, exercise)
+    model, scaler, loss, dtypes, optimizer = _amp_trial(amp_step, device, scale, exercise)
     require(loss is not None, exercise, "`amp_step` returns nothing.", "end it with `return loss`.")
     require(bool(dtypes), exercise, "`amp_step` never ran the model.", "compute the loss from model(images).")
     require(dtypes[0] == torch.float16, exercise, f"the forward pass ran in {dtypes[0]}, not float16.",
-            f"compute the output and the loss inside `with wu.autocast('fp16', device):`, an autocast for "
-            f"{device.type} (one for another device, such as torch.cuda.amp.autocast on a CPU, does nothing here).")
-    skipped, skipped_scaler, _, _ = _amp_trial(amp_step, device, overflow, exercise)
+            f"compute the output and the loss inside `with wu.autocast('fp16', device):`, an autocast "
+            f"for {device.type} (one for another device, such as torch.cuda.amp.autocast on a CPU, does nothing here).")
+    # GradScaler sets its _scale on the first scaler.scale(loss): still None, the step scaled with another one
+    require(scaler._scale is not None, exercise, "`amp_step` never used the `scaler` it is given: a GradScaler made "
+            "in the step starts from its first scale every step.", "scale, step and update through `scaler`.")
+    skipped, skipped_scaler, *_ = _amp_trial(amp_step, device, overflow, exercise)
     require(_same_update(skipped, start, start, tolerance=0), exercise,
             "a step whose gradients overflowed changed the weights.",
             "let scaler.step(optimizer) decide: do not call optimizer.step() yourself.")
@@ -149,10 +147,10 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     def scaled(scaler, before: float, after: float, when: str) -> None:  # GradScaler halves, or doubles, once
         require(scaler.get_scale() == after, exercise, f"after {when} the scale went from 2^{math.log2(before):g} to "
                 f"2^{math.log2(scaler.get_scale()):g}, not 2^{math.log2(after):g}.",
-                "call scaler.update() once per step, after scaler.step(optimizer).")
+                "call scaler.update() once per step, with no argument, after scaler.step(optimizer).")
 
     scaled(skipped_scaler, overflow, overflow / 2, "an overflow")
-    reference, _, reference_loss, _ = _amp_trial(None, device, scale, exercise)
+    reference, _, reference_loss, *_ = _amp_trial(None, device, scale, exercise)
     if not _same_update(model, reference, start):  # named where the step that forgets zero_grad moves it alike
         stale = _same_update(model, _amp_trial(None, device, scale, exercise, zero_grad=False)[0], start)
         raise NotYet(f"✗ {exercise}: " + ("the previous step's gradients were added to this step's: the exercise "
@@ -161,11 +159,13 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
                      "call optimizer.zero_grad(set_to_none=True) at the start of the step, as item 1 of the exercise "
                      "says." if stale else "zero the gradients, forward and loss under autocast, "
                      "scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update().")
-    returned = number(loss, exercise, "returned loss", "one number (the loss tensor)")
+    require(all(optimizer.state.get(p) for p in model.parameters()), exercise, "`amp_step` stepped an optimizer of "
+            "its own, not the `optimizer` it is given: made anew every step, it loses its state and settings.",
+            "step the `optimizer` argument: scaler.step(optimizer).")
+    returned = number(loss, exercise, "loss", "one number (the loss tensor)", returned_by="amp_step")
     right = reference_loss.item()
-    require(math.isclose(returned, right, rel_tol=1e-2), exercise,
-            f"`amp_step` returns {returned:.4g}, not the batch's loss"
-            + (", but the scaled loss." if math.isclose(returned, scale * right, rel_tol=1e-2) else "."),
+    require(math.isclose(returned, right, rel_tol=1e-2), exercise, f"`amp_step` returns {returned:.4g}, not the "
+            "batch's loss" + (", but the scaled loss." if math.isclose(returned, scale * right, rel_tol=1e-2) else "."),
             "return the loss computed under autocast, before scaler.scale.")
     scaled(scaler, scale, 2 * scale, "a clean step")
     return passed(exercise, "fp16 forward, scaled backward, overflowing step skipped, scale halved after it "

@@ -194,9 +194,15 @@ class Judge:
                            f"{j['min']}{'' if j['min'] == j['max'] else ':' + str(j['max'])}"
                            + (f", --node-rank {j['node_rank']}" if j["node_rank"] is not None else "")
                            + f", id {show(j['store'][2], 20)})" for j in joins)
+        fixes = [fix for fix, off in (
+            ('--nnodes="$SLURM_JOB_NUM_NODES"', any((j["min"], j["max"]) != (self.nodes,) * 2 for j in joins)),
+            ("--rdzv-backend=c10d", any(j["backend"] != "c10d" for j in joins)),
+            ('--rdzv-id="$SLURM_JOB_ID"', len({j["store"][2] for j in joins}) > 1),
+            (RDZV_FIX, len({(j["target"], j["port"]) for j in joins}) != 1 or joins[0]["target"] != 0)) if off]
+        fixes = fixes or ['--nnodes="$SLURM_JOB_NUM_NODES"', "--rdzv-backend=c10d", '--rdzv-id="$SLURM_JOB_ID"',
+                          RDZV_FIX]  # only what is off, where the joins show it
         return (f"{self.where}the launch {self.launch('--nnodes')} ran wrong: the torchrun agents {met} (they waited: "
-                f"{waited or 'none joined'}). Fix: --nnodes=\"$SLURM_JOB_NUM_NODES\", --rdzv-backend=c10d, "
-                f"--rdzv-id=\"$SLURM_JOB_ID\" and {RDZV_FIX}.")
+                f"{waited or 'none joined'}). Fix: {', '.join(fixes[:-1])}{' and ' * (len(fixes) > 1)}{fixes[-1]}.")
 
     def training_setup(self) -> str | None:
         """The training processes: one world, one core and thread each, the script's arguments, their log."""
@@ -209,6 +215,12 @@ class Judge:
         if any(t.get("world_size") != str(world) for t in self.trainings):
             return (f"{where}the training processes formed a world of {first.get('world_size')}, not {world}. "
                     f"Fix: {LAUNCH_FIX}.")
+        asked = self.o.run.options.get("cpus-per-task")
+        if threads == "1" and asked == str(cores) != str(spec.cores_per_task):  # the request, not the launch, is off
+            return (f"{where}#SBATCH --cpus-per-task={asked}{line_of(self.script, '#SBATCH --cpus-per-task')} gives "
+                    f"the launch's task {cores} core(s) for its {spec.procs_per_node} training processes (the launch "
+                    f"{self.launch()}), where the exercise gives each process one core. Fix: #SBATCH --cpus-per-task, "
+                    "one core for each training process.")
         if threads != "1" or cores != spec.cores_per_task:
             srun = next((s for s in self.sruns if s["pid"] == self.agents[0]["ppid"]), {})
             bare = ("" if (srun.get("options") or {}).get("cpus-per-task") else ", srun starts torchrun without "

@@ -10,17 +10,18 @@ import numpy as np
 
 from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
-from ..system.errors import WorkshopError
 from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import attendee_function, called, checked, count, described, number, short, verdict
+from .exercise_judging import (attendee_function, called, checked, count, described, kit_input, number, short,
+                               verdict)
 
 
 def constructed_loader_sweep(pinned: bool = True):
     """A loader sweep with ``dataloader_sweep``'s columns where each mistake of 4.1 gives its own answer: (table,
-    starting row). The start is no extreme row; the row that waits least is not the fastest."""
+    starting row). The start is no extreme row; the fastest row waits neither least nor most, is unpinned and has no
+    worker (the fastest of the pinned rows, or of those with workers, is another)."""
     import pandas as pd
 
-    rows = [(8, False, 1700.0, 0.10), (0, False, 1000.0, 0.55), (4, False, 1900.0, 0.12), (2, False, 1600.0, 0.25)]
+    rows = [(8, False, 1700.0, 0.10), (0, False, 2100.0, 0.12), (4, False, 1000.0, 0.30), (2, False, 1200.0, 0.25)]
     if pinned:
         rows += [(0, True, 1050.0, 0.50), (2, True, 1650.0, 0.04), (4, True, 2000.0, 0.08), (8, True, 1750.0, 0.18)]
     # a batch of 64 at every row (step_ms_median), and an MFU that grows with the throughput
@@ -54,67 +55,70 @@ def _judge_loader(answers, sweep, start, exercise: str) -> tuple[int, float, flo
                         if format_number(float(row.samples_per_s)) == shown}, exercise,
             f"`best_workers` = {workers} is not the num_workers of the fastest row ({shown} samples/s).",
             "take the num_workers of the row with the highest samples_per_s.")
-    speedup = number(answers[1], exercise, "measured_speedup", "one number, a ratio")
-    right = float(fastest.samples_per_s / start.samples_per_s)
+    speedup, right = number(answers[1], exercise, "measured_speedup", "one number, a ratio"), float(
+        fastest.samples_per_s / start.samples_per_s)
     # the notebook's text names this one: where the start is the fastest row, upside down is 1 all the same
     verdict(speedup, right, exercise, "measured_speedup", [
         (1 / right, "upside down.", "divide the fastest row's samples/s by the starting row's.")],
         "the fastest row's samples_per_s / `start`'s (the function's argument, not a row you pick).",
         inputs=f"{shown} samples/s / `start`'s {format_number(float(start.samples_per_s))}")
-    bound = number(answers[2], exercise, "amdahl_bound", "one number, a ratio")
-    wait = float(start.data_wait_fraction)
-    if not 0 <= wait < 1:
-        raise WorkshopError(f"{exercise}: the starting row's data_wait_fraction is {wait}.", "pass the measured sweep.")
+    bound, wait = number(answers[2], exercise, "amdahl_bound", "one number, a ratio"), float(start.data_wait_fraction)
+    kit_input(0 <= wait < 1, f"{exercise}: the starting row's data_wait_fraction is {wait}.",
+              "pass the measured sweep.")
     verdict(bound, 1 / (1 - wait), exercise, "amdahl_bound", [],
             "Amdahl's ceiling: 1 / (1 - f), f `start`'s data_wait_fraction (the function's argument).",
             inputs=f"1 / (1 - f), f = {wait:.4g}, `start`'s data_wait_fraction")
     return workers, speedup, bound
 
 
-@checked
-def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercise: str = "Exercise 4.1") -> bool:
-    """``loader_choice(sweep, start)``: the fastest row's workers, its speed-up over ``start``, and Amdahl's ceiling
-    1 / (1 - f) at ``start``; judged on the measured sweep and on ``constructed_loader_sweep``."""
-    attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
-    rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
-    if rows.empty:
-        raise WorkshopError(f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
-                            "pass the table the notebook measured.")
-    start = rows.iloc[0]
-    measured = _loader_answers(loader_choice, loader_sweep, start, exercise)
-    workers, speedup, bound = _judge_loader(measured, loader_sweep, start, exercise)
-    table, table_start = constructed_loader_sweep(pinned=bool(loader_sweep.pin_memory.any()))
-    second = f"{exercise}: on a second sweep, built by the check so that each mistake gives its own answer"
-    built = _loader_answers(loader_choice, table, table_start, second)
-    fastest = table.loc[table.samples_per_s.idxmax()]
-    right_built = (int(fastest.num_workers), float(fastest.samples_per_s / table_start.samples_per_s),
-                   1 / (1 - float(table_start.data_wait_fraction)))
-    same_as_measured = all(_same_answer(a, b) for a, b in zip(built, measured))
-    require(not (same_as_measured and not all(_same_answer(a, b) for a, b in zip(built, right_built))), exercise,
-            "on a second sweep the check built, `loader_choice` gave the same answers as on yours: it reads the "
-            "notebook's variables, not its arguments.", "compute from `sweep` and `start`, the function's arguments.")
-    _judge_loader(built, table, table_start, second)
-    if speedup > 1.02 * bound:
-        return passed(exercise, f"{workers} workers: {speedup:.2f}x measured exceeds the {bound:.2f}x ceiling that "
-                                "the starting row's wait allows, so part of that gain is not the loader's (noise, "
-                                "or the step itself changed)")
-    return passed(exercise, f"{workers} workers: {speedup:.2f}x measured, "
-                            + (f"within the {bound:.2f}x that Amdahl allows" if speedup <= bound else
-                               f"above the {bound:.2f}x that Amdahl allows by less than 2%, a measurement's noise"))
-
-
-def _same_answer(a, b) -> bool:
+def _same_answers(some, others) -> bool:
     try:
-        return math.isclose(float(a), float(b), rel_tol=1e-6)
+        return all(math.isclose(float(a), float(b), rel_tol=1e-6) for a, b in zip(some, others))
     except Exception:  # noqa: BLE001 - answers that are no numbers are judged, and named, elsewhere
         return False
 
 
 @checked
+def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercise: str = "Exercise 4.1") -> bool:
+    """``loader_choice(sweep, start)``: the fastest row's workers, its speed-up over ``start`` and Amdahl's ceiling
+    1 / (1 - f) at ``start``, judged on the measured sweep and on ``constructed_loader_sweep``."""
+    attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
+    rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
+    kit_input(not rows.empty, f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
+              "pass the table the notebook measured.")
+    measured = _loader_answers(loader_choice, loader_sweep, rows.iloc[0], exercise)
+    workers, speedup, bound = _judge_loader(measured, loader_sweep, rows.iloc[0], exercise)
+    table, start = constructed_loader_sweep(pinned=bool(loader_sweep.pin_memory.any()))
+    second = f"{exercise}: on a second sweep, built by the check so that each mistake gives its own answer"
+    built = _loader_answers(loader_choice, table, start, second)
+    fastest = table.loc[table.samples_per_s.idxmax()]
+    right = (fastest.num_workers, fastest.samples_per_s / start.samples_per_s, 1 / (1 - start.data_wait_fraction))
+    require(not _same_answers(built, measured) or _same_answers(built, right), exercise,
+            "on a second sweep the check built, `loader_choice` gave the same answers as on yours: it reads the "
+            "notebook's variables, not its arguments.", "compute from `sweep` and `start`, the function's arguments.")
+    _judge_loader(built, table, start, second)
+    gain = (f" exceeds the {bound:.2f}x ceiling that the starting row's wait allows, so part of that gain is not the "
+            "loader's (noise, or the step itself changed)" if speedup > 1.02 * bound else
+            f", within the {bound:.2f}x that Amdahl allows" if speedup <= bound else
+            f", above the {bound:.2f}x that Amdahl allows by less than 2%, a measurement's noise")
+    return passed(exercise, f"{workers} workers: {speedup:.2f}x measured{gain}")
+
+
+def _largest_batches(limit: float, intercept: float, slope: float) -> list[int]:
+    """The largest whole batch within the limit, first. Where the line meets the limit at a whole batch (to within
+    how the line was fitted: a hair either side), that batch and the one below, which floor division of the hair
+    below gives, are both right."""
+    exact = (limit - intercept) / slope
+    whole = round(exact)
+    if abs(intercept + slope * whole - limit) <= 1e-10 * max(abs(limit), abs(intercept)):
+        return [whole, whole - 1] if whole > 0 else [whole]  # no batch below 0
+    return [math.floor(exact)]
+
+
+@checked
 def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: float,
                        exercise: str = "Exercise 4.2") -> bool:
-    """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib`` (set
-    by the exercise cell: a value that is no limit is the attendee's to fix)."""
+    """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``."""
     try:
         limit = number(limit_mib, exercise, "limit_mib")
     except NotYet:  # the placeholder too: the cell's first line, not the answer
@@ -122,54 +126,75 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
     require(limit > 0, exercise, f"`limit_mib` = {short(repr(limit_mib), 40)} is no memory limit: it should be a "
             "number of MiB above 0.", "keep the cell's first line, limit_mib = hp[\"memory_cap_mib\"] or the GPU's "
                                       "free memory in MiB.")
-    limit_mib, fitted = limit, batch_sweep[batch_sweep.status == "ok"]
-    if len(fitted) < 2:
-        raise WorkshopError(f"{exercise}: only {len(fitted)} batch size fit, and a line needs two.",
-                            "sweep from a smaller start batch or with a larger memory cap.")
-    slope, intercept = (float(v) for v in np.polyfit(fitted.batch_size.astype(float),
-                                                      fitted.peak_memory_mib.astype(float), 1))
-    if not slope > 0:
-        raise WorkshopError(f"{exercise}: the measured peak memory does not grow with the batch (slope {slope:.3g}).",
-                            "sweep again: on a shared machine another process can move the peak.")
+    columns = list(getattr(batch_sweep, "columns", []))
+    got = short(f"a table of columns {columns}", 80) if hasattr(batch_sweep, "columns") else described(batch_sweep)
+    kit_input({"batch_size", "status", "peak_memory_mib"} <= set(columns), f"{exercise}: `batch_sweep` should be the "
+              f"sweep's table, got {got}.", "pass `batch_sweep`, the table the sweep cell made, as the check cell "
+                                            "does.")
+    import pandas as pd
+
+    fitted = batch_sweep[batch_sweep.status == "ok"]
+    batches, peaks = (pd.to_numeric(fitted[c], errors="coerce").astype(float) for c in ("batch_size",
+                                                                                        "peak_memory_mib"))
+    unread = fitted[~(np.isfinite(batches) & np.isfinite(peaks))]
+    first = unread.iloc[0] if len(unread) else {}
+    cells = [repr(v) if isinstance(v, str) else str(v) for v in (first.get(c) for c in ("batch_size",
+                                                                                       "peak_memory_mib"))]
+    kit_input(unread.empty, f"{exercise}: a row of the sweep that fit has no finite number for its batch_size or "
+              f"peak_memory_mib: batch_size = {short(cells[0], 30)}, peak_memory_mib = {short(cells[1], 30)}.",
+              "sweep again, or drop that row from `batch_sweep` before the check.")
+    sizes = batches.nunique()
+    kit_input(sizes >= 2, f"{exercise}: only {sizes} batch size fit, and a line needs two.",
+              "sweep from a smaller start batch or with a larger memory cap.")
+    slope, intercept = (float(v) for v in np.polyfit(batches, peaks, 1))
+    # a flat sweep fits a slope of float noise (2e-16), not 0: growth below a millionth of the peak is none
+    kit_input(slope * np.ptp(batches) > 1e-6 * peaks.abs().max(), f"{exercise}: the measured peak memory grows by "
+              f"less than a millionth of itself across the sweep (slope {slope:.3g} MiB a sample): too little for a "
+              "line to tell the batch that fits.",
+              "sweep again: on a shared machine another process can move the peak.")
+    where = "at" if limit == intercept else "below"
+    require(limit > intercept, exercise, f"`limit_mib` = {limit:.4g} MiB is {where} the line's intercept "
+            f"({intercept:,.1f} MiB): no batch fits in it.", "keep the cell's first line, limit_mib = "
+                                                             "hp[\"memory_cap_mib\"] or the GPU's free memory in MiB.")
     value = number(mib_per_sample, exercise, "mib_per_sample", "one number, in MiB per sample")
     verdict(value, slope, exercise, "mib_per_sample", [], "fit a line through (batch_size, peak_memory_mib) of the "
             "rows whose status is 'ok' (np.polyfit(x, y, 1) returns the slope, then the intercept), in MiB.",
             inputs=f"the least-squares slope through the {len(fitted)} rows that fit")
     largest = count(largest_batch, exercise, "largest_batch", "a whole number of samples")
-    right = math.floor((limit_mib - intercept) / slope)
-    from_given = math.floor((limit_mib - intercept) / value) if value > 0 else None  # the slope as they rounded it
     no_intercept = ("that leaves the intercept out: at batch b the line is intercept + slope x b.",
                     "the line includes the intercept: solve intercept + slope * b <= limit.")
-    verdict(largest, right, exercise, "largest_batch", [(math.floor(limit_mib / s), *no_intercept)
-                                                        for s in (slope, value) if s > 0],
-        "the largest whole batch b with intercept + slope * b <= limit_mib.", whole=True, also=[from_given],
-        inputs=f"intercept {intercept:,.1f} MiB + {slope:.4g} MiB x b <= {limit_mib:,.0f} MiB")
-    return passed(exercise, f"{value:.2f} MiB per sample; up to batch {largest:,} in {limit_mib:,.0f} MiB")
+    right, *exactly = _largest_batches(limit, intercept, slope)
+    verdict(largest, right, exercise, "largest_batch",
+            [(math.floor(limit / s), *no_intercept) for s in (slope, value) if s > 0],
+            "the largest whole batch b with intercept + slope * b <= limit_mib.", whole=True,
+            # the slope as they rounded it; not the intercept: near the limit its rounding moves the batch by hundreds
+            also=[*exactly, *(_largest_batches(limit, intercept, value) if value > 0 else [])],
+            inputs=f"intercept {intercept:,.1f} MiB + {slope:#.4g} MiB x b <= {limit:,.0f} MiB")
+    return passed(exercise, f"{value:.3g} MiB per sample; up to batch {largest:,} in {limit:,.0f} MiB")
 
 
 @checked
 def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
-    """The top rung's largest part of the step, and Amdahl's speed-up if it ran twice as fast; parts that tie as
-    wu.show_table shows them are each right."""
-    parts = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]
-    top = breakdown.iloc[-1]
-    largest = format_number(max(float(top[part]) for part in parts))
-    require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.",
-                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    """The top rung's largest part (parts that tie as wu.show_table shows them all are), and Amdahl's speed-up of
+    the step if that part ran twice as fast."""
+    kit_input(hasattr(breakdown, "columns"), f"{exercise}: `breakdown` should be the table, got "
+              f"{described(breakdown)}.", "pass `breakdown`, the whole table, as the check cell does.")
+    parts, top = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"], breakdown.iloc[-1]
+    require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.")
     require(isinstance(biggest_phase, str), exercise,
             f"`biggest_phase` should be a column name (text), got {described(biggest_phase)}.",
             f"assign the name of one of {', '.join(parts)}.")
     phase = biggest_phase if biggest_phase.endswith("_ms") else f"{biggest_phase}_ms"
     require(phase != "step_ms", exercise, "step_ms is the whole step, not a part of it.",
             f"compare only the parts: {', '.join(parts)}.")
-    require(phase in parts, exercise, f"`biggest_phase` = {short(repr(biggest_phase), 40)} is no column of the table.",
+    require(phase in parts, exercise, f"`biggest_phase` = {short(repr(biggest_phase), 40)} is no column of the "
+            "step's parts.",
             f"use one of {', '.join(parts)}.")
-    require(format_number(float(top[phase])) == largest, exercise,
-            f"{phase} is not the top rung's largest part: in the last row it takes {format_number(float(top[phase]))} "
-            "ms, less than another part.",
+    taken = format_number(float(top[phase]))
+    require(taken == format_number(max(float(top[part]) for part in parts)), exercise,
+            f"{phase} is not the top rung's largest part: in the last row it takes {taken} ms, less than another part.",
             "compare every _ms column of the last row (breakdown.iloc[-1]) but step_ms.")
-    speedup = number(step_speedup, exercise, "step_speedup", "one number, a ratio")
-    raw = top[phase] / top.step_ms
+    speedup, raw = number(step_speedup, exercise, "step_speedup", "one number, a ratio"), top[phase] / top.step_ms
     share = min(1.0, raw)
     # the exercise says f is at most 1: taken uncapped, it is named
     verdict(speedup, 1 / ((1 - share) + share / 2), exercise, "step_speedup", [

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from ..lessons.slurm_jobs import find_slurm, job_env, job_records, submit, wait_for
 from ..system.errors import WorkshopError
-from .answer_values import Problem, kind, kit_failure, number_of, show
-from .exercise_cells import NotYet, Unsolved, exercise_check, passed
+from .answer_values import Problem, kind, number_of, show
+from .exercise_cells import NotYet, Unsolved, passed
+from .exercise_judging import checked
 from .job_script import EXERCISE, GAPS, JOB_SCRIPT, JOB_SPEC, NEEDED_S, TRAINING, JobSpec, fill_job_script
 from .job_script_run import namespaces_problem
 from .job_script_static import read_directives, request_problem, syntax_problem, text_problem
@@ -121,25 +122,20 @@ def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, uns
     return folder
 
 
-@exercise_check
+@checked
 def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: str = EXERCISE) -> bool:
     """Judge the script (or ``JOB_SCRIPT`` filled from a dict) against ``JOB_SPEC``, then on the cluster."""
     _check_call(exercise, jobs_dir, timeout_s)
     if script is ...:
         raise Unsolved(f"… {exercise}: not yet solved: fill the gaps of the job script.",
                        "each is what goes after its flag in the script.")
-    try:
-        if isinstance(script, dict):
-            script = fill_job_script(script, exercise)
-        elif not isinstance(script, str):
-            raise NotYet(f"✗ {exercise}: the answer is {kind(script)}: the check takes the dict of answers "
-                         "(answers = dict(nodes=..., ...)) or the whole script as text.",
-                         "fill the dict in the exercise cell and pass it.")
-        problem = script_problem(script)
-    except WorkshopError:
-        raise
-    except Exception as err:
-        raise kit_failure(exercise, err) from err
+    if isinstance(script, dict):
+        script = fill_job_script(script, exercise)
+    elif not isinstance(script, str):
+        raise NotYet(f"✗ {exercise}: the answer is {kind(script)}: the check takes the dict of answers "
+                     "(answers = dict(nodes=..., ...)) or the whole script as text.",
+                     "fill the dict in the exercise cell and pass it.")
+    problem = script_problem(script)
     unrun = namespaces_problem()
     how = (f"its #SBATCH lines read right; its commands were not run here ({unrun})" if unrun else
            "bash ran it right in a simulated job, on 1 node and on 2")
@@ -223,7 +219,7 @@ def _sweep_line(number: int, line: str) -> float | None:
     if others and given.get("lr") is not None:  # a line with no --lr is named with the others that have none
         flags_shown = ", ".join("--" + name.replace("_", "-") for name in others)
         raise Problem(f"line {number} ({shown}) also sets {flags_shown}: a task's flags come after the sweep's shared "
-                      "ones and override them, so that task would not be the same run at another learning rate. "
+                      "ones and override them, and the exercise's lines vary the learning rate alone. "
                       "Fix: only --lr on each line, e.g. \"--lr 0.01\".")
     lr = given.get("lr")
     return None if lr is None else float(lr)
@@ -247,18 +243,22 @@ def _learning_rates(values) -> list[float]:
     return rates
 
 
+def _as_list(lines):
+    """A NumPy array or a pandas Series of lines, read as the list it holds."""
+    return lines.tolist() if hasattr(lines, "tolist") else lines
+
+
 def sweep_problem(lines, spec, values) -> str | None:
     """The first mistake in a sweep file's ``lines`` and its ``--array`` spec for the learning rates ``values``."""
     try:
-        return _sweep_problem(lines, spec, _learning_rates(values))
+        return _sweep_problem(_as_list(lines), spec, _learning_rates(values))
     except Problem as problem:
         return str(problem)
 
 
 def _sweep_problem(lines, spec, values: list[float]) -> str | None:
-    if lines is None or not isinstance(lines, (list, tuple)):
-        what = "is None" if lines is None else f"is {kind(lines)}"
-        return (f"sweep_lines {what}: it must be a list of strings, one line of flags per task. Fix: e.g. "
+    if not isinstance(lines, (list, tuple)):
+        return (f"sweep_lines is {kind(lines)}: it must be a list of strings, one line of flags per task. Fix: e.g. "
                 "[\"--lr 0.02\", ...].")
     wrong = next((k for k, line in enumerate(lines) if not isinstance(line, str)), None)
     if wrong is not None:
@@ -274,7 +274,7 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
     if len(set(read)) < len(read):
         return (f"the lines set learning rates {read}: some tasks train the same run twice. Fix: one learning "
                 "rate per line.")
-    if read != values:
+    if not all(math.isclose(got, want, rel_tol=1e-9) for got, want in zip(read, values)):  # 0.1 * 0.1 is 0.01
         return f"the lines set {read}, not {values}. Fix: the learning rates in their given order."
     if not isinstance(spec, str):
         return f"`array` is {kind(spec)}, not the text that goes after --array=. Fix: FIRST-LAST, as text."
@@ -295,7 +295,7 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
     return None
 
 
-@exercise_check
+@checked
 def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout_s: float = 300,
                       exercise: str = SWEEP) -> bool:
     """Judge the sweep's lines and array spec, then run and gather the array where Slurm answers."""
@@ -305,16 +305,10 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
     if sweep_lines is ... or array is ...:
         raise Unsolved(f"… {exercise}: not yet solved: write sweep_lines and array.",
                        "one line of flags per learning rate; --array names the task ids.")
-    try:
-        problem = sweep_problem(sweep_lines, array, values)
-    except WorkshopError:
-        raise
-    except Exception as err:
-        raise kit_failure(exercise, err) from err
-    if problem:
-        _refuse(exercise, problem)
-    folder = _text_then_cluster(exercise, None, f"{len(sweep_lines)} tasks read their lines", "they were not run here",
-                                "ex62", jobs_dir)
+    sweep_lines = _as_list(sweep_lines)
+    problem = sweep_problem(sweep_lines, array, values)
+    folder = _text_then_cluster(exercise, problem, problem or f"{len(sweep_lines)} tasks read their lines",
+                                "they were not run here", "ex62", jobs_dir)
     if folder is None:
         return True
     (folder / "sweep.txt").write_text("\n".join(sweep_lines) + "\n")
@@ -325,10 +319,8 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
                      "--output=%x-%A_%a.out"], cwd=folder, env=env)
     code = "import sys, workshop_utils as wu; print(wu.gather_array(*sys.argv[1:]).to_string(index=False))"
     gather = submit(None, options=[f"--dependency=afterok:{job_id}", "--job-name=ex62-gather", "--time=00:05:00",
-                                   "--output=%x-%j.out",
-                                   "--wrap=" + " ".join(shlex.quote(a) for a in ["python", "-c", code,
-                                                                                  f"wu-sweep-{job_id}",
-                                                                                  f"wu-sweep-{job_id}/sweep.csv"])],
+                                   "--output=%x-%j.out", "--wrap=" + shlex.join(
+                                       ["python", "-c", code, f"wu-sweep-{job_id}", f"wu-sweep-{job_id}/sweep.csv"])],
                     cwd=folder, env=env)
     wait_for([job_id, gather], timeout_s=timeout_s)
     table = folder / f"wu-sweep-{job_id}" / "sweep.csv"
@@ -338,7 +330,7 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
     gathered = gather_array(table.parent)
     rates = sorted(float(v) for v in gathered["lr"]) if "lr" in gathered else []
     wanted = sorted(_learning_rates(values))
-    if rates != wanted:
+    if len(rates) != len(wanted) or not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(rates, wanted)):
         raise NotYet(f"✗ {exercise}: the gathered table holds learning rates {rates}, not {wanted}.",
                      f"read {table}.")
     return passed(exercise, f"array {job_id}: {len(gathered)} tasks, one per learning rate, gathered by job {gather}")

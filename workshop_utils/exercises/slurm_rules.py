@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import math
 import re
+import shlex
 import signal as signals
 
 from .answer_values import Problem, show
@@ -310,40 +311,16 @@ MAGIC = ("#SBATCH", "#SLURM")  # sbatch reads both (the second with a warning)
 
 
 def sbatch_arguments(rest: str) -> list[str]:
-    """The arguments of one ``#SBATCH`` line as sbatch's ``get_argument`` splits them: white space between,
-    quotes and backslashes as in a shell, an unquoted # starting a comment, an empty argument ending the line.
-    ``Problem`` for an unmatched quote, which stops sbatch."""
-    arguments, i, n = [], 0, len(rest)
-    while i < n:
-        while i < n and rest[i].isspace():
-            i += 1
-        if i >= n:
-            break
-        argument, quote, copied = "", "", False
-        while i < n and (quote or not rest[i].isspace()):
-            ch = rest[i]
-            if ch == "\\":  # the next character as it is; a backslash at the line's end vanishes
-                argument, i, copied = argument + rest[i + 1:i + 2], i + 2, copied or i + 1 < n
-                continue
-            if quote:
-                if ch == quote:
-                    quote = ""
-                    i += 1
-                    continue
-            elif ch in "\"'":
-                quote, i = ch, i + 1
-                continue
-            elif ch == "#":
-                break
-            argument, i, copied = argument + ch, i + 1, True
-        if quote:
-            raise Problem(f"sbatch stops at the unmatched {quote} in #SBATCH{show(rest)}. Fix: close the quote.")
-        if not copied:
-            break  # get_argument returns nothing for "" or a comment: the rest of the line is not read
-        arguments.append(argument)
-        if i < n and rest[i] == "#":
-            break
-    return arguments
+    """The arguments of one ``#SBATCH`` line as sbatch's ``get_argument`` splits them: as a shell would, an unquoted
+    # starting a comment, an empty argument ending the line; ``Problem`` for a quote that does not close."""
+    lexer = shlex.shlex(rest, posix=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    try:
+        words = list(lexer)
+    except ValueError:
+        raise Problem(f"sbatch stops at a quote that does not close in #SBATCH{show(rest)}. Fix: close the quote.") \
+            from None
+    return words[:words.index("")] if "" in words else words
 
 
 def directives_and_first_command(script: str) -> tuple[list[str], str | None, bool]:

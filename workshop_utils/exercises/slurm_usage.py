@@ -35,24 +35,21 @@ def next_request(usage: dict) -> tuple[int, int]:
 
 def _usage_numbers(usage) -> dict:
     """The job's use as plain numbers; ``WorkshopError`` for what ``lesson.usage`` would never return."""
-    if not isinstance(usage, dict):
-        raise WorkshopError(f"usage is {kind(usage)}, not what lesson.usage(job) returns.",
-                            "pass the dict that lesson.usage(job) returned.")
+    fix = "pass the dict that lesson.usage(job) returned."
+    if not isinstance(usage, dict) or not set(USAGE_KEYS) <= set(usage):
+        what = f"has no {', '.join(repr(k) for k in USAGE_KEYS if k not in usage)}" if isinstance(usage, dict) else \
+            f"is {kind(usage)}"
+        raise WorkshopError(f"usage {what}: not what lesson.usage(job) returns.", fix)
     read = {}
-    missing = [key for key in USAGE_KEYS if key not in usage]
-    if missing:
-        raise WorkshopError(f"usage has no {', '.join(map(repr, missing))}: not what lesson.usage(job) returns.",
-                            "pass the dict that lesson.usage(job) returned.")
     for key in USAGE_KEYS:
         try:
             read[key] = number_of(usage[key])
         except Problem as problem:
-            raise WorkshopError(f"usage[{key!r}] {problem}: not what lesson.usage(job) returns.",
-                                "pass the dict that lesson.usage(job) returned.") from None
+            raise WorkshopError(f"usage[{key!r}] {problem}: not what lesson.usage(job) returns.", fix) from None
     if min(read["elapsed_s"], read["time_limit_s"], read["cpus"], read["max_rss_mib"]) <= 0 or min(
             read["gpus"], read["cpu_time_s"]) < 0:
         raise WorkshopError(f"usage {show({k: usage.get(k) for k in USAGE_KEYS}, 200)} holds a count or time below "
-                            "what a finished job can have.", "pass the dict that lesson.usage(job) returned.")
+                            "what a finished job can have.", fix)
     return read
 
 
@@ -157,19 +154,17 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                     exercise: str = USAGE, cell: str | None = None) -> bool:
     """Each answer against the same arithmetic on ``usage``; then, where the exercise cell can be run again,
     its answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
-    given = dict(zip(ANSWERS, (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)))
-    answers = {name: number(value, exercise, name) for name, value in given.items()}
+    given = (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)
+    answers = {name: number(value, exercise, name) for name, value in zip(ANSWERS, given)}
     read = _usage_numbers(usage)
     _judge_usage(answers, read, exercise)
-    namespace: dict = {}
-    if cell is None and not _RERUNNING:
-        cell, namespace = _exercise_cell()
-    again = _run_cell(cell, namespace or {}, usage) if isinstance(cell, str) and not _RERUNNING else None
-    judged_elsewhere, earlier = False, []
+    cell, namespace = (cell, {}) if cell is not None or _RERUNNING else _exercise_cell()
+    namespace, judged_elsewhere, earlier = namespace or {}, False, []
+    again = _run_cell(cell, namespace, usage) if isinstance(cell, str) and not _RERUNNING else None
     # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
     # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.
     if again is not None and all(math.isclose(again[n], answers[n], rel_tol=1e-9, abs_tol=1e-12) for n in ANSWERS):
-        other = _run_cell(cell, namespace or {}, OTHER_JOB)
+        other = _run_cell(cell, namespace, OTHER_JOB)
         if other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
                                          for n in ANSWERS):
             try:
@@ -178,7 +173,7 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                 judged_elsewhere = True
             except NotYet:
                 # A value from an earlier cell (`cpus = usage['cpus']`) stays this job's on the other: no verdict
-                earlier = _earlier_values(cell, namespace or {})
+                earlier = _earlier_values(cell, namespace)
                 if not earlier:
                     raise
     elapsed, cpus = read["elapsed_s"], read["cpus"]

@@ -3,26 +3,28 @@ exercise names; MFU carries 1.1's and 1.2's answers as the attendee rounded them
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..spine.timing import Timings, time_repeats
-from ..system.errors import WorkshopError
 from ..system.hardware import as_device, peak_tflops
 from .exercise_cells import passed, require, require_answered
-from .exercise_judging import answered_input, called, carried, checked, described, number, verdict, written
+from .exercise_judging import (answered_input, called, carried, checked, described, kit_input, kit_number, number,
+                               verdict, written)
+
+EXERCISE_N = {"cuda": 4096, "cpu": 1024}  # the n of Exercise 1.2's cell: a GPU's, and a CPU's (or any other)
 
 
 @checked
 def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_s: float,
                           exercise: str = "Exercise 1.1") -> bool:
-    for name, given in (("flops_per_sample", flops_per_sample), ("samples_per_s", samples_per_s)):
-        if not (isinstance(given, numbers.Real) and not isinstance(given, bool) and math.isfinite(given) and given > 0):
-            raise WorkshopError(f"{exercise}: the run's {name} = {given!r} is not above 0.",
-                                "rerun the training cell: a run that trained measures both.")
+    flops_per_sample, samples_per_s = (kit_number(given, exercise, f"the run's {name}", "rerun the training cell: a "
+                                                  "run that trained measures both.")
+                                       for name, given in (("flops_per_sample", flops_per_sample),
+                                                           ("samples_per_s", samples_per_s)))
     value = number(achieved_tflops, exercise, "achieved_tflops", "one number, in TFLOP/s")
     verdict(value, flops_per_sample * samples_per_s / 1e12, exercise, "achieved_tflops", [],
             "achieved TFLOP/s = FLOPs per sample x samples per second / 1e12 (tera = 10^12).",
@@ -34,9 +36,8 @@ def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
     require_answered(timings, exercise, f"`{name}` is still the placeholder `...`.",
                      "store what wu.time_repeats(...) returns in it, run that cell, then this one.")
     values = timings.seconds if isinstance(timings, Timings) else timings
-    values = (list(values.detach().cpu().reshape(-1)) if torch.is_tensor(values) else list(np.reshape(values, -1))
-              if isinstance(values, np.ndarray) else list(values) if isinstance(values, (list, tuple)) else [])
-    held = isinstance(timings, (Timings, np.ndarray, list, tuple)) or torch.is_tensor(timings)
+    held = isinstance(values, (np.ndarray, list, tuple, torch.Tensor))
+    values = [] if not held else list(values.reshape(-1)) if hasattr(values, "reshape") else list(values)
     require(bool(values), exercise, f"`{name}` holds no repeats." if held else
             f"`{name}` should be what wu.time_repeats returns, got {described(timings)}.",
             f"{name} = wu.time_repeats(lambda: a @ b, repeats=10, device=device)")
@@ -46,32 +47,26 @@ def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
     return seconds
 
 
-EXERCISE_N = {"cuda": 4096, "cpu": 1024}  # the n of Exercise 1.2's cell: a GPU's, and a CPU's (or any other)
-
-
 def _exercise_n(device) -> int:
     return EXERCISE_N["cuda"] if device is not None and torch.device(device).type == "cuda" else EXERCISE_N["cpu"]
 
 
 def _timed_workload(timed, n: int, device, exercise: str) -> None:
-    """``timed`` must do what the exercise times: one n x n float32 product on ``device``, 2 n^3 FLOPs by
-    ``torch.utils.flop_counter``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    """``timed`` does one n x n float32 product on ``device``: 2 n^3 FLOPs as ``torch.utils.flop_counter`` counts."""
     answered_input(timed, exercise, "the exercise cell", "matmul")
     require(callable(timed), exercise, f"`matmul` should be the function you timed, got {described(timed)}.",
             "matmul = lambda: a @ b, and time it: wu.time_repeats(matmul, repeats=10, device=device).")
     with FlopCounterMode(display=False) as counter:
         out = called(timed, exercise, "matmul")
     flops, right, side = counter.get_total_flops(), 2 * n**3, round((counter.get_total_flops() / 2) ** (1 / 3))
-    what = ("no matrix multiply" if flops == 0 else f"a {side} x {side} product" if 2 * side**3 == flops else
-            f"{flops:,} FLOPs, not the {right:,} of an {n} x {n} by {n} x {n} product")
     wanted = torch.device(device).type if device is not None else None  # what no tensor shows is not judged
     dtype, on = (out.dtype, out.device.type) if torch.is_tensor(out) else (torch.float32, wanted)
-    wanted = wanted or on
-    require(flops == right and dtype == torch.float32 and on == wanted, exercise,
-            f"the function you timed does {what if flops != right else f'a {str(dtype)[6:]} multiply on {on}'}; the "
-            f"exercise times one {n} x {n} float32 multiply on {wanted or 'the device'} ({right:,} FLOPs).",
+    what = (f"a {str(dtype)[6:]} multiply on {on}" if flops == right else "no matrix multiply" if flops == 0 else
+            f"a {side} x {side} product" if 2 * side**3 == flops else
+            f"{flops:,} FLOPs, not the {right:,} of an {n} x {n} by {n} x {n} product")
+    require(flops == right and dtype == torch.float32 and on == (wanted or on), exercise,
+            f"the function you timed does {what}; the exercise times one {n} x {n} float32 multiply on "
+            f"{wanted or on or 'the device'} ({right:,} FLOPs).",
             "a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device); matmul = lambda: a @ b.")
 
 
@@ -81,14 +76,12 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
                         timed=None) -> bool:
     """2 n^3 FLOPs in the median of ``timings``, at most the data-sheet peak. With ``device`` the check times the
     multiply too and refuses only a gap beyond 20x: on a shared machine both timings move with others' work."""
-    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
-        raise WorkshopError(f"{exercise}: n = {n!r} is no matrix size.", "pass the n of the exercise cell.")
-    if device is not None:
-        device = as_device(device, exercise)
-    require(n >= _exercise_n(device), exercise,
-            f"n = {n}, but the exercise multiplies {_exercise_n(device)} x {_exercise_n(device)} matrices: a small "
-            "multiply leaves the device idle between calls and measures no peak.",
-            f"keep the exercise cell's n ({_exercise_n(device)} here).")
+    kit_input(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1,
+              f"{exercise}: n = {n!r} is no matrix size.", "pass the n of the exercise cell.")
+    device = None if device is None else as_device(device, exercise)
+    size = _exercise_n(device)
+    require(n >= size, exercise, f"n = {n}, but the exercise multiplies {size} x {size} matrices: a small multiply "
+            "leaves the device idle between calls and measures no peak.", f"keep the exercise cell's n ({size} here).")
     if timed is not None:
         _timed_workload(timed, int(n), device, exercise)
     measured = None if timings is None else timed_seconds(timings, exercise)
@@ -98,43 +91,37 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
     shape = getattr(timings, "output_shape", None)
     require(shape is None or tuple(shape) == (n, n), exercise, "`timings` measured a function that returned a "
             f"{' x '.join(map(str, shape or ())) or 'single number'} result, not the {n} x {n} of the exercise's "
-            "multiply: those seconds belong to another workload (an earlier run of the cell, other a and b).",
-            "run the exercise cell again from the top: make a and b with n, then time matmul.")
+            "multiply: those seconds belong to another workload.",
+            "time the product itself (matmul = lambda: a @ b, a and b made with n), then run the cell again.")
     right_seconds = given if measured is None else float(np.median(measured))
     if measured is not None:
         verdict(given, right_seconds, exercise, "seconds", [], "seconds = timings.median, in seconds.",
                 inputs=f"the median of the {len(measured)} repeats in `timings`")
     value = number(matmul_tflops, exercise, "matmul_tflops", "one number, in TFLOP/s")
     right = 2 * n**3 / right_seconds / 1e12
-    from_given = 2 * n**3 / given / 1e12  # from `seconds` as the attendee rounded it, which passed above
     verdict(value, right, exercise, "matmul_tflops", [], "TFLOP/s = 2 * n**3 / seconds / 1e12: each multiply-add "
-            "is two FLOPs.", also=[from_given], inputs=f"2 x {n}^3 FLOPs / {right_seconds:.4g} s / 1e12")
+            "is two FLOPs.", also=[2 * n**3 / given / 1e12], inputs=f"2 x {n}^3 FLOPs / {right_seconds:.4g} s / 1e12")
     if device_name is not None:
         peak = peak_tflops(_device_name(device_name, exercise), precision)
-        require(peak is None or right <= peak, exercise,
-                f"{right:.0f} TFLOP/s is more than {device_name} can do in {precision} ({peak or 0:g} TFLOP/s, its "
-                "data-sheet peak).",
-                "the clock stopped before the GPU finished, or the multiply ran in another precision: time float32 "
-                "matrices with wu.time_repeats(..., device=device), which synchronizes, TF32 off (wu.set_tf32(False)).")
+        require(peak is None or right <= peak, exercise, f"{right:.0f} TFLOP/s is more than {device_name} can do in "
+                f"{precision} ({peak or 0:g} TFLOP/s, its data-sheet peak).",
+                "time float32 matrices with wu.time_repeats(..., device=device), which synchronizes, TF32 off.")
     compared = ""
     if device is not None:
         a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         own = time_repeats(lambda: a @ b, repeats=5, device=device).median
         ratio = right_seconds / own
-        require(1 / 20 <= ratio <= 20, exercise,
-                f"your {right_seconds:.3g} s is {max(ratio, 1 / ratio):.0f}x "
+        require(1 / 20 <= ratio <= 20, exercise, f"your {right_seconds:.3g} s is {max(ratio, 1 / ratio):.0f}x "
                 f"{'longer' if ratio > 1 else 'shorter'} than this check's own {own:.3g} s for the same multiply.",
-                f"time `a @ b` of two {n} x {n} float32 matrices on `device` (both a and b there), with "
-                "wu.time_repeats(..., device=device).")
+                f"time `a @ b` of two {n} x {n} float32 matrices on `device` with wu.time_repeats(..., device=device).")
         compared = (f" (this check's own timing of `a @ b`: {own:.3g} s against your {right_seconds:.3g} s; far apart "
                     "on an idle machine means something else was timed)")
     return passed(exercise, f"{written(value)} TFLOP/s for a {n} x {n} matmul{compared}")
 
 
 def _device_name(name, exercise: str) -> str:
-    if not isinstance(name, str):
-        raise WorkshopError(f"{exercise}: the device name is {name!r}, not a name.",
-                            'pass env["device_name"], as the check cell does.')
+    kit_input(isinstance(name, str), f"{exercise}: the device name is {name!r}, not a name.",
+              'pass env["device_name"], as the check cell does.')
     return name
 
 
@@ -144,15 +131,12 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
               samples_per_s: float | None = None, n: int | None = None, timings=None, seconds=None) -> bool:
     """MFU = the achieved rate / the data-sheet peak, or / 1.2's measured rate without one: then MFU may exceed 1
     (a multiply timed on a busy machine), which the pass says instead of refusing a right division."""
-    require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.",
-                     "replace the `...` in the exercise cell with your code, run that cell, then this one.")
+    require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.")
     table_peak = peak_tflops(_device_name(device_name, exercise), precision)
     exact = [flops_per_sample * samples_per_s / 1e12] if None not in (flops_per_sample, samples_per_s) else []
     achieved = carried(achieved_tflops, exact, exercise, "achieved_tflops", "Exercise 1.1")
-    exact_achieved = exact[0] if exact else achieved
-    measured = exact_measured = None  # read only where no data-sheet peak is known: it stands in for one
+    peak = exact_peak = table_peak  # without one, 1.2's measured rate stands in
     if not table_peak:
-        answered_input(measured_peak_tflops, exercise, "Exercise 1.2", "matmul_tflops")
         rates = []  # 1.2's timings' rate, and as 1.2 accepts it, the rate from `seconds` as the attendee rounded it
         if n is not None and timings is not None:
             answered_input(timings, exercise, "Exercise 1.2", "timings")
@@ -161,11 +145,10 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
             median = float(np.median(timed_seconds(timings, exercise)))
             rates = [2 * n**3 / median / 1e12] + ([] if seconds is None else [
                 2 * n**3 / carried(seconds, [median], exercise, "seconds", "Exercise 1.2") / 1e12])
-        measured = carried(measured_peak_tflops, rates, exercise, "matmul_tflops", "Exercise 1.2")
-        exact_measured = rates[0] if rates else measured
-        require(measured > 0, exercise, f"`matmul_tflops` = {measured:g} from Exercise 1.2 is no rate.",
+        peak = carried(measured_peak_tflops, rates, exercise, "matmul_tflops", "Exercise 1.2")
+        exact_peak = rates[0] if rates else peak
+        require(peak > 0, exercise, f"`matmul_tflops` = {peak:g} from Exercise 1.2 is no rate.",
                 "fix Exercise 1.2 first.")
-    peak = table_peak or measured
     right = achieved / peak
     # an achieved rate above the data-sheet peak: 1.1's answer, or (where 1.1 was judged here) the run's numbers
     require(not table_peak or 0 < right <= 1, exercise, f"`achieved_tflops` = {achieved:.4g} from Exercise 1.1 is "
@@ -174,18 +157,20 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                                         if exact else "."))
     value = number(mfu, exercise, "mfu", "one number, a fraction")
     source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
+    formula = "MFU = achieved TFLOP/s / peak TFLOP/s"
     verdict(value, right, exercise, "mfu", [(1.0 if right > 1 else None, "that caps MFU at 1; of a measured rate, "
-            "standing in for a peak, it may be above 1.", "MFU = achieved TFLOP/s / peak TFLOP/s, not capped.")],
-            "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction (0.05 is 5%).",
-            also=[exact_achieved / (table_peak or exact_measured)],
+            "standing in for a peak, it may be above 1.", f"{formula}, not capped."),
+            (100 * right if 0.01 < right <= 1 else None, "a percentage, above 1: MFU is a fraction (0.05 is 5%).",
+             f"{formula}, not x 100.")],
+            f"{formula}, a fraction (0.05 is 5%).", also=[(exact[0] if exact else achieved) / exact_peak],
             inputs=f"achieved_tflops {written(achieved)} / {written(peak)} TFLOP/s, {source}",
-            limits=[(value > 0, "MFU is a share of the peak, above 0.", "MFU = achieved TFLOP/s / peak TFLOP/s."),
-                    (value <= 1 or right > 1, "MFU above 1 would be faster than the peak, which no run is.",
-                     "MFU = achieved TFLOP/s / peak TFLOP/s, a fraction between 0 and 1.")])
-    if right > 1:
-        percent = 100 * (value if value > 1 else right)  # as many decimals as show it above 100 (100.4, not 100)
-        percent = next((f"{percent:.{d}f}" for d in range(6) if round(percent, d) > 100), f"{percent:.6f}")
-        return passed(exercise, f"MFU {percent}% of the measured matmul rate: above 100% means the multiply "
-                                f"in Exercise 1.2 ran slower than this machine can, most likely beside other work; "
-                                f"rerun 1.2 and this cell on an idle machine for a rate that is a ceiling")
-    return passed(exercise, f"MFU {100 * value:.1f}% of {source}")
+            limits=[(value > 0, "MFU is a share of the peak, above 0.", f"{formula}."),
+                    (value <= 1 or right > 1, "MFU above 1, but the achieved rate is below the peak here.",
+                     f"{formula}, a fraction between 0 and 1.")])
+    if right <= 1:
+        return passed(exercise, f"MFU {100 * value:.1f}% of {source}")
+    percent = 100 * (value if value > 1 else right)  # as many decimals as show it above 100 (100.4, not 100)
+    percent = next((f"{percent:.{d}f}" for d in range(6) if round(percent, d) > 100), f"{percent:.6f}")
+    return passed(exercise, f"MFU {percent}% of the measured matmul rate: above 100% means the multiply in Exercise "
+                            "1.2 ran slower than this machine can, most likely beside other work; rerun 1.2 and this "
+                            "cell on an idle machine for a rate that is a ceiling")

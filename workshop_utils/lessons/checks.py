@@ -219,20 +219,37 @@ def what_you_should_see(name: str, value: float | None, profile: str) -> bool:
     return False
 
 
-def seed_spread(run_name: str, profile: str) -> str:
-    """The seed-to-seed accuracy range recorded for the notebooks' run ``run_name`` (e.g. "ladder-6-2x-batch").
-
-    An accuracy gap between two short runs is a finding only when it is larger than this range; the line says
-    where the range was measured, or that none was recorded for ``profile``.
-    """
+def _recorded_spreads(run_name: str, profile: str) -> list[tuple[dict, int, str]]:
+    """(row, seeds, cpu kind) of every spread benchmarks/accuracy_spread.py recorded for ``run_name`` in ``profile``."""
     found = []
     for path in sorted(SPREAD_RECORDS.glob("accuracy_spread*.json")):
         record = json.loads(path.read_text())
         if record.get("profile") != profile:
             continue
         seeds, cpu = record["settings"]["seeds"], record["environment"].get("cpu_capability") or "GPU"
-        found += [f"{row['min_pct']:.0f}% to {row['max_pct']:.0f}% over {seeds} seeds ({cpu})"
-                  for row in record["tables"]["spread"] if row["case"].split(" ", 1)[-1] == run_name]
+        found += [(row, seeds, cpu) for row in record["tables"]["spread"] if row["case"].split(" ", 1)[-1] == run_name]
+    return found
+
+
+def recorded_spread_points(run_name: str, profile: str) -> float | None:
+    """The widest seed-to-seed accuracy range (max - min, points) recorded for ``run_name`` on any kind of CPU.
+
+    The widest, so that every machine reads the same spread; None when none was recorded for ``profile``
+    (the gpu profile trains a second seed instead). benchmarks/accuracy_spread.py records it for the
+    notebooks' current sizes, and tests/test_expectations.py fails when those sizes change without it.
+    """
+    found = _recorded_spreads(run_name, profile)
+    return max(row["max_pct"] - row["min_pct"] for row, _, _ in found) if found else None
+
+
+def seed_spread(run_name: str, profile: str) -> str:
+    """The seed-to-seed accuracy range recorded for the notebooks' run ``run_name`` (e.g. "ladder-6-2x-batch").
+
+    An accuracy gap between two short runs is a finding only when it is larger than this range; the line says
+    where the range was measured, or that none was recorded for ``profile``.
+    """
+    found = [f"{row['min_pct']:.0f}% to {row['max_pct']:.0f}% over {seeds} seeds ({cpu})"
+             for row, seeds, cpu in _recorded_spreads(run_name, profile)]
     if not found:
         return (f"no seed spread recorded for {run_name} in the {profile} profile: run benchmarks/accuracy_spread.py "
                 "before reading a gap as an effect")

@@ -498,15 +498,16 @@ def mode_table(records: list[dict]) -> pd.DataFrame:
     return table
 
 
-def accuracy_parity(table: pd.DataFrame, repeats: list[dict]) -> pd.DataFrame:
-    """Each mode's accuracy gap to fp32 beside fp32's own run-to-run spread (``repeats``: fp32 records of other seeds).
+def accuracy_parity(table: pd.DataFrame, repeats: list[dict], recorded: dict | None = None) -> pd.DataFrame:
+    """Each mode's accuracy gap to fp32 beside fp32's own run-to-run spread (``repeats``: fp32 records of other seeds;
+    ``recorded``: {(model, channels_last): points}, a spread recorded over more seeds, ``recorded_spread_points``).
 
     A short run's accuracy moves by several points with the seed alone, so a gap is only a finding
     when it is larger than that spread: ``beyond spread (points)`` is what is left of the gap after it.
     """
     parity = table[["model", "precision", "channels_last", "steps", "test acc %", "acc vs fp32 (points)"]].copy()
     fp32 = parity[parity["precision"] == "fp32"].set_index(["model", "channels_last"])["test acc %"]
-    spread = {}
+    spread = dict(recorded or {})
     for record in repeats:
         c, m = record["config"], record["metrics"]
         key = (c["model"], c["channels_last"])

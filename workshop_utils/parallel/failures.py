@@ -31,6 +31,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from ..system.errors import WorkshopError
+from ..system.results import write_json
 
 ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"  # torchrun sets it in each worker
 LAST_LINES = 6
@@ -86,8 +87,9 @@ def record_failure(err: BaseException, path: str | os.PathLike | None = None) ->
                         "extraInfo": {"py_callstack": "".join(traceback.format_exception(err)),
                                       "timestamp": str(int(now)),  # what torchrun reads: whole seconds
                                       "time": now, "rank": _rank_from_env(), "fix": err.fix if fixable else None}}}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data))
+    # Whole or not at all: torchrun stops the other ranks with SIGTERM while they write, and its agent reads an
+    # empty error file as a crash of its own (JSONDecodeError), which ends the run instead of restarting it.
+    write_json(data, path)
 
 
 def _rank_from_env() -> int | None:

@@ -33,8 +33,8 @@ def run_cell(ws, code: str, number: int, kernel: str, timeout_s: float) -> Cell:
 
     msg_id = uuid.uuid4().hex
     closed = WorkshopError(f"The websocket of kernel {kernel} closed while cell {number} ran.",
-                           "check the kernel's log (the server's) for a crash, and that the proxy keeps websockets "
-                           "open.")
+                           "check the kernel's log (the server's) for a crash or a kernel that never started (two "
+                           "kernels started at once can race for a port), and that the proxy keeps websockets open.")
     try:
         ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "portal-check",
                                        "session": uuid.uuid4().hex, "version": "5.3"},
