@@ -96,8 +96,9 @@ TABLES: dict[str, Table] = {
                               Column("step memory MiB", "Step memory (MiB)", "0", STEP_MEMORY_NOTE),
                               Column("acc vs fp32 (points)", "Accuracy vs. fp32 (points)", "1"),
                               Column("fp32 seed spread (points)", "fp32's own seed spread (points)", "1",
-                                     "A gap no larger than fp32's seed spread (fp32 trained again with another seed) "
-                                     "is noise, not an effect of the precision."),
+                                     "A gap no larger than fp32's seed spread (recorded over five seeds on two kinds "
+                                     "of CPU; on a GPU, fp32 trained again with another seed) is noise, not an effect "
+                                     "of the precision."),
                               Column("note", "Note", "footnote")),
                              derive=lambda rows: [{**row, "note": f"{row['precision']}, {row['note']}"}
                                                   if row.get("note") else row for row in rows]),
