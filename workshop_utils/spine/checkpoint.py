@@ -217,21 +217,31 @@ def save_checkpoint(path: str | os.PathLike, *, model, optimizer=None, scaler=No
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(path.parent)
-        with open(tmp, "wb") as f:  # a Python file: a full disk is OSError(ENOSPC), not a riddle from C++
+        with open(tmp, "wb") as f:  # a Python file: a full disk is OSError(ENOSPC), not only a riddle from C++
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())  # on the disk before the rename, so a crashed node cannot keep an empty file
         os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
         _sync_folder(path.parent)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
         tmp.unlink(missing_ok=True)  # first, so that the free space reported counts its bytes as free
-        failure = _write_failure(err, path, _tensor_bytes(state))
+        cause = _os_error_under(err)
+        failure = None if cause is None else _write_failure(cause, path, _tensor_bytes(state))
         if failure is None:
             raise
         raise failure from None
     finally:
         tmp.unlink(missing_ok=True)  # a failed write leaves no debris; the previous checkpoint is untouched
     return path
+
+
+def _os_error_under(err: BaseException) -> OSError | None:
+    """The OSError a write failed with. A disk that fills while torch.save is inside its zip writer raises it there;
+    the writer, closing, then fails on the bytes that never arrived and raises a RuntimeError ("unexpected pos")
+    over it, with the OSError as its context."""
+    while err is not None and not isinstance(err, OSError):
+        err = err.__context__
+    return err
 
 
 def _sync_folder(folder: Path) -> None:
