@@ -20,7 +20,7 @@ import pandas as pd
 from .system.benchmark import benchmark_frame, read_benchmarks
 from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
 from .system.hardware import environment
-from .system.results import read_records, save_record
+from .system.results import read_records, save_record, write_atomically
 
 
 def add_report_section(run_dir, key: str, title: str, order: float, text: str = "",
@@ -198,9 +198,7 @@ def write_report(run_dir) -> Path:
             lines += [f"![{Path(figure).stem}]({figure})", ""]
     if benchmarks:
         lines += _benchmark_lines(benchmarks)
-    path = run_dir / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_atomically(run_dir / "report.md", lambda tmp: tmp.write_text("\n".join(lines)), "Report")
 
 
 def build_parser() -> argparse.ArgumentParser:

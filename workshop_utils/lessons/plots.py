@@ -16,6 +16,7 @@ import numpy as np
 from .monitor import stopped_by_memory
 from ..system.plotstyle import (PALETTE, PRECISION_COLORS, RUNG_COLORS, STYLE, category_colors,
                                 precision_color, rung_color, style)
+from ..system.results import write_atomically
 
 __all__ = ["PALETTE", "PRECISION_COLORS", "RUNG_COLORS", "STYLE", "category_colors", "plot_bars",
            "plot_batch_sweep", "plot_step_times", "plot_training_curves", "precision_color", "rung_color",
@@ -37,11 +38,10 @@ _QUANTITIES = {"samples/s": "throughput (samples/s)", "ms": "time (ms)", "MiB": 
 
 def save_figure(fig, run_dir, name: str) -> Path:
     """Save ``fig`` as ``<run_dir>/figures/<name>.png`` and return the path."""
-    folder = Path(run_dir) / "figures"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.png"
-    fig.savefig(path, dpi=STYLE["savefig.dpi"], bbox_inches="tight")
-    return path
+    # Written beside it and renamed: a full disk keeps the figure of the last run whole, not half a PNG.
+    return write_atomically(Path(run_dir) / "figures" / f"{name}.png",
+                            lambda tmp: fig.savefig(tmp, format="png", dpi=STYLE["savefig.dpi"], bbox_inches="tight"),
+                            "Figure")
 
 
 def _axis_name(labels, xlabel: str | None) -> str:

@@ -24,6 +24,7 @@ optimization ladder, which shows what bounds each rung.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from torch.profiler import ProfilerActivity, schedule
 
 from ..spine.data import CifarData
 from ..system.errors import WorkshopError
+from ..system.results import path_for_message
 from ..system.plotstyle import style
 from ..system.hardware import pick_device
 from ..spine.timing import PHASES, allocation_records, native_noise_filtered, profiler
@@ -55,6 +57,13 @@ class ProfileRun:
 
     def top_ops(self, n: int = 10) -> pd.DataFrame:
         return top_ops(self.profiler, n, self.device)
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:,.1f} MiB"
+    except OSError:
+        return "no telling how much is"
 
 
 def _exporter(chrome_trace: Path):
@@ -83,12 +92,19 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
     # The profiled steps are also the timed ones, so the record's throughput matches the trace.
     config = config.replace(name=name, max_steps=wait + warmup + active, warmup_steps=wait + warmup, annotate=True)
     plan = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+    chrome_trace.unlink(missing_ok=True)  # an earlier run's trace must not pass for this one's
     with native_noise_filtered(), profiler(activities=activities, schedule=plan, profile_memory=detail,
                                           on_trace_ready=_exporter(chrome_trace),
                                           record_shapes=detail) as prof:
 
         result = train(config, data, on_step=lambda step: prof.step())
     if not chrome_trace.exists():
+        Path(f"{chrome_trace}.tmp").unlink(missing_ok=True)  # what the profiler's failed write left behind
+        if result.metrics.get("steps", 0) >= wait + warmup + active:  # it profiled them all, and could not write
+            raise WorkshopError(f"The profiler ran its {wait + warmup + active} steps but could not write its trace "
+                                f"{path_for_message(chrome_trace)}: {_free_space(traces)} free there, so the disk is "
+                                "likely full or your quota used up.",
+                                "free space there (delete old run folders under runs/) and run the cell again.")
         raise WorkshopError(f"The profiler wrote no trace: the run stopped before step {wait + warmup + active}.",
                             "use more training images or a smaller batch size.")
     return ProfileRun(prof, result, chrome_trace, tensor_memory_by_step(prof, device, first_step=wait + warmup + 1),
@@ -304,8 +320,6 @@ def plot_step_breakdown(table: pd.DataFrame):
 
 def nsys_missing() -> str | None:
     """Why Nsight Systems cannot profile here, or None when it can (an ``nsys`` binary and a GPU)."""
-    import shutil
-
     if shutil.which("nsys") is None:
         return "no nsys command on this machine (Nsight Systems comes with the CUDA toolkit; on a cluster: " \
                "module load nsight-systems or cuda)"

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..system.errors import WorkshopError
+from ..system.results import os_error_under
 from .models import unwrap
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -225,7 +226,7 @@ def save_checkpoint(path: str | os.PathLike, *, model, optimizer=None, scaler=No
         _sync_folder(path.parent)
     except (OSError, RuntimeError) as err:
         tmp.unlink(missing_ok=True)  # first, so that the free space reported counts its bytes as free
-        cause = _os_error_under(err)
+        cause = os_error_under(err)  # torch's zip writer raises a RuntimeError over it
         failure = None if cause is None else _write_failure(cause, path, _tensor_bytes(state))
         if failure is None:
             raise
@@ -233,15 +234,6 @@ def save_checkpoint(path: str | os.PathLike, *, model, optimizer=None, scaler=No
     finally:
         tmp.unlink(missing_ok=True)  # a failed write leaves no debris; the previous checkpoint is untouched
     return path
-
-
-def _os_error_under(err: BaseException) -> OSError | None:
-    """The OSError a write failed with. A disk that fills while torch.save is inside its zip writer raises it there;
-    the writer, closing, then fails on the bytes that never arrived and raises a RuntimeError ("unexpected pos")
-    over it, with the OSError as its context."""
-    while err is not None and not isinstance(err, OSError):
-        err = err.__context__
-    return err
 
 
 def _sync_folder(folder: Path) -> None:

@@ -9,6 +9,7 @@ records into one pandas table.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -162,18 +163,47 @@ def jsonable(value):
     return str(value)
 
 
-def write_json(record: dict | list, path: str | os.PathLike) -> Path:
-    """Write the record atomically: a reader never sees half a file."""
+def os_error_under(err: BaseException | None) -> OSError | None:
+    """The OSError under ``err``: a library that fails while writing (torch's zip writer, PIL) may raise its own
+    error over the OSError, which it keeps as the context."""
+    while err is not None and not isinstance(err, OSError):
+        err = err.__context__
+    return err
+
+
+def no_room(err: BaseException, path: str | os.PathLike, what: str,
+            fix: str = f"free space there (delete old run folders under runs/), or give the run a folder on another "
+                       f"disk (run_dir, or ${RUNS_VARIABLE}), and run the cell again.") -> WorkshopError | None:
+    """A write that failed because the disk is full or the user's quota is used up, as one line; else None."""
+    cause = os_error_under(err)
+    if cause is None or cause.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    why = "the disk is full" if cause.errno == errno.ENOSPC else "your disk quota is used up"
+    return WorkshopError(f"{what} {path_for_message(Path(path))} not written: {why} ({cause.strerror}).", fix)
+
+
+def write_atomically(path: str | os.PathLike, write, what: str = "File") -> Path:
+    """``write(temporary_path)``, then the temporary file renamed to ``path``: a reader sees the old file or the
+    new one, never half of one, and a full disk is one line naming ``what``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(jsonable(record), indent=2))
+        write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)  # a disk-full write leaves no half file behind
-        raise
+        failure = no_room(err, path, what) if isinstance(err, Exception) else None
+        if failure is None:
+            raise
+        raise failure from None
     return path
+
+
+def write_json(record: dict | list, path: str | os.PathLike) -> Path:
+    """Write the record atomically: a reader never sees half a file."""
+    text = json.dumps(jsonable(record), indent=2)
+    return write_atomically(path, lambda tmp: tmp.write_text(text), "Record")
 
 
 def save_record(record: dict, run_dir: str | os.PathLike, name: str) -> Path:
