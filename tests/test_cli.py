@@ -126,6 +126,7 @@ import dataclasses  # noqa: E402
 import errno  # noqa: E402
 import io  # noqa: E402
 import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -135,7 +136,6 @@ entry = importlib.import_module("workshop_utils.train")  # the command; wu.train
 from workshop_utils.parallel import launch  # noqa: E402
 from workshop_utils.spine.config import setting_of  # noqa: E402
 from workshop_utils.spine.trainer import TrainConfig  # noqa: E402
-from workshop_utils.system import results  # noqa: E402
 
 ENTRY_ONLY = {"global_batch_size", "out"}  # the command's own flags, no field
 FIELDS = dataclasses.fields(TrainConfig)
@@ -270,10 +270,10 @@ def test_an_unwritable_output_path_stops_before_any_work(case, tmp_path, fake_tr
 
 
 def test_the_result_survives_a_failing_final_write(tmp_path, fake_training, capsys, monkeypatch):
-    def disk_full(record, path):
+    def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(results, "write_json", disk_full)
+    monkeypatch.setattr(Path, "write_text", disk_full)  # where the record's bytes go: a full disk says no there
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     out = tmp_path / "run" / "result.json"

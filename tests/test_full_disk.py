@@ -16,6 +16,7 @@ from pathlib import Path
 
 import matplotlib
 import pytest
+import torch
 
 import workshop_utils as wu
 
@@ -108,6 +109,30 @@ def test_any_other_write_error_is_left_as_it_is(tmp_path, monkeypatch):
     assert not isinstance(err.value, wu.WorkshopError) and err.value.errno == errno.EIO
 
 
+def test_a_folder_the_full_disk_cannot_make_is_one_line_too(tmp_path, monkeypatch):
+    """A new folder needs a block (ext4) or an inode (an inode quota): the first record of a new run folder."""
+    def no_room_for_a_folder(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+    monkeypatch.setattr(Path, "mkdir", no_room_for_a_folder)
+    with pytest.raises(wu.WorkshopError, match=r"Record .*baseline\.json not written: the disk is full"):
+        wu.save_record({"metrics": {}}, tmp_path / "new-run", "baseline")
+    with pytest.raises(wu.WorkshopError, match=r"Figure .*curve\.png not written: the disk is full"):
+        wu.save_figure(_figure(3), tmp_path / "new-run", "curve")
+
+
+def test_a_bug_raised_while_a_full_disk_was_handled_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    def buggy_write(self, *args, **kwargs):
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise TypeError("a real bug") from None
+
+    monkeypatch.setattr(Path, "write_text", buggy_write)
+    with pytest.raises(TypeError, match="a real bug"):
+        wu.save_record({"metrics": {}}, tmp_path, "baseline")
+
+
 @pytest.mark.slow
 def test_training_goes_on_when_its_tensorboard_scalars_fill_the_disk(small_disk, capfd):
     disk, fill = small_disk
@@ -144,3 +169,19 @@ def test_a_profile_that_cannot_write_its_trace_never_returns_the_earlier_runs(sm
         wu.profile_training(config, data, disk / "run", active=1, detail=True)
     assert "\n" not in str(err.value)
     assert _files(disk / "run" / "traces") == []  # neither the earlier trace nor the profiler's stub
+
+
+@pytest.mark.slow
+def test_a_trace_the_full_disk_cut_short_is_not_returned_as_one(tmp_path, monkeypatch):
+    """torch's exporter prints "Failed to write to log file!" and raises nothing: the file it leaves ends mid-event."""
+    data = wu.make_synthetic_cifar(64, 16, seed=0)
+    config = wu.TrainConfig(batch_size=16, train_size=64, test_size=16, progress=False)
+    whole = wu.profile_training(config, data, tmp_path, active=1, detail=False).chrome_trace.read_bytes()
+
+    def cut_short(self, path):
+        Path(path).write_bytes(whole[: len(whole) // 2])
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", cut_short)
+    with pytest.raises(wu.WorkshopError, match="ran its 3 steps but could not write its trace"):
+        wu.profile_training(config, data, tmp_path, active=1, detail=False)
+    assert _files(tmp_path / "traces") == []

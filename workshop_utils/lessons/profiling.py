@@ -24,6 +24,7 @@ optimization ladder, which shows what bounds each rung.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -66,6 +67,14 @@ def _free_space(folder: Path) -> str:
         return "no telling how much is"
 
 
+def _trace_is_whole(path: Path) -> bool:
+    """Whether the Chrome trace ends as torch's exporter ends one: with its name, after every event."""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 4096))
+        tail = f.read()
+    return re.search(rb'"traceName":\s*"(?:[^"\\]|\\.)*"\s*}\s*$', tail) is not None
+
+
 def _exporter(chrome_trace: Path):
     def export(prof) -> None:
         chrome_trace.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +107,8 @@ def profile_training(config: TrainConfig, data: CifarData, run_dir, name: str = 
                                           record_shapes=detail) as prof:
 
         result = train(config, data, on_step=lambda step: prof.step())
+    if chrome_trace.exists() and not _trace_is_whole(chrome_trace):
+        chrome_trace.unlink()  # cut short by a full disk: torch's exporter prints that, and raises nothing
     if not chrome_trace.exists():
         Path(f"{chrome_trace}.tmp").unlink(missing_ok=True)  # what the profiler's failed write left behind
         if result.metrics.get("steps", 0) >= wait + warmup + active:  # it profiled them all, and could not write

@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import tempfile
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -164,11 +165,11 @@ def jsonable(value):
 
 
 def os_error_under(err: BaseException | None) -> OSError | None:
-    """The OSError under ``err``: a library that fails while writing (torch's zip writer, PIL) may raise its own
-    error over the OSError, which it keeps as the context."""
-    while err is not None and not isinstance(err, OSError):
+    """The OSError under ``err``: torch's zip writer, closing after a failed write, raises a RuntimeError over the
+    OSError, which it keeps as the context. Any other error stays itself: a bug is never called a full disk."""
+    while isinstance(err, RuntimeError):
         err = err.__context__
-    return err
+    return err if isinstance(err, OSError) else None
 
 
 def no_room(err: BaseException, path: str | os.PathLike, what: str,
@@ -182,28 +183,28 @@ def no_room(err: BaseException, path: str | os.PathLike, what: str,
     return WorkshopError(f"{what} {path_for_message(Path(path))} not written: {why} ({cause.strerror}).", fix)
 
 
-def write_atomically(path: str | os.PathLike, write, what: str = "File") -> Path:
+def write_atomically(path: str | os.PathLike, write, what: str | None = "File") -> Path:
     """``write(temporary_path)``, then the temporary file renamed to ``path``: a reader sees the old file or the
-    new one, never half of one, and a full disk is one line naming ``what``."""
+    new one, never half of one, and a full disk is one line naming ``what`` (with ``what=None``, the OSError)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # a new folder needs room too (a block, an inode)
         write(tmp)
         os.replace(tmp, path)
     except BaseException as err:
         tmp.unlink(missing_ok=True)  # a disk-full write leaves no half file behind
-        failure = no_room(err, path, what) if isinstance(err, Exception) else None
+        failure = no_room(err, path, what) if what is not None and isinstance(err, Exception) else None
         if failure is None:
             raise
         raise failure from None
     return path
 
 
-def write_json(record: dict | list, path: str | os.PathLike) -> Path:
+def write_json(record: dict | list, path: str | os.PathLike, what: str | None = "Record") -> Path:
     """Write the record atomically: a reader never sees half a file."""
     text = json.dumps(jsonable(record), indent=2)
-    return write_atomically(path, lambda tmp: tmp.write_text(text), "Record")
+    return write_atomically(path, lambda tmp: tmp.write_text(text), what)
 
 
 def save_record(record: dict, run_dir: str | os.PathLike, name: str) -> Path:
@@ -294,7 +295,7 @@ def write_json_or_fallback(record: dict, path: str | os.PathLike) -> tuple[Path,
     the temporary folder and the current folder refuse it too.
     """
     try:
-        return write_json(record, path), None
+        return write_json(record, path, what=None), None  # the OSError itself: the fallback below takes over
     except OSError as err:
         failure = err
     text = json.dumps(jsonable(record), indent=2)
