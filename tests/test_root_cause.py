@@ -167,6 +167,32 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_signal(tmp_path):
     assert "out-of-memory killer" in cause.fix
 
 
+GLOO_ABORT = ["terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+              "  what():  [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+              "op.preamble.length <= op.nbytes. 128 vs 8"]
+
+
+def test_an_abort_is_named_with_what_native_code_printed_as_it_gave_up():
+    lines = ["[rank0]: step 1 of 2", *GLOO_ABORT, *report({1: (-6, None), 0: (-15, None)})]
+    cause = root_cause(lines, world_size=2)
+    assert cause.line == ("rank 1 failed first: killed by SIGABRT, with no Python error; it printed: failed check: "
+                          "op.preamble.length <= op.nbytes. 128 vs 8 (then rank 0 was stopped by torchrun with "
+                          "SIGTERM)")
+
+
+def test_an_abort_reads_the_ranks_own_output_where_it_was_kept_apart():
+    own = {0: "step 1\nterminate called after throwing an instance of 'std::runtime_error'\n  what():  rank 0's "
+              "own reason\n", 1: "  what():  another rank's reason"}
+    cause = root_cause(report({0: (-6, None), 1: (-15, None)}), world_size=2, rank_output=own)
+    assert "; it printed: rank 0's own reason (then" in cause.line
+
+
+def test_a_signal_with_nothing_native_printed_says_no_more():
+    cause = root_cause(["[rank0]: step 1 of 2", *report({1: (-6, None), 0: (-15, None)})], world_size=2)
+    assert cause.line == ("rank 1 failed first: killed by SIGABRT, with no Python error (then rank 0 was stopped "
+                          "by torchrun with SIGTERM)")
+
+
 def test_an_exit_status_without_an_exception_is_named(tmp_path):
     cause = root_cause(report({1: (3, None), 0: (-15, None)}), world_size=2)
     assert cause.line == ("rank 1 failed first: it exited with status 3 without a Python error "

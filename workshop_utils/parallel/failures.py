@@ -50,8 +50,11 @@ NCCL_OPERATION = re.compile(r"OpType=(\w+)")
 NOT_COLLECTIVES = {"wrapper", "_get_default_group", "get_rank", "get_world_size", "destroy_process_group"}
 # Where a C++ error was thrown, and gloo's advice after it: noise in a one-line message.
 SOURCE_LOCATION = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp|cu):\d+\]\s*")
+ENFORCE_AT = re.compile(r"\[enforce fail at [^\]]*\]\s*")
 GLOO_ADVICE = re.compile(r"\.?\s*This is typically caused by .*$")
 TORCH_FRAMES = f'File "{Path(torch.__file__).parent}{os.sep}'
+# What native code prints as it aborts: the C++ exception's what(), a failed check, Python's fatal error.
+NATIVE_REASON = re.compile(r"what\(\):\s*(\S.*)|(terminate called \S.*)|(\bCheck failed: .*)|(Fatal Python error: .*)")
 
 MISMATCHED_COLLECTIVE_FIX = ("run every collective (an all-reduce, a barrier, the DDP model's forward and backward) "
                              "on every rank, in the same order: look for one that only some ranks run, e.g. inside "
@@ -335,6 +338,18 @@ def _own_lines(failure: RankFailure, lines, rank_output) -> list[str]:
     return [line for line in printed if line.strip()][-LAST_LINES:]
 
 
+def _native_reason(failure: RankFailure, lines, rank_output) -> str | None:
+    """What a rank killed by a signal said last as native code gave up (gloo's failed check, say), shortened."""
+    text = (rank_output or {}).get(failure.rank)
+    printed = text.splitlines() if text else rank_lines(lines, failure.rank)
+    if not text and not any(map(NATIVE_REASON.search, printed)):  # native code writes no "[rankN]:" in front
+        printed = [line for line in lines if not RANK_PREFIX.search(line)]
+    reasons = [next(g for g in found.groups() if g) for found in map(NATIVE_REASON.search, printed) if found]
+    # "terminate called after throwing ..." comes before the what() that says why: the last what() wins.
+    best = [r for r in reasons if not r.startswith(("terminate called", "Fatal Python error"))] or reasons
+    return _short(ENFORCE_AT.sub("failed check: ", best[-1]), 160) if best else None
+
+
 def _short(error: str, limit: int = 240) -> str:
     """An error on part of one line: no C++ source location, no gloo advice, at most ``limit`` characters."""
     error = GLOO_ADVICE.sub("", SOURCE_LOCATION.sub("", error)).strip().rstrip(".")
@@ -377,8 +392,9 @@ def _failed_first(first: RankFailure, others: list[RankFailure], lines, rank_out
                          first.fix or f"read rank {first.rank}'s own traceback (its last lines are shown): the other "
                                       "ranks' errors are consequences of it.", last, first, others)
     if first.signal:
+        said = _native_reason(first, lines, rank_output)
         return RootCause(first.rank, "signal", f"rank {first.rank} failed first: killed by {first.signal}, with no "
-                         f"Python error{after}",
+                         f"Python error{f'; it printed: {said}' if said else ''}{after}",
                          SIGNAL_FIXES.get(first.signal, "a signal stopped it: find out who sent it."),
                          last, first, others)
     return RootCause(first.rank, "exit status", f"rank {first.rank} failed first: it exited with status "
