@@ -87,6 +87,24 @@ def test_a_record_and_a_report_on_a_full_disk_are_one_line_each_and_leave_no_hal
     assert not [p for p in run.rglob("*") if ".tmp-" in p.name]
 
 
+def test_a_sweep_table_on_a_full_disk_is_one_line_and_the_earlier_table_stays_whole(small_disk):
+    import json
+
+    disk, fill = small_disk
+    for task in range(40):
+        folder = disk / "sweep" / f"task-{task}"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps({"config": {"lr": 0.01 * (task + 1), "seed": 0},
+                                                        "metrics": {"steps": 30, "final_train_loss": 2.0}}))
+    wu.gather_array(disk / "sweep", disk / "sweep.csv")
+    before = (disk / "sweep.csv").read_text()
+    fill(leave=0)
+    with pytest.raises(wu.WorkshopError, match=r"Sweep table .*sweep\.csv not written: the disk is full") as err:
+        wu.gather_array(disk / "sweep", disk / "sweep.csv")
+    assert "\n" not in str(err.value)
+    assert (disk / "sweep.csv").read_text() == before and not [p for p in disk.iterdir() if ".tmp-" in p.name]
+
+
 def test_a_used_up_quota_is_named_as_such(tmp_path, monkeypatch):
     def over_quota(self, *args, **kwargs):
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..lessons.slurm_jobs import find_slurm, job_env, job_records, submit, wait_for
 from ..system.errors import WorkshopError
+from ..system.results import write_atomically
 from .answer_values import Problem, kind, number_of, show
 from .exercise_cells import NotYet, Unsolved, passed
 from .exercise_judging import checked
@@ -143,7 +144,7 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
     if folder is None:
         return True
     spec = JOB_SPEC
-    (folder / "job.sbatch").write_text(script)
+    write_atomically(folder / "job.sbatch", lambda tmp: tmp.write_text(script), "Job script")
     checkpoints, result = folder / "checkpoints", folder / "result.json"
     try:
         job_id = submit(folder / "job.sbatch", [*TRAINING, "--checkpoint-dir", str(checkpoints), "--out", str(result)],
@@ -311,7 +312,7 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
                                 "they were not run here", "ex62", jobs_dir)
     if folder is None:
         return True
-    (folder / "sweep.txt").write_text("\n".join(sweep_lines) + "\n")
+    write_atomically(folder / "sweep.txt", lambda tmp: tmp.write_text("\n".join(sweep_lines) + "\n"), "Sweep file")
     shared = config_flags(config, skip=(*SCRIPT_FIELDS, "lr"))
     env = job_env(folder)  # WORKSHOP_RUNS: the tasks' results go to <folder>/wu-sweep-<array id>/
     job_id = submit(template("train_array.sbatch"), ["sweep.txt", *shared],

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..system.errors import WorkshopError
-from ..system.results import repo_root, write_json
+from ..system.results import repo_root, write_atomically, write_json
 from .slurm_jobs import (
     FINISHED, POLL_S, SCRIPT_FIELDS, binding_table, cancel, compare_final_parameters, config_flags, find_slurm,
     frame_of, give_up, job_env, job_finished, job_records, job_table, job_usage, node_table, partition_table,
@@ -335,7 +335,7 @@ class SlurmLesson:
             # A new file for every sweep: the tasks of an earlier array may not have read theirs yet.
             sweep = fresh_file(self.jobs_dir, f"sweep-{'-'.join(swept)}", ".txt")
             lines = [shlex.join(config_flags(c, only=swept)) for c in configs]
-            sweep.write_text("\n".join(lines) + "\n")
+            write_atomically(sweep, lambda tmp: tmp.write_text("\n".join(lines) + "\n"), "Sweep file")
             self._cd()
             print(f"$ cat {sweep.name}\n" + "\n".join(lines))
             array = f"--array=0-{len(configs) - 1}" + (f"%{max_running}" if max_running else "")

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from ..system.errors import WorkshopError
+from ..system.results import write_atomically
 from .slurm_scripts import SCRIPT_FIELDS
 
 
@@ -43,8 +44,7 @@ def gather_array(folder: str | os.PathLike, out: str | os.PathLike | None = None
                      **{m: record["metrics"].get(m) for m in SWEEP_METRICS}})
     frame = pd.DataFrame(rows)
     if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(out, index=False)
+        write_atomically(out, lambda tmp: frame.to_csv(tmp, index=False), "Sweep table")
     return frame
 
 
