@@ -187,6 +187,11 @@ def test_an_abort_reads_the_ranks_own_output_where_it_was_kept_apart():
     assert "; it printed: rank 0's own reason (then" in cause.line
 
 
+def test_an_abort_is_not_given_an_unlabelled_line_another_crashed_rank_may_have_printed():
+    cause = root_cause([*GLOO_ABORT, *report({1: (-6, None), 0: (-11, None)})], world_size=2)
+    assert cause.rank == 0 and "; it printed" not in cause.line
+
+
 def test_a_signal_with_nothing_native_printed_says_no_more():
     cause = root_cause(["[rank0]: step 1 of 2", *report({1: (-6, None), 0: (-15, None)})], world_size=2)
     assert cause.line == ("rank 1 failed first: killed by SIGABRT, with no Python error (then rank 0 was stopped "

@@ -68,6 +68,7 @@ SIGNAL_FIXES = {
     "SIGABRT": "native code aborted (a failed C++ check, NCCL's watchdog): the rank's last lines say why.",
     "SIGTERM": "something outside the run stopped it: a scheduler's time limit or pre-emption, or a user.",
 }
+NATIVE_CRASHES = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
 SIGNAL_FIXES["SIGBUS"] = SIGNAL_FIXES["SIGILL"] = SIGNAL_FIXES["SIGFPE"] = SIGNAL_FIXES["SIGSEGV"]
 SIGNAL_FIXES["SIGINT"] = SIGNAL_FIXES["SIGHUP"] = SIGNAL_FIXES["SIGTERM"]
 
@@ -338,11 +339,13 @@ def _own_lines(failure: RankFailure, lines, rank_output) -> list[str]:
     return [line for line in printed if line.strip()][-LAST_LINES:]
 
 
-def _native_reason(failure: RankFailure, lines, rank_output) -> str | None:
+def _native_reason(failure: RankFailure, others: list[RankFailure], lines, rank_output) -> str | None:
     """What a rank killed by a signal said last as native code gave up (gloo's failed check, say), shortened."""
     text = (rank_output or {}).get(failure.rank)
     printed = text.splitlines() if text else rank_lines(lines, failure.rank)
-    if not text and not any(map(NATIVE_REASON.search, printed)):  # native code writes no "[rankN]:" in front
+    # Native code writes no "[rankN]:" in front: unlabelled lines are this rank's only if no other rank crashed.
+    if not text and not any(map(NATIVE_REASON.search, printed)) and not any(
+            other.signal in NATIVE_CRASHES for other in others):
         printed = [line for line in lines if not RANK_PREFIX.search(line)]
     reasons = [next(g for g in found.groups() if g) for found in map(NATIVE_REASON.search, printed) if found]
     # "terminate called after throwing ..." comes before the what() that says why: the last what() wins.
@@ -392,7 +395,7 @@ def _failed_first(first: RankFailure, others: list[RankFailure], lines, rank_out
                          first.fix or f"read rank {first.rank}'s own traceback (its last lines are shown): the other "
                                       "ranks' errors are consequences of it.", last, first, others)
     if first.signal:
-        said = _native_reason(first, lines, rank_output)
+        said = _native_reason(first, others, lines, rank_output)
         return RootCause(first.rank, "signal", f"rank {first.rank} failed first: killed by {first.signal}, with no "
                          f"Python error{f'; it printed: {said}' if said else ''}{after}",
                          SIGNAL_FIXES.get(first.signal, "a signal stopped it: find out who sent it."),
