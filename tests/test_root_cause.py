@@ -192,6 +192,49 @@ def test_an_abort_is_not_given_an_unlabelled_line_another_crashed_rank_may_have_
     assert cause.rank == 0 and "; it printed" not in cause.line
 
 
+@pytest.mark.parametrize("printed, says", [
+    (["  what():  boom\r 45%|####", "x"], "boom"),  # a progress bar's carriage return is not kept
+    (["\x1b[31m  what():  boom\x1b[0m"], "boom"),
+    (["  what():  boom\u2028second line"], "boom"),
+    (["free(): invalid pointer"], "free(): invalid pointer"),
+    (["double free or corruption (!prev)"], "double free or corruption (!prev)"),
+    (["*** stack smashing detected ***: terminated"], "*** stack smashing detected ***: terminated"),
+    (["python: ext.c:12: step: Assertion `n > 0' failed."], "python: ext.c:12: step: Assertion `n > 0' failed"),
+    (["F1130 07:05:48.1 55 file.cc:762] Check failed: a == b"], "Check failed: a == b"),
+    (["terminate called without an active exception"], "terminate called without an active exception"),
+])
+def test_what_a_crashed_rank_printed_is_one_clean_line(printed, says):
+    cause = root_cause([*printed, *report({1: (-6, None), 0: (-15, None)})], world_size=2)
+    assert f"; it printed: {says} (then" in cause.line and "\n" not in cause.message()
+
+
+@pytest.mark.parametrize("lines, failures", [
+    (["tip: call e.what(): to see the message"], {1: (-6, None), 0: (-15, None)}),  # a print, not native code
+    (["print('Check failed: 3 of 4')"], {1: (-6, None), 0: (-15, None)}),
+    (GLOO_ABORT, {1: (-9, None), 0: (-15, None)}),  # SIGKILL and SIGTERM leave no chance to print
+    (GLOO_ABORT, {0: (-15, None), 1: (-15, None)}),
+    ([*GLOO_ABORT, "[W] Worker group FAILED. 3/3 attempts left; will restart worker group"],
+     {1: (-6, None), 0: (-15, None)}),  # printed by an earlier attempt
+    (["Fatal Python error: Segmentation fault"], {1: (-6, None), 2: (1, None)}),  # rank 2 failed by itself
+])
+def test_a_line_the_crashed_rank_may_not_have_printed_is_not_given_to_it(lines, failures):
+    cause = root_cause([*lines, *report(failures)], world_size=3)
+    assert "; it printed" not in cause.line
+
+
+def test_torchruns_own_report_is_not_read_as_what_a_rank_printed(tmp_path):
+    other = fail(tmp_path / "2.json", RuntimeError("INTERNAL: Check failed: a == b in my_ext"))
+    cause = root_cause(report({1: (-11, None), 2: (1, other)}), world_size=3)
+    assert "; it printed" not in cause.line
+
+
+def test_where_each_ranks_output_was_kept_apart_no_other_text_is_read():
+    own = {1: "step 3\n", 0: "  what():  rank 0's reason"}
+    cause = root_cause(["  what():  an unlabelled line", *report({1: (-6, None), 0: (-15, None)})], world_size=2,
+                       rank_output=own)
+    assert "; it printed" not in cause.line
+
+
 def test_a_signal_with_nothing_native_printed_says_no_more():
     cause = root_cause(["[rank0]: step 1 of 2", *report({1: (-6, None), 0: (-15, None)})], world_size=2)
     assert cause.line == ("rank 1 failed first: killed by SIGABRT, with no Python error (then rank 0 was stopped "

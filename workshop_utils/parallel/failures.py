@@ -54,7 +54,13 @@ ENFORCE_AT = re.compile(r"\[enforce fail at [^\]]*\]\s*")
 GLOO_ADVICE = re.compile(r"\.?\s*This is typically caused by .*$")
 TORCH_FRAMES = f'File "{Path(torch.__file__).parent}{os.sep}'
 # What native code prints as it aborts: the C++ exception's what(), a failed check, Python's fatal error.
-NATIVE_REASON = re.compile(r"what\(\):\s*(\S.*)|(terminate called \S.*)|(\bCheck failed: .*)|(Fatal Python error: .*)")
+NATIVE_REASON = re.compile(
+    r"^\s*what\(\):\s*(\S.*)|^(terminate called \S.*)|(?:^|\] )(Check failed: .*)|^(Fatal Python error: .*)|"
+    r"^((?:free|malloc|realloc|munmap_chunk)\(\): .*|double free or corruption.*|corrupted size vs\. prev_size.*|"
+    r"\*\*\* stack smashing detected \*\*\*.*|.*: Assertion `.*' failed\.)")
+WEAK_REASONS = ("terminate called", "Fatal Python error")  # they come before, or instead of, the line saying why
+RESTARTED = "will restart worker group"  # torchrun's agent: what came before belongs to an earlier attempt
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 MISMATCHED_COLLECTIVE_FIX = ("run every collective (an all-reduce, a barrier, the DDP model's forward and backward) "
                              "on every rank, in the same order: look for one that only some ranks run, e.g. inside "
@@ -216,11 +222,12 @@ class RankFailed(WorkshopError):
 # torchrun's report ("Root Cause (first observed failure)"): one block of fields per failed rank,
 # each line possibly behind a label the launcher added ("[agent 1] ").
 REPORT_FIELD = re.compile(r"^(?P<label>.*?)\s+(?P<key>time|rank|exitcode|error_file)\s*:\s(?P<value>.*)$")
+REPORT_KEYS = re.compile(r"(?:time|rank|exitcode|error_file)\s*:")
 REPORT_RANK = re.compile(r"^(\d+) \(local_rank: \d+\)")
 REPORT_EXITCODE = re.compile(r"^(-?\d+) \(pid: \d+\)")
 # A line a rank printed behind a prefix that names it: PyTorch's "[rank1]: " on an uncaught exception,
 # the job scripts' "[host rank 1] ".
-RANK_PREFIX = re.compile(r"\[rank(\d+)\]:\s?(.*)$|\[\S+ rank (\d+)\] (.*)$")
+RANK_PREFIX = re.compile(r"\[rank(\d+)\]:\s?(.*)$|\[[^\s\[\]]+ rank (\d+)\] (.*)$")  # no \S+: linear on "[[[["
 
 
 def torchrun_report(lines: list[str]) -> dict[int, RankFailure]:
@@ -228,7 +235,7 @@ def torchrun_report(lines: list[str]) -> dict[int, RankFailure]:
     failures: dict[int, RankFailure] = {}
     blocks: dict[str, dict] = {}
     for line in lines:
-        found = REPORT_FIELD.match(line)
+        found = REPORT_FIELD.match(line) if REPORT_KEYS.search(line) else None  # the match is slow on long lines
         if not found:
             continue
         label, key, value = found.group("label", "key", "value")
@@ -340,17 +347,29 @@ def _own_lines(failure: RankFailure, lines, rank_output) -> list[str]:
 
 
 def _native_reason(failure: RankFailure, others: list[RankFailure], lines, rank_output) -> str | None:
-    """What a rank killed by a signal said last as native code gave up (gloo's failed check, say), shortened."""
-    text = (rank_output or {}).get(failure.rank)
-    printed = text.splitlines() if text else rank_lines(lines, failure.rank)
-    # Native code writes no "[rankN]:" in front: unlabelled lines are this rank's only if no other rank crashed.
-    if not text and not any(map(NATIVE_REASON.search, printed)) and not any(
-            other.signal in NATIVE_CRASHES for other in others):
-        printed = [line for line in lines if not RANK_PREFIX.search(line)]
+    """What a rank that native code crashed said last as it gave up (gloo's failed check, say), shortened."""
+    if failure.signal not in NATIVE_CRASHES:  # SIGKILL, SIGTERM: the process had no chance to print
+        return None
+    lines = [line for line in lines if isinstance(line, str)]
+    restarts = [i for i, line in enumerate(lines) if RESTARTED in line]
+    lines = lines[restarts[-1] + 1 if restarts else 0:]
+    if rank_output is not None:
+        text = rank_output.get(failure.rank)
+        printed = text.splitlines() if isinstance(text, str) else []
+    else:
+        printed = rank_lines(lines, failure.rank)
+        # Native code writes no "[rankN]:" in front: the unlabelled lines before torchrun's report are this
+        # rank's only if every other failure was a consequence of it.
+        if not any(map(NATIVE_REASON.search, printed)) and all(other.consequence for other in others):
+            report = next((i for i, line in enumerate(lines) if "ChildFailedError" in line), len(lines))
+            printed = [line for line in lines[:report] if not RANK_PREFIX.search(line)]
+    printed = [ESCAPES.sub("", line) for line in printed]
     reasons = [next(g for g in found.groups() if g) for found in map(NATIVE_REASON.search, printed) if found]
-    # "terminate called after throwing ..." comes before the what() that says why: the last what() wins.
-    best = [r for r in reasons if not r.startswith(("terminate called", "Fatal Python error"))] or reasons
-    return _short(ENFORCE_AT.sub("failed check: ", best[-1]), 160) if best else None
+    best = [r for r in reasons if not r.startswith(WEAK_REASONS)] or reasons
+    if not best:
+        return None
+    said = (ESCAPES.sub("", best[-1]).splitlines() or [""])[0]  # a progress bar's \r, a colour, a line break
+    return _short(ENFORCE_AT.sub("failed check: ", said), 160) or None
 
 
 def _short(error: str, limit: int = 240) -> str:
