@@ -166,8 +166,10 @@ def wait_for_ranks(folder: Path, rank: int, world_size: int, mine: list[str], li
         done = {r: _record(folder, r, "done") for r in range(world_size) if (folder / f"rank{r}.done").exists()}
         if len(done) == world_size:
             return None if all(d["calls"] == mine for d in done.values()) else "mismatch"
-        if any((_record(folder, r) or {}).get("error") or (_record(folder, r) or {}).get("stopped")
-               for r in range(world_size) if r != rank and r not in done):
+        # A peer writes .done before its error, so one read with an error and still without .done has stopped:
+        # ``done`` alone may be older than the error it would excuse.
+        if any(((_record(folder, r) or {}).get("error") or (_record(folder, r) or {}).get("stopped"))
+               and not (folder / f"rank{r}.done").exists() for r in range(world_size) if r != rank and r not in done):
             return "peer failed"
         if any(len(started_calls(folder, r)) > len(mine) for r in range(world_size) if r not in done):
             return "mismatch"
