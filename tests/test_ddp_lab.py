@@ -142,6 +142,11 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("python -u -m torch.distributed.run --nproc-per-node=2 {s}", []),
     (f"{shlex.quote(sys.executable)} -m torch.distributed.run --nproc-per-node=2 {{s}}", []),  # the kernel's Python
     ("time torchrun --nproc-per-node=2 {s}", []),
+    ("nice -n 5 torchrun --nproc-per-node=2 {s}", []),
+    ("stdbuf -oL torchrun --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
+    ("python -mtorch.distributed.run --nproc-per-node=2 {s}", []),
+    ("exec torchrun --nproc-per-node=2 {s}", []),
+    ("exec torchrun --nproc-per-node=2 {s}; torchrun --nproc-per-node=4 {s}", []),  # exec ends the line there
     ("/usr/bin/env torchrun --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
     # a rendezvous on this machine, named
     ("torchrun --master-addr=localhost --master-port=29500 --nproc-per-node=2 {s}", []),
@@ -194,6 +199,8 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     # The launcher torchrun replaced passes --local-rank=<n> as an argument, and the lab's script stops on it.
     ("python -m torch.distributed.launch --nproc-per-node=2 {s}", "passes --local-rank=<n> to the script"),
     ("python3 -m torch.distributed.launch --nproc_per_node=2 {s} --epochs 2", "unrecognized arguments: --local-rank"),
+    ("python -mtorch.distributed.launch --nproc-per-node=2 {s}", "passes --local-rank=<n> to the script"),
+    ("nice python {s}", "the command starts 'python', not torchrun"),
     # python starts one process, with none of torchrun's variables: said before anything starts
     ("python {s}", "the command starts 'python', not torchrun"),
     ("python3 -u {s} --epochs 2", "the command starts 'python3', not torchrun"),
@@ -769,6 +776,26 @@ def test_gradients_averaged_by_hand_are_compared_with_ddp_on_two_nodes_then_one(
         else:
             assert isinstance(verdict, NotYet) and message in str(verdict), f"{kind}: {verdict}"
             assert "\n" not in str(verdict) and "ReduceOp.AVG" not in str(verdict)
+
+
+def test_a_peer_that_ended_with_the_same_error_is_not_taken_for_one_that_stopped(tmp_path, monkeypatch):
+    """The peer writes .done, then its error, between this rank's look for .done files and its read of the error:
+    it finished as this rank did (an error on every rank alike), so the launch goes on to the next function."""
+    from workshop_utils.exercises import ddp_lab_gradients
+
+    (tmp_path / "rank1.done").write_text('{"calls": []}')
+    real, ended = ddp_lab_gradients._record, []
+
+    def peer_ends_meanwhile(folder, rank, ending="json"):
+        if rank == 0 and ending == "json" and not ended:
+            ended.append((folder / "rank0.done").write_text('{"calls": []}'))
+            (folder / "rank0.json").write_text('{"rank": 0, "error": "SystemExit: 3", "calls": []}')
+        return real(folder, rank, ending)
+
+    monkeypatch.setattr(ddp_lab_gradients, "_record", peer_ends_meanwhile)
+    assert ddp_lab_gradients.wait_for_ranks(tmp_path, 1, 2, [], limit_s=30) is None
+    (tmp_path / "rank0.done").unlink()  # one that wrote its error without .done stopped in its function
+    assert ddp_lab_gradients.wait_for_ranks(tmp_path, 1, 2, [], limit_s=30) == "peer failed"
 
 
 @pytest.mark.slow  # one launch: a function whose ranks diverge ends it

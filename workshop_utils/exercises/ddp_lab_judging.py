@@ -23,15 +23,16 @@ from .exercise_cells import NotYet, require
 from .exercise_judging import short
 
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
-# All bash finds on PATH: srun, env and nohup run the stand-in named (VAR=value set), torchrun and python record.
-STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "module")
+# All bash finds on PATH: srun, env, nohup, nice and stdbuf run the stand-in named (VAR=value set), torchrun and
+# python record.
+STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "module")
 # The folders and the exit code are written into the text, not read from the environment, which the line sets
 # (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
 # with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &. No /proc.
 STAND_IN = r"""#!@BASH@ -p
 tools=@TOOLS@ record=@RECORD@
 case ${0##*/} in
-srun|env|nohup)
+srun|env|nohup|nice|stdbuf)
     while (( $# )) && [[ $1 == */* || ! -f $tools/$1 ]]; do
         [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $1 =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
             export "$1"
@@ -51,13 +52,15 @@ exit @EXIT@
 """
 # Before the line: 1 MiB of output and 256 MiB of memory at most, cd moves LAB_CD (a restricted bash has no cd) to
 # a folder that exists, /usr/bin/env is env and the kernel's own Python by its path (f"{sys.executable} -m ...") is
-# python, source (a venv's activate) does nothing, no kill, and every command waits for those in the background
-# first (so does the end): the trace is in order.
+# python, source (a venv's activate) does nothing, exec runs its command and ends the line (a restricted bash has
+# no exec), no kill, and every command waits for those in the background first (so does the end): the trace is in
+# order.
 OUTPUT_LIMIT = 2**20  # bytes of the line's trace
 PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
            '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
            '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; source() { :; }; .() { :; }; '
+           'exec() { (( $# )) || return 0; "$@"; exit; }; '
            + (f'{sys.executable}() {{ python "$@"; }}; ' if shlex.quote(sys.executable) == sys.executable else '')
            + 'enable -n kill enable; trap wait DEBUG; lab_end() { wait; }; trap lab_end EXIT; set -x\n')
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
@@ -246,7 +249,8 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
             if (record / "said").stat().st_size >= OUTPUT_LIMIT:
                 said = said or f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
             traced = stderr.split("\n+ lab_end\n")[0].split("# launched\n", 1)[1:]
-            after += [t.removeprefix("+ ") for t in "".join(traced).splitlines() if t.startswith("+ ")]
+            after += [t.removeprefix("+ ") for t in "".join(traced).splitlines() if t.startswith("+ ") and
+                      t != "+ exit"]  # the end of the line, as exec ends it
             said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"),
                                 "")
             for argv in sorted(record.glob("*.argv")):
@@ -352,6 +356,8 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
     while index < len(tokens) - 1 and tokens[index].startswith("-") and tokens[index] not in ("-", "-c"):
         if tokens[index] == "-m":
             return tokens[index + 1], index + 2
+        if tokens[index].startswith("-m"):  # -mtorch.distributed.run, as python reads it too
+            return tokens[index][2:], index + 1
         index += 2 if tokens[index] in ("-W", "-X") else 1
     return None, 1
 
