@@ -147,6 +147,12 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("python -mtorch.distributed.run --nproc-per-node=2 {s}", []),
     ("exec torchrun --nproc-per-node=2 {s}", []),
     ("exec torchrun --nproc-per-node=2 {s}; torchrun --nproc-per-node=4 {s}", []),  # exec ends the line there
+    ("exec -a name -- torchrun --nproc-per-node=2 {s}", []),
+    ("nice -5 stdbuf -o L --error=0 torchrun --nproc-per-node=2 {s}", []),
+    ("nice --adjustment=3 nohup torchrun --nproc-per-node=2 {s}", []),
+    ("python -Im torch.distributed.run --nproc-per-node=2 {s}", []),  # python's flags joined, as it reads them
+    ("python -Wignore -X dev -umtorch.distributed.run --nproc-per-node=2 {s}", []),
+    ("python --check-hash-based-pycs always -m torch.distributed.run --nproc-per-node=2 {s}", []),
     ("/usr/bin/env torchrun --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
     # a rendezvous on this machine, named
     ("torchrun --master-addr=localhost --master-port=29500 --nproc-per-node=2 {s}", []),
@@ -201,6 +207,21 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("python3 -m torch.distributed.launch --nproc_per_node=2 {s} --epochs 2", "unrecognized arguments: --local-rank"),
     ("python -mtorch.distributed.launch --nproc-per-node=2 {s}", "passes --local-rank=<n> to the script"),
     ("nice python {s}", "the command starts 'python', not torchrun"),
+    # from a review that tried to fool the wrappers: what coreutils and bash would refuse, said as they say it
+    ("exec torchrun --nproc-per-node=2 {s} &", "the command ends in &, which runs the launch in the background"),
+    ("{{ torchrun --nproc-per-node=2 {s}; }} &", "the command ends in &, which runs the launch in the background"),
+    ("exec nohup torchrun --nproc-per-node=2 {s} &", "the command ends in &"),
+    ("stdbuf torchrun --nproc-per-node=2 {s}", "(stdbuf: you must specify a buffering mode option)"),
+    ("stdbuf -oX torchrun --nproc-per-node=2 {s}", "(stdbuf: you must specify a buffering mode option)"),
+    ("nice -n x torchrun --nproc-per-node=2 {s}", "(nice: invalid option or value '-n')"),
+    ("nice 10 torchrun --nproc-per-node=2 {s}", "(nice: cannot run '10': No such file or directory)"),
+    ("nice FOO=1 torchrun --nproc-per-node=2 {s}", "(nice: cannot run 'FOO=1': No such file or directory)"),
+    ("nohup banana torchrun --nproc-per-node=2 {s}", "(nohup: cannot run 'banana': No such file or directory)"),
+    ("nice exec torchrun --nproc-per-node=2 {s}", "(nice: cannot run 'exec': No such file or directory)"),
+    ("exec command torchrun --nproc-per-node=2 {s}", "(bash: exec: command: not found)"),
+    ("python -h -m torch.distributed.run --nproc-per-node=2 {s}", "the command starts 'python', not torchrun"),
+    ("python --version -mtorch.distributed.run --nproc-per-node=2 {s}", "the command starts 'python', not torchrun"),
+    ("python -mtorch.distributed.run", "the following arguments are required: training_script"),
     # python starts one process, with none of torchrun's variables: said before anything starts
     ("python {s}", "the command starts 'python', not torchrun"),
     ("python3 -u {s} --epochs 2", "the command starts 'python3', not torchrun"),
