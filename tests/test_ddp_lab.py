@@ -153,6 +153,10 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("python -Im torch.distributed.run --nproc-per-node=2 {s}", []),  # python's flags joined, as it reads them
     ("python -Wignore -X dev -umtorch.distributed.run --nproc-per-node=2 {s}", []),
     ("python --check-hash-based-pycs always -m torch.distributed.run --nproc-per-node=2 {s}", []),
+    # in the foreground: bash waits for it, whatever its stdin
+    ("(cd {d} && torchrun --nproc-per-node=2 my_train_ddp.py < /dev/null)", []),
+    ("(time torchrun --nproc-per-node=2 {s}) < /dev/null", []),
+    ("(f() {{ torchrun --nproc-per-node=2 {s}; }}; f) < /dev/null", []),
     ("/usr/bin/env torchrun --nproc-per-node=2 {s} --epochs 2", ["--epochs", "2"]),
     # a rendezvous on this machine, named
     ("torchrun --master-addr=localhost --master-port=29500 --nproc-per-node=2 {s}", []),
@@ -212,7 +216,7 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("{{ torchrun --nproc-per-node=2 {s}; }} &", "the command ends in &, which runs the launch in the background"),
     ("exec nohup torchrun --nproc-per-node=2 {s} &", "the command ends in &"),
     ("stdbuf torchrun --nproc-per-node=2 {s}", "(stdbuf: you must specify a buffering mode option)"),
-    ("stdbuf -oX torchrun --nproc-per-node=2 {s}", "(stdbuf: you must specify a buffering mode option)"),
+    ("stdbuf -oX torchrun --nproc-per-node=2 {s}", "(stdbuf: invalid option or value '-oX')"),
     ("nice -n x torchrun --nproc-per-node=2 {s}", "(nice: invalid option or value '-n')"),
     ("nice 10 torchrun --nproc-per-node=2 {s}", "(nice: cannot run '10': No such file or directory)"),
     ("nice FOO=1 torchrun --nproc-per-node=2 {s}", "(nice: cannot run 'FOO=1': No such file or directory)"),
@@ -222,6 +226,16 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("python -h -m torch.distributed.run --nproc-per-node=2 {s}", "the command starts 'python', not torchrun"),
     ("python --version -mtorch.distributed.run --nproc-per-node=2 {s}", "the command starts 'python', not torchrun"),
     ("python -mtorch.distributed.run", "the following arguments are required: training_script"),
+    # a second review: & whatever the launch's stdin (bash's own $! says it ran one), and what bash and python refuse
+    ("(torchrun --nproc-per-node=2 {s}) &", "the command ends in &"),
+    ("torchrun --nproc-per-node=2 {s} < /dev/zero &", "the command ends in &"),
+    ("{{ torchrun --nproc-per-node=2 {s}; }} < /dev/zero &", "the command ends in &"),
+    ("exec -x torchrun --nproc-per-node=2 {s}", "(bash: exec: -x: invalid option)"),
+    ("nice -n=5 torchrun --nproc-per-node=2 {s}", "(nice: invalid option or value '-n=5')"),
+    ("stdbuf -o=L torchrun --nproc-per-node=2 {s}", "(stdbuf: invalid option or value '-o=L')"),
+    ("python -z -m torch.distributed.run --nproc-per-node=2 {s}", "the command starts 'python', not torchrun"),
+    ("python --check-hash-based-pycs=always -m torch.distributed.run --nproc-per-node=2 {s}",
+     "the command starts 'python', not torchrun"),
     # python starts one process, with none of torchrun's variables: said before anything starts
     ("python {s}", "the command starts 'python', not torchrun"),
     ("python3 -u {s} --epochs 2", "the command starts 'python3', not torchrun"),

@@ -28,8 +28,7 @@ TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what 
 STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "module")
 # The folders and the exit code are written into the text, not read from the environment, which the line sets
 # (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
-# with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &. A group or
-# a function run with & is a subshell's child (its parent is recorded), SIGINT no longer ignored. No /proc.
+# with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &. No /proc.
 STAND_IN = r"""#!@BASH@ -p
 tools=@TOOLS@ record=@RECORD@
 case ${0##*/} in
@@ -39,18 +38,19 @@ nohup|nice|stdbuf)
         case ${0##*/}:$1 in
         *:--) shift; break ;;
         nice:-n|nice:--adjustment) [[ $2 =~ $number ]] || break; shift ;;
-        nice:-n*|nice:--adjustment=*) [[ ${1#-n} =~ $number || ${1#*=} =~ $number ]] || break ;;
+        nice:-n*) [[ ${1#-n} =~ $number ]] || break ;;
+        nice:--adjustment=*) [[ ${1#*=} =~ $number ]] || break ;;
         nice:-[0-9]*) [[ ${1#-} =~ $number ]] || break ;;
         stdbuf:-[ioe]) [[ $2 =~ $mode ]] || break; modes=1; shift ;;
-        stdbuf:-[ioe]*|stdbuf:--input=*|stdbuf:--output=*|stdbuf:--error=*)
-            [[ ${1:2} =~ $mode || ${1#*=} =~ $mode ]] || break; modes=1 ;;
+        stdbuf:-[ioe]*) [[ ${1:2} =~ $mode ]] || break; modes=1 ;;
+        stdbuf:--input=*|stdbuf:--output=*|stdbuf:--error=*) [[ ${1#*=} =~ $mode ]] || break; modes=1 ;;
         *) break ;;
         esac
         shift
     done
+    [[ $1 == -* ]] && { echo "${0##*/}: invalid option or value '$1'" >&2; exit 125; }
     [[ ${0##*/} == stdbuf && $modes == 0 ]] &&
         { echo "stdbuf: you must specify a buffering mode option" >&2; exit 125; }
-    [[ $1 == -* ]] && { echo "${0##*/}: invalid option or value '$1'" >&2; exit 125; }
     [[ $1 && $1 != */* && -f $tools/$1 ]] ||
         { echo "${0##*/}: cannot run '$1': No such file or directory" >&2; exit 127; }
     exec "$tools/$1" "${@:2}" ;;
@@ -67,8 +67,7 @@ esac
 how=
 [[ $(trap -p INT) && /dev/stdin -ef /dev/null ]] && how=background
 [[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
-[[ /dev/stdin -ef /dev/null ]] && how+=" null-stdin"
-printf '%s\0' "$how $PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
+printf '%s\0' "$how" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
 for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
 echo "# launched" >> "$record/said"
 exit @EXIT@
@@ -83,11 +82,13 @@ PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
            '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
            '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; source() { :; }; .() { :; }; '
-           'exec() { while [[ $1 == -* ]]; do [[ $1 == -*a ]] && shift; [[ $1 == -- ]] && { shift; break; }; shift; '
-           'done; (( $# )) || return 0; [[ $1 == */* || $(type -t "$1") == file ]] || '
+           'exec() { while [[ $1 == -* ]]; do [[ $1 == -- ]] && { shift; break; }; [[ $1 =~ ^-[cl]*a?$ ]] || '
+           '{ echo "bash: exec: $1: invalid option" >&2; exit 2; }; [[ $1 == *a ]] && shift; shift; done; '
+           '(( $# )) || return 0; [[ $1 == */* || $(type -t "$1") == file ]] || '
            '{ echo "bash: exec: $1: not found" >&2; exit 127; }; "$@"; exit; }; '
            + (f'{sys.executable}() {{ python "$@"; }}; ' if shlex.quote(sys.executable) == sys.executable else '')
-           + 'enable -n kill enable; trap wait DEBUG; lab_end() { wait; }; trap lab_end EXIT; set -x\n')
+           + 'enable -n kill enable; trap wait DEBUG; lab_end() { [[ $! ]] && echo "# background" >&2; wait; }; '
+           'trap lab_end EXIT; set -x\n')
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
@@ -267,14 +268,14 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
                 (tools / name).chmod(0o755)
             base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
             with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the file small
-                shell = _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE + line], base, record,
-                                        nothing, errors)
-                if shell is None:
+                if not _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE + line], base, record,
+                                       nothing, errors):
                     return [], [], False, f"{TIMED_OUT} {LINE_TIMEOUT_S} s"
             stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
             if (record / "said").stat().st_size >= OUTPUT_LIMIT:
                 said = said or f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
             traced = stderr.split("\n+ lab_end\n")[0].split("# launched\n", 1)[1:]
+            background = background or "\n# background\n" in stderr  # lab_end's: bash set $! for an &
             after += [t.removeprefix("+ ") for t in "".join(traced).splitlines() if t.startswith("+ ") and
                       t != "+ exit"]  # the end of the line, as exec ends it
             said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"),
@@ -284,9 +285,7 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
                 if len(fields) < 3:  # a stand-in stopped while writing it (the line's own ulimit -f)
                     continue
                 how, cwd, *words = fields
-                *how, parent = how.split()  # a child of a subshell, with no stdin, was started by & too
-                background = background or "background" in how or ("null-stdin" in how and int(parent) != shell)
-                after += ["a pipe"] * ("pipe" in how)
+                background, after = background or "background" in how, after + ["a pipe"] * ("pipe" in how)
                 env = argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1]
                 if code == 0:
                     launches.append((cwd, words, {k: v for k, _, v in (e.partition("=") for e in env)
@@ -294,10 +293,9 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
     return launches, list(dict.fromkeys(after)), background, said
 
 
-def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> int | None:
-    """``command`` run in a session of its own, within LINE_TIMEOUT_S (its process id, None past that); whatever it
-    started is ended with it (a loop left in the background, a job in a process group of its own), so nothing
-    outlives the check."""
+def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> bool:
+    """``command`` run in a session of its own, within LINE_TIMEOUT_S; whatever it started is ended with it
+    (a loop left in the background, a job in a process group of its own), so nothing outlives the check."""
     import signal
     import time
 
@@ -321,7 +319,7 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> 
             break
         time.sleep(0.05)  # a SIGKILL takes a moment to land
     shell.wait()
-    return shell.pid if ended else None
+    return ended
 
 
 def _session(pid: int) -> int | None:
@@ -385,13 +383,14 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
     index = 1
     while index < len(tokens) and tokens[index].startswith("-") and tokens[index] != "-":
         word = tokens[index]
-        if word.startswith("--"):  # --help and --version print and run nothing; --check-hash-based-pycs takes one
-            if word.startswith(("--help", "--version")) or word == "--":
+        if word.startswith("--"):  # the one long option that runs on; --help, --version and the rest stop python
+            if word != "--check-hash-based-pycs" or tokens[index + 1:index + 2] not in (["default"], ["always"],
+                                                                                         ["never"]):
                 return None, 1
-            index += 2 if word == "--check-hash-based-pycs" else 1
+            index += 2
             continue
         for at, letter in enumerate(word[1:], start=2):
-            if letter in "chV?":
+            if letter not in "bBdEiIOPqRsSuvxmWX":  # -c, -h, -V, -? and unknown letters run no module
                 return None, 1
             if letter in "mWX":
                 if letter == "m":
