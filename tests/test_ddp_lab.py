@@ -241,6 +241,11 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     ("python -z -m torch.distributed.run --nproc-per-node=2 {s}", "the command starts 'python', not torchrun"),
     ("python --check-hash-based-pycs=always -m torch.distributed.run --nproc-per-node=2 {s}",
      "the command starts 'python', not torchrun"),
+    # a third review: the loader's variables would load a library the line names into the check's own programs
+    ("LD_PRELOAD=/nonexistent/x.so torchrun --nproc-per-node=2 {s}", "the command sets LD_PRELOAD, which makes"),
+    ("export LD_LIBRARY_PATH=/nonexistent; torchrun --nproc-per-node=2 {s}", "the command sets LD_LIBRARY_PATH"),
+    ("env LD_AUDIT=/nonexistent/x.so torchrun --nproc-per-node=2 {s}", "(env: LD_AUDIT: the check's shell loads no"),
+    ("srun GCONV_PATH=/nonexistent torchrun --nproc-per-node=2 {s}", "(srun: GCONV_PATH: the check's shell loads no"),
     # python starts one process, with none of torchrun's variables: said before anything starts
     ("python {s}", "the command starts 'python', not torchrun"),
     ("python3 -u {s} --epochs 2", "the command starts 'python3', not torchrun"),

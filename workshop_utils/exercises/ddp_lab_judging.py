@@ -30,7 +30,7 @@ STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "s
 # (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
 # with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &. No /proc.
 STAND_IN = r"""#!@BASH@ -p
-tools=@TOOLS@ record=@RECORD@
+tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
 case ${0##*/} in
 nohup|nice|stdbuf)
     # The real tool reads its own options and runs the next word from PATH, a stand-in: never a program by its path.
@@ -42,6 +42,7 @@ nohup|nice|stdbuf)
     exec -a "${0##*/}" "$real" "$@" ;;
 srun|env)
     while (( $# )) && [[ $1 == */* || ! -f $tools/$1 ]]; do
+        [[ $1 =~ ^(LD_[A-Z_]*|GCONV_PATH)= ]] && { echo "${0##*/}: ${1%%=*}: $NO_LOADER" >&2; exit 125; }
         [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $1 =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
             export "$1"
         shift
@@ -64,6 +65,10 @@ exit @EXIT@
 # no exec), no kill, and every command waits for those in the background first (so does the end): the trace is in
 # order.
 OUTPUT_LIMIT = 2**20  # bytes of the line's trace
+# What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
+# readonly in the line's bash, refused by env and srun.
+LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
+                    "LD_PROFILE_OUTPUT", "GCONV_PATH")
 PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
            '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
@@ -73,6 +78,7 @@ PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            '(( $# )) || return 0; [[ $1 == */* || $(type -t "$1") == file ]] || '
            '{ echo "bash: exec: $1: not found" >&2; exit 127; }; "$@"; exit; }; '
            + (f'{sys.executable}() {{ python "$@"; }}; ' if shlex.quote(sys.executable) == sys.executable else '')
+           + f'readonly {" ".join(LOADER_VARIABLES)}; '
            + 'enable -n kill enable; trap wait DEBUG; lab_end() { [[ $! ]] && echo "# background" >&2; wait; }; '
            'trap lab_end EXIT; set -x\n')
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
@@ -154,6 +160,10 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
            "expand.", "write the values themselves, e.g. EXAMPLE (an f-string puts Python's values in).")
     refuse(not text, "the command has no launch line.", "write the launch line, e.g. EXAMPLE.")
     launches, after, background, said = _run_in_bash(text)
+    loader = re.match(r"(\w+): readonly variable", said)
+    refuse(loader and loader.group(1) in LOADER_VARIABLES, f"the command sets {loader and loader.group(1)}, which "
+           "makes every program load what it names: the check runs no library or file of the line's.",
+           "leave it out: EXAMPLE.")
     redirected = re.match(r"(.*): restricted: cannot redirect output", said)
     if not launches:
         refuse(redirected, f"the command redirects output ({short(redirected and redirected.group(1), 40)}), which "
