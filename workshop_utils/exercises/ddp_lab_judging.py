@@ -26,6 +26,10 @@ TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what 
 # All bash finds on PATH: srun and env run the stand-in named (VAR=value set); nohup, nice and stdbuf are coreutils'
 # own, kept to the stand-ins; torchrun and python record.
 STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "module")
+# What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
+# readonly in the line's bash, refused by env and srun.
+LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
+                    "LD_PROFILE_OUTPUT", "GCONV_PATH")
 # The folders and the exit code are written into the text, not read from the environment, which the line sets
 # (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
 # with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &. No /proc.
@@ -42,7 +46,7 @@ nohup|nice|stdbuf)
     exec -a "${0##*/}" "$real" "$@" ;;
 srun|env)
     while (( $# )) && [[ $1 == */* || ! -f $tools/$1 ]]; do
-        [[ $1 =~ ^(LD_[A-Z_]*|GCONV_PATH)= ]] && { echo "${0##*/}: ${1%%=*}: $NO_LOADER" >&2; exit 125; }
+        [[ $1 =~ ^(@LOADER@)= ]] && { echo "${0##*/}: ${1%%=*}: $NO_LOADER" >&2; exit 125; }
         [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $1 =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
             export "$1"
         shift
@@ -65,10 +69,6 @@ exit @EXIT@
 # no exec), no kill, and every command waits for those in the background first (so does the end): the trace is in
 # order.
 OUTPUT_LIMIT = 2**20  # bytes of the line's trace
-# What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
-# readonly in the line's bash, refused by env and srun.
-LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
-                    "LD_PROFILE_OUTPUT", "GCONV_PATH")
 PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
            '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
@@ -261,7 +261,8 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
             for name in STAND_INS:
                 (tools / name).write_text(STAND_IN.replace("@BASH@", bash).replace("@EXIT@", str(code)).replace(
                     "@TOOLS@", shlex.quote(str(tools))).replace("@RECORD@", shlex.quote(str(record))).replace(
-                    "@SYSTEM_PATH@", shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin")))
+                    "@SYSTEM_PATH@", shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin")).replace(
+                    "@LOADER@", "|".join(LOADER_VARIABLES)))
                 (tools / name).chmod(0o755)
             base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
             with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the file small
