@@ -165,6 +165,9 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("torchrun --nproc-per-node=2 {s} < /dev/null", []),
     ("torchrun --nproc-per-node=2 {s} 1>&2", []),
     ("torchrun --nproc-per-node=2 {s} 2>&1", []),
+    # what a terminal takes before a launch: a module loaded first, shell settings (set is off in the check's shell)
+    ("module load gcc && torchrun --nproc-per-node=2 {s}", []),
+    ("set -euo pipefail; torchrun --nproc-per-node=2 {s}", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"
@@ -260,6 +263,17 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     # a loop that never ends is named by the limit it met; the check's own folders are not shown
     ("while :; do :; done; torchrun --nproc-per-node=2 {s}", "(it ran on until its trace filled the check's 1 MiB"),
     ("torchrun --nproc-per-node=2 {s} < ~+/missing", "started no torchrun (…/run0/missing: No such file"),
+    # a fourth review: nothing the line does turns off the trace or the & it ends with (set, shopt and trap are off;
+    # PS4, BASH_XTRACEFD and the check's functions readonly), and a single & typed for && is named as that
+    ("set +x; torchrun --nproc-per-node=2 {s}; echo hi", "chains a second command to the launch (echo hi)"),
+    ("torchrun --nproc-per-node=2 {s}; shopt -uo xtrace; echo hi", "(shopt -uo xtrace, echo hi)"),
+    ("eval 'builtin set +x'; torchrun --nproc-per-node=2 {s}; echo hi", "to the launch (echo hi)"),
+    ("PS4=; torchrun --nproc-per-node=2 {s}; echo hi", "started no torchrun (PS4: readonly variable)"),
+    ("BASH_XTRACEFD=1; torchrun --nproc-per-node=2 {s}; echo hi", "(BASH_XTRACEFD: readonly variable)"),
+    ("lab_end() {{ :; }}; torchrun --nproc-per-node=2 {s} < /dev/zero &", "the command ends in &"),
+    ("trap - EXIT; torchrun --nproc-per-node=2 {s} < /dev/zero &", "the command ends in &"),
+    ("module load gcc & torchrun --nproc-per-node=2 {s}", "has a single & in front of the launch, which runs what"),
+    ("module load gcc & (torchrun --nproc-per-node=2 {s})", "has a single & in front of the launch"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"
@@ -319,13 +333,17 @@ def _running(marker: str) -> list[psutil.Process]:
             and any(marker in word for word in p.info["cmdline"] or [])]
 
 
+BUSY = "[[ " + "a" * 40 + "b == *(a|aa)*(a|aa)c ]]"  # minutes of one bash on a CPU, traced once: no output
+
+
 @pytest.mark.parametrize("line, verdict", [
-    # the loops wait in front of the launch until the time is up: the shell, and they, are ended then
-    ("set +x; {{ while :; do :; done & }}; torchrun --nproc-per-node=2 {s}", "line did not end within 2 s, though"),
-    # a job with a process group of its own (job control on) is ended too: the whole session is
-    ("set +x; set -m; {{ while :; do :; done & }}; torchrun --nproc-per-node=2 {s}", "line did not end within 2 s, though"),
-    # the shell ends at once, the loop left behind is ended with it
-    ("set +x; trap - DEBUG EXIT; {{ while :; do :; done & }}; disown -a; torchrun --nproc-per-node=2 {s}", None),
+    # the busy command in the background keeps the launch waiting until the time is up: the shell, and it, are ended
+    (f"{{{{ {BUSY} & }}}}; torchrun --nproc-per-node=2 {{s}}", "line did not end within 2 s, though"),
+    # set -m (a process group of its own) and trap are off in the check's shell: the same
+    (f"set -m; {{{{ {BUSY} & }}}}; torchrun --nproc-per-node=2 {{s}}", "line did not end within 2 s, though"),
+    (f"trap - DEBUG EXIT; {{{{ {BUSY} & }}}}; disown -a; torchrun --nproc-per-node=2 {{s}}", "did not end within 2"),
+    # a wait of the line's own: the shell ends at once, what it left behind is ended with it
+    (f"wait() {{{{ :; }}}}; {{{{ {BUSY} & }}}}; disown -a; torchrun --nproc-per-node=2 {{s}}", "a single & in front"),
 ])
 def test_nothing_the_line_starts_outlives_the_check(tmp_path, monkeypatch, line, verdict):
     monkeypatch.setattr(ddp_lab_judging, "LINE_TIMEOUT_S", 2)

@@ -32,7 +32,8 @@ LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD
                     "LD_PROFILE_OUTPUT", "GCONV_PATH")
 # The folders and the exit code are written into the text, not read from the environment, which the line sets
 # (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
-# with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &. No /proc.
+# with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &; bash's own
+# $! (the last command run with &: the launch, or the subshell it runs in) tells the rest. No /proc.
 STAND_IN = r"""#!@BASH@ -p
 tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
 case ${0##*/} in
@@ -58,7 +59,7 @@ esac
 how=
 [[ $(trap -p INT) && /dev/stdin -ef /dev/null ]] && how=background
 [[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
-printf '%s\0' "$how" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
+printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
 for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
 echo "# launched" >> "$record/said"
 exit @EXIT@
@@ -67,7 +68,8 @@ exit @EXIT@
 # a folder that exists, /usr/bin/env is env and the kernel's own Python by its path (f"{sys.executable} -m ...") is
 # python, source (a venv's activate) does nothing, exec runs its command and ends the line (a restricted bash has
 # no exec), no kill, and every command waits for those in the background first (so does the end): the trace is in
-# order.
+# order. Then nothing the line does hides a command from the trace or an & from the end: these functions, PS4 and
+# BASH_XTRACEFD are readonly, and set, shopt and trap are off (enable too, so that nothing turns them back on).
 OUTPUT_LIMIT = 2**20  # bytes of the line's trace
 PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
@@ -79,8 +81,9 @@ PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            '{ echo "bash: exec: $1: not found" >&2; exit 127; }; "$@"; exit; }; '
            + (f'{sys.executable}() {{ python "$@"; }}; ' if shlex.quote(sys.executable) == sys.executable else '')
            + f'readonly {" ".join(LOADER_VARIABLES)}; '
-           + 'enable -n kill enable; trap wait DEBUG; lab_end() { [[ $! ]] && echo "# background" >&2; wait; }; '
-           'trap lab_end EXIT; set -x\n')
+           + 'trap wait DEBUG; lab_end() { [[ $! ]] && echo "# background $!" >&2; wait; }; trap lab_end EXIT; '
+           'readonly -f $(compgen -A function); readonly PS4 BASH_XTRACEFD; set -x; '
+           'enable -n kill set shopt trap enable\n')
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
@@ -176,8 +179,11 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(after or len(launches) > 1, "the command chains a second command to the launch ("
            + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun launch "
            "alone.", "make it the launch line only, e.g. EXAMPLE; run anything else in a cell of its own.")
-    refuse(background, "the command ends in &, which runs the launch in the background: nothing would wait for it "
-           "to end.", "leave the & out: EXAMPLE.")
+    refuse(background == "launch", "the command ends in &, which runs the launch in the background: nothing would "
+           "wait for it to end.", "leave the & out: EXAMPLE.")
+    refuse(background, "the command has a single & in front of the launch, which runs what comes before it in the "
+           "background: the launch would start without waiting for it.",
+           "write && to run the launch after it succeeds, or run that command in a cell of its own: EXAMPLE.")
     folder, tokens, assigned = launches[0]
     quoted = shlex.quote(str(script))
     refuse(quoted != str(script) and str(script) in text and str(script) not in tokens, f"the path of your script "
@@ -248,10 +254,11 @@ def _torchrun_reads(args: list[str], launch: bool = False) -> argparse.Namespace
 TIMED_OUT = "did not end within"
 
 
-def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str], bool, str]:
+def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str], str, str]:
     """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
-    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
-    launches, after, background, said = [], [], False, ""
+    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs.
+    What ran with &: "launch", "" for nothing, else "other" (bash's $! was set)."""
+    launches, after, background, said = [], [], "", ""
     bash = shutil.which("bash") or "/bin/bash"
     with tempfile.TemporaryDirectory() as folder:
         (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
@@ -268,22 +275,25 @@ def _run_in_bash(line: str) -> tuple[list[tuple[str, list[str], dict]], list[str
             with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the file small
                 if not _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE + line], base, record,
                                        nothing, errors):
-                    return [], [], False, f"{TIMED_OUT} {LINE_TIMEOUT_S} s"
+                    return [], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s"
             stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
             if (record / "said").stat().st_size >= OUTPUT_LIMIT:
                 said = said or f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
             traced = stderr.split("\n+ lab_end\n")[0].split("# launched\n", 1)[1:]
-            background = background or "\n# background\n" in stderr  # lab_end's: bash set $! for an &
+            last = re.search(r"\n# background (\d+)\n", stderr)  # lab_end's: the last command bash ran with &
+            background = background or "other" * bool(last)
             after += [t.removeprefix("+ ") for t in "".join(traced).splitlines() if t.startswith("+ ") and
                       t != "+ exit"]  # the end of the line, as exec ends it
             said = said or next((re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"),
                                 "")
             for argv in sorted(record.glob("*.argv")):
                 fields = argv.read_text(errors="surrogateescape").split("\0")[:-1]
-                if len(fields) < 3:  # a stand-in stopped while writing it (the line's own ulimit -f)
+                if len(fields) < 4:  # a stand-in stopped while writing it (the line's own ulimit -f)
                     continue
-                how, cwd, *words = fields
-                background, after = background or "background" in how, after + ["a pipe"] * ("pipe" in how)
+                how, parent, cwd, *words = fields
+                if "background" in how or last and last.group(1) in (argv.stem, parent):
+                    background = "launch"
+                after += ["a pipe"] * ("pipe" in how)
                 env = argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1]
                 if code == 0:
                     launches.append((cwd, words, {k: v for k, _, v in (e.partition("=") for e in env)
