@@ -25,7 +25,7 @@ import workshop_utils as wu
 from workshop_utils.exercises import ddp_lab
 from workshop_utils.exercises.ddp_lab import (LAB_EXERCISE, judge_average_gradients, lab_folder, placeholders_left,
                                               read_launch_line, solution_text)
-from workshop_utils.exercises import ddp_lab_files, ddp_lab_judging
+from workshop_utils.exercises import ddp_lab_files, ddp_lab_launch
 from workshop_utils.exercises.ddp_lab_files import (LIMIT_FACTOR, LIMIT_FLOOR_S, note_progress, run_nodes, scaled_limit,
                                                     what_ran)
 from workshop_utils.exercises.ddp_lab_gradients import function_source, gradients_failure, shipped_globals
@@ -115,6 +115,7 @@ def test_the_checker_asks_for_the_command_while_it_is_the_placeholder(tmp_path, 
     (None, "`lab_command` is None"),
     (42, "cannot be read as a command line"),
     ("", "the command has no launch line"),
+    (["torchrun", ["--nproc-per-node=2"]], "`lab_command` is a list with an item that is no word"),
 ])
 def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, command, message):
     """None is no launch line: only leaving `command` out lets the checker write the torchrun line itself."""
@@ -165,9 +166,10 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("torchrun --nproc-per-node=2 {s} < /dev/null", []),
     ("torchrun --nproc-per-node=2 {s} 1>&2", []),
     ("torchrun --nproc-per-node=2 {s} 2>&1", []),
-    # what a terminal takes before a launch: a module loaded first, shell settings (set is off in the check's shell)
+    # what a terminal takes around a launch: a module loaded first, a time limit, srun running one task
     ("module load gcc && torchrun --nproc-per-node=2 {s}", []),
-    ("set -euo pipefail; torchrun --nproc-per-node=2 {s}", []),
+    ("timeout 600 torchrun --nproc-per-node=2 {s}", []),
+    ("srun --ntasks=1 --nodes=1 torchrun --nproc-per-node=2 {s}", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"
@@ -177,6 +179,14 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     assert bool(stdbuf) == ("stdbuf" in command), "what stdbuf sets reaches the launch, as it would"
     assert {k: v for k, v in launch.assigned.items() if k not in stdbuf} == (
         {"OMP_NUM_THREADS": "1"} if "OMP" in command else {})
+
+
+def test_torchruns_own_variables_count_as_its_options(tmp_path):
+    """torchrun reads PET_NPROC_PER_NODE as --nproc-per-node: the line launches 2 processes, and the variable
+    reaches the launch."""
+    script = tmp_path / "my_train_ddp.py"
+    assert read_launch_line(f"PET_NPROC_PER_NODE=2 torchrun {script}", script, 2).assigned == {
+        "PET_NPROC_PER_NODE": "2"}
 
 
 @pytest.mark.parametrize("command, message", [
@@ -263,17 +273,37 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     # a loop that never ends is named by the limit it met; the check's own folders are not shown
     ("while :; do :; done; torchrun --nproc-per-node=2 {s}", "(it ran on until its trace filled the check's 1 MiB"),
     ("torchrun --nproc-per-node=2 {s} < ~+/missing", "started no torchrun (…/run0/missing: No such file"),
-    # a fourth review: nothing the line does turns off the trace or the & it ends with (set, shopt and trap are off;
-    # PS4, BASH_XTRACEFD and the check's functions readonly), and a single & typed for && is named as that
-    ("set +x; torchrun --nproc-per-node=2 {s}; echo hi", "chains a second command to the launch (echo hi)"),
-    ("torchrun --nproc-per-node=2 {s}; shopt -uo xtrace; echo hi", "(shopt -uo xtrace, echo hi)"),
-    ("eval 'builtin set +x'; torchrun --nproc-per-node=2 {s}; echo hi", "to the launch (echo hi)"),
+    # a fourth review: nothing the line does turns off the trace or the & it ends with (the builtins that change
+    # what runs around a launch are off and named; PS4, BASH_XTRACEFD and the check's functions readonly), eval's
+    # commands are traced too, and a single & typed for && is named as that
+    ("set +x; torchrun --nproc-per-node=2 {s}; echo hi", "the command runs set, which the check's shell leaves out"),
+    ("torchrun --nproc-per-node=2 {s}; shopt -uo xtrace; echo hi", "the command runs shopt"),
+    ("eval 'builtin set +x'; torchrun --nproc-per-node=2 {s}; echo hi", "the command runs set"),
+    ("set -e; false; torchrun --nproc-per-node=2 {s}", "the command runs set"),
+    ("trap 'echo hi' EXIT; torchrun --nproc-per-node=2 {s}", "the command runs trap"),
+    ("kill -9 0; torchrun --nproc-per-node=2 {s}", "the command runs kill"),
+    ("ulimit -t 1; torchrun --nproc-per-node=2 {s}", "the command runs ulimit"),
+    ("hash -p /bin/rm torchrun; torchrun --nproc-per-node=2 {s}", "the command runs hash"),
+    ("enable -f /nonexistent/x.so x; torchrun --nproc-per-node=2 {s}", "the command runs enable"),
     ("PS4=; torchrun --nproc-per-node=2 {s}; echo hi", "started no torchrun (PS4: readonly variable)"),
     ("BASH_XTRACEFD=1; torchrun --nproc-per-node=2 {s}; echo hi", "(BASH_XTRACEFD: readonly variable)"),
     ("lab_end() {{ :; }}; torchrun --nproc-per-node=2 {s} < /dev/zero &", "the command ends in &"),
-    ("trap - EXIT; torchrun --nproc-per-node=2 {s} < /dev/zero &", "the command ends in &"),
+    ("eval 'torchrun --nproc-per-node=2 {s}; echo hi'", "chains a second command to the launch (echo hi);"),
+    ("g() {{ eval 'torchrun --nproc-per-node=2 {s} && echo hi'; }}; g", "to the launch (echo hi);"),
+    ("torchrun --nproc-per-node=2 {s} && cd /", "to the launch (cd /);"),  # not the check's own cd inside
     ("module load gcc & torchrun --nproc-per-node=2 {s}", "has a single & in front of the launch, which runs what"),
     ("module load gcc & (torchrun --nproc-per-node=2 {s})", "has a single & in front of the launch"),
+    # srun's options read as Slurm reads them: more than one task is more than one torchrun
+    ("srun --ntasks=2 torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks, each a torchrun of its own"),
+    ("srun -N 2 torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
+    ("SLURM_NTASKS=2 srun torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
+    ("srun --nt=2 torchrun --nproc-per-node=2 {s}", "srun would stop at once: option '--nt=2' is ambiguous"),
+    # torchrun reads its PET_ variables as options; the line's PATH and loader variables, however set, are named
+    ("PET_NNODES=2 torchrun --nproc-per-node=2 {s}", "torchrun would run with --nnodes=2;"),
+    ("env PET_NO_PYTHON=1 torchrun --nproc-per-node=2 {s}", "with --no-python, torchrun would run your script"),
+    ("export PATH=/nonexistent; torchrun --nproc-per-node=2 {s}", "the command sets PATH: bash would look"),
+    ("declare -x LD_PRELOAD=/nonexistent/x.so; torchrun --nproc-per-node=2 {s}", "the command sets LD_PRELOAD"),
+    ("exec 3>/nonexistent/o; torchrun --nproc-per-node=2 {s}", "the command redirects output (/nonexistent/o)"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"
@@ -343,10 +373,10 @@ BUSY = "[[ " + "a" * 40 + "b == *(a|aa)*(a|aa)c ]]"  # minutes of one bash on a 
     (f"set -m; {{{{ {BUSY} & }}}}; torchrun --nproc-per-node=2 {{s}}", "line did not end within 2 s, though"),
     (f"trap - DEBUG EXIT; {{{{ {BUSY} & }}}}; disown -a; torchrun --nproc-per-node=2 {{s}}", "did not end within 2"),
     # a wait of the line's own: the shell ends at once, what it left behind is ended with it
-    (f"wait() {{{{ :; }}}}; {{{{ {BUSY} & }}}}; disown -a; torchrun --nproc-per-node=2 {{s}}", "a single & in front"),
+    (f"wait() {{{{ :; }}}}; {{{{ {BUSY} & }}}}; disown -a; torchrun --nproc-per-node=2 {{s}}", "✗ Exercise 2.2: the"),
 ])
 def test_nothing_the_line_starts_outlives_the_check(tmp_path, monkeypatch, line, verdict):
-    monkeypatch.setattr(ddp_lab_judging, "LINE_TIMEOUT_S", 2)
+    monkeypatch.setattr(ddp_lab_launch, "LINE_TIMEOUT_S", 2)
     script, marker = tmp_path / "my_train_ddp.py", f"# left-behind-{os.getpid()}-{len(line)}"
     try:
         read_launch_line(f"{line.format(s=script)} {marker}", script, 2)
@@ -359,7 +389,7 @@ def test_nothing_the_line_starts_outlives_the_check(tmp_path, monkeypatch, line,
 
 def test_a_line_that_takes_more_memory_than_any_launch_line_stops_at_once(tmp_path, monkeypatch):
     """256 MiB at most: the brace expansion fails in bash's words, long before the time is up."""
-    monkeypatch.setattr(ddp_lab_judging, "LINE_TIMEOUT_S", 120)
+    monkeypatch.setattr(ddp_lab_launch, "LINE_TIMEOUT_S", 120)
     script = tmp_path / "my_train_ddp.py"
     with pytest.raises(NotYet, match=r"started no torchrun \(.*cannot allocate") as caught:
         read_launch_line(f"x=( {{1..5000000}} ); torchrun --nproc-per-node=2 {script}", script, 2)

@@ -28,8 +28,8 @@ from .ddp_lab_files import (GRADIENTS_EXERCISE, LAB_EXERCISE, STARTED, attendee_
                             watch_progress, what_ran)
 from .ddp_lab_gradients import (COLLECTIVES, PER_NODE, SECOND_WORLD, compared, function_source, gradients_failure,
                                 judge_comparison, placeholder_body, shipped_globals, wait_for_ranks, watched)
-from .ddp_lab_judging import (LabRun, example_line, findings, placeholders_left, read_launch_line,
-                              sampler_mistake)
+from .ddp_lab_judging import LabRun, findings, placeholders_left, sampler_mistake
+from .ddp_lab_launch import example_line, read_launch_line
 from .exercise_cells import NotYet, Unsolved, passed, require, require_answered
 from .exercise_judging import checked, short
 

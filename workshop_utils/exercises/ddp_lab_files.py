@@ -1,5 +1,5 @@
-"""The DDP lab's files, the two nodes its ranks run as, their time limits and progress: what ``ddp_lab`` and
-``ddp_lab_judging`` both read."""
+"""The DDP lab's files, the two nodes its ranks run as, their time limits and progress: what ``ddp_lab``,
+``ddp_lab_launch`` and ``ddp_lab_judging`` read."""
 
 from __future__ import annotations
 

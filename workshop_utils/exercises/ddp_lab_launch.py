@@ -1,0 +1,440 @@
+"""Exercise 2.2's launch line, as bash runs it (restricted, with recording stand-ins alone on PATH) and torchrun
+reads it (its own parser and settings); one line names what would not launch the lab on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+from .ddp_lab_files import LAB_EXERCISE
+from .exercise_cells import NotYet
+from .exercise_judging import short
+
+TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
+# All bash finds on PATH: srun and env run the stand-in named (VAR=value set; srun's own options recorded); nohup,
+# nice, stdbuf and timeout are coreutils' own, kept to the stand-ins; torchrun and python record.
+STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "timeout", "module")
+# What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
+# readonly in the line's bash, refused by env and srun.
+LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
+                    "LD_PROFILE_OUTPUT", "GCONV_PATH")
+# The folders and the exit code are written into the text, not read from the environment, which the line sets
+# (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
+# with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &; bash's own
+# $! (the last command run with &: the launch, or the subshell it runs in) tells the rest. No /proc.
+STAND_IN = r"""#!@BASH@ -p
+tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
+case ${0##*/} in
+nohup|nice|stdbuf|timeout)
+    # The real tool reads its own options and runs the next word from PATH, a stand-in: never a program by its path.
+    for word; do
+        [[ $word != */* && -f $tools/$word ]] && break
+        [[ $word == */* ]] && { echo "${0##*/}: $word: the check runs no program by its path" >&2; exit 127; }
+    done
+    real=$(PATH=@SYSTEM_PATH@ type -P "${0##*/}") || { echo "${0##*/}: not installed here" >&2; exit 127; }
+    exec -a "${0##*/}" "$real" "$@" ;;
+srun|env)
+    [[ ${0##*/} == srun ]] && printf '%s\0' "$@" > "$record/$$.srun"
+    while (( $# )) && [[ $1 == */* || ! -f $tools/$1 ]]; do
+        [[ $1 =~ ^(@LOADER@)= ]] && { echo "${0##*/}: ${1%%=*}: $NO_LOADER" >&2; exit 125; }
+        [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $1 =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
+            export "$1"
+        shift
+    done
+    (( $# )) && exec "$tools/$1" "${@:2}"
+    exit 0 ;;
+module) exit 0 ;;
+esac
+how=
+[[ $(trap -p INT) && /dev/stdin -ef /dev/null ]] && how=background
+[[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
+printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
+for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
+echo "# launched" >> "$record/said"
+exit @EXIT@
+"""
+# Before the line: 1 MiB of output and 256 MiB of memory at most, cd moves LAB_CD (a restricted bash has no cd) to
+# a folder that exists, /usr/bin/env is env and the kernel's own Python by its path (f"{sys.executable} -m ...") is
+# python, source (a venv's activate) does nothing, exec runs its command and ends the line (a restricted bash has
+# no exec), no kill, and every command waits for those in the background first (so does the end): the trace is in
+# order. Then nothing the line does hides a command from the trace or an & from the end: these functions, PS4 (which
+# names the function a command runs in) and BASH_XTRACEFD are readonly, and the builtins that would change what runs
+# around a launch are off (enable too, so that nothing turns them back on): a line that uses one is refused.
+OFF_BUILTINS = ("kill", "set", "shopt", "trap", "ulimit", "hash", "history", "enable")
+OUTPUT_LIMIT = 2**20  # bytes of the line's trace
+PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
+           'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
+           '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
+           '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; source() { :; }; .() { :; }; '
+           'exec() { while [[ $1 == -* ]]; do [[ $1 == -- ]] && { shift; break; }; [[ $1 =~ ^-[cl]*a?$ ]] || '
+           '{ echo "bash: exec: $1: invalid option" >&2; exit 2; }; [[ $1 == *a ]] && shift; shift; done; '
+           '(( $# )) || return 0; [[ $1 == */* || $(type -t "$1") == file ]] || '
+           '{ echo "bash: exec: $1: not found" >&2; exit 127; }; "$@"; exit; }; '
+           + (f'{sys.executable}() {{ python "$@"; }}; ' if shlex.quote(sys.executable) == sys.executable else '')
+           + f'readonly {" ".join(LOADER_VARIABLES)}; '
+           + 'trap wait DEBUG; lab_end() { [[ $! ]] && echo "# background $!" >&2; wait; }; trap lab_end EXIT; '
+           "readonly -f $(compgen -A function); readonly PS4='+${FUNCNAME:+[$FUNCNAME]} ' BASH_XTRACEFD; set -x; "
+           f'enable -n {" ".join(OFF_BUILTINS)}\n')
+# the check's own functions, whose commands are no part of the line
+LAB_FUNCTIONS = ("cd", "/usr/bin/env", "/bin/env", "source", ".", "exec", sys.executable, "lab_end")
+TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as deep as the +, in a function
+# (the DEBUG trap's wait is traced one level deeper than the command it waits in front of)
+LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
+LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
+BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
+
+
+class LaunchLine(NamedTuple):
+    """The script's own arguments in the line, and the ``VAR=value`` words in front of it (set for the launch)."""
+
+    script_args: list[str]
+    assigned: dict[str, str]
+
+
+def example_line(nproc: int, script: Path) -> str:
+    """The notebook's launch line, as a fix shows it: the path quoted for the shell where it needs quoting (a space)."""
+    path = "{shlex.quote(str(lab_file))}" if shlex.quote(str(script)) != str(script) else "{lab_file}"
+    return f"f\"torchrun --nproc-per-node={nproc} {path}\""
+
+
+def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXERCISE) -> LaunchLine:
+    """The attendee's launch line as bash runs it with recording stand-ins, then the launch it recorded as
+    torchrun's own parser reads it; one line names what would not launch the lab."""
+    example = example_line(nproc, script)
+
+    def refuse(wrong, problem: str, fix: str) -> None:
+        if wrong:
+            raise NotYet(f"✗ {exercise}: {problem}", fix.replace("EXAMPLE", example))
+
+    refuse(not isinstance(command, (str, list, tuple)), f"`lab_command` = {short(repr(command), 40)} cannot be read "
+           f"as a command line: it must be a text (a str), not {type(command).__name__}.",
+           "write the launch line in quotes, e.g. EXAMPLE.")
+    odd_item = next((t for t in ([] if isinstance(command, str) else command)
+                     if not isinstance(t, (str, os.PathLike))), None)
+    refuse(odd_item is not None, f"`lab_command` is a list with an item that is no word: {short(repr(odd_item), 40)} "
+           f"({type(odd_item).__name__}).", "give each word as a str, or write one string: EXAMPLE.")
+    tokens = [] if isinstance(command, str) else [os.fspath(t) for t in command]
+    several = next((t for t in tokens if len(t.split()) > 1 and Path(t).expanduser().resolve() != script.resolve()),
+                   None)
+    refuse(several, f"`lab_command` is a list whose item {short(repr(several), 50)} holds several words"
+           f"{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
+           "give each word its own item (shlex.split(line) splits a line), or write one string: EXAMPLE.")
+    text = command.strip().lstrip("!").strip() if isinstance(command, str) else shlex.join(tokens)
+    try:  # a file name's undecodable bytes come back as they went in (surrogateescape); a lone surrogate cannot
+        odd = "a NUL byte (\\0)" if "\0" in text else text.encode("utf-8", "surrogateescape") and ""
+    except UnicodeEncodeError as error:
+        odd = f"the character {ascii(text[error.start])}"
+    refuse(odd or len(text) > LONGEST_LINE, f"the command holds {odd}, which no shell line holds." if odd else
+           f"the command is {len(text):,} characters long: no launch line is.", "write the launch line alone, e.g. "
+           "EXAMPLE.")
+    braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
+    refuse(braces, f"the command holds {braces and braces.group(0)} as written: the f in front of the quotes, which "
+           "puts the value in, is missing.", "write it as an f-string: EXAMPLE.")
+    expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
+    refuse(expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does not "
+           "expand.", "write the values themselves, e.g. EXAMPLE (an f-string puts Python's values in).")
+    refuse(not text, "the command has no launch line.", "write the launch line, e.g. EXAMPLE.")
+    launches, after, background, said, complaints = _run_in_bash(text)
+
+    def complaint(pattern: str) -> str | None:
+        return next((found.group(1) for found in map(re.compile(pattern).search, complaints) if found), None)
+
+    loader = complaint(r"\b(%s): readonly variable" % "|".join(LOADER_VARIABLES))
+    refuse(loader, f"the command sets {loader}, which makes every program load what it names: the check runs no "
+           "library or file of the line's.", "leave it out: EXAMPLE.")
+    redirected = complaint(r"^(.*): restricted: cannot redirect output")
+    refuse(redirected, f"the command redirects output ({short(redirected or '', 40)}), which the check's shell does "
+           "not take: the check shows the launch's output itself.", "leave the redirection out: EXAMPLE.")
+    if not launches:
+        refuse(said.startswith(TIMED_OUT), f"bash's run of the line {said}, though the check's torchrun ends at "
+               "once: something in the line waits or loops.", "make it the launch line only, e.g. EXAMPLE.")
+        refuse(True, "bash ran the line and it started no torchrun" + (f" ({short(said, 120)})." if said else "."),
+               "write the torchrun line, e.g. EXAMPLE.")
+    refuse(complaint(r"\b(PATH): readonly variable"), "the command sets PATH: bash would look for torchrun there, "
+           "not where the kernel finds it.", "leave PATH as it is: EXAMPLE.")
+    off = complaint(r"^(?:builtin: )?(%s): (?:command not found|not a shell builtin)" % "|".join(OFF_BUILTINS))
+    refuse(off, f"the command runs {off}, which the check's shell leaves out: around a launch it changes what runs, "
+           "or stops it, and the check runs the launch alone.", f"leave {off} out: EXAMPLE.")
+    refuse(after or len(launches) > 1, "the command chains a second command to the launch ("
+           + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun launch "
+           "alone.", "make it the launch line only, e.g. EXAMPLE; run anything else in a cell of its own.")
+    refuse(background == "launch", "the command ends in &, which runs the launch in the background: nothing would "
+           "wait for it to end.", "leave the & out: EXAMPLE.")
+    refuse(background, "the command has a single & in front of the launch, which runs what comes before it in the "
+           "background: the launch would start without waiting for it.",
+           "write && to run the launch after it succeeds, or run that command in a cell of its own: EXAMPLE.")
+    folder, tokens, assigned, srun = launches[0]
+    tasks = _srun_tasks(srun, assigned) if srun is not None else 1
+    refuse(tasks != 1, f"srun would start {tasks} tasks, each a torchrun of its own: the lab's one node needs one." if
+           isinstance(tasks, int) else f"srun would stop at once: {tasks}.", "leave srun out, or run one task "
+           "(srun --ntasks=1): EXAMPLE.")
+    quoted = shlex.quote(str(script))
+    refuse(quoted != str(script) and str(script) in text and str(script) not in tokens, f"the path of your script "
+           f"({quoted}) holds a space or another character the shell splits at: unquoted, torchrun would get it as "
+           "several words.", "quote it for the shell: EXAMPLE.")
+    module, start = _python_module(tokens) if tokens[0].startswith("python") else (None, 1)
+    refuse(tokens[0] != "torchrun" and module not in TORCH_LAUNCHERS, f"the command starts {tokens[0]!r}"
+           f"{f' with -m {module}' if module else ''}, not torchrun: nothing would start the lab's {nproc} processes "
+           "or set RANK, LOCAL_RANK and WORLD_SIZE in them.", "launch it with torchrun: EXAMPLE.")
+    options = "write only the options the lab needs, in full, then your script: EXAMPLE."
+    try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities, no script
+        parsed = _torchrun_reads(tokens[start:], assigned, launch=module == "torch.distributed.launch")
+    except ValueError as refusal:
+        refuse(True, f"torchrun would stop at once: {short(str(refusal), 160)}.", options)
+    named = Path(parsed.training_script).expanduser()
+    resolved = (Path(folder) / named).resolve()
+    shown = str(resolved) if named.name == script.name else named.name  # the same name: where it points tells
+    refuse(resolved != script.resolve(), f"torchrun would run {shown!r} " + (
+        "as a program (--no-python), with your file as its argument," if parsed.no_python else
+        "as the training script") + f" in place of your lab script {quoted}.",
+        "name only your script after torchrun's options: EXAMPLE.")
+    flag = "-m" if parsed.module else "--no-python" if parsed.no_python else None
+    refuse(flag, f"with {flag}, torchrun would run your script " + (
+        "as a module name (python -m): Python finds no module named by a path." if parsed.module else
+        "as a program of its own, without python: a .py file is no program to execute."),
+        f"leave {flag} out: torchrun runs the script with python, EXAMPLE.")
+    refuse(module == "torch.distributed.launch" and not parsed.use_env, "torch.distributed.launch (the launcher "
+           "torchrun replaced) passes --local-rank=<n> to the script as an argument; the lab's script takes no such "
+           "argument, and its argparse would stop every rank (\"unrecognized arguments: --local-rank=0\").",
+           "launch with torchrun, which sets LOCAL_RANK in each process's environment instead: EXAMPLE.")
+    from torch.distributed.run import parse_min_max_nnodes
+
+    wrong = [f"{option}={value}" if value is not None else f"no {option} (so one process)"
+             for option, value, read, right in (("--nproc-per-node", parsed.nproc_per_node, int, nproc),
+                                                ("--nnodes", parsed.nnodes, parse_min_max_nnodes, (1, 1)),
+                                                ("--node-rank", parsed.node_rank, int, 0))
+             if _read(read, value) != right]  # as torchrun turns them into numbers: 02 is 2
+    refuse(wrong, f"torchrun would run with {', '.join(wrong)}; the lab runs {nproc} processes on one node, node 0 "
+           "(torchrun waits for any other node it is told of).", f"use --nproc-per-node={nproc} alone: EXAMPLE.")
+    backend = "c10d" if parsed.standalone else parsed.rdzv_backend
+    refuse(backend not in ("static", "c10d"), f"--rdzv-backend={backend} needs a rendezvous server of its own; "
+           "torchrun's static or c10d rendezvous meets on this machine.", "leave --rdzv-backend out: EXAMPLE.")
+    host = "" if parsed.standalone else _rendezvous_host(parsed)
+    refuse(host not in _this_machine(), f"torchrun would meet its ranks at {short(host, 40)!r}, not on this machine: "
+           "the lab's one node is this one.", "leave --master-addr and --rdzv-endpoint out: EXAMPLE.")
+    refusal = _config_refusal(parsed)
+    refuse(refusal, f"torchrun would stop at once: {short(refusal or '', 160)}.", options)
+    return LaunchLine(list(parsed.training_script_args), assigned)
+
+
+def _torchrun_reads(args: list[str], env: dict, launch: bool = False) -> argparse.Namespace:
+    """``args`` as torchrun's own parser reads them, its PET_ variables from ``env`` (the line's); ``ValueError``
+    with torchrun's message where it would stop."""
+    from unittest import mock
+
+    from torch.distributed.run import get_args_parser
+
+    with mock.patch.dict(os.environ, {k: v for k, v in env.items() if k.startswith("PET_")}):
+        parser = get_args_parser()
+    parser.set_defaults(nproc_per_node=env.get("PET_NPROC_PER_NODE"))  # None: no --nproc-per-node, so one
+    if launch:
+        parser.add_argument("--use-env", "--use_env", default=False, action="store_true")
+
+    def stop(message=None, *_):
+        raise ValueError(message or "it prints its help (-h) and runs nothing")
+
+    parser.error, parser.exit = stop, lambda status=0, message=None: stop(message)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return parser.parse_args(args)
+
+
+TIMED_OUT = "did not end within"
+
+
+class BashRun(NamedTuple):
+    """What bash did with the line: each launch (its folder, words, the variables the line gave it, srun's own
+    arguments where srun started it), the commands after it, what ran with & ("launch", "other": bash's $! was set,
+    or ""), its first complaint and all of them."""
+
+    launches: list[tuple[str, list[str], dict, list[str] | None]]
+    after: list[str]
+    background: str
+    said: str
+    complaints: list[str]
+
+
+def _run_in_bash(line: str) -> BashRun:
+    """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
+    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
+    launches, after, background, complaints, full = [], [], "", [], ""
+    bash = shutil.which("bash") or "/bin/bash"
+    with tempfile.TemporaryDirectory() as folder:
+        (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
+        for code in (0, 1):
+            (tools := Path(folder, f"run{code}", "bin")).mkdir(parents=True)
+            record = tools.parent
+            for name in STAND_INS:
+                (tools / name).write_text(STAND_IN.replace("@BASH@", bash).replace("@EXIT@", str(code)).replace(
+                    "@TOOLS@", shlex.quote(str(tools))).replace("@RECORD@", shlex.quote(str(record))).replace(
+                    "@SYSTEM_PATH@", shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin")).replace(
+                    "@LOADER@", "|".join(LOADER_VARIABLES)))
+                (tools / name).chmod(0o755)
+            base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
+            with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the file small
+                if not _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE + line], base, record,
+                                       nothing, errors):
+                    return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [])
+            stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
+            if (record / "said").stat().st_size >= OUTPUT_LIMIT:
+                full = f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
+            traced = stderr.split("# launched\n", 1)[1:]
+            for found in map(TRACED.fullmatch, "".join(traced).splitlines()):  # exit ends the line, as exec's;
+                if found and found.group(1) not in LAB_FUNCTIONS and found.group(2) not in ("exit", "lab_end", "wait"):
+                    after.append(found.group(2))
+            last = re.search(r"\n# background (\d+)\n", stderr)  # lab_end's: the last command bash ran with &
+            background = background or "other" * bool(last)
+            complaints += [re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"]
+            for argv in sorted(record.glob("*.argv")):
+                fields = argv.read_text(errors="surrogateescape").split("\0")[:-1]
+                if len(fields) < 4:  # a stand-in stopped while writing it (the line's own ulimit -f)
+                    continue
+                how, parent, cwd, *words = fields
+                if "background" in how or last and last.group(1) in (argv.stem, parent):
+                    background = "launch"
+                after += ["a pipe"] * ("pipe" in how)
+                env = argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1]
+                srun = argv.with_suffix(".srun")  # srun execs the launch: the same process
+                if code == 0:
+                    launches.append((cwd, words, {k: v for k, _, v in (e.partition("=") for e in env)
+                                                  if k not in {"LAB_CD", *BASH_OWN} and base.get(k) != v},
+                                     srun.read_text(errors="surrogateescape").split("\0")[:-1]
+                                     if srun.exists() else None))
+    return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints)
+
+
+def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> bool:
+    """``command`` run in a session of its own, within LINE_TIMEOUT_S; whatever it started is ended with it
+    (a loop left in the background, a job in a process group of its own), so nothing outlives the check."""
+    import signal
+    import time
+
+    import psutil
+
+    # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
+    # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
+    shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
+                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        ended = shell.wait(timeout=LINE_TIMEOUT_S) is not None
+    except subprocess.TimeoutExpired:
+        ended = False
+    for _ in range(10):  # a process forking as it is killed: until none is left
+        left = [p.pid for p in psutil.process_iter(["status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
+                and _session(p.pid) == shell.pid]  # a zombie is ended: its parent, or init, reaps it
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not left:
+            break
+        time.sleep(0.05)  # a SIGKILL takes a moment to land
+    shell.wait()
+    return ended
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _config_refusal(parsed: argparse.Namespace) -> str | None:
+    """What torchrun's own reading of its settings refuses, or None (no log folder made, nothing logged)."""
+    import logging
+    from unittest import mock
+
+    from torch.distributed.run import config_from_args
+
+    logger = logging.getLogger("torch.distributed.run")
+    was, logger.disabled = logger.disabled, True
+    try:
+        with mock.patch.dict(os.environ, OMP_NUM_THREADS="1"):
+            config_from_args(argparse.Namespace(**{**vars(parsed), "log_dir": os.devnull}))
+    except (ValueError, AssertionError, RuntimeError) as refusal:
+        return str(refusal) or type(refusal).__name__
+    finally:
+        logger.disabled = was
+    return None
+
+
+def _rendezvous_host(parsed: argparse.Namespace) -> str:
+    """The host torchrun's ranks meet at: the rendezvous endpoint's, else (static) the master address."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    endpoint = parsed.rdzv_endpoint or (parsed.master_addr if parsed.rdzv_backend == "static" else "")
+    try:
+        return parse_rendezvous_endpoint(endpoint, default_port=29400)[0] if endpoint else ""
+    except ValueError:
+        return endpoint
+
+
+def _this_machine() -> set[str]:
+    """The names and addresses by which this machine reaches itself ("" where torchrun takes localhost)."""
+    import socket
+
+    import psutil
+
+    return {"", "localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname(),
+            *(a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses)}
+
+
+def _read(read, value):
+    """An option's value as torchrun's own ``read`` turns it into numbers ("02" is 2), or None where it would not."""
+    try:
+        return read(str(value))
+    except (ValueError, RuntimeError):
+        return None
+
+
+def _python_module(tokens: list[str]) -> tuple[str | None, int]:
+    """(the module ``python [options] -m MODULE`` runs, the index of its first argument), with options read as
+    python reads them (-u, -Im, -mMODULE, -W arg); (None, 1) where it runs no module (a script, -c, -h, -V)."""
+    index = 1
+    while index < len(tokens) and tokens[index].startswith("-") and tokens[index] != "-":
+        word = tokens[index]
+        if word.startswith("--"):  # the one long option that runs on; --help, --version and the rest stop python
+            if word != "--check-hash-based-pycs" or tokens[index + 1:index + 2] not in (["default"], ["always"],
+                                                                                         ["never"]):
+                return None, 1
+            index += 2
+            continue
+        for at, letter in enumerate(word[1:], start=2):
+            if letter not in "bBdEiIOPqRsSuvxmWX":  # -c, -h, -V, -? and unknown letters run no module
+                return None, 1
+            if letter in "mWX":
+                if letter == "m":
+                    return (word[at:], index + 1) if word[at:] else (
+                        tokens[index + 1] if index + 1 < len(tokens) else None, index + 2)
+                index += 1 if word[at:] else 2
+                break
+        else:
+            index += 1
+    return None, 1
+
+
+
+SRUN_COUNTS = {"ntasks": "SLURM_NTASKS", "nodes": "SLURM_NNODES", "ntasks-per-node": "SLURM_NTASKS_PER_NODE"}
+
+
+def _srun_tasks(args: list[str], assigned: dict) -> int | str:
+    """The most tasks srun's options ask for, read as Slurm reads them (an option over the variable srun reads it
+    from), or srun's own complaint."""
+    from .answer_values import Problem
+    from .slurm_rules import SRUN, getopt_long
+
+    try:
+        found, _ = getopt_long(args, SRUN)
+    except Problem as problem:
+        return str(problem)
+    options = {**{key: assigned[name] for key, name in SRUN_COUNTS.items() if name in assigned}, **dict(found)}
+    return max((int(n) for key in SRUN_COUNTS for n in re.findall(r"\d+", options.get(key) or "")), default=1)
