@@ -170,6 +170,10 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("module load gcc && torchrun --nproc-per-node=2 {s}", []),
     ("timeout 600 torchrun --nproc-per-node=2 {s}", []),
     ("srun --ntasks=1 --nodes=1 torchrun --nproc-per-node=2 {s}", []),
+    ("srun -n1 --ntasks-per-node=2 torchrun --nproc-per-node=2 {s}", []),  # --ntasks over --ntasks-per-node
+    ("ml gcc && torchrun --nproc-per-node=2 {s}", []),
+    ("conda activate ddp && torchrun --nproc-per-node=2 {s}", []),
+    ("{{ time torchrun --nproc-per-node=2 {s}; }} 2>&1", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"
@@ -303,7 +307,18 @@ def test_torchruns_own_variables_count_as_its_options(tmp_path):
     ("env PET_NO_PYTHON=1 torchrun --nproc-per-node=2 {s}", "with --no-python, torchrun would run your script"),
     ("export PATH=/nonexistent; torchrun --nproc-per-node=2 {s}", "the command sets PATH: bash would look"),
     ("declare -x LD_PRELOAD=/nonexistent/x.so; torchrun --nproc-per-node=2 {s}", "the command sets LD_PRELOAD"),
-    ("exec 3>/nonexistent/o; torchrun --nproc-per-node=2 {s}", "the command redirects output (/nonexistent/o)"),
+    ("exec 3>/nonexistent/o; torchrun --nproc-per-node=2 {s}", "the command redirects file descriptor 3"),
+    ("exec >/nonexistent/o; torchrun --nproc-per-node=2 {s}", "the command redirects output (/nonexistent/o)"),
+    # a fifth review: the trace goes to a descriptor of its own, so a redirected stderr hides nothing
+    ("{{ torchrun --nproc-per-node=2 {s}; echo hi; }} 2>&1", "chains a second command to the launch (echo hi);"),
+    ("eval 'torchrun --nproc-per-node=2 {s}; echo hi' 2>&-", "chains a second command to the launch (echo hi);"),
+    ("{{ set -o noexec; }} 2>&1; torchrun --nproc-per-node=2 {s}", "the command runs set"),
+    ("{{ export LD_PRELOAD=/nonexistent/x.so; }} 2>&-; torchrun --nproc-per-node=2 {s}", "the command sets LD_PRELOAD"),
+    ("{{ torchrun --nproc-per-node=2 {s}; echo hi; }} 9>&-", "the command redirects file descriptor 9, which the"),
+    ("BASH_CMDS[torchrun]=/bin/echo; torchrun --nproc-per-node=2 {s}", "(BASH_CMDS: readonly variable)"),
+    ("PATH=/nonexistent torchrun --nproc-per-node=2 {s}", "the command sets PATH: bash would look for torchrun"),
+    ("SLURM_NPROCS=2 srun torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
+    ("torchrun --local-addr=192.0.2.1 --nproc-per-node=2 {s}", "--local-addr=192.0.2.1 is no address of this"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"

@@ -22,8 +22,10 @@ from .exercise_judging import short
 
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
 # All bash finds on PATH: srun and env run the stand-in named (VAR=value set; srun's own options recorded); nohup,
-# nice, stdbuf and timeout are coreutils' own, kept to the stand-ins; torchrun and python record.
-STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "timeout", "module")
+# nice, stdbuf and timeout are coreutils' own, kept to the stand-ins; torchrun and python record; module (ml) and
+# conda, which set up the environment before a launch, do nothing.
+STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "timeout", "module", "ml",
+             "conda")
 # What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
 # readonly in the line's bash, refused by env and srun.
 LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
@@ -53,25 +55,28 @@ srun|env)
     done
     (( $# )) && exec "$tools/$1" "${@:2}"
     exit 0 ;;
-module) exit 0 ;;
+module|ml|conda) exit 0 ;;
 esac
 how=
 [[ $(trap -p INT) && /dev/stdin -ef /dev/null ]] && how=background
 [[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
 printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
 for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
-echo "# launched" >> "$record/said"
+echo "# launched" >> "$record/trace"
 exit @EXIT@
 """
 # Before the line: 1 MiB of output and 256 MiB of memory at most, cd moves LAB_CD (a restricted bash has no cd) to
 # a folder that exists, /usr/bin/env is env and the kernel's own Python by its path (f"{sys.executable} -m ...") is
 # python, source (a venv's activate) does nothing, exec runs its command and ends the line (a restricted bash has
 # no exec), no kill, and every command waits for those in the background first (so does the end): the trace is in
-# order. Then nothing the line does hides a command from the trace or an & from the end: these functions, PS4 (which
-# names the function a command runs in) and BASH_XTRACEFD are readonly, and the builtins that would change what runs
-# around a launch are off (enable too, so that nothing turns them back on): a line that uses one is refused.
+# order. Then nothing the line does hides a command from the trace or an & from the end: the trace goes to a
+# descriptor of its own (BASH_XTRACEFD; a line that redirects one above 2 is refused), these functions, PS4 (which
+# names the function a command runs in) and BASH_CMDS (bash's table of where commands are) are readonly, and the
+# builtins that would change what runs around a launch are off (enable too, so that nothing turns them back on): a
+# line that runs one is refused, as its trace shows.
 OFF_BUILTINS = ("kill", "set", "shopt", "trap", "ulimit", "hash", "history", "enable")
 OUTPUT_LIMIT = 2**20  # bytes of the line's trace
+PRELUDE_END = f'enable -n {" ".join(OFF_BUILTINS)}'  # the prelude's last command, traced; then the line's
 PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
            '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
@@ -83,12 +88,15 @@ PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            + (f'{sys.executable}() {{ python "$@"; }}; ' if shlex.quote(sys.executable) == sys.executable else '')
            + f'readonly {" ".join(LOADER_VARIABLES)}; '
            + 'trap wait DEBUG; lab_end() { [[ $! ]] && echo "# background $!" >&2; wait; }; trap lab_end EXIT; '
-           "readonly -f $(compgen -A function); readonly PS4='+${FUNCNAME:+[$FUNCNAME]} ' BASH_XTRACEFD; set -x; "
-           f'enable -n {" ".join(OFF_BUILTINS)}\n')
+           "readonly -f $(compgen -A function); readonly PS4='+${FUNCNAME:+[$FUNCNAME]} ' BASH_XTRACEFD=@TRACE@ "
+           "BASH_CMDS; set -x; "
+           f'{PRELUDE_END}\n')
 # the check's own functions, whose commands are no part of the line
 LAB_FUNCTIONS = ("cd", "/usr/bin/env", "/bin/env", "source", ".", "exec", sys.executable, "lab_end")
 TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as deep as the +, in a function
 # (the DEBUG trap's wait is traced one level deeper than the command it waits in front of)
+LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)  # the check's, at the line's own level; exit ends it
+ASSIGNS = ("export", "declare", "typeset", "local", "readonly")  # the builtins that set the variables they name
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
@@ -144,12 +152,17 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does not "
            "expand.", "write the values themselves, e.g. EXAMPLE (an f-string puts Python's values in).")
     refuse(not text, "the command has no launch line.", "write the launch line, e.g. EXAMPLE.")
-    launches, after, background, said, complaints = _run_in_bash(text)
+    descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]", text)  # N>, N<, N>&, N<&-
+    refuse(descriptor, f"the command redirects file descriptor {descriptor and int(descriptor.group(1))}, which the "
+           "check's shell keeps for itself: a launch line needs only 0, 1 and 2.", "leave that out: EXAMPLE.")
+    launches, after, background, said, complaints, commands = _run_in_bash(text)
 
     def complaint(pattern: str) -> str | None:
         return next((found.group(1) for found in map(re.compile(pattern).search, complaints) if found), None)
 
-    loader = complaint(r"\b(%s): readonly variable" % "|".join(LOADER_VARIABLES))
+    assigned_names = [name for command in commands for name in _assigned(command)]
+    loader = next((name for name in assigned_names if name in LOADER_VARIABLES), None) or complaint(
+        r"\b(%s): readonly variable" % "|".join(LOADER_VARIABLES))
     refuse(loader, f"the command sets {loader}, which makes every program load what it names: the check runs no "
            "library or file of the line's.", "leave it out: EXAMPLE.")
     redirected = complaint(r"^(.*): restricted: cannot redirect output")
@@ -160,9 +173,11 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
                "once: something in the line waits or loops.", "make it the launch line only, e.g. EXAMPLE.")
         refuse(True, "bash ran the line and it started no torchrun" + (f" ({short(said, 120)})." if said else "."),
                "write the torchrun line, e.g. EXAMPLE.")
-    refuse(complaint(r"\b(PATH): readonly variable"), "the command sets PATH: bash would look for torchrun there, "
-           "not where the kernel finds it.", "leave PATH as it is: EXAMPLE.")
-    off = complaint(r"^(?:builtin: )?(%s): (?:command not found|not a shell builtin)" % "|".join(OFF_BUILTINS))
+    path = next((name for name in assigned_names if name in ("PATH", "BASH_CMDS")), None) or complaint(
+        r"\b(PATH): readonly variable")  # PATH=... in front of a command: restricted bash says so, and runs it
+    refuse(path, f"the command sets {path}: bash would look for torchrun there, not where the kernel finds it.",
+           f"leave {path} as it is: EXAMPLE.")
+    off = next((word for word in map(_command_name, commands) if word in OFF_BUILTINS), None)
     refuse(off, f"the command runs {off}, which the check's shell leaves out: around a launch it changes what runs, "
            "or stops it, and the check runs the launch alone.", f"leave {off} out: EXAMPLE.")
     refuse(after or len(launches) > 1, "the command chains a second command to the launch ("
@@ -222,6 +237,9 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     host = "" if parsed.standalone else _rendezvous_host(parsed)
     refuse(host not in _this_machine(), f"torchrun would meet its ranks at {short(host, 40)!r}, not on this machine: "
            "the lab's one node is this one.", "leave --master-addr and --rdzv-endpoint out: EXAMPLE.")
+    local = parsed.local_addr or ""
+    refuse(local not in _this_machine(), f"--local-addr={short(local, 40)} is no address of this machine: torchrun "
+           "would name it to the other ranks, which would never reach it.", "leave --local-addr out: EXAMPLE.")
     refusal = _config_refusal(parsed)
     refuse(refusal, f"torchrun would stop at once: {short(refusal or '', 160)}.", options)
     return LaunchLine(list(parsed.training_script_args), assigned)
@@ -254,19 +272,20 @@ TIMED_OUT = "did not end within"
 class BashRun(NamedTuple):
     """What bash did with the line: each launch (its folder, words, the variables the line gave it, srun's own
     arguments where srun started it), the commands after it, what ran with & ("launch", "other": bash's $! was set,
-    or ""), its first complaint and all of them."""
+    or ""), its first complaint and all of them, and every command it ran (its trace, the check's own left out)."""
 
     launches: list[tuple[str, list[str], dict, list[str] | None]]
     after: list[str]
     background: str
     said: str
     complaints: list[str]
+    commands: list[str]
 
 
 def _run_in_bash(line: str) -> BashRun:
     """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
     alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
-    launches, after, background, complaints, full = [], [], "", [], ""
+    launches, after, background, complaints, commands, full = [], [], "", [], [], ""
     bash = shutil.which("bash") or "/bin/bash"
     with tempfile.TemporaryDirectory() as folder:
         (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
@@ -280,18 +299,21 @@ def _run_in_bash(line: str) -> BashRun:
                     "@LOADER@", "|".join(LOADER_VARIABLES)))
                 (tools / name).chmod(0o755)
             base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
-            with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the file small
-                if not _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE + line], base, record,
-                                       nothing, errors):
-                    return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [])
+            trace = os.open(record / "trace", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the files small
+                ran = _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE.replace(
+                    "@TRACE@", str(trace)) + line], base, record, nothing, errors, trace)
+            os.close(trace)
+            if not ran:
+                return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [], [])
             stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
-            if (record / "said").stat().st_size >= OUTPUT_LIMIT:
+            if max((record / name).stat().st_size for name in ("said", "trace")) >= OUTPUT_LIMIT:
                 full = f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
-            traced = stderr.split("# launched\n", 1)[1:]
-            for found in map(TRACED.fullmatch, "".join(traced).splitlines()):  # exit ends the line, as exec's;
-                if found and found.group(1) not in LAB_FUNCTIONS and found.group(2) not in ("exit", "lab_end", "wait"):
-                    after.append(found.group(2))
-            last = re.search(r"\n# background (\d+)\n", stderr)  # lab_end's: the last command bash ran with &
+            before, _, traced = (record / "trace").read_text(errors="replace").partition("# launched\n")
+            for part, lines in ((commands, before + traced), (after, traced)):
+                part += [found.group(2) for found in map(TRACED.fullmatch, lines.splitlines()) if found and  # exec's
+                         found.group(1) not in LAB_FUNCTIONS and found.group(2) not in LAB_COMMANDS]
+            last = re.search(r"^# background (\d+)$", stderr, re.M)  # lab_end's: the last command bash ran with &
             background = background or "other" * bool(last)
             complaints += [re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"]
             for argv in sorted(record.glob("*.argv")):
@@ -309,10 +331,11 @@ def _run_in_bash(line: str) -> BashRun:
                                                   if k not in {"LAB_CD", *BASH_OWN} and base.get(k) != v},
                                      srun.read_text(errors="surrogateescape").split("\0")[:-1]
                                      if srun.exists() else None))
-    return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints)
+    return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints,
+                   commands)
 
 
-def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> bool:
+def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, trace: int) -> bool:
     """``command`` run in a session of its own, within LINE_TIMEOUT_S; whatever it started is ended with it
     (a loop left in the background, a job in a process group of its own), so nothing outlives the check."""
     import signal
@@ -323,7 +346,8 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr) -> 
     # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
     # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
     shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
-                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             pass_fds=(trace,), start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         ended = shell.wait(timeout=LINE_TIMEOUT_S) is not None
     except subprocess.TimeoutExpired:
@@ -423,12 +447,13 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
 
 
 
-SRUN_COUNTS = {"ntasks": "SLURM_NTASKS", "nodes": "SLURM_NNODES", "ntasks-per-node": "SLURM_NTASKS_PER_NODE"}
+SRUN_COUNTS = {"ntasks": ("SLURM_NTASKS", "SLURM_NPROCS"), "nodes": ("SLURM_NNODES",),
+               "ntasks-per-node": ("SLURM_NTASKS_PER_NODE",)}  # srun's options, and the variables it reads them from
 
 
 def _srun_tasks(args: list[str], assigned: dict) -> int | str:
-    """The most tasks srun's options ask for, read as Slurm reads them (an option over the variable srun reads it
-    from), or srun's own complaint."""
+    """The tasks srun's options ask for, read as Slurm reads them (an option over its variable; --ntasks over
+    --nodes times --ntasks-per-node), or srun's own complaint."""
     from .answer_values import Problem
     from .slurm_rules import SRUN, getopt_long
 
@@ -436,5 +461,27 @@ def _srun_tasks(args: list[str], assigned: dict) -> int | str:
         found, _ = getopt_long(args, SRUN)
     except Problem as problem:
         return str(problem)
-    options = {**{key: assigned[name] for key, name in SRUN_COUNTS.items() if name in assigned}, **dict(found)}
-    return max((int(n) for key in SRUN_COUNTS for n in re.findall(r"\d+", options.get(key) or "")), default=1)
+    options = {**{key: assigned[name] for key, names in SRUN_COUNTS.items() for name in names if name in assigned},
+               **dict(found)}
+    counts = {key: max(map(int, re.findall(r"\d+", options.get(key) or "")), default=None) for key in SRUN_COUNTS}
+    return counts["ntasks"] if counts["ntasks"] is not None else (counts["nodes"] or 1) * (
+        counts["ntasks-per-node"] or 1)
+
+
+def _command_name(traced: str) -> str:
+    """The command a traced line runs, past its assignments and the builtins that run the next word."""
+    words = traced.split()
+    while words and (re.match(r"[A-Za-z_]\w*(\[[^\]]*\])?\+?=", words[0]) or words[0] in ("builtin", "command")):
+        words.pop(0)
+    return words[0] if words else ""
+
+
+def _assigned(traced: str) -> list[str]:
+    """The variables a traced line sets: its leading NAME=value words, or those an export or declare names."""
+    words, names = traced.split(), []
+    while words and (found := re.match(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=", words[0])):
+        names.append(found.group(1))
+        words.pop(0)
+    if words and words[0] in ASSIGNS:
+        names += [found.group(1) for word in words[1:] if (found := re.match(r"([A-Za-z_]\w*)(\[|\+?=|$)", word))]
+    return names
