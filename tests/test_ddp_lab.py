@@ -174,6 +174,9 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("ml gcc && torchrun --nproc-per-node=2 {s}", []),
     ("conda activate ddp && torchrun --nproc-per-node=2 {s}", []),
     ("{{ time torchrun --nproc-per-node=2 {s}; }} 2>&1", []),
+    # digits and < or > inside quotes are an argument's text, not a redirection
+    ("torchrun --nproc-per-node=2 {s} --tag 'run 3>b'", ["--tag", "run 3>b"]),
+    ("srun --gpus=2 --gres=gpu:2 torchrun --nproc-per-node=2 {s}", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"
@@ -183,6 +186,15 @@ def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_
     assert bool(stdbuf) == ("stdbuf" in command), "what stdbuf sets reaches the launch, as it would"
     assert {k: v for k, v in launch.assigned.items() if k not in stdbuf} == (
         {"OMP_NUM_THREADS": "1"} if "OMP" in command else {})
+
+
+def test_a_line_that_moves_the_trace_is_caught_past_the_text_check():
+    """The trace's descriptor moved for a command (past the text's check of N>) sends bash's trace back to stderr:
+    the run says so, and the line is refused rather than judged on what is left of its trace."""
+    closes = " ".join(f"{n}>&-" for n in range(3, 256))
+    ran = ddp_lab_launch._run_in_bash(f"exec {closes}; torchrun --nproc-per-node=2 /nonexistent/s.py; kill -9 0")
+    assert ran.cut and len(ran.launches) == 1
+    assert not ddp_lab_launch._run_in_bash("torchrun --nproc-per-node=2 /nonexistent/s.py").cut
 
 
 def test_torchruns_own_variables_count_as_its_options(tmp_path):
@@ -261,8 +273,8 @@ def test_torchruns_own_variables_count_as_its_options(tmp_path):
     # a third review: the loader's variables would load a library the line names into the check's own programs
     ("LD_PRELOAD=/nonexistent/x.so torchrun --nproc-per-node=2 {s}", "the command sets LD_PRELOAD, which makes"),
     ("export LD_LIBRARY_PATH=/nonexistent; torchrun --nproc-per-node=2 {s}", "the command sets LD_LIBRARY_PATH"),
-    ("env LD_AUDIT=/nonexistent/x.so torchrun --nproc-per-node=2 {s}", "(env: LD_AUDIT: the check's shell loads no"),
-    ("srun GCONV_PATH=/nonexistent torchrun --nproc-per-node=2 {s}", "(srun: GCONV_PATH: the check's shell loads no"),
+    ("env LD_AUDIT=/nonexistent/x.so torchrun --nproc-per-node=2 {s}", "the command sets LD_AUDIT, which makes"),
+    ("srun GCONV_PATH=/nonexistent torchrun --nproc-per-node=2 {s}", "the command sets GCONV_PATH, which"),
     # python starts one process, with none of torchrun's variables: said before anything starts
     ("python {s}", "the command starts 'python', not torchrun"),
     ("python3 -u {s} --epochs 2", "the command starts 'python3', not torchrun"),
@@ -319,6 +331,16 @@ def test_torchruns_own_variables_count_as_its_options(tmp_path):
     ("PATH=/nonexistent torchrun --nproc-per-node=2 {s}", "the command sets PATH: bash would look for torchrun"),
     ("SLURM_NPROCS=2 srun torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
     ("torchrun --local-addr=192.0.2.1 --nproc-per-node=2 {s}", "--local-addr=192.0.2.1 is no address of this"),
+    # a sixth review: the text bash joins (a backslash-newline) is what the checks read; srun's other ways to start
+    # several tasks; a loader variable env refuses is named as one
+    ("exec 3\\\n>&-; torchrun --nproc-per-node=2 {s}; kill -9 0", "the command redirects file descriptor 3"),
+    ("exec {{\\\nx}}>&-; torchrun --nproc-per-node=2 {s}", "the command holds {x} as written"),
+    ("srun -n1 torchrun --nproc-per-node=2 {s} : -n1 torchrun --nproc-per-node=2 {s}", "a step of several compon"),
+    ("srun --het-group=0,1 torchrun --nproc-per-node=2 {s}", "a step of several components"),
+    ("srun --gpus=2 --gpus-per-task=1 torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
+    ("srun --ntasks-per-gpu=1 --gpus=2 torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
+    ("srun -w node[1-2] torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
+    ("env LD_PRELOAD=/nonexistent/x.so torchrun --nproc-per-node=2 {s}", "the command sets LD_PRELOAD, which"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"

@@ -95,7 +95,8 @@ PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
 LAB_FUNCTIONS = ("cd", "/usr/bin/env", "/bin/env", "source", ".", "exec", sys.executable, "lab_end")
 TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as deep as the +, in a function
 # (the DEBUG trap's wait is traced one level deeper than the command it waits in front of)
-LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)  # the check's, at the line's own level; exit ends it
+# the check's, at the line's own level (exit ends the line, as the check's exec does)
+LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)
 ASSIGNS = ("export", "declare", "typeset", "local", "readonly")  # the builtins that set the variables they name
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
@@ -145,24 +146,26 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(odd or len(text) > LONGEST_LINE, f"the command holds {odd}, which no shell line holds." if odd else
            f"the command is {len(text):,} characters long: no launch line is.", "write the launch line alone, e.g. "
            "EXAMPLE.")
-    braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", text)  # {lab_file} left in; ${VAR} is the shell's
-    refuse(braces, f"the command holds {braces and braces.group(0)} as written: the f in front of the quotes, which "
-           "puts the value in, is missing.", "write it as an f-string: EXAMPLE.")
+    joined = text.replace("\\\n", "")  # as bash reads it: a backslash-newline joins the lines
+    braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", joined)  # {lab_file} left in; ${VAR} is the shell's
+    refuse(braces, f"the command holds {short(braces and braces.group(0), 60)} as written: the f in front of the "
+           "quotes, which puts the value in, is missing.", "write it as an f-string: EXAMPLE.")
     expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
     refuse(expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does not "
            "expand.", "write the values themselves, e.g. EXAMPLE (an f-string puts Python's values in).")
     refuse(not text, "the command has no launch line.", "write the launch line, e.g. EXAMPLE.")
-    descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]", text)  # N>, N<, N>&, N<&-
+    unquoted = re.sub(r"'[^']*'|\"(?:[^\"\\\\]|\\\\.)*\"", "''", joined)  # N>, N<, N>&, N<&- outside quotes
+    descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]", unquoted)
     refuse(descriptor, f"the command redirects file descriptor {descriptor and int(descriptor.group(1))}, which the "
            "check's shell keeps for itself: a launch line needs only 0, 1 and 2.", "leave that out: EXAMPLE.")
-    launches, after, background, said, complaints, commands = _run_in_bash(text)
+    launches, after, background, said, complaints, commands, cut = _run_in_bash(text)
 
     def complaint(pattern: str) -> str | None:
         return next((found.group(1) for found in map(re.compile(pattern).search, complaints) if found), None)
 
     assigned_names = [name for command in commands for name in _assigned(command)]
     loader = next((name for name in assigned_names if name in LOADER_VARIABLES), None) or complaint(
-        r"\b(%s): readonly variable" % "|".join(LOADER_VARIABLES))
+        r"\b(%s): (?:readonly variable|the check's shell loads no)" % "|".join(LOADER_VARIABLES))
     refuse(loader, f"the command sets {loader}, which makes every program load what it names: the check runs no "
            "library or file of the line's.", "leave it out: EXAMPLE.")
     redirected = complaint(r"^(.*): restricted: cannot redirect output")
@@ -173,6 +176,8 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
                "once: something in the line waits or loops.", "make it the launch line only, e.g. EXAMPLE.")
         refuse(True, "bash ran the line and it started no torchrun" + (f" ({short(said, 120)})." if said else "."),
                "write the torchrun line, e.g. EXAMPLE.")
+    refuse(cut, "the command closes or moves the check's trace of what bash runs, so the check cannot tell what "
+           "runs beside the launch.", "write the launch line alone: EXAMPLE.")
     path = next((name for name in assigned_names if name in ("PATH", "BASH_CMDS")), None) or complaint(
         r"\b(PATH): readonly variable")  # PATH=... in front of a command: restricted bash says so, and runs it
     refuse(path, f"the command sets {path}: bash would look for torchrun there, not where the kernel finds it.",
@@ -191,8 +196,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     folder, tokens, assigned, srun = launches[0]
     tasks = _srun_tasks(srun, assigned) if srun is not None else 1
     refuse(tasks != 1, f"srun would start {tasks} tasks, each a torchrun of its own: the lab's one node needs one." if
-           isinstance(tasks, int) else f"srun would stop at once: {tasks}.", "leave srun out, or run one task "
-           "(srun --ntasks=1): EXAMPLE.")
+           isinstance(tasks, int) else tasks, "leave srun out, or run one task (srun --ntasks=1): EXAMPLE.")
     quoted = shlex.quote(str(script))
     refuse(quoted != str(script) and str(script) in text and str(script) not in tokens, f"the path of your script "
            f"({quoted}) holds a space or another character the shell splits at: unquoted, torchrun would get it as "
@@ -272,7 +276,8 @@ TIMED_OUT = "did not end within"
 class BashRun(NamedTuple):
     """What bash did with the line: each launch (its folder, words, the variables the line gave it, srun's own
     arguments where srun started it), the commands after it, what ran with & ("launch", "other": bash's $! was set,
-    or ""), its first complaint and all of them, and every command it ran (its trace, the check's own left out)."""
+    or ""), its first complaint and all of them, every command it ran (its trace, the check's own left out), and
+    whether bash sent its trace back to stderr (the line moved the trace's descriptor)."""
 
     launches: list[tuple[str, list[str], dict, list[str] | None]]
     after: list[str]
@@ -280,12 +285,13 @@ class BashRun(NamedTuple):
     said: str
     complaints: list[str]
     commands: list[str]
+    cut: bool
 
 
 def _run_in_bash(line: str) -> BashRun:
     """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
     alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
-    launches, after, background, complaints, commands, full = [], [], "", [], [], ""
+    launches, after, background, complaints, commands, full, cut = [], [], "", [], [], "", False
     bash = shutil.which("bash") or "/bin/bash"
     with tempfile.TemporaryDirectory() as folder:
         (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
@@ -305,13 +311,16 @@ def _run_in_bash(line: str) -> BashRun:
                     "@TRACE@", str(trace)) + line], base, record, nothing, errors, trace)
             os.close(trace)
             if not ran:
-                return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [], [])
+                return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [], [], False)
             stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
             if max((record / name).stat().st_size for name in ("said", "trace")) >= OUTPUT_LIMIT:
                 full = f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
             before, _, traced = (record / "trace").read_text(errors="replace").partition("# launched\n")
+            # bash sends its trace back to stderr when a command moves the trace's descriptor (lab_end's, at
+            # least, is traced after it)
+            cut = cut or any(map(TRACED.fullmatch, stderr.splitlines()))
             for part, lines in ((commands, before + traced), (after, traced)):
-                part += [found.group(2) for found in map(TRACED.fullmatch, lines.splitlines()) if found and  # exec's
+                part += [found.group(2) for found in map(TRACED.fullmatch, lines.splitlines()) if found and
                          found.group(1) not in LAB_FUNCTIONS and found.group(2) not in LAB_COMMANDS]
             last = re.search(r"^# background (\d+)$", stderr, re.M)  # lab_end's: the last command bash ran with &
             background = background or "other" * bool(last)
@@ -332,7 +341,7 @@ def _run_in_bash(line: str) -> BashRun:
                                      srun.read_text(errors="surrogateescape").split("\0")[:-1]
                                      if srun.exists() else None))
     return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints,
-                   commands)
+                   commands, cut)
 
 
 def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, trace: int) -> bool:
@@ -453,19 +462,27 @@ SRUN_COUNTS = {"ntasks": ("SLURM_NTASKS", "SLURM_NPROCS"), "nodes": ("SLURM_NNOD
 
 def _srun_tasks(args: list[str], assigned: dict) -> int | str:
     """The tasks srun's options ask for, read as Slurm reads them (an option over its variable; --ntasks over
-    --nodes times --ntasks-per-node), or srun's own complaint."""
+    what --nodes, --nodelist, --ntasks-per-node and the GPU options work out), or why srun would not start one."""
     from .answer_values import Problem
+    from .job_script_standins import hostlist
     from .slurm_rules import SRUN, getopt_long
 
     try:
-        found, _ = getopt_long(args, SRUN)
+        found, command = getopt_long(args, SRUN)
     except Problem as problem:
-        return str(problem)
+        return f"srun would stop at once: {problem}."
     options = {**{key: assigned[name] for key, names in SRUN_COUNTS.items() for name in names if name in assigned},
                **dict(found)}
-    counts = {key: max(map(int, re.findall(r"\d+", options.get(key) or "")), default=None) for key in SRUN_COUNTS}
-    return counts["ntasks"] if counts["ntasks"] is not None else (counts["nodes"] or 1) * (
-        counts["ntasks-per-node"] or 1)
+    if ":" in command or "het-group" in options:
+        return "srun would start a step of several components (its : or --het-group), each a torchrun of its own."
+    count = {key: max(map(int, re.findall(r"\d+", options.get(key) or "")), default=None) for key in (
+        *SRUN_COUNTS, "gpus", "gpus-per-task", "ntasks-per-gpu")}
+    if count["ntasks"] is not None:
+        return count["ntasks"]
+    nodes = count["nodes"] or len(hostlist(options.get("nodelist") or "")) or 1
+    by_gpus = (count["gpus"] // count["gpus-per-task"] if count["gpus-per-task"] else
+               count["gpus"] * (count["ntasks-per-gpu"] or 0)) if count["gpus"] else 0
+    return max(nodes * (count["ntasks-per-node"] or 1), by_gpus)
 
 
 def _command_name(traced: str) -> str:
