@@ -98,6 +98,7 @@ TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as 
 # the check's, at the line's own level (exit ends the line, as the check's exec does)
 LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)
 ASSIGNS = ("export", "declare", "typeset", "local", "readonly")  # the builtins that set the variables they name
+ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=")  # NAME=, NAME+=, NAME[key]= in front of a command
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
@@ -455,7 +456,6 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
     return None, 1
 
 
-
 SRUN_COUNTS = {"ntasks": ("SLURM_NTASKS", "SLURM_NPROCS"), "nodes": ("SLURM_NNODES",),
                "ntasks-per-node": ("SLURM_NTASKS_PER_NODE",)}  # srun's options, and the variables it reads them from
 
@@ -488,7 +488,7 @@ def _srun_tasks(args: list[str], assigned: dict) -> int | str:
 def _command_name(traced: str) -> str:
     """The command a traced line runs, past its assignments and the builtins that run the next word."""
     words = traced.split()
-    while words and (re.match(r"[A-Za-z_]\w*(\[[^\]]*\])?\+?=", words[0]) or words[0] in ("builtin", "command")):
+    while words and (ASSIGNMENT.match(words[0]) or words[0] in ("builtin", "command")):
         words.pop(0)
     return words[0] if words else ""
 
@@ -496,7 +496,7 @@ def _command_name(traced: str) -> str:
 def _assigned(traced: str) -> list[str]:
     """The variables a traced line sets: its leading NAME=value words, or those an export or declare names."""
     words, names = traced.split(), []
-    while words and (found := re.match(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=", words[0])):
+    while words and (found := ASSIGNMENT.match(words[0])):
         names.append(found.group(1))
         words.pop(0)
     if words and words[0] in ASSIGNS:
