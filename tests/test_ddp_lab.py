@@ -205,6 +205,33 @@ def test_torchruns_own_variables_count_as_its_options(tmp_path):
         "PET_NPROC_PER_NODE": "2"}
 
 
+@pytest.mark.parametrize("value, cpus, gpus, verdict", [
+    ("gpu", 16, 2, None), ("gpu", 16, 8, "--nproc-per-node=gpu (8 here); the lab runs 2 processes"),
+    ("gpu", 2, 0, "torchrun would stop at once: Cuda is not available. Fix:"),
+    ("auto", 2, 0, None), ("auto", 16, 2, None), ("auto", 16, 0, "--nproc-per-node=auto (16 here); the lab runs 2"),
+    ("cpu", 2, 8, None), ("cpu", 16, 2, "--nproc-per-node=cpu (16 here)"),
+])
+def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(tmp_path, monkeypatch, value, cpus,
+                                                                                gpus, verdict):
+    """--nproc-per-node=gpu is the launch line on a node whose GPUs are the lab's processes: torchrun counts them
+    (the CPU's cores for cpu, the accelerator's devices or else the cores for auto), and so does the check."""
+    import torch
+
+    monkeypatch.setattr(torch._utils, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    script = tmp_path / "my_train_ddp.py"
+    line = f"torchrun --nproc-per-node={value} {script}"
+    if verdict is None:
+        assert read_launch_line(line, script, 2).script_args == []
+    else:
+        with pytest.raises(NotYet, match=re.escape(verdict)):
+            read_launch_line(line, script, 2)
+
+
 @pytest.mark.parametrize("command, message", [
     ("torchrun {s}", "torchrun would run with no --nproc-per-node (so one process)"),
     ("torchrun --nproc-per-node=4 {s}", "torchrun would run with --nproc-per-node=4; the lab runs 2 processes"),

@@ -227,13 +227,16 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
            "torchrun replaced) passes --local-rank=<n> to the script as an argument; the lab's script takes no such "
            "argument, and its argparse would stop every rank (\"unrecognized arguments: --local-rank=0\").",
            "launch with torchrun, which sets LOCAL_RANK in each process's environment instead: EXAMPLE.")
-    from torch.distributed.run import parse_min_max_nnodes
+    from torch.distributed.run import determine_local_world_size, parse_min_max_nnodes
 
-    wrong = [f"{option}={value}" if value is not None else f"no {option} (so one process)"
-             for option, value, read, right in (("--nproc-per-node", parsed.nproc_per_node, int, nproc),
-                                                ("--nnodes", parsed.nnodes, parse_min_max_nnodes, (1, 1)),
-                                                ("--node-rank", parsed.node_rank, int, 0))
-             if _read(read, value) != right]  # as torchrun turns them into numbers: 02 is 2
+    wrong = []  # as torchrun turns them into numbers (02 is 2; gpu, cpu, auto: what this machine has); a value
+    for option, value, read, right in (("--nproc-per-node", parsed.nproc_per_node, determine_local_world_size, nproc),
+                                       ("--nnodes", parsed.nnodes, parse_min_max_nnodes, (1, 1)),
+                                       ("--node-rank", parsed.node_rank, int, 0)):  # it cannot read, it refuses below
+        got = None if value is None else _read(read, value)
+        if value is None or got not in (None, right):
+            wrong.append(f"no {option} (so one process)" if value is None else f"{option}={value}" + (
+                f" ({got} here)" if not str(value).strip().lstrip("+-").isdigit() else ""))
     refuse(wrong, f"torchrun would run with {', '.join(wrong)}; the lab runs {nproc} processes on one node, node 0 "
            "(torchrun waits for any other node it is told of).", f"use --nproc-per-node={nproc} alone: EXAMPLE.")
     backend = "c10d" if parsed.standalone else parsed.rdzv_backend
@@ -246,7 +249,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(local not in _this_machine(), f"--local-addr={short(local, 40)} is no address of this machine: torchrun "
            "would name it to the other ranks, which would never reach it.", "leave --local-addr out: EXAMPLE.")
     refusal = _config_refusal(parsed)
-    refuse(refusal, f"torchrun would stop at once: {short(refusal or '', 160)}.", options)
+    refuse(refusal, f"torchrun would stop at once: {short((refusal or '').rstrip('.'), 160)}.", options)
     return LaunchLine(list(parsed.training_script_args), assigned)
 
 
