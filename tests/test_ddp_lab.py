@@ -354,6 +354,10 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("{{ set -o noexec; }} 2>&1; torchrun --nproc-per-node=2 {s}", "the command runs set"),
     ("{{ export LD_PRELOAD=/nonexistent/x.so; }} 2>&-; torchrun --nproc-per-node=2 {s}", "the command sets LD_PRELOAD"),
     ("{{ torchrun --nproc-per-node=2 {s}; echo hi; }} 9>&-", "the command redirects file descriptor 9, which the"),
+    # the trace's own descriptor (the lowest free one: 3 here) pointed elsewhere for a group hides the group's
+    # commands and moves nothing bash would tell: only the text's check of N> sees it
+    ("{{ torchrun --nproc-per-node=2 {s}; echo hi; }} 3>&1", "the command redirects file descriptor 3, which the"),
+    ("{{ torchrun --nproc-per-node=2 {s}; echo hi; }} 3</dev/null", "the command redirects file descriptor 3"),
     ("BASH_CMDS[torchrun]=/bin/echo; torchrun --nproc-per-node=2 {s}", "(BASH_CMDS: readonly variable)"),
     ("PATH=/nonexistent torchrun --nproc-per-node=2 {s}", "the command sets PATH: bash would look for torchrun"),
     ("SLURM_NPROCS=2 srun torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
