@@ -177,6 +177,11 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     # digits and < or > inside quotes are an argument's text, not a redirection
     ("torchrun --nproc-per-node=2 {s} --tag 'run 3>b'", ["--tag", "run 3>b"]),
     ("srun --gpus=2 --gres=gpu:2 torchrun --nproc-per-node=2 {s}", []),
+    # a review of lines a room types: what a Slurm script sets first, pushd, the kernel's own torchrun by its path
+    ("set -euo pipefail; torchrun --nproc-per-node=2 {s}", []),
+    ("#!/bin/bash\nset -eux\nmodule load pytorch\nsrun --ntasks=1 torchrun --nproc-per-node=2 {s}\n", []),
+    ("pushd {d} && torchrun --nproc-per-node=2 my_train_ddp.py", []),
+    (f"{shlex.quote(str(Path(sys.executable).parent / 'torchrun'))} --nproc-per-node=2 {{s}}", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
     script = tmp_path / "my_train_ddp.py"
@@ -237,7 +242,7 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("torchrun --nproc-per-node=4 {s}", "torchrun would run with --nproc-per-node=4; the lab runs 2 processes"),
     ("torchrun --nnodes=2 --nproc-per-node=2 {s}", "torchrun would run with --nnodes=2;"),
     ("srun torchrun --nnodes 2 --nproc-per-node=2 {s}", "--nnodes=2"),
-    ("bash {s}", "bash ran the line and it started no torchrun (bash: command not found)"),
+    ("bash {s}", "it started no torchrun: it runs bash, which is no torchrun. Fix: launch it with torchrun"),
     ("torchrun --nproc-per-node=2", "torchrun would stop at once: the following arguments are required: "
                                     "training_script"),
     ("torchrun --nproc-per-node=2 other.py", "'other.py' as the training script in place of your lab script"),
@@ -319,10 +324,10 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     # a fourth review: nothing the line does turns off the trace or the & it ends with (the builtins that change
     # what runs around a launch are off and named; PS4, BASH_XTRACEFD and the check's functions readonly), eval's
     # commands are traced too, and a single & typed for && is named as that
-    ("set +x; torchrun --nproc-per-node=2 {s}; echo hi", "the command runs set, which the check's shell leaves out"),
+    ("set +x; torchrun --nproc-per-node=2 {s}; echo hi", "the command runs set +x, which the check's shell leaves out"),
     ("torchrun --nproc-per-node=2 {s}; shopt -uo xtrace; echo hi", "the command runs shopt"),
     ("eval 'builtin set +x'; torchrun --nproc-per-node=2 {s}; echo hi", "the command runs set"),
-    ("set -e; false; torchrun --nproc-per-node=2 {s}", "the command runs set"),
+    ("set -e; false; torchrun --nproc-per-node=2 {s}", "bash ran the line and it started no torchrun."),  # as in bash
     ("trap 'echo hi' EXIT; torchrun --nproc-per-node=2 {s}", "the command runs trap"),
     ("kill -9 0; torchrun --nproc-per-node=2 {s}", "the command runs kill"),
     ("ulimit -t 1; torchrun --nproc-per-node=2 {s}", "the command runs ulimit"),
@@ -334,8 +339,8 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("eval 'torchrun --nproc-per-node=2 {s}; echo hi'", "chains a second command to the launch (echo hi);"),
     ("g() {{ eval 'torchrun --nproc-per-node=2 {s} && echo hi'; }}; g", "to the launch (echo hi);"),
     ("torchrun --nproc-per-node=2 {s} && cd /", "to the launch (cd /);"),  # not the check's own cd inside
-    ("module load gcc & torchrun --nproc-per-node=2 {s}", "has a single & in front of the launch, which runs what"),
-    ("module load gcc & (torchrun --nproc-per-node=2 {s})", "has a single & in front of the launch"),
+    ("module load gcc & torchrun --nproc-per-node=2 {s}", "has a single &, which runs a command beside the launch"),
+    ("module load gcc & (torchrun --nproc-per-node=2 {s})", "has a single &, which runs a command beside"),
     # srun's options read as Slurm reads them: more than one task is more than one torchrun
     ("srun --ntasks=2 torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks, each a torchrun of its own"),
     ("srun -N 2 torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
@@ -372,6 +377,21 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("srun --ntasks-per-gpu=1 --gpus=2 torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
     ("srun -w node[1-2] torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
     ("env LD_PRELOAD=/nonexistent/x.so torchrun --nproc-per-node=2 {s}", "the command sets LD_PRELOAD, which"),
+    # a review of lines a room types: set's other words, and each mistake named as the attendee made it
+    ("command set -o noexec; torchrun --nproc-per-node=2 {s}", "the command runs set -o noexec, which the check's"),
+    ("set -a; torchrun --nproc-per-node=2 {s}", "the command runs set -a, which"),
+    ("mkdir -p logs && torchrun --nproc-per-node=2 {s}", "started no torchrun: mkdir is none of the tools the check's"),
+    ("./bin/torchrun --nproc-per-node=2 {s}", "started no torchrun: it runs ./bin/torchrun by its path"),
+    ("'torchrun --nproc-per-node=2 {s}'", "it took the whole line, in quotes, as the name of one command"),
+    ("$ torchrun --nproc-per-node=2 {s}", "the command holds a prompt's $ in front, which is no part of the line"),
+    ("`torchrun --nproc-per-node=2 {s}`", "the command holds Markdown's backticks around it"),
+    ("torchrun --nproc-per-node=2 \u201c{s}\u201d", "the command holds typographic quotes"),
+    ("torchrun\xa0--nproc-per-node=2 {s}", "the command holds a non-breaking space"),
+    ("torchrun {s} --nproc_per_node 2", "torchrun reads its options before the script: --nproc_per_node comes after"),
+    ("torchrun --nproc-per-node=2 {s} & wait", "the command runs the launch with &, in the background"),
+    ("srun -n 2 python {s}", "the command starts 'python', not torchrun"),
+    ("torchrun --nproc-per-node=2 \"~/my_train_ddp.py\"", "(bash puts the home folder for a ~ only unquoted"),
+    ("torchrun --nnodes=1:2 --nproc-per-node=2 {s}", "torchrun would run with --nnodes=1:2; the lab runs"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"
@@ -382,14 +402,14 @@ def test_wrong_launch_lines_are_named(tmp_path, command, message):
 
 def test_the_line_runs_in_bash_with_stand_ins_alone(tmp_path):
     """bash runs the line, restricted, with recording stand-ins alone on PATH: no kill, no command named by its
-    path (an interpreter so named, other than the kernel's own Python, is refused in bash's words), nothing else the
-    line names runs."""
+    path (an interpreter so named, other than the kernel's own Python and torchrun, is refused as such), nothing else
+    the line names runs."""
     script, kept = tmp_path / "my_train_ddp.py", tmp_path / "kept.txt"
     kept.write_text("kept")
     for line, words in ((f"torchrun --nproc-per-node=2 {script} && rm -f {kept}", "to the launch (rm -f"),
-                        (f"kill -0 {os.getpid()} && torchrun --nproc-per-node=2 {script}", "(kill: command not found)"),
+                        (f"kill -0 {os.getpid()} && torchrun --nproc-per-node=2 {script}", "the command runs kill"),
                         (f"/opt/another/python3 -m torch.distributed.run --nproc-per-node=2 {script}",
-                         "/opt/another/python3: restricted: cannot specify `/' in command names"),
+                         "it runs /opt/another/python3 by its path"),
                         (f"python -c 'open(\"{kept}\", \"w\")'", "the command starts 'python', not torchrun")):
         with pytest.raises(NotYet, match=re.escape(words)):
             read_launch_line(line, script, 2, LAB_EXERCISE)

@@ -65,34 +65,41 @@ for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$reco
 echo "# launched" >> "$record/trace"
 exit @EXIT@
 """
-# Before the line: 1 MiB of output and 256 MiB of memory at most, cd moves LAB_CD (a restricted bash has no cd) to
-# a folder that exists, /usr/bin/env is env and the kernel's own Python by its path (f"{sys.executable} -m ...") is
-# python, source (a venv's activate) does nothing, exec runs its command and ends the line (a restricted bash has
-# no exec), no kill, and every command waits for those in the background first (so does the end): the trace is in
-# order. Then nothing the line does hides a command from the trace or an & from the end: the trace goes to a
-# descriptor of its own (BASH_XTRACEFD; a line that redirects one above 2 is refused), these functions, PS4 (which
-# names the function a command runs in) and BASH_CMDS (bash's table of where commands are) are readonly, and the
-# builtins that would change what runs around a launch are off (enable too, so that nothing turns them back on): a
-# line that runs one is refused, as its trace shows.
-OFF_BUILTINS = ("kill", "set", "shopt", "trap", "ulimit", "hash", "history", "enable")
+# Before the line: 1 MiB of output and 256 MiB of memory at most, cd (and pushd) moves LAB_CD (a restricted bash has
+# no cd) to a folder that exists, /usr/bin/env is env and the kernel's own Python and torchrun by their paths
+# (f"{sys.executable} -m ...") are python and torchrun, source (a venv's activate) does nothing, exec runs its
+# command and ends the line (a restricted bash has no exec), no kill, and every command waits for those in the
+# background first (so does the end): the trace is in order. Then nothing the line does hides a command from the
+# trace or an & from the end: the trace goes to a descriptor of its own (BASH_XTRACEFD; a line that redirects one
+# above 2 is refused), these functions, PS4 (which names the function a command runs in) and BASH_CMDS (bash's
+# table of where commands are) are readonly, and the builtins that would change what runs around a launch are off
+# (enable too, so that nothing turns them back on): a line that runs one is refused, as its trace shows. set stays,
+# for what a Slurm script sets before a launch (stop on an error, an unset variable or a failed pipe; trace): its
+# other words are refused, as the trace shows them.
+OFF_BUILTINS = ("kill", "shopt", "trap", "ulimit", "hash", "history", "enable")
+SAFE_SET = re.compile(r"-[Eeuxo]+|errexit|nounset|pipefail|errtrace|xtrace")
+KERNEL_BIN = Path(sys.executable).parent
+BY_PATH = {**{str(KERNEL_BIN / name): name for name in ("torchrun", "python3", "python")
+              if (KERNEL_BIN / name).exists()}, sys.executable: "python"}  # the kernel's own: that name's stand-in
 OUTPUT_LIMIT = 2**20  # bytes of the line's trace
 PRELUDE_END = f'enable -n {" ".join(OFF_BUILTINS)}'  # the prelude's last command, traced; then the line's
 PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
-           '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
-           '/usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; source() { :; }; .() { :; }; '
-           'exec() { while [[ $1 == -* ]]; do [[ $1 == -- ]] && { shift; break; }; [[ $1 =~ ^-[cl]*a?$ ]] || '
+           '[[ -d $to ]] || { echo "cd: ${1-}: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
+           'pushd() { cd "$@"; }; /usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; '
+           'source() { :; }; .() { :; }; '
+           'exec() { while [[ ${1-} == -* ]]; do [[ $1 == -- ]] && { shift; break; }; [[ $1 =~ ^-[cl]*a?$ ]] || '
            '{ echo "bash: exec: $1: invalid option" >&2; exit 2; }; [[ $1 == *a ]] && shift; shift; done; '
            '(( $# )) || return 0; [[ $1 == */* || $(type -t "$1") == file ]] || '
            '{ echo "bash: exec: $1: not found" >&2; exit 127; }; "$@"; exit; }; '
-           + (f'{sys.executable}() {{ python "$@"; }}; ' if shlex.quote(sys.executable) == sys.executable else '')
+           + "".join(f'{path}() {{ {name} "$@"; }}; ' for path, name in BY_PATH.items() if shlex.quote(path) == path)
            + f'readonly {" ".join(LOADER_VARIABLES)}; '
-           + 'trap wait DEBUG; lab_end() { [[ $! ]] && echo "# background $!" >&2; wait; }; trap lab_end EXIT; '
+           + 'trap wait DEBUG; lab_end() { [[ ${!-} ]] && echo "# background $!" >&2; wait; }; trap lab_end EXIT; '
            "readonly -f $(compgen -A function); readonly PS4='+${FUNCNAME:+[$FUNCNAME]} ' BASH_XTRACEFD=@TRACE@ "
-           "BASH_CMDS; set -x; "
+           "BASH_CMDS; builtin set -x; "
            f'{PRELUDE_END}\n')
 # the check's own functions, whose commands are no part of the line
-LAB_FUNCTIONS = ("cd", "/usr/bin/env", "/bin/env", "source", ".", "exec", sys.executable, "lab_end")
+LAB_FUNCTIONS = ("cd", "pushd", "/usr/bin/env", "/bin/env", "source", ".", "exec", *BY_PATH, "lab_end")
 TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as deep as the +, in a function
 # (the DEBUG trap's wait is traced one level deeper than the command it waits in front of)
 # the check's, at the line's own level (exit ends the line, as the check's exec does)
@@ -151,6 +158,12 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     braces = re.search(r"(?<!\$)\{[A-Za-z_][^{}]*\}", joined)  # {lab_file} left in; ${VAR} is the shell's
     refuse(braces, f"the command holds {short(braces and braces.group(0), 60)} as written: the f in front of the "
            "quotes, which puts the value in, is missing.", "write it as an f-string: EXAMPLE.")
+    pasted = next((what for what, found in (  # what a line copied from a page or a slide brings along
+        ("typographic quotes (“ ” ‘ ’), which the shell takes as letters", re.search("[“”‘’]", text)),
+        ("a non-breaking space, which the shell takes as a letter", "\xa0" in text),
+        ("Markdown's backticks around it, which the shell reads as a command to run", re.fullmatch("`[^`]+`", text)),
+        ("a prompt's $ in front, which is no part of the line", re.match(r"\$\s", text))) if found), None)
+    refuse(pasted, f"the command holds {pasted}.", "type the line as plain text: EXAMPLE.")
     expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
     refuse(expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does not "
            "expand.", "write the values themselves, e.g. EXAMPLE (an f-string puts Python's values in).")
@@ -172,32 +185,33 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     redirected = complaint(r"^(.*): restricted: cannot redirect output")
     refuse(redirected, f"the command redirects output ({short(redirected or '', 40)}), which the check's shell does "
            "not take: the check shows the launch's output itself.", "leave the redirection out: EXAMPLE.")
+    off = next((short(" ".join(words), 40) if words[0] == "set" else words[0] for words in map(_command_words, commands)
+                if words and (words[0] in OFF_BUILTINS or words[0] == "set" and not all(map(SAFE_SET.fullmatch,
+                                                                                               words[1:])))), None)
+    refuse(off, f"the command runs {off}, which the check's shell leaves out: around a launch it changes what runs, "
+           "or stops it, and the check runs the launch alone.", f"leave {off} out" + (
+               " (set -e, -u, -x and -o pipefail may stay)" if off and off.startswith("set") else "") + ": EXAMPLE.")
     if not launches:
         refuse(said.startswith(TIMED_OUT), f"bash's run of the line {said}, though the check's torchrun ends at "
                "once: something in the line waits or loops.", "make it the launch line only, e.g. EXAMPLE.")
-        refuse(True, "bash ran the line and it started no torchrun" + (f" ({short(said, 120)})." if said else "."),
-               "write the torchrun line, e.g. EXAMPLE.")
+        refuse(True, *_no_launch(said, "torchrun" in text or "torch.distributed" in text))
     refuse(cut, "the command closes or moves the check's trace of what bash runs, so the check cannot tell what "
            "runs beside the launch.", "write the launch line alone: EXAMPLE.")
     path = next((name for name in assigned_names if name in ("PATH", "BASH_CMDS")), None) or complaint(
         r"\b(PATH): readonly variable")  # PATH=... in front of a command: restricted bash says so, and runs it
     refuse(path, f"the command sets {path}: bash would look for torchrun there, not where the kernel finds it.",
            f"leave {path} as it is: EXAMPLE.")
-    off = next((word for word in map(_command_name, commands) if word in OFF_BUILTINS), None)
-    refuse(off, f"the command runs {off}, which the check's shell leaves out: around a launch it changes what runs, "
-           "or stops it, and the check runs the launch alone.", f"leave {off} out: EXAMPLE.")
+    refuse(background == "launch", "the command ends in &, which runs the launch in the background: nothing would "
+           "wait for it to end." if joined.rstrip().endswith("&") else "the command runs the launch with &, in the "
+           "background, which a launch line does not need: the check waits for the launch itself.",
+           "leave the & out: EXAMPLE.")
+    refuse(background, "the command has a single &, which runs a command beside the launch, in the background: "
+           "one would not wait for the other.", "write && to run the launch after a command succeeds, or run that "
+           "command in a cell of its own: EXAMPLE.")  # bash's $! tells, in whatever order the trace's lines landed
     refuse(after or len(launches) > 1, "the command chains a second command to the launch ("
            + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun launch "
            "alone.", "make it the launch line only, e.g. EXAMPLE; run anything else in a cell of its own.")
-    refuse(background == "launch", "the command ends in &, which runs the launch in the background: nothing would "
-           "wait for it to end.", "leave the & out: EXAMPLE.")
-    refuse(background, "the command has a single & in front of the launch, which runs what comes before it in the "
-           "background: the launch would start without waiting for it.",
-           "write && to run the launch after it succeeds, or run that command in a cell of its own: EXAMPLE.")
     folder, tokens, assigned, srun = launches[0]
-    tasks = _srun_tasks(srun, assigned) if srun is not None else 1
-    refuse(tasks != 1, f"srun would start {tasks} tasks, each a torchrun of its own: the lab's one node needs one." if
-           isinstance(tasks, int) else tasks, "leave srun out, or run one task (srun --ntasks=1): EXAMPLE.")
     quoted = shlex.quote(str(script))
     refuse(quoted != str(script) and str(script) in text and str(script) not in tokens, f"the path of your script "
            f"({quoted}) holds a space or another character the shell splits at: unquoted, torchrun would get it as "
@@ -206,17 +220,21 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(tokens[0] != "torchrun" and module not in TORCH_LAUNCHERS, f"the command starts {tokens[0]!r}"
            f"{f' with -m {module}' if module else ''}, not torchrun: nothing would start the lab's {nproc} processes "
            "or set RANK, LOCAL_RANK and WORLD_SIZE in them.", "launch it with torchrun: EXAMPLE.")
+    tasks = _srun_tasks(srun, assigned) if srun is not None else 1
+    refuse(tasks != 1, f"srun would start {tasks} tasks, each a torchrun of its own: the lab's one node needs one." if
+           isinstance(tasks, int) else tasks, "leave srun out, or run one task (srun --ntasks=1): EXAMPLE.")
     options = "write only the options the lab needs, in full, then your script: EXAMPLE."
     try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities, no script
         parsed = _torchrun_reads(tokens[start:], assigned, launch=module == "torch.distributed.launch")
     except ValueError as refusal:
         refuse(True, f"torchrun would stop at once: {short(str(refusal), 160)}.", options)
-    named = Path(parsed.training_script).expanduser()
+    named = Path(parsed.training_script)  # as bash left it: a ~ in quotes is no home folder
     resolved = (Path(folder) / named).resolve()
     shown = str(resolved) if named.name == script.name else named.name  # the same name: where it points tells
     refuse(resolved != script.resolve(), f"torchrun would run {shown!r} " + (
         "as a program (--no-python), with your file as its argument," if parsed.no_python else
-        "as the training script") + f" in place of your lab script {quoted}.",
+        "as the training script") + f" in place of your lab script {quoted}" + (
+        " (bash puts the home folder for a ~ only unquoted, at a word's start)." if "~" in str(named) else "."),
         "name only your script after torchrun's options: EXAMPLE.")
     flag = "-m" if parsed.module else "--no-python" if parsed.no_python else None
     refuse(flag, f"with {flag}, torchrun would run your script " + (
@@ -236,9 +254,14 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         got = None if value is None else _read(read, value)
         if value is None or got not in (None, right):
             wrong.append(f"no {option} (so one process)" if value is None else f"{option}={value}" + (
-                f" ({got} here)" if not str(value).strip().lstrip("+-").isdigit() else ""))
-    refuse(wrong, f"torchrun would run with {', '.join(wrong)}; the lab runs {nproc} processes on one node, node 0 "
-           "(torchrun waits for any other node it is told of).", f"use --nproc-per-node={nproc} alone: EXAMPLE.")
+                f" ({got} here)" if read is determine_local_world_size and not str(value).strip().lstrip(
+                    "+-").isdigit() else ""))
+    late = next((word for word in parsed.training_script_args if re.match(r"--(nproc|nnodes|node.rank)", word)), "")
+    refuse(wrong, f"torchrun reads its options before the script: {short(late, 30)} comes after it, so it goes to "
+           f"your script, and torchrun would run with {', '.join(wrong)}." if late else f"torchrun would run with "
+           f"{', '.join(wrong)}; the lab runs {nproc} processes on one node, node 0 (torchrun waits for any other node "
+           "it is told of).", "put torchrun's options before the script: EXAMPLE." if late else
+           f"use --nproc-per-node={nproc} alone: EXAMPLE.")
     backend = "c10d" if parsed.standalone else parsed.rdzv_backend
     refuse(backend not in ("static", "c10d"), f"--rdzv-backend={backend} needs a rendezvous server of its own; "
            "torchrun's static or c10d rendezvous meets on this machine.", "leave --rdzv-backend out: EXAMPLE.")
@@ -251,6 +274,26 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refusal = _config_refusal(parsed)
     refuse(refusal, f"torchrun would stop at once: {short((refusal or '').rstrip('.'), 160)}.", options)
     return LaunchLine(list(parsed.training_script_args), assigned)
+
+
+def _no_launch(said: str, names_torchrun: bool) -> tuple[str, str]:
+    """Why bash started no torchrun (its first complaint, ``said``), as a problem and a fix in the attendee's words:
+    the whole line in quotes, a program by its path, another launcher, a tool the check's shell does not have."""
+    found = re.fullmatch(r"(.*?): (?:command not found|restricted: cannot specify `/' in command names)", said)
+    name, problem = found and found.group(1), "bash ran the line and it started no torchrun"
+    if name and len(name.split()) > 1:
+        return f"{problem}: it took the whole line, in quotes, as the name of one command.", (
+            "leave the quotes around the line out: EXAMPLE.")
+    if name and "/" in name:
+        return f"{problem}: it runs {short(name, 60)} by its path, and the check's shell runs a launch's tools by " \
+               "their names, as the kernel's PATH finds them.", "write torchrun by its name: EXAMPLE."
+    if name and shutil.which(name) and not names_torchrun:
+        return f"{problem}: it runs {name}, which is no torchrun.", "launch it with torchrun: EXAMPLE."
+    if name and shutil.which(name):
+        tools = ", ".join((*STAND_INS[3:], "time"))
+        return f"{problem}: {name} is none of the tools the check's shell has beside torchrun and python ({tools})" \
+               ".", "write the launch line alone, EXAMPLE, and run anything else in a cell of its own."
+    return problem + (f" ({short(said, 120)})." if said else "."), "write the torchrun line, e.g. EXAMPLE."
 
 
 def _torchrun_reads(args: list[str], env: dict, launch: bool = False) -> argparse.Namespace:
@@ -488,12 +531,13 @@ def _srun_tasks(args: list[str], assigned: dict) -> int | str:
     return max(nodes * (count["ntasks-per-node"] or 1), by_gpus)
 
 
-def _command_name(traced: str) -> str:
-    """The command a traced line runs, past its assignments and the builtins that run the next word."""
+def _command_words(traced: str) -> list[str]:
+    """The words of a traced line from the command it runs on, past its assignments and the builtins that run the
+    next word."""
     words = traced.split()
     while words and (ASSIGNMENT.match(words[0]) or words[0] in ("builtin", "command")):
         words.pop(0)
-    return words[0] if words else ""
+    return words
 
 
 def _assigned(traced: str) -> list[str]:
