@@ -106,6 +106,8 @@ SIMULATED = {  # the notebook's own answer, a right script, and one row of each 
     "test_the_notebooks_own_answers_pass_with_the_lines_nbval_recorded",
     "test_exercise_61_passes_a_whole_script_that_launches_right_however_written[python -m torch.distributed.run]",
     "test_the_batch_hosts_node_name_is_the_first_node",
+    "test_exercise_61_passes_every_form_of_a_right_answer[rdzv_endpoint='\"$(scontrol show job \"$SLURM_JOB_ID\" | "
+    "grep BatchHost | cut -d= -f2):29500\"']",
     *(f"test_exercise_61_names_each_wrong_answer_in_one_line[{{{row}}}-]" for row in (
         "'rdzv_endpoint': 'localhost:29500'", "'rdzv_endpoint': '$HOSTNAME:29500'", "'signal': 'USR1@60'",
         "'signal': 'B:USR2@60'", "'ntasks_per_node': 2", "'nproc_per_node': 1", "'cpus_per_task': 1")),
@@ -205,7 +207,9 @@ RIGHT_61 = [
         # The batch shell runs on the job's first node, where hostname prints that node's name (the simulated
         # cluster names its hosts as Slurm does). This row was refused when the check read the script instead of
         # running it ("the batch node's own host name"): the run shows the agents meet.
-        "$(hostname):29500")],
+        "$(hostname):29500",
+        # a review of answers a room gives: the node the batch script runs on, as scontrol's BatchHost or uname -n
+        '"$(scontrol show job "$SLURM_JOB_ID" | grep BatchHost | cut -d= -f2):29500"', "$(uname -n):29500")],
     # torchrun's "auto" is one process per core the task may use when no GPU is visible (a job that asks for none
     # sees none): srun gives torchrun's task the job's 2 cores, so 2 processes. This row was refused when the check
     # read the script ("one process per core"), which could not know the task's cores.
@@ -253,6 +257,10 @@ def test_exercise_61_passes_a_whole_script_that_launches_right_however_written(e
 # ---------------------------------------------------------------------- Exercise 6.1: wrong answers are named
 
 WRONG_61 = [
+    # a value sbatch refuses: the fix names the forms sbatch reads, or that no shell expands #SBATCH lines
+    (dict(time="5m"), ["Invalid --time specification. Fix: a time sbatch reads: MINUTES, MM:SS"]),
+    (dict(signal="B:USR1@90s"), ["Invalid --signal specification. Fix: B:SIGNAL@SECONDS"]),
+    (dict(cpus_per_task="$SLURM_CPUS_PER_TASK"), ["for --cpus-per-task. Fix: #SBATCH lines are read by sbatch, not"]),
     # the rendezvous host: each would leave the agents of a two-node job apart
     (dict(rdzv_endpoint="localhost:29500"), ["never completed the rendezvous", "at localhost:29500"]),
     (dict(rdzv_endpoint="127.0.0.1:29500"), ["never completed the rendezvous", "at 127.0.0.1:29500"]),

@@ -1,5 +1,5 @@
-"""Exercise 6.1's simulated cluster, the programs' side: scontrol, scancel, pkill, killall, hostname, getent,
-sleep, timeout, apptainer, the training processes, and Slurm's other commands (which refuse: the job has no
+"""Exercise 6.1's simulated cluster, the programs' side: scontrol, scancel, pkill, killall, hostname, uname,
+getent, sleep, timeout, apptainer, the training processes, and Slurm's other commands (which refuse: the job has no
 controller), each this one file under another name. Each tells the runner what it did and waits for it where
 the real program waits on a cluster; the work itself is real (bash runs the script, signals are sent).
 Standard library only, so that each starts in milliseconds.
@@ -267,9 +267,10 @@ def scontrol(argv: list[str]) -> None:
             say("scontrol: error: No hostlist specified", 1)
         print("\n".join(hostlist(text)))
     elif len(words) >= 2 and "show".startswith(words[0]) and "job".startswith(words[1]):
-        config = link.config
-        print(f"JobId={config['job']} JobName=ex61-train JobState=RUNNING NumNodes={len(config['nodes'])} "
-              f"NodeList={os.environ.get('SLURM_JOB_NODELIST', '')}")
+        config = link.config  # laid out as Slurm's: BatchHost, the first node, on a line of its own
+        print(f"JobId={config['job']} JobName=ex61-train\n   JobState=RUNNING Reason=None\n   NumNodes="
+              f"{len(config['nodes'])}\n   NodeList={os.environ.get('SLURM_JOB_NODELIST', '')}\n   BatchHost="
+              f"{config['nodes'][0]}")
     else:
         say(f"scontrol: error: {' '.join(argv)}: this simulated scontrol knows show hostnames and show job only", 1)
 
@@ -281,6 +282,14 @@ def hostname(argv: list[str]) -> None:
     print(f"10.1.0.{17 + node}" if addresses else config["nodes"][node])
 
 
+def uname(argv: list[str]) -> None:
+    """uname -n names the node the process runs on; every other question goes to this machine's uname."""
+    if argv and all(a in ("-n", "--nodename") for a in argv):
+        print(Link("uname").config["nodes"][Link("uname").config["node"]])
+        return
+    _this_machines("uname", argv)
+
+
 def getent(argv: list[str]) -> None:
     """getent hosts NODE knows the job's nodes; every other question goes to this machine's getent."""
     nodes = Link("getent").config["nodes"]
@@ -290,9 +299,13 @@ def getent(argv: list[str]) -> None:
             print(f"{address:<15} {key}" if argv[0] == "hosts" else
                   f"{address:<15} STREAM {key}\n{address:<15} DGRAM\n{address:<15} RAW")
         return
+    _this_machines("getent", argv)
+
+
+def _this_machines(name: str, argv: list[str]) -> None:
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != os.path.join(SIM, "bin"))
-    program = shutil.which("getent", path=path) or say("getent: command not found", 127)
-    os.execv(program, ["getent", *argv])
+    program = shutil.which(name, path=path) or say(f"{name}: command not found", 127)
+    os.execv(program, [name, *argv])
 
 
 def _seconds(text: str) -> float:
@@ -427,7 +440,7 @@ def confine(keep: str, argv: list[str]) -> None:
 CLIENTS = ("sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat", "sattach", "sbcast", "strigger", "sprio",
            "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
 PROGRAMS = {"scancel": scancel, **{name: slurm_client for name in CLIENTS}, "pkill": pkill, "killall": killall,
-            "scontrol": scontrol, "hostname": hostname, "getent": getent, "sleep": sleep, "timeout": timeout,
+            "scontrol": scontrol, "hostname": hostname, "uname": uname, "getent": getent, "sleep": sleep, "timeout": timeout,
             "apptainer": container, "singularity": container}
 
 

@@ -159,9 +159,13 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
     try:
         read = (_sbatch_reading(script) if shutil.which("sbatch") else None) or _table_reading(arguments)
     except Problem as err:
-        said = re.sub(r"\d{24,}", lambda m: f"{m.group()[:12]}… ({len(m.group())} digits)", str(err))
-        raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: --option=VALUE with the "
-                      "option's whole name, one value for each option.") from None
+        said = re.sub(r"\d{24,}", lambda m: f"{m.group()[:12]}… ({len(m.group())} digits)", str(err)).rstrip(".")
+        fix = ("#SBATCH lines are read by sbatch, not by a shell: a $VARIABLE stays as written; give the value "
+               "itself." if "$" in said else "a time sbatch reads: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+               "D-HH:MM:SS (00:05:00)." if "--time" in said else "B:SIGNAL@SECONDS, e.g. B:USR1@60 (seconds alone, "
+               "no unit)." if "--signal" in said else "--option=VALUE with the option's whole name, one value for "
+               "each option.")
+        raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: {fix}") from None
     return read, written
 
 
