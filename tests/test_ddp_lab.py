@@ -392,6 +392,7 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("srun -n 2 python {s}", "the command starts 'python', not torchrun"),
     ("torchrun --nproc-per-node=2 \"~/my_train_ddp.py\"", "(bash puts the home folder for a ~ only unquoted"),
     ("torchrun --nnodes=1:2 --nproc-per-node=2 {s}", "torchrun would run with --nnodes=1:2; the lab runs"),
+    ("python -c 'import torch' && torchrun --nproc-per-node=2 {s}", "runs python -c 'import torch' before the launch"),
 ])
 def test_wrong_launch_lines_are_named(tmp_path, command, message):
     script = tmp_path / "my_train_ddp.py"

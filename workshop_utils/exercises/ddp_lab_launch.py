@@ -208,6 +208,10 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(background, "the command has a single &, which runs a command beside the launch, in the background: "
            "one would not wait for the other.", "write && to run the launch after a command succeeds, or run that "
            "command in a cell of its own: EXAMPLE.")  # bash's $! tells, in whatever order the trace's lines landed
+    before = launches[0][1] if len(launches) > 1 and not _launches_torchrun(launches[0][1]) else None
+    refuse(before, f"the command runs {short(shlex.join(before or []), 50)} before the launch: the check runs the one "
+           "torchrun launch alone.", "write the launch line alone, EXAMPLE, and run anything else in a cell of its "
+           "own.")
     refuse(after or len(launches) > 1, "the command chains a second command to the launch ("
            + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun launch "
            "alone.", "make it the launch line only, e.g. EXAMPLE; run anything else in a cell of its own.")
@@ -217,7 +221,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
            f"({quoted}) holds a space or another character the shell splits at: unquoted, torchrun would get it as "
            "several words.", "quote it for the shell: EXAMPLE.")
     module, start = _python_module(tokens) if tokens[0].startswith("python") else (None, 1)
-    refuse(tokens[0] != "torchrun" and module not in TORCH_LAUNCHERS, f"the command starts {tokens[0]!r}"
+    refuse(not _launches_torchrun(tokens), f"the command starts {tokens[0]!r}"
            f"{f' with -m {module}' if module else ''}, not torchrun: nothing would start the lab's {nproc} processes "
            "or set RANK, LOCAL_RANK and WORLD_SIZE in them.", "launch it with torchrun: EXAMPLE.")
     tasks = _srun_tasks(srun, assigned) if srun is not None else 1
@@ -474,6 +478,10 @@ def _read(read, value):
         return read(str(value))
     except (ValueError, RuntimeError):
         return None
+
+
+def _launches_torchrun(tokens: list[str]) -> bool:
+    return tokens[0] == "torchrun" or tokens[0].startswith("python") and _python_module(tokens)[0] in TORCH_LAUNCHERS
 
 
 def _python_module(tokens: list[str]) -> tuple[str | None, int]:
