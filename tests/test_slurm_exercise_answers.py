@@ -110,7 +110,8 @@ SIMULATED = {  # the notebook's own answer, a right script, and one row of each 
     "grep BatchHost | cut -d= -f2):29500\"']",
     *(f"test_exercise_61_names_each_wrong_answer_in_one_line[{{{row}}}-]" for row in (
         "'rdzv_endpoint': 'localhost:29500'", "'rdzv_endpoint': '$HOSTNAME:29500'", "'signal': 'USR1@60'",
-        "'signal': 'B:USR2@60'", "'ntasks_per_node': 2", "'nproc_per_node': 1", "'cpus_per_task': 1")),
+        "'signal': 'B:USR2@60'", "'ntasks_per_node': 2", "'nproc_per_node': 1", "'cpus_per_task': 1",
+        "'nproc_per_node': '$SLURM_GPUS_ON_NODE'", "'nproc_per_node': 'gpu'")),
     *(f"test_exercise_61_names_each_mistake_of_a_whole_script[{name}]" for name in (
         "no launch", "two launches", "the static backend", "srun -c 4", "no trap", "the launch in the foreground",
         "no wait")),
@@ -261,6 +262,16 @@ WRONG_61 = [
     (dict(time="5m"), ["Invalid --time specification. Fix: a time sbatch reads: MINUTES, MM:SS"]),
     (dict(signal="B:USR1@90s"), ["Invalid --signal specification. Fix: B:SIGNAL@SECONDS"]),
     (dict(cpus_per_task="$SLURM_CPUS_PER_TASK"), ["for --cpus-per-task. Fix: #SBATCH lines are read by sbatch, not"]),
+    (dict(time="00:05"), ["--time of 60 s (line 6), as sbatch reads 00:05 (minutes:seconds): the job needs"]),
+    # a run's mistake named as the attendee made it
+    (dict(nproc_per_node="$SLURM_GPUS_ON_NODE"), ["SLURM_GPUS_ON_NODE: unbound variable). Fix: read a variable Slurm "
+                                                  "sets in this job's batch shell"]),
+    (dict(rdzv_endpoint="'$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1):29500'"),
+     ["(bash expands nothing between single quotes)"]),
+    (dict(rdzv_endpoint='$(scontrol show hostnames "$SLURM_JOB_NODELIST"):29500'),
+     ["torchrun ran gpu-a018:29500, a node's name, as the training: the endpoint became every node's name"]),
+    (dict(nproc_per_node="gpu"), ["(the job asks for no GPU, so torchrun counts none for --nproc-per-node=gpu). Fix: "
+                                  "--nproc-per-node"]),
     # the rendezvous host: each would leave the agents of a two-node job apart
     (dict(rdzv_endpoint="localhost:29500"), ["never completed the rendezvous", "at localhost:29500"]),
     (dict(rdzv_endpoint="127.0.0.1:29500"), ["never completed the rendezvous", "at 127.0.0.1:29500"]),

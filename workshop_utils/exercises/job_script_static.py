@@ -223,7 +223,8 @@ def _time_problem(read: dict, written: dict, spec: JobSpec, at: str) -> str | No
                 f"least {spec.min_lead_s} s, with room to spare.")
     need = spec.needed_s + lead + spec.early_s
     if limit < need:
-        return (f"--time of {limit:g} s{at}: the job needs about {spec.needed_s} s, and the warning comes {lead} s "
+        minutes = f", as sbatch reads {shown} (minutes:seconds)" if re.fullmatch(r"\d+:\d+", shown) else ""
+        return (f"--time of {limit:g} s{at}{minutes}: the job needs about {spec.needed_s} s, and the warning comes {lead} s "
                 f"before the end, up to {spec.early_s} s earlier still (sbatch's manual), so it could run out of "
                 f"time. Fix: at least {need} s, or a shorter warning.")
     if limit > spec.max_time_s:

@@ -121,9 +121,12 @@ class Judge:
             return (f"{self.where}nothing started torchrun: srun did not start the launch {self.launch()}: {srun}. "
                     f"Fix: {LAUNCH_FIX}.")
         unbound = re.search(r"line \d+: (\w+): unbound variable", self.said())
-        fix = (f"set {unbound.group(1)} before it is read, or give it a default, ${{{unbound.group(1)}:-VALUE}}"
-               + (" (Slurm sets SLURM_ARRAY_* only in a job array)" if "SLURM_ARRAY_" in unbound.group(1) else "")
-               if unbound else LAUNCH_FIX)
+        name = unbound.group(1) if unbound else ""
+        fix = ((f"read a variable Slurm sets in this job's batch shell, such as $SLURM_CPUS_PER_TASK or "
+                f"$SLURM_JOB_NODELIST: Slurm sets {name} " + ("only in a job array" if "SLURM_ARRAY_" in name else
+                                                              "only for some jobs, or only in srun's tasks"))
+               if name.startswith("SLURM_") else f"set {name} before it is read, or give it a default, "
+               f"${{{name}:-VALUE}}" if name else LAUNCH_FIX)
         killed = (" (a command of the script signalled it: kill $$, kill -9 -1 or pkill -u $USER reach the batch "
                   "shell too)" if (next(iter(self.o.of("batch_end")), None) or {}).get("signal") else "")
         return f"{start}{self.end_of_batch()}{killed}{self.said()}. Fix: {fix}."
@@ -153,7 +156,13 @@ class Judge:
             said = f"torchrun on {NODE_NAMES[error['node']]} stopped: {show(error['error'].rstrip('.'), 200)}"
             if "$RANDOM" in self.script:
                 said += f" (bash's $RANDOM was {self.o.run.random} in this run: any job may draw that)"
-            if "endpoint" in error["error"] or error["what"] == "rdzv_error":
+            if "$" in error["error"]:
+                said += " (bash expands nothing between single quotes)"
+            if "Cuda is not available" in error["error"]:
+                said += " (the job asks for no GPU, so torchrun counts none for --nproc-per-node=gpu)"
+                fix, token = "Fix: --nproc-per-node, the training processes torchrun starts on each node.", \
+                    "--nproc-per-node"
+            elif "endpoint" in error["error"] or error["what"] == "rdzv_error":
                 fix, token = f"Fix: {RDZV_FIX}.", "--rdzv-endpoint"
         elif len(self.launches) < len(self.agents):
             said, quote = "torchrun stopped at its arguments", self.said(r"^torchrun: error", r"Error: ")
@@ -168,6 +177,10 @@ class Judge:
                         f"not the {self.spec.procs_per_node} the exercise asks for")
                 fix, token = "Fix: --nproc-per-node, the training processes torchrun starts on each node.", \
                     "--nproc-per-node"
+            elif str(launch["script"]).split(":")[0] in NODE_NAMES:  # the node list's names, split into words
+                said = (f"torchrun ran {show(launch['script'])}, a node's name, as the training: the endpoint became "
+                        "every node's name, which bash split into words")
+                fix, token = f"Fix: {RDZV_FIX}.", "--rdzv-endpoint"
             elif not launch["module"] or launch["script"] != "workshop_utils.train" or launch["run_path"]:
                 said = f"torchrun ran {show(launch['script'])}, not the training (-m workshop_utils.train)"
                 quote = self.said(r"^(ModuleNotFoundError|FileNotFoundError|.*No module named|.*can't open file)")
