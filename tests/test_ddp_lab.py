@@ -25,7 +25,7 @@ import workshop_utils as wu
 from workshop_utils.exercises import ddp_lab
 from workshop_utils.exercises.ddp_lab import (LAB_EXERCISE, judge_average_gradients, lab_folder, placeholders_left,
                                               read_launch_line, solution_text)
-from workshop_utils.exercises import ddp_lab_files, ddp_lab_launch
+from workshop_utils.exercises import ddp_lab_bash, ddp_lab_files
 from workshop_utils.exercises.ddp_lab_files import (LIMIT_FACTOR, LIMIT_FLOOR_S, note_progress, run_nodes, scaled_limit,
                                                     what_ran)
 from workshop_utils.exercises.ddp_lab_gradients import function_source, gradients_failure, shipped_globals
@@ -181,6 +181,10 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("set -euo pipefail; torchrun --nproc-per-node=2 {s}", []),
     ("#!/bin/bash\nset -eux\nmodule load pytorch\nsrun --ntasks=1 torchrun --nproc-per-node=2 {s}\n", []),
     ("pushd {d} && torchrun --nproc-per-node=2 my_train_ddp.py", []),
+    ("cd -P -- {d} && torchrun --nproc-per-node=2 my_train_ddp.py", []),
+    ("cd '' && torchrun --nproc-per-node=2 {s}", []),  # bash stays where it is
+    (f"srun -n1 {shlex.quote(str(Path(sys.executable).parent / 'torchrun'))} --nproc-per-node=2 {{s}}", []),
+    (f"nohup {shlex.quote(str(Path(sys.executable).parent / 'torchrun'))} --nproc-per-node=2 {{s}}", []),
     (f"{shlex.quote(str(Path(sys.executable).parent / 'torchrun'))} --nproc-per-node=2 {{s}}", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
@@ -197,9 +201,9 @@ def test_a_line_that_moves_the_trace_is_caught_past_the_text_check():
     """The trace's descriptor moved for a command (past the text's check of N>) sends bash's trace back to stderr:
     the run says so, and the line is refused rather than judged on what is left of its trace."""
     closes = " ".join(f"{n}>&-" for n in range(3, 256))
-    ran = ddp_lab_launch._run_in_bash(f"exec {closes}; torchrun --nproc-per-node=2 /nonexistent/s.py; kill -9 0")
+    ran = ddp_lab_bash.run_in_bash(f"exec {closes}; torchrun --nproc-per-node=2 /nonexistent/s.py; kill -9 0")
     assert ran.cut and len(ran.launches) == 1
-    assert not ddp_lab_launch._run_in_bash("torchrun --nproc-per-node=2 /nonexistent/s.py").cut
+    assert not ddp_lab_bash.run_in_bash("torchrun --nproc-per-node=2 /nonexistent/s.py").cut
 
 
 def test_torchruns_own_variables_count_as_its_options(tmp_path):
@@ -383,10 +387,30 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("mkdir -p logs && torchrun --nproc-per-node=2 {s}", "started no torchrun: mkdir is none of the tools the check's"),
     ("./bin/torchrun --nproc-per-node=2 {s}", "started no torchrun: it runs ./bin/torchrun by its path"),
     ("'torchrun --nproc-per-node=2 {s}'", "it took the whole line, in quotes, as the name of one command"),
-    ("$ torchrun --nproc-per-node=2 {s}", "the command holds a prompt's $ in front, which is no part of the line"),
+    ("$ torchrun --nproc-per-node=2 {s}", "the command holds a prompt in front (its $, % or >>>), which is no part"),
+    ("(venv) user@host:~$ torchrun --nproc-per-node=2 {s}", "the command holds a prompt in front"),
+    ("```torchrun --nproc-per-node=2 {s}```", "the command holds Markdown's backticks around it"),
+    ("torchrun \u2013\u2013nproc-per-node=2 {s}", "the command holds typographic dashes"),
+    ("torchrun --nproc-per-node=2 {s}\u3000", "the command holds a non-breaking or another typographic space"),
+    ("torchrun --nproc-per-node=2 {s}\x0c", "torchrun would run"),  # bash strips no form feed: a letter of the name
     ("`torchrun --nproc-per-node=2 {s}`", "the command holds Markdown's backticks around it"),
     ("torchrun --nproc-per-node=2 \u201c{s}\u201d", "the command holds typographic quotes"),
-    ("torchrun\xa0--nproc-per-node=2 {s}", "the command holds a non-breaking space"),
+    ("torchrun\xa0--nproc-per-node=2 {s}", "the command holds a non-breaking or another typographic space"),
+    ("source /nonexistent/bin/activate && torchrun --nproc-per-node=2 {s}", "(bash: /nonexistent/bin/activate: No "),
+    # a fool-it review of the above: set past -- is set, a name alone is a positional parameter; cd and pushd as
+    # bash's; an escaped quote hides no redirection; a background loop in a subshell, a node list srun refuses
+    ("command -- set +x; torchrun --nproc-per-node=2 {s}; echo hi", "the command runs set +x, which"),
+    ("builtin -- set -a; torchrun --nproc-per-node=2 {s}", "the command runs set -a, which"),
+    ("set pipefail; torchrun --nproc-per-node=2 {s}", "the command runs set pipefail, which"),
+    ("set -e; pushd; torchrun --nproc-per-node=2 {s}", "started no torchrun (pushd: no other directory)"),
+    ("cd / extra && torchrun --nproc-per-node=2 {s}", "started no torchrun (cd: too many arguments)"),
+    (": \\' ; {{ torchrun --nproc-per-node=2 {s}; echo hi; }} 3</dev/null # '", "redirects file descriptor 3"),
+    ("(while :; do :; done &); torchrun --nproc-per-node=2 {s}", "has a single &, which runs a command beside"),
+    ("(torchrun --nproc-per-node=2 {s} <&0 &)", "the command runs the launch with &, in the background"),
+    ("srun --nodelist='n[a-b]' torchrun --nproc-per-node=2 {s}", "srun would stop at once: n[a-b] is no list of"),
+    ("srun --nodelist='n[0-999999999]' torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
+    ("env -i torchrun --nproc-per-node=2 {s}", "(env: -i: leaves the launch no PATH to find torchrun)"),
+    ("env PATH=/nonexistent torchrun --nproc-per-node=2 {s}", "(env: PATH=/nonexistent: leaves the launch no PATH"),
     ("torchrun {s} --nproc_per_node 2", "torchrun reads its options before the script: --nproc_per_node comes after"),
     ("torchrun --nproc-per-node=2 {s} & wait", "the command runs the launch with &, in the background"),
     ("srun -n 2 python {s}", "the command starts 'python', not torchrun"),
@@ -465,7 +489,7 @@ BUSY = "[[ " + "a" * 40 + "b == *(a|aa)*(a|aa)c ]]"  # minutes of one bash on a 
     (f"wait() {{{{ :; }}}}; {{{{ {BUSY} & }}}}; disown -a; torchrun --nproc-per-node=2 {{s}}", "✗ Exercise 2.2: the"),
 ])
 def test_nothing_the_line_starts_outlives_the_check(tmp_path, monkeypatch, line, verdict):
-    monkeypatch.setattr(ddp_lab_launch, "LINE_TIMEOUT_S", 2)
+    monkeypatch.setattr(ddp_lab_bash, "LINE_TIMEOUT_S", 2)
     script, marker = tmp_path / "my_train_ddp.py", f"# left-behind-{os.getpid()}-{len(line)}"
     try:
         read_launch_line(f"{line.format(s=script)} {marker}", script, 2)
@@ -478,7 +502,7 @@ def test_nothing_the_line_starts_outlives_the_check(tmp_path, monkeypatch, line,
 
 def test_a_line_that_takes_more_memory_than_any_launch_line_stops_at_once(tmp_path, monkeypatch):
     """256 MiB at most: the brace expansion fails in bash's words, long before the time is up."""
-    monkeypatch.setattr(ddp_lab_launch, "LINE_TIMEOUT_S", 120)
+    monkeypatch.setattr(ddp_lab_bash, "LINE_TIMEOUT_S", 120)
     script = tmp_path / "my_train_ddp.py"
     with pytest.raises(NotYet, match=r"started no torchrun \(.*cannot allocate") as caught:
         read_launch_line(f"x=( {{1..5000000}} ); torchrun --nproc-per-node=2 {script}", script, 2)

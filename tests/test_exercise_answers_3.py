@@ -126,9 +126,11 @@ def test_a_chain_glued_to_the_script_name_is_read_as_the_shell_reads_it(tmp_path
 
 
 @pytest.mark.parametrize("before", ["cd {d} &&", "module load python/3.11 &&", "OMP_NUM_THREADS=1",
-                                    "source venv/bin/activate &&"])
+                                    "cd {d} && source venv/bin/activate &&"])
 def test_what_comes_before_the_launch_is_still_taken_off(tmp_path, before):
     script = tmp_path / "my_train_ddp.py"
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("PATH=/nonexistent  # never run: the check sources nothing\n")
     line = f"{before.format(d=tmp_path)} torchrun --nproc-per-node=2 {script}"
     assert read_launch_line(line, script, 2).script_args == []
 

@@ -1,5 +1,6 @@
-"""Exercise 2.2's launch line, as bash runs it (restricted, with recording stand-ins alone on PATH) and torchrun
-reads it (its own parser and settings); one line names what would not launch the lab on this machine."""
+"""Exercise 2.2's launch line judged: what bash ran (``ddp_lab_bash``: restricted, with recording stand-ins alone on
+PATH), read as torchrun reads it (its own parser and settings); one line names what would not launch the lab on
+this machine."""
 
 from __future__ import annotations
 
@@ -10,105 +11,18 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from .ddp_lab_bash import (LOADER_VARIABLES, OFF_BUILTINS, STAND_INS, TIMED_OUT, command_words, names_set_by,
+                           run_in_bash)
 from .ddp_lab_files import LAB_EXERCISE
 from .exercise_cells import NotYet
 from .exercise_judging import short
 
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
-# All bash finds on PATH: srun and env run the stand-in named (VAR=value set; srun's own options recorded); nohup,
-# nice, stdbuf and timeout are coreutils' own, kept to the stand-ins; torchrun and python record; module (ml) and
-# conda, which set up the environment before a launch, do nothing.
-STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "timeout", "module", "ml",
-             "conda")
-# What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
-# readonly in the line's bash, refused by env and srun.
-LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
-                    "LD_PROFILE_OUTPUT", "GCONV_PATH")
-# The folders and the exit code are written into the text, not read from the environment, which the line sets
-# (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
-# with SIGINT ignored and its stdin from /dev/null (POSIX, no job control): `< /dev/null` alone is no &; bash's own
-# $! (the last command run with &: the launch, or the subshell it runs in) tells the rest. No /proc.
-STAND_IN = r"""#!@BASH@ -p
-tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
-case ${0##*/} in
-nohup|nice|stdbuf|timeout)
-    # The real tool reads its own options and runs the next word from PATH, a stand-in: never a program by its path.
-    for word; do
-        [[ $word != */* && -f $tools/$word ]] && break
-        [[ $word == */* ]] && { echo "${0##*/}: $word: the check runs no program by its path" >&2; exit 127; }
-    done
-    real=$(PATH=@SYSTEM_PATH@ type -P "${0##*/}") || { echo "${0##*/}: not installed here" >&2; exit 127; }
-    exec -a "${0##*/}" "$real" "$@" ;;
-srun|env)
-    [[ ${0##*/} == srun ]] && printf '%s\0' "$@" > "$record/$$.srun"
-    while (( $# )) && [[ $1 == */* || ! -f $tools/$1 ]]; do
-        [[ $1 =~ ^(@LOADER@)= ]] && { echo "${0##*/}: ${1%%=*}: $NO_LOADER" >&2; exit 125; }
-        [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $1 =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
-            export "$1"
-        shift
-    done
-    (( $# )) && exec "$tools/$1" "${@:2}"
-    exit 0 ;;
-module|ml|conda) exit 0 ;;
-esac
-how=
-[[ $(trap -p INT) && /dev/stdin -ef /dev/null ]] && how=background
-[[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
-printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
-for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
-echo "# launched" >> "$record/trace"
-exit @EXIT@
-"""
-# Before the line: 1 MiB of output and 256 MiB of memory at most, cd (and pushd) moves LAB_CD (a restricted bash has
-# no cd) to a folder that exists, /usr/bin/env is env and the kernel's own Python and torchrun by their paths
-# (f"{sys.executable} -m ...") are python and torchrun, source (a venv's activate) does nothing, exec runs its
-# command and ends the line (a restricted bash has no exec), no kill, and every command waits for those in the
-# background first (so does the end): the trace is in order. Then nothing the line does hides a command from the
-# trace or an & from the end: the trace goes to a descriptor of its own (BASH_XTRACEFD; a line that redirects one
-# above 2 is refused), these functions, PS4 (which names the function a command runs in) and BASH_CMDS (bash's
-# table of where commands are) are readonly, and the builtins that would change what runs around a launch are off
-# (enable too, so that nothing turns them back on): a line that runs one is refused, as its trace shows. set stays,
-# for what a Slurm script sets before a launch (stop on an error, an unset variable or a failed pipe; trace): its
-# other words are refused, as the trace shows them.
-OFF_BUILTINS = ("kill", "shopt", "trap", "ulimit", "hash", "history", "enable")
-SAFE_SET = re.compile(r"-[Eeuxo]+|errexit|nounset|pipefail|errtrace|xtrace")
-KERNEL_BIN = Path(sys.executable).parent
-BY_PATH = {**{str(KERNEL_BIN / name): name for name in ("torchrun", "python3", "python")
-              if (KERNEL_BIN / name).exists()}, sys.executable: "python"}  # the kernel's own: that name's stand-in
-OUTPUT_LIMIT = 2**20  # bytes of the line's trace
-PRELUDE_END = f'enable -n {" ".join(OFF_BUILTINS)}'  # the prelude's last command, traced; then the line's
-PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
-           'cd() { local to=${1:-$HOME}; [[ $to == /* ]] || to=$LAB_CD/$to; '
-           '[[ -d $to ]] || { echo "cd: ${1-}: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
-           'pushd() { cd "$@"; }; /usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; '
-           'source() { :; }; .() { :; }; '
-           'exec() { while [[ ${1-} == -* ]]; do [[ $1 == -- ]] && { shift; break; }; [[ $1 =~ ^-[cl]*a?$ ]] || '
-           '{ echo "bash: exec: $1: invalid option" >&2; exit 2; }; [[ $1 == *a ]] && shift; shift; done; '
-           '(( $# )) || return 0; [[ $1 == */* || $(type -t "$1") == file ]] || '
-           '{ echo "bash: exec: $1: not found" >&2; exit 127; }; "$@"; exit; }; '
-           + "".join(f'{path}() {{ {name} "$@"; }}; ' for path, name in BY_PATH.items() if shlex.quote(path) == path)
-           + f'readonly {" ".join(LOADER_VARIABLES)}; '
-           + 'trap wait DEBUG; lab_end() { [[ ${!-} ]] && echo "# background $!" >&2; wait; }; trap lab_end EXIT; '
-           "readonly -f $(compgen -A function); readonly PS4='+${FUNCNAME:+[$FUNCNAME]} ' BASH_XTRACEFD=@TRACE@ "
-           "BASH_CMDS; builtin set -x; "
-           f'{PRELUDE_END}\n')
-# the check's own functions, whose commands are no part of the line
-LAB_FUNCTIONS = ("cd", "pushd", "/usr/bin/env", "/bin/env", "source", ".", "exec", *BY_PATH, "lab_end")
-TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as deep as the +, in a function
-# (the DEBUG trap's wait is traced one level deeper than the command it waits in front of)
-# the check's, at the line's own level (exit ends the line, as the check's exec does)
-LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)
-ASSIGNS = ("export", "declare", "typeset", "local", "readonly")  # the builtins that set the variables they name
-ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=")  # NAME=, NAME+=, NAME[key]= in front of a command
-LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
+SAFE_SET = ("errexit", "nounset", "pipefail", "errtrace", "xtrace")
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
-BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")
 
 
 class LaunchLine(NamedTuple):
@@ -146,7 +60,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(several, f"`lab_command` is a list whose item {short(repr(several), 50)} holds several words"
            f"{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
            "give each word its own item (shlex.split(line) splits a line), or write one string: EXAMPLE.")
-    text = command.strip().lstrip("!").strip() if isinstance(command, str) else shlex.join(tokens)
+    text = command.strip(" \t\n").lstrip("!").strip(" \t\n") if isinstance(command, str) else shlex.join(tokens)
     try:  # a file name's undecodable bytes come back as they went in (surrogateescape); a lone surrogate cannot
         odd = "a NUL byte (\\0)" if "\0" in text else text.encode("utf-8", "surrogateescape") and ""
     except UnicodeEncodeError as error:
@@ -160,24 +74,29 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
            "quotes, which puts the value in, is missing.", "write it as an f-string: EXAMPLE.")
     pasted = next((what for what, found in (  # what a line copied from a page or a slide brings along
         ("typographic quotes (“ ” ‘ ’), which the shell takes as letters", re.search("[“”‘’]", text)),
-        ("a non-breaking space, which the shell takes as a letter", "\xa0" in text),
-        ("Markdown's backticks around it, which the shell reads as a command to run", re.fullmatch("`[^`]+`", text)),
-        ("a prompt's $ in front, which is no part of the line", re.match(r"\$\s", text))) if found), None)
+        ("a non-breaking or another typographic space, which the shell takes as a letter",
+         re.search("[\xa0\u2000-\u200b\u202f\u205f\u3000\ufeff]", text)),
+        ("typographic dashes (– —), which the shell takes as letters", re.search("[\u2010-\u2015]", text)),
+        ("Markdown's backticks around it, which the shell reads as a command to run",
+         re.fullmatch("`+[^`]*`+|```.*", text, re.S)),
+        ("a prompt in front (its $, % or >>>), which is no part of the line",
+         re.match(r"(\(\S+\) )?\S*[$%] |>>> ", text))) if found), None)
     refuse(pasted, f"the command holds {pasted}.", "type the line as plain text: EXAMPLE.")
     expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
     refuse(expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does not "
            "expand.", "write the values themselves, e.g. EXAMPLE (an f-string puts Python's values in).")
     refuse(not text, "the command has no launch line.", "write the launch line, e.g. EXAMPLE.")
-    unquoted = re.sub(r"'[^']*'|\"(?:[^\"\\\\]|\\\\.)*\"", "''", joined)  # N>, N<, N>&, N<&- outside quotes
+    unquoted = re.sub(r"""\\.|'[^']*'|"(?:[^"\\]|\\.)*"|(?:^|(?<=[\s;&|(){}]))#.*""", "''", joined)  # as bash
+    # reads them, left to right: an escaped character, a quoted string, a comment; then N>, N<, N>&, N<&- outside
     descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]", unquoted)
     refuse(descriptor, f"the command redirects file descriptor {descriptor and int(descriptor.group(1))}, which the "
            "check's shell keeps for itself: a launch line needs only 0, 1 and 2.", "leave that out: EXAMPLE.")
-    launches, after, background, said, complaints, commands, cut = _run_in_bash(text)
+    launches, after, background, said, complaints, commands, cut = run_in_bash(text)
 
     def complaint(pattern: str) -> str | None:
         return next((found.group(1) for found in map(re.compile(pattern).search, complaints) if found), None)
 
-    assigned_names = [name for command in commands for name in _assigned(command)]
+    assigned_names = [name for command in commands for name in names_set_by(command)]
     loader = next((name for name in assigned_names if name in LOADER_VARIABLES), None) or complaint(
         r"\b(%s): (?:readonly variable|the check's shell loads no)" % "|".join(LOADER_VARIABLES))
     refuse(loader, f"the command sets {loader}, which makes every program load what it names: the check runs no "
@@ -185,9 +104,8 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     redirected = complaint(r"^(.*): restricted: cannot redirect output")
     refuse(redirected, f"the command redirects output ({short(redirected or '', 40)}), which the check's shell does "
            "not take: the check shows the launch's output itself.", "leave the redirection out: EXAMPLE.")
-    off = next((short(" ".join(words), 40) if words[0] == "set" else words[0] for words in map(_command_words, commands)
-                if words and (words[0] in OFF_BUILTINS or words[0] == "set" and not all(map(SAFE_SET.fullmatch,
-                                                                                               words[1:])))), None)
+    off = next((short(" ".join(words), 40) if words[0] == "set" else words[0] for words in map(command_words, commands)
+                if words and (words[0] in OFF_BUILTINS or words[0] == "set" and not _safe_set(words[1:]))), None)
     refuse(off, f"the command runs {off}, which the check's shell leaves out: around a launch it changes what runs, "
            "or stops it, and the check runs the launch alone.", f"leave {off} out" + (
                " (set -e, -u, -x and -o pipefail may stay)" if off and off.startswith("set") else "") + ": EXAMPLE.")
@@ -233,7 +151,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     except ValueError as refusal:
         refuse(True, f"torchrun would stop at once: {short(str(refusal), 160)}.", options)
     named = Path(parsed.training_script)  # as bash left it: a ~ in quotes is no home folder
-    resolved = (Path(folder) / named).resolve()
+    resolved = (Path(os.path.normpath(folder)) / named).resolve()  # cd moved logically, as bash's does
     shown = str(resolved) if named.name == script.name else named.name  # the same name: where it points tells
     refuse(resolved != script.resolve(), f"torchrun would run {shown!r} " + (
         "as a program (--no-python), with your file as its argument," if parsed.no_python else
@@ -319,117 +237,6 @@ def _torchrun_reads(args: list[str], env: dict, launch: bool = False) -> argpars
     parser.error, parser.exit = stop, lambda status=0, message=None: stop(message)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return parser.parse_args(args)
-
-
-TIMED_OUT = "did not end within"
-
-
-class BashRun(NamedTuple):
-    """What bash did with the line: each launch (its folder, words, the variables the line gave it, srun's own
-    arguments where srun started it), the commands after it, what ran with & ("launch", "other": bash's $! was set,
-    or ""), its first complaint and all of them, every command it ran (its trace, the check's own left out), and
-    whether bash sent its trace back to stderr (the line moved the trace's descriptor)."""
-
-    launches: list[tuple[str, list[str], dict, list[str] | None]]
-    after: list[str]
-    background: str
-    said: str
-    complaints: list[str]
-    commands: list[str]
-    cut: bool
-
-
-def _run_in_bash(line: str) -> BashRun:
-    """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
-    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
-    launches, after, background, complaints, commands, full, cut = [], [], "", [], [], "", False
-    bash = shutil.which("bash") or "/bin/bash"
-    with tempfile.TemporaryDirectory() as folder:
-        (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
-        for code in (0, 1):
-            (tools := Path(folder, f"run{code}", "bin")).mkdir(parents=True)
-            record = tools.parent
-            for name in STAND_INS:
-                (tools / name).write_text(STAND_IN.replace("@BASH@", bash).replace("@EXIT@", str(code)).replace(
-                    "@TOOLS@", shlex.quote(str(tools))).replace("@RECORD@", shlex.quote(str(record))).replace(
-                    "@SYSTEM_PATH@", shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin")).replace(
-                    "@LOADER@", "|".join(LOADER_VARIABLES)))
-                (tools / name).chmod(0o755)
-            base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
-            trace = os.open(record / "trace", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the files small
-                ran = _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE.replace(
-                    "@TRACE@", str(trace)) + line], base, record, nothing, errors, trace)
-            os.close(trace)
-            if not ran:
-                return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [], [], False)
-            stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
-            if max((record / name).stat().st_size for name in ("said", "trace")) >= OUTPUT_LIMIT:
-                full = f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
-            before, _, traced = (record / "trace").read_text(errors="replace").partition("# launched\n")
-            # bash sends its trace back to stderr when a command moves the trace's descriptor (lab_end's, at
-            # least, is traced after it)
-            cut = cut or any(map(TRACED.fullmatch, stderr.splitlines()))
-            for part, lines in ((commands, before + traced), (after, traced)):
-                part += [found.group(2) for found in map(TRACED.fullmatch, lines.splitlines()) if found and
-                         found.group(1) not in LAB_FUNCTIONS and found.group(2) not in LAB_COMMANDS]
-            last = re.search(r"^# background (\d+)$", stderr, re.M)  # lab_end's: the last command bash ran with &
-            background = background or "other" * bool(last)
-            complaints += [re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"]
-            for argv in sorted(record.glob("*.argv")):
-                fields = argv.read_text(errors="surrogateescape").split("\0")[:-1]
-                if len(fields) < 4:  # a stand-in stopped while writing it (the line's own ulimit -f)
-                    continue
-                how, parent, cwd, *words = fields
-                if "background" in how or last and last.group(1) in (argv.stem, parent):
-                    background = "launch"
-                after += ["a pipe"] * ("pipe" in how)
-                env = argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1]
-                srun = argv.with_suffix(".srun")  # srun execs the launch: the same process
-                if code == 0:
-                    launches.append((cwd, words, {k: v for k, _, v in (e.partition("=") for e in env)
-                                                  if k not in {"LAB_CD", *BASH_OWN} and base.get(k) != v},
-                                     srun.read_text(errors="surrogateescape").split("\0")[:-1]
-                                     if srun.exists() else None))
-    return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints,
-                   commands, cut)
-
-
-def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, trace: int) -> bool:
-    """``command`` run in a session of its own, within LINE_TIMEOUT_S; whatever it started is ended with it
-    (a loop left in the background, a job in a process group of its own), so nothing outlives the check."""
-    import signal
-    import time
-
-    import psutil
-
-    # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
-    # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
-    shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
-                             pass_fds=(trace,), start_new_session=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        ended = shell.wait(timeout=LINE_TIMEOUT_S) is not None
-    except subprocess.TimeoutExpired:
-        ended = False
-    for _ in range(10):  # a process forking as it is killed: until none is left
-        left = [p.pid for p in psutil.process_iter(["status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
-                and _session(p.pid) == shell.pid]  # a zombie is ended: its parent, or init, reaps it
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        if not left:
-            break
-        time.sleep(0.05)  # a SIGKILL takes a moment to land
-    shell.wait()
-    return ended
-
-
-def _session(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None
 
 
 def _config_refusal(parsed: argparse.Namespace) -> str | None:
@@ -533,27 +340,20 @@ def _srun_tasks(args: list[str], assigned: dict) -> int | str:
         *SRUN_COUNTS, "gpus", "gpus-per-task", "ntasks-per-gpu")}
     if count["ntasks"] is not None:
         return count["ntasks"]
-    nodes = count["nodes"] or len(hostlist(options.get("nodelist") or "")) or 1
+    nodelist = options.get("nodelist") or ""
+    try:  # a range too long to spell out is more nodes than one, whatever its length
+        listed = 2 if any(int(b) - int(a) > 1000 for a, b in re.findall(r"(\d+)-(\d+)", nodelist)) else len(
+            hostlist(nodelist))
+    except ValueError:
+        return f"srun would stop at once: {short(nodelist, 40)} is no list of nodes."
+    nodes = count["nodes"] or listed or 1
     by_gpus = (count["gpus"] // count["gpus-per-task"] if count["gpus-per-task"] else
                count["gpus"] * (count["ntasks-per-gpu"] or 0)) if count["gpus"] else 0
     return max(nodes * (count["ntasks-per-node"] or 1), by_gpus)
 
 
-def _command_words(traced: str) -> list[str]:
-    """The words of a traced line from the command it runs on, past its assignments and the builtins that run the
-    next word."""
-    words = traced.split()
-    while words and (ASSIGNMENT.match(words[0]) or words[0] in ("builtin", "command")):
-        words.pop(0)
-    return words
-
-
-def _assigned(traced: str) -> list[str]:
-    """The variables a traced line sets: its leading NAME=value words, or those an export or declare names."""
-    words, names = traced.split(), []
-    while words and (found := ASSIGNMENT.match(words[0])):
-        names.append(found.group(1))
-        words.pop(0)
-    if words and words[0] in ASSIGNS:
-        names += [found.group(1) for word in words[1:] if (found := re.match(r"([A-Za-z_]\w*)(\[|\+?=|$)", word))]
-    return names
+def _safe_set(words: list[str]) -> bool:
+    """set's words stop on an error, an unset variable or a failed pipe, or trace: options, and a name only after
+    an -o (a name alone would be a positional parameter)."""
+    return all(re.fullmatch("-[Eeuxo]+", word) or word in SAFE_SET and re.fullmatch("-[Eeux]*o", before) for before,
+               word in zip(["", *words], words))

@@ -1,0 +1,253 @@
+"""Exercise 2.2's launch line run by bash: restricted, with recording stand-ins alone on PATH, twice (the launch
+succeeding, then failing), traced on a descriptor of its own; what it ran, read back as a ``BashRun`` that
+``ddp_lab_launch`` judges."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+# All bash finds on PATH: srun and env run the stand-in named (VAR=value set; srun's own options recorded); nohup,
+# nice, stdbuf and timeout are coreutils' own, kept to the stand-ins; torchrun and python record; module (ml) and
+# conda, which set up the environment before a launch, do nothing.
+STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "timeout", "module", "ml",
+             "conda")
+# What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
+# readonly in the line's bash, refused by env and srun.
+LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
+                    "LD_PROFILE_OUTPUT", "GCONV_PATH")
+# The folders and the exit code are written into the text, not read from the environment, which the line sets
+# (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
+# with SIGINT ignored (POSIX, no job control; the check starts bash with it at its default), wherever it runs, in a
+# subshell too; bash's own $! (the last command run with &: the launch, or the subshell it runs in) tells the rest.
+# The kernel's own programs by their paths are their stand-ins there too. No /proc.
+STAND_IN = r"""#!@BASH@ -p
+tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
+case ${0##*/} in
+nohup|nice|stdbuf|timeout)
+    # The real tool reads its own options and runs the next word from PATH, a stand-in: never a program by its path.
+    for ((at = 1; at <= $#; at++)); do  # the kernel's own by its path: by its name
+        word=${!at}
+        [[ $word == */* && ${word%/*} -ef @KERNEL_BIN@ && -f $tools/${word##*/} ]] &&
+            { set -- "${@:1:at-1}" "${word##*/}" "${@:at+1}"; break; }
+        [[ $word != */* && -f $tools/$word ]] && break
+    done
+    for word; do
+        [[ $word != */* && -f $tools/$word ]] && break
+        [[ $word == */* ]] && { echo "${0##*/}: $word: the check runs no program by its path" >&2; exit 127; }
+    done
+    real=$(PATH=@SYSTEM_PATH@ type -P "${0##*/}") || { echo "${0##*/}: not installed here" >&2; exit 127; }
+    exec -a "${0##*/}" "$real" "$@" ;;
+srun|env)
+    [[ ${0##*/} == srun ]] && printf '%s\0' "$@" > "$record/$$.srun"
+    while (( $# )) && [[ $1 == */* || ! -f $tools/$1 ]]; do
+        [[ $1 == */* && ${1%/*} -ef @KERNEL_BIN@ && -f $tools/${1##*/} ]] && set -- "${1##*/}" "${@:2}" && break
+        [[ $1 =~ ^(@LOADER@)= ]] && { echo "${0##*/}: ${1%%=*}: $NO_LOADER" >&2; exit 125; }
+        [[ ${0##*/} == env && ($1 =~ ^(-i|--ignore-environment|-|-uPATH|--unset=PATH|PATH=.*)$ ||
+           $1 == -u && ${2-} == PATH) ]] && { echo "env: $1: leaves the launch no PATH to find torchrun" >&2
+                                              exit 125; }
+        [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $1 =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
+            export "$1"
+        shift
+    done
+    (( $# )) && exec "$tools/$1" "${@:2}"
+    exit 0 ;;
+module|ml|conda) exit 0 ;;
+esac
+how=
+[[ $(trap -p INT) ]] && how=background
+[[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
+printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
+for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
+echo "# launched" >> "$record/trace"
+exit @EXIT@
+"""
+# Before the line: 1 MiB of output and 256 MiB of memory at most, cd (and pushd) moves LAB_CD (a restricted bash has
+# no cd) to a folder that exists, /usr/bin/env is env and the kernel's own Python and torchrun by their paths
+# (f"{sys.executable} -m ...") are python and torchrun, source (a venv's activate) does nothing, exec runs its
+# command and ends the line (a restricted bash has no exec), no kill, and every command waits for those in the
+# background first (so does the end): the trace is in order. Then nothing the line does hides a command from the
+# trace or an & from the end: the trace goes to a descriptor of its own (BASH_XTRACEFD; a line that redirects one
+# above 2 is refused), these functions, PS4 (which names the function a command runs in) and BASH_CMDS (bash's
+# table of where commands are) are readonly, and the builtins that would change what runs around a launch are off
+# (enable too, so that nothing turns them back on): a line that runs one is refused, as its trace shows. set stays,
+# for what a Slurm script sets before a launch (stop on an error, an unset variable or a failed pipe; trace): its
+# other words are refused, as the trace shows them.
+OFF_BUILTINS = ("kill", "shopt", "trap", "ulimit", "hash", "history", "enable")
+KERNEL_BIN = Path(sys.executable).parent
+BY_PATH = {**{str(KERNEL_BIN / name): name for name in ("torchrun", "python3", "python")
+              if (KERNEL_BIN / name).exists()}, sys.executable: "python"}  # the kernel's own: that name's stand-in
+OUTPUT_LIMIT = 2**20  # bytes of the line's trace
+PRELUDE_END = f'enable -n {" ".join(OFF_BUILTINS)}'  # the prelude's last command, traced; then the line's
+PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
+           'cd() { while [[ ${1-} == -[LPe@]* ]]; do shift; done; [[ ${1-} == -- ]] && shift; '
+           '(( $# < 2 )) || { echo "cd: too many arguments" >&2; return 1; }; local to=${1-$HOME}; '
+           '[[ $to ]] || return 0; [[ $to == /* ]] || to=$LAB_CD/$to; '
+           '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
+           'pushd() { [[ ${1-} == -- ]] && shift; (( $# == 1 )) || { echo "pushd: no other directory" >&2; '
+           'return 1; }; cd "$1"; }; /usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; '
+           'source() { local file=${1-}; [[ $file != */* || $file == /* ]] || file=$LAB_CD/$file; [[ $file != */* '
+           '|| -f $file ]] || { echo "bash: $1: No such file or directory" >&2; return 1; }; }; .() { source "$@"; }; '
+           'exec() { while [[ ${1-} == -* ]]; do [[ $1 == -- ]] && { shift; break; }; [[ $1 =~ ^-[cl]*a?$ ]] || '
+           '{ echo "bash: exec: $1: invalid option" >&2; exit 2; }; [[ $1 == *a ]] && shift; shift; done; '
+           '(( $# )) || return 0; [[ $1 == */* || $(type -t "$1") == file ]] || '
+           '{ echo "bash: exec: $1: not found" >&2; exit 127; }; "$@"; exit; }; '
+           + "".join(f'{path}() {{ {name} "$@"; }}; ' for path, name in BY_PATH.items() if shlex.quote(path) == path)
+           + f'readonly {" ".join(LOADER_VARIABLES)}; '
+           + 'trap wait DEBUG; lab_end() { [[ ${!-} ]] && echo "# background $!" >&2; wait; }; trap lab_end EXIT; '
+           "readonly -f $(compgen -A function); readonly PS4='+${FUNCNAME:+[$FUNCNAME]} ' BASH_XTRACEFD=@TRACE@ "
+           "BASH_CMDS; builtin set -x; "
+           f'{PRELUDE_END}\n')
+# the check's own functions, whose commands are no part of the line
+LAB_FUNCTIONS = ("cd", "pushd", "/usr/bin/env", "/bin/env", "source", ".", "exec", *BY_PATH, "lab_end")
+TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as deep as the +, in a function
+# (the DEBUG trap's wait is traced one level deeper than the command it waits in front of)
+# the check's, at the line's own level (exit ends the line, as the check's exec does)
+LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)
+ASSIGNS = ("export", "declare", "typeset", "local", "readonly")  # the builtins that set the variables they name
+ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=")  # NAME=, NAME+=, NAME[key]= in front of a command
+LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
+BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_", "BASH_XTRACEFD", "SHELLOPTS", "BASHOPTS")
+
+
+TIMED_OUT = "did not end within"
+
+
+class BashRun(NamedTuple):
+    """What bash did with the line: each launch (its folder, words, the variables the line gave it, srun's own
+    arguments where srun started it), the commands after it, what ran with & ("launch", "other": bash's $! was set,
+    or ""), its first complaint and all of them, every command it ran (its trace, the check's own left out), and
+    whether bash sent its trace back to stderr (the line moved the trace's descriptor)."""
+
+    launches: list[tuple[str, list[str], dict, list[str] | None]]
+    after: list[str]
+    background: str
+    said: str
+    complaints: list[str]
+    commands: list[str]
+    cut: bool
+
+
+def run_in_bash(line: str) -> BashRun:
+    """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
+    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
+    launches, after, background, complaints, commands, full, cut = [], [], "", [], [], "", False
+    bash = shutil.which("bash") or "/bin/bash"
+    with tempfile.TemporaryDirectory() as folder:
+        (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
+        for code in (0, 1):
+            (tools := Path(folder, f"run{code}", "bin")).mkdir(parents=True)
+            record = tools.parent
+            for name in STAND_INS:
+                (tools / name).write_text(STAND_IN.replace("@BASH@", bash).replace("@EXIT@", str(code)).replace(
+                    "@TOOLS@", shlex.quote(str(tools))).replace("@RECORD@", shlex.quote(str(record))).replace(
+                    "@SYSTEM_PATH@", shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin")).replace(
+                    "@KERNEL_BIN@", shlex.quote(str(KERNEL_BIN))).replace(
+                    "@LOADER@", "|".join(LOADER_VARIABLES)))
+                (tools / name).chmod(0o755)
+            base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
+            trace = os.open(record / "trace", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the files small
+                ran, outlived = _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE.replace(
+                    "@TRACE@", str(trace)) + line], base, record, nothing, errors, trace)
+            os.close(trace)
+            if not ran:
+                return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [], [], False)
+            stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
+            if max((record / name).stat().st_size for name in ("said", "trace")) >= OUTPUT_LIMIT:
+                full = f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
+            before, _, traced = (record / "trace").read_text(errors="replace").partition("# launched\n")
+            # bash sends its trace back to stderr when a command moves the trace's descriptor (lab_end's, at
+            # least, is traced after it)
+            cut = cut or any(map(TRACED.fullmatch, stderr.splitlines()))
+            for part, lines in ((commands, before + traced), (after, traced)):
+                part += [found.group(2) for found in map(TRACED.fullmatch, lines.splitlines()) if found and
+                         found.group(1) not in LAB_FUNCTIONS and found.group(2) not in LAB_COMMANDS]
+            last = re.search(r"^# background (\d+)$", stderr, re.M)  # lab_end's: the last command bash ran with &
+            background = background or "other" * bool(last or outlived)  # & in a subshell: no $! here
+            complaints += [re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"]
+            for argv in sorted(record.glob("*.argv")):
+                fields = argv.read_text(errors="surrogateescape").split("\0")[:-1]
+                if len(fields) < 4:  # a stand-in stopped while writing it (the line's own ulimit -f)
+                    continue
+                how, parent, cwd, *words = fields
+                if "background" in how or last and last.group(1) in (argv.stem, parent):
+                    background = "launch"
+                after += ["a pipe"] * ("pipe" in how)
+                env = argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1]
+                srun = argv.with_suffix(".srun")  # srun execs the launch: the same process
+                if code == 0:
+                    launches.append((cwd, words, {k: v for k, _, v in (e.partition("=") for e in env)
+                                                  if k not in {"LAB_CD", *BASH_OWN} and base.get(k) != v},
+                                     srun.read_text(errors="surrogateescape").split("\0")[:-1]
+                                     if srun.exists() else None))
+    return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints,
+                   commands, cut)
+
+
+def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, trace: int) -> tuple[bool, bool]:
+    """Whether ``command``, run in a session of its own, ended within LINE_TIMEOUT_S, and whether something it
+    started outlived it (a loop left in the background, a job in a process group of its own): that is ended then,
+    so nothing outlives the check."""
+    import signal
+    import time
+
+    import psutil
+
+    # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
+    # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
+    shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
+                             pass_fds=(trace,), start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        ended = shell.wait(timeout=LINE_TIMEOUT_S) is not None
+    except subprocess.TimeoutExpired:
+        ended = False
+    outlived = False
+    for _ in range(10):  # a process forking as it is killed: until none is left
+        left = [p.pid for p in psutil.process_iter(["status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
+                and _session(p.pid) == shell.pid]  # a zombie is ended: its parent, or init, reaps it
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not left:
+            break
+        outlived = True
+        time.sleep(0.05)  # a SIGKILL takes a moment to land
+    shell.wait()
+    return ended, ended and outlived
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def command_words(traced: str) -> list[str]:
+    """The words of a traced line from the command it runs on, past its assignments and the builtins that run the
+    next word."""
+    words = traced.split()
+    while words and (ASSIGNMENT.match(words[0]) or words[0] in ("builtin", "command", "--")):
+        words.pop(0)
+    return words
+
+
+def names_set_by(traced: str) -> list[str]:
+    """The variables a traced line sets: its leading NAME=value words, or those an export or declare names."""
+    words, names = traced.split(), []
+    while words and (found := ASSIGNMENT.match(words[0])):
+        names.append(found.group(1))
+        words.pop(0)
+    if words and words[0] in ASSIGNS:
+        names += [found.group(1) for word in words[1:] if (found := re.match(r"([A-Za-z_]\w*)(\[|\+?=|$)", word))]
+    return names
