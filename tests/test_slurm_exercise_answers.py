@@ -265,7 +265,7 @@ WRONG_61 = [
     (dict(time="00:05"), ["--time of 60 s (line 6), as sbatch reads 00:05 (minutes:seconds): the job needs"]),
     # a run's mistake named as the attendee made it
     (dict(nproc_per_node="$SLURM_GPUS_ON_NODE"), ["SLURM_GPUS_ON_NODE: unbound variable). Fix: read a variable Slurm "
-                                                  "sets in this job's batch shell"]),
+                                                  "sets in this job's batch shell", "only for some jobs"]),
     (dict(rdzv_endpoint="'$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1):29500'"),
      ["(bash expands nothing between single quotes)"]),
     (dict(rdzv_endpoint='$(scontrol show hostnames "$SLURM_JOB_NODELIST"):29500'),

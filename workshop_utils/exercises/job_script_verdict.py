@@ -122,9 +122,9 @@ class Judge:
                     f"Fix: {LAUNCH_FIX}.")
         unbound = re.search(r"line \d+: (\w+): unbound variable", self.said())
         name = unbound.group(1) if unbound else ""
-        fix = ((f"read a variable Slurm sets in this job's batch shell, such as $SLURM_CPUS_PER_TASK or "
-                f"$SLURM_JOB_NODELIST: Slurm sets {name} " + ("only in a job array" if "SLURM_ARRAY_" in name else
-                                                              "only for some jobs, or only in srun's tasks"))
+        fix = ((f"read a variable Slurm sets in this job's batch shell, such as $SLURM_CPUS_PER_TASK, or give it a "
+                f"default, ${{{name}:-VALUE}}: Slurm sets {name} " + (
+                    "only in a job array" if "SLURM_ARRAY_" in name else "only for some jobs, or in srun's tasks"))
                if name.startswith("SLURM_") else f"set {name} before it is read, or give it a default, "
                f"${{{name}:-VALUE}}" if name else LAUNCH_FIX)
         killed = (" (a command of the script signalled it: kill $$, kill -9 -1 or pkill -u $USER reach the batch "
