@@ -185,6 +185,7 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("cd '' && torchrun --nproc-per-node=2 {s}", []),  # bash stays where it is
     (f"srun -n1 {shlex.quote(str(Path(sys.executable).parent / 'torchrun'))} --nproc-per-node=2 {{s}}", []),
     (f"nohup {shlex.quote(str(Path(sys.executable).parent / 'torchrun'))} --nproc-per-node=2 {{s}}", []),
+    (f"python3.{sys.version_info.minor} -m torch.distributed.run --nproc-per-node=2 {{s}}", []),
     (f"{shlex.quote(str(Path(sys.executable).parent / 'torchrun'))} --nproc-per-node=2 {{s}}", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
@@ -201,9 +202,12 @@ def test_a_line_that_moves_the_trace_is_caught_past_the_text_check():
     """The trace's descriptor moved for a command (past the text's check of N>) sends bash's trace back to stderr:
     the run says so, and the line is refused rather than judged on what is left of its trace."""
     closes = " ".join(f"{n}>&-" for n in range(3, 256))
-    ran = ddp_lab_bash.run_in_bash(f"exec {closes}; torchrun --nproc-per-node=2 /nonexistent/s.py; kill -9 0")
+    def torchrun(words):  # what launches, as the check tells it
+        return words[0] == "torchrun"
+
+    ran = ddp_lab_bash.run_in_bash(f"exec {closes}; torchrun --nproc-per-node=2 /nonexistent/s.py; kill -9 0", torchrun)
     assert ran.cut and len(ran.launches) == 1
-    assert not ddp_lab_bash.run_in_bash("torchrun --nproc-per-node=2 /nonexistent/s.py").cut
+    assert not ddp_lab_bash.run_in_bash("torchrun --nproc-per-node=2 /nonexistent/s.py", torchrun).cut
 
 
 def test_torchruns_own_variables_count_as_its_options(tmp_path):
@@ -291,7 +295,7 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("nice FOO=1 torchrun --nproc-per-node=2 {s}", "(nice: 'FOO=1': No such file or directory)"),
     ("nohup banana torchrun --nproc-per-node=2 {s}", "(nohup: failed to run command 'banana'"),
     ("nice exec torchrun --nproc-per-node=2 {s}", "(nice: 'exec': No such file or directory)"),
-    ("nice /usr/bin/torchrun --nproc-per-node=2 {s}", "(nice: /usr/bin/torchrun: the check runs no program by its"),
+    ("nice /usr/bin/torchrun --nproc-per-node=2 {s}", "started no torchrun: it runs /usr/bin/torchrun by its path"),
     ("exec command torchrun --nproc-per-node=2 {s}", "(bash: exec: command: not found)"),
     ("python -h -m torch.distributed.run --nproc-per-node=2 {s}", "the command starts 'python', not torchrun"),
     ("python --version -mtorch.distributed.run --nproc-per-node=2 {s}", "the command starts 'python', not torchrun"),
@@ -387,7 +391,7 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("mkdir -p logs && torchrun --nproc-per-node=2 {s}", "started no torchrun: mkdir is none of the tools the check's"),
     ("./bin/torchrun --nproc-per-node=2 {s}", "started no torchrun: it runs ./bin/torchrun by its path"),
     ("'torchrun --nproc-per-node=2 {s}'", "it took the whole line, in quotes, as the name of one command"),
-    ("$ torchrun --nproc-per-node=2 {s}", "the command holds a prompt in front (its $, % or >>>), which is no part"),
+    ("$ torchrun --nproc-per-node=2 {s}", "the command holds a prompt in front (its $, % or >), which is no part"),
     ("(venv) user@host:~$ torchrun --nproc-per-node=2 {s}", "the command holds a prompt in front"),
     ("```torchrun --nproc-per-node=2 {s}```", "the command holds Markdown's backticks around it"),
     ("torchrun \u2013\u2013nproc-per-node=2 {s}", "the command holds typographic dashes"),
@@ -411,6 +415,23 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("srun --nodelist='n[0-999999999]' torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
     ("env -i torchrun --nproc-per-node=2 {s}", "(env: -i: leaves the launch no PATH to find torchrun)"),
     ("env PATH=/nonexistent torchrun --nproc-per-node=2 {s}", "(env: PATH=/nonexistent: leaves the launch no PATH"),
+    # a second fool-it review: a program the check's shell does not run is named, however it comes before the launch
+    ("touch /nonexistent/x; torchrun --nproc-per-node=2 {s}", "the command runs touch beside the launch: touch is"),
+    ("srun /usr/bin/touch /nonexistent/x; torchrun --nproc-per-node=2 {s}", "runs /usr/bin/touch beside the launch"),
+    ("env rm -f /nonexistent/x; torchrun --nproc-per-node=2 {s}", "the command runs rm beside the launch"),
+    ("no-such-tool; torchrun --nproc-per-node=2 {s}", "runs no-such-tool beside the launch, which bash finds nowhere"),
+    ("torchrun --nproc-per-node=2 {s}/", "the script's path ends in / ("),
+    ("torchrun --nproc-per-node=2 {s} 1>&-", "the command closes the launch's output or its errors (>&-)"),
+    ("python /nonexistent/other.py & torchrun --nproc-per-node=2 {s}", "has a single &, which runs a command beside"),
+    ("[user@host ~]$ torchrun --nproc-per-node=2 {s}", "the command holds a prompt in front"),
+    ("> torchrun --nproc-per-node=2 {s}", "the command holds a prompt in front"),
+    ("torchrun --nproc-per-node=2 {s}\r", "the command holds a carriage return"),
+    ("%%bash\ntorchrun --nproc-per-node=2 {s}", "the command holds a Jupyter magic in front"),
+    ("# torchrun --nproc-per-node=2 {s}", "the command holds a # in front, which makes the whole line a comment"),
+    ("torchrun \u2212\u2212nproc-per-node=2 {s}", "the command holds typographic dashes"),
+    ("conda run -n base torchrun --nproc-per-node=2 {s}", "(conda: run: the check's conda only activates"),
+    ("env -C /tmp torchrun --nproc-per-node=2 {s}", "(env: -C: the check's env changes no folder"),
+    ("srun --chdir=/tmp torchrun --nproc-per-node=2 {s}", "(srun: --chdir=/tmp: the check's srun changes no folder"),
     ("torchrun {s} --nproc_per_node 2", "torchrun reads its options before the script: --nproc_per_node comes after"),
     ("torchrun --nproc-per-node=2 {s} & wait", "the command runs the launch with &, in the background"),
     ("srun -n 2 python {s}", "the command starts 'python', not torchrun"),
@@ -438,7 +459,8 @@ def test_the_line_runs_in_bash_with_stand_ins_alone(tmp_path):
                         (f"python -c 'open(\"{kept}\", \"w\")'", "the command starts 'python', not torchrun")):
         with pytest.raises(NotYet, match=re.escape(words)):
             read_launch_line(line, script, 2, LAB_EXERCISE)
-    assert read_launch_line(f"/usr/bin/rm -f {kept}; torchrun --nproc-per-node=2 {script}", script, 2).assigned == {}
+    with pytest.raises(NotYet, match="the command runs /usr/bin/rm beside the launch, by its path"):
+        read_launch_line(f"/usr/bin/rm -f {kept}; torchrun --nproc-per-node=2 {script}", script, 2)
     assert kept.read_text() == "kept"
     with pytest.raises(NotYet, match="started no torchrun"):  # a loop's output stops it at bash's file limit
         read_launch_line(f"while :; do echo {'x' * 100}; done; torchrun --nproc-per-node=2 {script}", script, 2)

@@ -18,8 +18,9 @@ from typing import NamedTuple
 # All bash finds on PATH: srun and env run the stand-in named (VAR=value set; srun's own options recorded); nohup,
 # nice, stdbuf and timeout are coreutils' own, kept to the stand-ins; torchrun and python record; module (ml) and
 # conda, which set up the environment before a launch, do nothing.
-STAND_INS = ("torchrun", "python", "python3", "srun", "env", "nohup", "nice", "stdbuf", "timeout", "module", "ml",
-             "conda")
+LAUNCHERS = ("torchrun", "python", "python3", f"python3.{sys.version_info.minor}")
+TOOLS = ("srun", "env", "nohup", "nice", "stdbuf", "timeout", "module", "ml", "conda")
+STAND_INS = LAUNCHERS + TOOLS
 # What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
 # readonly in the line's bash, refused by env and srun.
 LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
@@ -42,32 +43,49 @@ nohup|nice|stdbuf|timeout)
     done
     for word; do
         [[ $word != */* && -f $tools/$word ]] && break
-        [[ $word == */* ]] && { echo "${0##*/}: $word: the check runs no program by its path" >&2; exit 127; }
+        [[ $word == */* ]] && { echo "$word: the check runs no program by its path" >&2; exit 127; }
     done
     real=$(PATH=@SYSTEM_PATH@ type -P "${0##*/}") || { echo "${0##*/}: not installed here" >&2; exit 127; }
     exec -a "${0##*/}" "$real" "$@" ;;
 srun|env)
-    [[ ${0##*/} == srun ]] && printf '%s\0' "$@" > "$record/$$.srun"
-    while (( $# )) && [[ $1 == */* || ! -f $tools/$1 ]]; do
-        [[ $1 == */* && ${1%/*} -ef @KERNEL_BIN@ && -f $tools/${1##*/} ]] && set -- "${1##*/}" "${@:2}" && break
-        [[ $1 =~ ^(@LOADER@)= ]] && { echo "${0##*/}: ${1%%=*}: $NO_LOADER" >&2; exit 125; }
-        [[ ${0##*/} == env && ($1 =~ ^(-i|--ignore-environment|-|-uPATH|--unset=PATH|PATH=.*)$ ||
-           $1 == -u && ${2-} == PATH) ]] && { echo "env: $1: leaves the launch no PATH to find torchrun" >&2
-                                              exit 125; }
-        [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $1 =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
-            export "$1"
+    # srun's own options are read from its record; env's few here: its first other word is the program it runs
+    me=${0##*/} NO_FOLDER="the check's $me changes no folder: cd DIR && ... does"
+    [[ $me == srun ]] && printf '%s\0' "$@" > "$record/$$.srun"
+    while (( $# )); do
+        word=$1
+        [[ $word == */* && ${word%/*} -ef @KERNEL_BIN@ && -f $tools/${word##*/} ]] && word=${word##*/}
+        [[ $word != */* && -f $tools/$word ]] && exec "$tools/$word" "${@:2}"
+        [[ $word =~ ^(@LOADER@)= ]] && { echo "$me: ${word%%=*}: $NO_LOADER" >&2; exit 125; }
+        [[ $me == srun && $word =~ ^(-D|--chdir) ]] && { echo "srun: $word: $NO_FOLDER" >&2; exit 125; }
+        [[ $me == env ]] && case $word in
+            -i|--ignore-environment|-|-uPATH|--unset=PATH|PATH=*)
+                echo "env: $word: leaves the launch no PATH to find torchrun" >&2; exit 125 ;;
+            -u) [[ ${2-} == PATH ]] && { echo "env: -u PATH: leaves the launch no PATH to find torchrun" >&2
+                                         exit 125; }
+                shift ;;
+            -C*|--chdir*|-S*|--split-string*) echo "env: $word: $NO_FOLDER, and the line's words are its own" >&2
+                exit 125 ;;
+            -*|*=*) ;;
+            */*) echo "$word: the check runs no program by its path" >&2; exit 127 ;;
+            *) echo "$word: command not found" >&2; exit 127 ;;
+        esac
+        [[ $word =~ ^[A-Za-z_][A-Za-z0-9_]*= && ! $word =~ ^(LAB_|BASH_ENV=|ENV=|SHELLOPTS=|BASHOPTS=|PATH=) ]] &&
+            export "$word"
         shift
     done
-    (( $# )) && exec "$tools/$1" "${@:2}"
     exit 0 ;;
-module|ml|conda) exit 0 ;;
+conda) [[ ${1-} != run ]] || { echo "conda: run: the check's conda only activates: conda activate ENV && ..." >&2
+                               exit 125; }
+    exit 0 ;;
+module|ml) exit 0 ;;
 esac
 how=
 [[ $(trap -p INT) ]] && how=background
 [[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
+[[ -e /dev/fd/1 && -e /dev/fd/2 ]] || how+=" closed"  # bash checks the descriptors themselves
 printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
 for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
-echo "# launched" >> "$record/trace"
+echo "# launched $$" >> "$record/trace"
 exit @EXIT@
 """
 # Before the line: 1 MiB of output and 256 MiB of memory at most, cd (and pushd) moves LAB_CD (a restricted bash has
@@ -125,7 +143,8 @@ class BashRun(NamedTuple):
     """What bash did with the line: each launch (its folder, words, the variables the line gave it, srun's own
     arguments where srun started it), the commands after it, what ran with & ("launch", "other": bash's $! was set,
     or ""), its first complaint and all of them, every command it ran (its trace, the check's own left out), and
-    whether bash sent its trace back to stderr (the line moved the trace's descriptor)."""
+    whether bash sent its trace back to stderr (the line moved the trace's descriptor), and whether a launch ran
+    with its output or its errors closed."""
 
     launches: list[tuple[str, list[str], dict, list[str] | None]]
     after: list[str]
@@ -134,12 +153,17 @@ class BashRun(NamedTuple):
     complaints: list[str]
     commands: list[str]
     cut: bool
+    closed: bool = False
 
 
-def run_in_bash(line: str) -> BashRun:
+def run_in_bash(line: str, launches_torchrun) -> BashRun:
     """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
-    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs."""
-    launches, after, background, complaints, commands, full, cut = [], [], "", [], [], "", False
+    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs.
+    ``launches_torchrun(words)`` tells a launch run with & from another command run so."""
+    from .answer_values import Problem
+    from .slurm_rules import SRUN, getopt_long
+
+    launches, after, background, complaints, commands, full, cut, closed = [], [], "", [], [], "", False, False
     bash = shutil.which("bash") or "/bin/bash"
     with tempfile.TemporaryDirectory() as folder:
         (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
@@ -157,14 +181,17 @@ def run_in_bash(line: str) -> BashRun:
             trace = os.open(record / "trace", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the files small
                 ran, outlived = _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE.replace(
-                    "@TRACE@", str(trace)) + line], base, record, nothing, errors, trace)
+                    "@TRACE@", str(trace)) + line], base, record, nothing, errors, trace, str(tools))
             os.close(trace)
             if not ran:
                 return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [], [], False)
+            trace_text = (record / "trace").read_text(errors="replace")
+            order = re.findall(r"^# launched (\d+)$", trace_text, re.M)  # as the stand-ins started
             stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
             if max((record / name).stat().st_size for name in ("said", "trace")) >= OUTPUT_LIMIT:
                 full = f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
-            before, _, traced = (record / "trace").read_text(errors="replace").partition("# launched\n")
+            before, _, traced = re.sub(r"^# launched \d+$", "# launched", trace_text, flags=re.M).partition(
+                "# launched\n")
             # bash sends its trace back to stderr when a command moves the trace's descriptor (lab_end's, at
             # least, is traced after it)
             cut = cut or any(map(TRACED.fullmatch, stderr.splitlines()))
@@ -174,14 +201,22 @@ def run_in_bash(line: str) -> BashRun:
             last = re.search(r"^# background (\d+)$", stderr, re.M)  # lab_end's: the last command bash ran with &
             background = background or "other" * bool(last or outlived)  # & in a subshell: no $! here
             complaints += [re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"]
-            for argv in sorted(record.glob("*.argv")):
-                fields = argv.read_text(errors="surrogateescape").split("\0")[:-1]
+            for srun in record.glob("*.srun"):  # srun that started no stand-in ran what the check does not run
+                if not srun.with_suffix(".argv").exists():
+                    with contextlib.suppress(Problem, IndexError):
+                        program = getopt_long(srun.read_text(errors="surrogateescape").split("\0")[:-1], SRUN)[1][0]
+                        complaints.append(f"{program}: " + ("the check runs no program by its path" if "/" in program
+                                                            else "command not found"))
+            for pid in order:
+                argv = record / f"{pid}.argv"
+                fields = argv.read_text(errors="surrogateescape").split("\0")[:-1] if argv.exists() else []
                 if len(fields) < 4:  # a stand-in stopped while writing it (the line's own ulimit -f)
                     continue
                 how, parent, cwd, *words = fields
                 if "background" in how or last and last.group(1) in (argv.stem, parent):
-                    background = "launch"
+                    background = "launch" if launches_torchrun(words) else background or "other"
                 after += ["a pipe"] * ("pipe" in how)
+                closed = closed or "closed" in how
                 env = argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1]
                 srun = argv.with_suffix(".srun")  # srun execs the launch: the same process
                 if code == 0:
@@ -190,13 +225,15 @@ def run_in_bash(line: str) -> BashRun:
                                      srun.read_text(errors="surrogateescape").split("\0")[:-1]
                                      if srun.exists() else None))
     return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints,
-                   commands, cut)
+                   commands, cut, closed)
 
 
-def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, trace: int) -> tuple[bool, bool]:
+def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, trace: int,
+                    tools: str) -> tuple[bool, bool]:
     """Whether ``command``, run in a session of its own, ended within LINE_TIMEOUT_S, and whether something it
     started outlived it (a loop left in the background, a job in a process group of its own): that is ended then,
-    so nothing outlives the check."""
+    so nothing outlives the check. A stand-in (from ``tools``) left running in the background ends by itself
+    within the limit: it is waited for, so that what it records does not depend on how fast it was."""
     import signal
     import time
 
@@ -207,14 +244,19 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
     shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
                              pass_fds=(trace,), start_new_session=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + LINE_TIMEOUT_S
     try:
         ended = shell.wait(timeout=LINE_TIMEOUT_S) is not None
     except subprocess.TimeoutExpired:
         ended = False
     outlived = False
     for _ in range(10):  # a process forking as it is killed: until none is left
-        left = [p.pid for p in psutil.process_iter(["status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
-                and _session(p.pid) == shell.pid]  # a zombie is ended: its parent, or init, reaps it
+        left = [p for p in psutil.process_iter(["cmdline"]) if _session(p.pid) == shell.pid and _alive(p)]
+        while ended and left and time.monotonic() < deadline and all(
+                any(tools in word for word in p.info["cmdline"] or ()) for p in left):
+            time.sleep(0.01)
+            left = [p for p in left if _alive(p)]
+        left = [p.pid for p in left if _alive(p)]
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -224,6 +266,16 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
         time.sleep(0.05)  # a SIGKILL takes a moment to land
     shell.wait()
     return ended, ended and outlived
+
+
+def _alive(process) -> bool:
+    """Not ended: a zombie is ended, and its parent, or init, reaps it."""
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _session(pid: int) -> int | None:

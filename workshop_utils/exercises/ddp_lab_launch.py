@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from .ddp_lab_bash import (LOADER_VARIABLES, OFF_BUILTINS, STAND_INS, TIMED_OUT, command_words, names_set_by,
+from .ddp_lab_bash import (LOADER_VARIABLES, OFF_BUILTINS, TIMED_OUT, TOOLS, command_words, names_set_by,
                            run_in_bash)
 from .ddp_lab_files import LAB_EXERCISE
 from .exercise_cells import NotYet
@@ -76,11 +76,15 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         ("typographic quotes (“ ” ‘ ’), which the shell takes as letters", re.search("[“”‘’]", text)),
         ("a non-breaking or another typographic space, which the shell takes as a letter",
          re.search("[\xa0\u2000-\u200b\u202f\u205f\u3000\ufeff]", text)),
-        ("typographic dashes (– —), which the shell takes as letters", re.search("[\u2010-\u2015]", text)),
+        ("typographic dashes (– — −) or a soft hyphen, which the shell takes as letters",
+         re.search("[\u2010-\u2015\u2212\xad]", text)),
+        ("a carriage return (a Windows line end), which the shell takes as a letter", "\r" in text),
+        ("a Jupyter magic in front (%%bash, %sx), which is no part of a shell line", re.match(r"%%?\w+\s", text)),
+        ("a # in front, which makes the whole line a comment", re.match(r"#(?!!)[^\n]*$", text)),
         ("Markdown's backticks around it, which the shell reads as a command to run",
          re.fullmatch("`+[^`]*`+|```.*", text, re.S)),
-        ("a prompt in front (its $, % or >>>), which is no part of the line",
-         re.match(r"(\(\S+\) )?\S*[$%] |>>> ", text))) if found), None)
+        ("a prompt in front (its $, % or >), which is no part of the line",
+         re.match(r"(\(\S+\) )?(\[[^\]\n]*\]|\S*)[$%] |>+ ", text))) if found), None)
     refuse(pasted, f"the command holds {pasted}.", "type the line as plain text: EXAMPLE.")
     expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
     refuse(expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does not "
@@ -91,7 +95,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]", unquoted)
     refuse(descriptor, f"the command redirects file descriptor {descriptor and int(descriptor.group(1))}, which the "
            "check's shell keeps for itself: a launch line needs only 0, 1 and 2.", "leave that out: EXAMPLE.")
-    launches, after, background, said, complaints, commands, cut = run_in_bash(text)
+    launches, after, background, said, complaints, commands, cut, closed = run_in_bash(text, _launches_torchrun)
 
     def complaint(pattern: str) -> str | None:
         return next((found.group(1) for found in map(re.compile(pattern).search, complaints) if found), None)
@@ -112,7 +116,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     if not launches:
         refuse(said.startswith(TIMED_OUT), f"bash's run of the line {said}, though the check's torchrun ends at "
                "once: something in the line waits or loops.", "make it the launch line only, e.g. EXAMPLE.")
-        refuse(True, *_no_launch(said, "torchrun" in text or "torch.distributed" in text))
+        refuse(True, *_not_run(said, "torchrun" in text or "torch.distributed" in text))
     refuse(cut, "the command closes or moves the check's trace of what bash runs, so the check cannot tell what "
            "runs beside the launch.", "write the launch line alone: EXAMPLE.")
     path = next((name for name in assigned_names if name in ("PATH", "BASH_CMDS")), None) or complaint(
@@ -133,6 +137,11 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(after or len(launches) > 1, "the command chains a second command to the launch ("
            + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun launch "
            "alone.", "make it the launch line only, e.g. EXAMPLE; run anything else in a cell of its own.")
+    beside = next(filter(None, (_not_run(said, True, launched=True) for said in complaints)), None)
+    if beside:
+        refuse(True, *beside)
+    refuse(closed, "the command closes the launch's output or its errors (>&-), which the check shows.",
+           "leave that out: EXAMPLE.")
     folder, tokens, assigned, srun = launches[0]
     quoted = shlex.quote(str(script))
     refuse(quoted != str(script) and str(script) in text and str(script) not in tokens, f"the path of your script "
@@ -150,6 +159,8 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         parsed = _torchrun_reads(tokens[start:], assigned, launch=module == "torch.distributed.launch")
     except ValueError as refusal:
         refuse(True, f"torchrun would stop at once: {short(str(refusal), 160)}.", options)
+    refuse(parsed.training_script.endswith("/"), f"the script's path ends in / ({short(parsed.training_script, 60)}"
+           "), which names a folder: Python would not open the file.", "name the file without the /: EXAMPLE.")
     named = Path(parsed.training_script)  # as bash left it: a ~ in quotes is no home folder
     resolved = (Path(os.path.normpath(folder)) / named).resolve()  # cd moved logically, as bash's does
     shown = str(resolved) if named.name == script.name else named.name  # the same name: where it points tells
@@ -198,23 +209,32 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     return LaunchLine(list(parsed.training_script_args), assigned)
 
 
-def _no_launch(said: str, names_torchrun: bool) -> tuple[str, str]:
-    """Why bash started no torchrun (its first complaint, ``said``), as a problem and a fix in the attendee's words:
-    the whole line in quotes, a program by its path, another launcher, a tool the check's shell does not have."""
-    found = re.fullmatch(r"(.*?): (?:command not found|restricted: cannot specify `/' in command names)", said)
-    name, problem = found and found.group(1), "bash ran the line and it started no torchrun"
-    if name and len(name.split()) > 1:
+def _not_run(said: str, names_torchrun: bool, launched: bool = False) -> tuple[str, str] | None:
+    """What bash did not run, from its complaint ``said``, as a problem and a fix in the attendee's words: the whole
+    line in quotes, a program by its path, another launcher, a tool the check's shell does not have. With
+    ``launched``, beside a launch (None where ``said`` is no such complaint)."""
+    found = re.fullmatch(r"(.*?): (?:command not found|restricted: cannot specify `/' in command names|the check "
+                         r"runs no program by its path)", said)
+    name = found and found.group(1)
+    if launched and not name:
+        return None
+    problem = f"the command runs {short(name, 60)} beside the launch" if launched else \
+        "bash ran the line and it started no torchrun"
+    alone = "write the launch line alone, EXAMPLE, and run anything else in a cell of its own."
+    if name and len(name.split()) > 1 and not launched:
         return f"{problem}: it took the whole line, in quotes, as the name of one command.", (
             "leave the quotes around the line out: EXAMPLE.")
     if name and "/" in name:
-        return f"{problem}: it runs {short(name, 60)} by its path, and the check's shell runs a launch's tools by " \
-               "their names, as the kernel's PATH finds them.", "write torchrun by its name: EXAMPLE."
+        return (f"{problem}, by its path" if launched else f"{problem}: it runs {short(name, 60)} by its path") + (
+            ", and the check's shell runs a launch's tools by their names, as the kernel's PATH finds them."), (
+            alone if launched else "write torchrun by its name: EXAMPLE.")
     if name and shutil.which(name) and not names_torchrun:
         return f"{problem}: it runs {name}, which is no torchrun.", "launch it with torchrun: EXAMPLE."
     if name and shutil.which(name):
-        tools = ", ".join((*STAND_INS[3:], "time"))
-        return f"{problem}: {name} is none of the tools the check's shell has beside torchrun and python ({tools})" \
-               ".", "write the launch line alone, EXAMPLE, and run anything else in a cell of its own."
+        return (f"{problem}: {name} is none of the tools the check's shell has beside torchrun and python "
+                f"({', '.join((*TOOLS, 'time'))})."), alone
+    if launched:
+        return f"{problem}, which bash finds nowhere ({short(said, 80)}).", alone
     return problem + (f" ({short(said, 120)})." if said else "."), "write the torchrun line, e.g. EXAMPLE."
 
 
