@@ -19,7 +19,7 @@ from typing import NamedTuple
 # nice, stdbuf and timeout are coreutils' own, kept to the stand-ins; torchrun and python record; module (ml) and
 # conda, which set up the environment before a launch, do nothing.
 LAUNCHERS = ("torchrun", "python", "python3", f"python3.{sys.version_info.minor}")
-TOOLS = ("srun", "env", "nohup", "nice", "stdbuf", "timeout", "module", "ml", "conda")
+TOOLS = ("srun", "env", "nohup", "nice", "stdbuf", "timeout", "module", "ml", "conda", "mamba", "micromamba")
 STAND_INS = LAUNCHERS + TOOLS
 # What the dynamic loader reads to load a library or write a file, in the stand-ins and the tools they run:
 # readonly in the line's bash, refused by env and srun.
@@ -33,6 +33,7 @@ LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD
 STAND_IN = r"""#!@BASH@ -p
 tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
 case ${0##*/} in
+srun|env|nohup|nice|stdbuf|timeout) printf '%s\0' "${0##*/}" "$@" > "$record/$$.tool" ;;&  # what it started, below
 nohup|nice|stdbuf|timeout)
     # The real tool reads its own options and runs the next word from PATH, a stand-in: never a program by its path.
     for ((at = 1; at <= $#; at++)); do  # the kernel's own by its path: by its name
@@ -48,24 +49,22 @@ nohup|nice|stdbuf|timeout)
     real=$(PATH=@SYSTEM_PATH@ type -P "${0##*/}") || { echo "${0##*/}: not installed here" >&2; exit 127; }
     exec -a "${0##*/}" "$real" "$@" ;;
 srun|env)
-    # srun's own options are read from its record; env's few here: its first other word is the program it runs
-    me=${0##*/} NO_FOLDER="the check's $me changes no folder: cd DIR && ... does"
+    # srun's own options are read from its record; env takes NAME=value and -u NAME alone: its first other word is
+    # the program it runs
+    me=${0##*/} NO_PATH="leaves the launch no PATH to find torchrun"
     [[ $me == srun ]] && printf '%s\0' "$@" > "$record/$$.srun"
     while (( $# )); do
         word=$1
         [[ $word == */* && ${word%/*} -ef @KERNEL_BIN@ && -f $tools/${word##*/} ]] && word=${word##*/}
         [[ $word != */* && -f $tools/$word ]] && exec "$tools/$word" "${@:2}"
         [[ $word =~ ^(@LOADER@)= ]] && { echo "$me: ${word%%=*}: $NO_LOADER" >&2; exit 125; }
-        [[ $me == srun && $word =~ ^(-D|--chdir) ]] && { echo "srun: $word: $NO_FOLDER" >&2; exit 125; }
         [[ $me == env ]] && case $word in
-            -i|--ignore-environment|-|-uPATH|--unset=PATH|PATH=*)
-                echo "env: $word: leaves the launch no PATH to find torchrun" >&2; exit 125 ;;
-            -u) [[ ${2-} == PATH ]] && { echo "env: -u PATH: leaves the launch no PATH to find torchrun" >&2
-                                         exit 125; }
+            -uPATH|--unset=PATH|PATH=*) echo "env: $word: $NO_PATH" >&2; exit 125 ;;
+            -u|--unset) [[ ${2-} == PATH ]] && { echo "env: $word PATH: $NO_PATH" >&2; exit 125; }
                 shift ;;
-            -C*|--chdir*|-S*|--split-string*) echo "env: $word: $NO_FOLDER, and the line's words are its own" >&2
-                exit 125 ;;
-            -*|*=*) ;;
+            -u?*|--unset=*|--) ;;
+            -*) echo "env: $word: the check's env takes NAME=value and -u NAME alone" >&2; exit 125 ;;
+            *=*) ;;
             */*) echo "$word: the check runs no program by its path" >&2; exit 127 ;;
             *) echo "$word: command not found" >&2; exit 127 ;;
         esac
@@ -74,10 +73,7 @@ srun|env)
         shift
     done
     exit 0 ;;
-conda) [[ ${1-} != run ]] || { echo "conda: run: the check's conda only activates: conda activate ENV && ..." >&2
-                               exit 125; }
-    exit 0 ;;
-module|ml) exit 0 ;;
+module|ml|conda|mamba|micromamba) exit 0 ;;  # what they are asked to do is read from the trace
 esac
 how=
 [[ $(trap -p INT) ]] && how=background
@@ -143,8 +139,9 @@ class BashRun(NamedTuple):
     """What bash did with the line: each launch (its folder, words, the variables the line gave it, srun's own
     arguments where srun started it), the commands after it, what ran with & ("launch", "other": bash's $! was set,
     or ""), its first complaint and all of them, every command it ran (its trace, the check's own left out), and
-    whether bash sent its trace back to stderr (the line moved the trace's descriptor), and whether a launch ran
-    with its output or its errors closed."""
+    whether bash sent its trace back to stderr (the line moved the trace's descriptor), whether a launch ran with
+    its output or its errors closed, what a tool (srun, env, nohup, ...) was given that started no stand-in, and
+    the line's own functions that ran."""
 
     launches: list[tuple[str, list[str], dict, list[str] | None]]
     after: list[str]
@@ -154,16 +151,16 @@ class BashRun(NamedTuple):
     commands: list[str]
     cut: bool
     closed: bool = False
+    strays: tuple[str, ...] = ()
+    functions: frozenset = frozenset()
 
 
 def run_in_bash(line: str, launches_torchrun) -> BashRun:
     """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
     alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs.
     ``launches_torchrun(words)`` tells a launch run with & from another command run so."""
-    from .answer_values import Problem
-    from .slurm_rules import SRUN, getopt_long
-
     launches, after, background, complaints, commands, full, cut, closed = [], [], "", [], [], "", False, False
+    strays, functions = [], set()
     bash = shutil.which("bash") or "/bin/bash"
     with tempfile.TemporaryDirectory() as folder:
         (stdin := Path(folder, "stdin")).touch()  # a file, so that a pipe or /dev/null into torchrun shows
@@ -195,18 +192,19 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
             # bash sends its trace back to stderr when a command moves the trace's descriptor (lab_end's, at
             # least, is traced after it)
             cut = cut or any(map(TRACED.fullmatch, stderr.splitlines()))
+            functions |= {found.group(1) for found in map(TRACED.fullmatch, trace_text.splitlines())
+                          if found and found.group(1) and found.group(1) not in LAB_FUNCTIONS}
             for part, lines in ((commands, before + traced), (after, traced)):
                 part += [found.group(2) for found in map(TRACED.fullmatch, lines.splitlines()) if found and
                          found.group(1) not in LAB_FUNCTIONS and found.group(2) not in LAB_COMMANDS]
             last = re.search(r"^# background (\d+)$", stderr, re.M)  # lab_end's: the last command bash ran with &
             background = background or "other" * bool(last or outlived)  # & in a subshell: no $! here
             complaints += [re.sub(r"^.*?line \d+: ", "", t) for t in stderr.splitlines() if t[:1] not in "+#"]
-            for srun in record.glob("*.srun"):  # srun that started no stand-in ran what the check does not run
-                if not srun.with_suffix(".argv").exists():
-                    with contextlib.suppress(Problem, IndexError):
-                        program = getopt_long(srun.read_text(errors="surrogateescape").split("\0")[:-1], SRUN)[1][0]
-                        complaints.append(f"{program}: " + ("the check runs no program by its path" if "/" in program
-                                                            else "command not found"))
+            started = set()  # a stand-in started by a tool: the tool's own process (exec), or its child (timeout)
+            for argv in record.glob("*.argv"):
+                started |= {argv.stem, (argv.read_text(errors="surrogateescape").split("\0") + ["", ""])[1]}
+            strays += [shlex.join(tool.read_text(errors="surrogateescape").split("\0")[:-1])
+                       for tool in record.glob("*.tool") if tool.stem not in started]  # it ran something else
             for pid in order:
                 argv = record / f"{pid}.argv"
                 fields = argv.read_text(errors="surrogateescape").split("\0")[:-1] if argv.exists() else []
@@ -225,7 +223,7 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
                                      srun.read_text(errors="surrogateescape").split("\0")[:-1]
                                      if srun.exists() else None))
     return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints,
-                   commands, cut, closed)
+                   commands, cut, closed, tuple(dict.fromkeys(strays)), frozenset(functions))
 
 
 def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, trace: int,
@@ -288,7 +286,10 @@ def _session(pid: int) -> int | None:
 def command_words(traced: str) -> list[str]:
     """The words of a traced line from the command it runs on, past its assignments and the builtins that run the
     next word."""
-    words = traced.split()
+    try:  # bash's trace quotes a word as the shell would read it
+        words = shlex.split(traced)
+    except ValueError:
+        words = traced.split()
     while words and (ASSIGNMENT.match(words[0]) or words[0] in ("builtin", "command", "--")):
         words.pop(0)
     return words

@@ -14,14 +14,19 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from .ddp_lab_bash import (LOADER_VARIABLES, OFF_BUILTINS, TIMED_OUT, TOOLS, command_words, names_set_by,
-                           run_in_bash)
+from .ddp_lab_bash import (BY_PATH, LAB_FUNCTIONS, LOADER_VARIABLES, OFF_BUILTINS, STAND_INS, TIMED_OUT, TOOLS,
+                           command_words, names_set_by, run_in_bash)
 from .ddp_lab_files import LAB_EXERCISE
 from .exercise_cells import NotYet
 from .exercise_judging import short
 
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
 SAFE_SET = ("errexit", "nounset", "pipefail", "errtrace", "xtrace")
+# What a launch line runs beside the launch and the tools: setting up its environment, and the shell's harmless
+# builtins. Anything else is refused, as the trace shows it, whatever the line did with its output.
+LAUNCH_LINE_COMMANDS = ("cd", "pushd", "source", ".", "export", "declare", "typeset", "local", "readonly", "unset",
+                        "set", "echo", "printf", "true", "false", ":", "eval", "exec")
+CONDAS = ("conda", "mamba", "micromamba")  # which activate, or deactivate, an environment and nothing else here
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 
 
@@ -95,7 +100,8 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]", unquoted)
     refuse(descriptor, f"the command redirects file descriptor {descriptor and int(descriptor.group(1))}, which the "
            "check's shell keeps for itself: a launch line needs only 0, 1 and 2.", "leave that out: EXAMPLE.")
-    launches, after, background, said, complaints, commands, cut, closed = run_in_bash(text, _launches_torchrun)
+    launches, after, background, said, complaints, commands, cut, closed, strays, functions = run_in_bash(
+        text, _launches_torchrun)
 
     def complaint(pattern: str) -> str | None:
         return next((found.group(1) for found in map(re.compile(pattern).search, complaints) if found), None)
@@ -113,10 +119,25 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(off, f"the command runs {off}, which the check's shell leaves out: around a launch it changes what runs, "
            "or stops it, and the check runs the launch alone.", f"leave {off} out" + (
                " (set -e, -u, -x and -o pipefail may stay)" if off and off.startswith("set") else "") + ": EXAMPLE.")
+    exec_alone = next((" ".join(words) for words in map(command_words, commands) if words[:1] == ["exec"] and (
+        len(words) == 1 or re.fullmatch("-l*c.*", words[1]))), None)
+    refuse(exec_alone, f"the command runs {exec_alone}, which changes what the line's commands after it get (their "
+           "output, or their environment).", "leave it out: EXAMPLE.")
+    ours = {*LAUNCH_LINE_COMMANDS, *STAND_INS, *BY_PATH, *LAB_FUNCTIONS, *functions}
+    unknown = next((words for words in map(command_words, (c for c in commands if c not in after)) if words and (
+        words[0] not in ours or words[0] in CONDAS and words[1:2] not in (["activate"], ["deactivate"]))), None)
+    names_torchrun = "torchrun" in text or "torch.distributed" in text
+    conda = unknown and unknown[0] in CONDAS and " ".join(unknown[:2])
+    refuse(conda, f"the command runs {conda}: the check's {unknown and unknown[0]} only activates an environment.",
+           f"{unknown and unknown[0]} activate ENV && then the launch line, e.g. EXAMPLE.")
+    if unknown and not launches:  # what is no part of a launch line, whatever its output or its stderr said
+        refuse(True, *_not_run(unknown[0], names_torchrun, False))
     if not launches:
         refuse(said.startswith(TIMED_OUT), f"bash's run of the line {said}, though the check's torchrun ends at "
                "once: something in the line waits or loops.", "make it the launch line only, e.g. EXAMPLE.")
-        refuse(True, *_not_run(said, "torchrun" in text or "torch.distributed" in text))
+        found = re.fullmatch(r"(.*?): (?:command not found|restricted: cannot specify `/' in command names|the check "
+                             r"runs no program by its path)", said)
+        refuse(True, *_not_run(found.group(1) if found else "", names_torchrun, False, said))
     refuse(cut, "the command closes or moves the check's trace of what bash runs, so the check cannot tell what "
            "runs beside the launch.", "write the launch line alone: EXAMPLE.")
     path = next((name for name in assigned_names if name in ("PATH", "BASH_CMDS")), None) or complaint(
@@ -137,12 +158,16 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(after or len(launches) > 1, "the command chains a second command to the launch ("
            + short(", ".join(after) or f"{len(launches)} launches", 60) + "); the check runs the one torchrun launch "
            "alone.", "make it the launch line only, e.g. EXAMPLE; run anything else in a cell of its own.")
-    beside = next(filter(None, (_not_run(said, True, launched=True) for said in complaints)), None)
-    if beside:
-        refuse(True, *beside)
+    if unknown:  # after a chain or a pipe, which say more
+        refuse(True, *_not_run(unknown[0], names_torchrun, True))
+    refuse(strays, f"the command runs {short(strays[0] if strays else '', 60)}, which starts no torchrun: the check "
+           "runs nothing else through srun, env, nohup, nice, stdbuf or timeout.", "write the launch line alone, "
+           "EXAMPLE, and run anything else in a cell of its own.")
     refuse(closed, "the command closes the launch's output or its errors (>&-), which the check shows.",
            "leave that out: EXAMPLE.")
     folder, tokens, assigned, srun = launches[0]
+    refuse("PYTHON_EXEC" in assigned, f"the command sets PYTHON_EXEC={short(assigned.get('PYTHON_EXEC', ''), 40)}, "
+           "which torchrun runs in place of python.", "leave it out: EXAMPLE.")
     quoted = shlex.quote(str(script))
     refuse(quoted != str(script) and str(script) in text and str(script) not in tokens, f"the path of your script "
            f"({quoted}) holds a space or another character the shell splits at: unquoted, torchrun would get it as "
@@ -151,9 +176,9 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(not _launches_torchrun(tokens), f"the command starts {tokens[0]!r}"
            f"{f' with -m {module}' if module else ''}, not torchrun: nothing would start the lab's {nproc} processes "
            "or set RANK, LOCAL_RANK and WORLD_SIZE in them.", "launch it with torchrun: EXAMPLE.")
-    tasks = _srun_tasks(srun, assigned) if srun is not None else 1
+    tasks = _srun_tasks(srun, assigned, tokens[0]) if srun is not None else 1
     refuse(tasks != 1, f"srun would start {tasks} tasks, each a torchrun of its own: the lab's one node needs one." if
-           isinstance(tasks, int) else tasks, "leave srun out, or run one task (srun --ntasks=1): EXAMPLE.")
+           isinstance(tasks, int) else tasks, "leave srun out, or give it --ntasks=1 alone: EXAMPLE.")
     options = "write only the options the lab needs, in full, then your script: EXAMPLE."
     try:  # as torchrun itself reads its options: the last of a repeated one, abbreviations, ambiguities, no script
         parsed = _torchrun_reads(tokens[start:], assigned, launch=module == "torch.distributed.launch")
@@ -209,32 +234,27 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     return LaunchLine(list(parsed.training_script_args), assigned)
 
 
-def _not_run(said: str, names_torchrun: bool, launched: bool = False) -> tuple[str, str] | None:
-    """What bash did not run, from its complaint ``said``, as a problem and a fix in the attendee's words: the whole
-    line in quotes, a program by its path, another launcher, a tool the check's shell does not have. With
-    ``launched``, beside a launch (None where ``said`` is no such complaint)."""
-    found = re.fullmatch(r"(.*?): (?:command not found|restricted: cannot specify `/' in command names|the check "
-                         r"runs no program by its path)", said)
-    name = found and found.group(1)
-    if launched and not name:
-        return None
+def _not_run(name: str, names_torchrun: bool, launched: bool, said: str = "") -> tuple[str, str]:
+    """A command ``name`` the check's shell does not run, as a problem and a fix in the attendee's words: the whole
+    line in quotes, a program by its path, another launcher, a tool the check's shell does not have; ``launched``,
+    beside a launch. ``said``: bash's complaint, where there is no name."""
     problem = f"the command runs {short(name, 60)} beside the launch" if launched else \
         "bash ran the line and it started no torchrun"
     alone = "write the launch line alone, EXAMPLE, and run anything else in a cell of its own."
     if name and len(name.split()) > 1 and not launched:
         return f"{problem}: it took the whole line, in quotes, as the name of one command.", (
             "leave the quotes around the line out: EXAMPLE.")
-    if name and "/" in name:
+    if "/" in name:
         return (f"{problem}, by its path" if launched else f"{problem}: it runs {short(name, 60)} by its path") + (
             ", and the check's shell runs a launch's tools by their names, as the kernel's PATH finds them."), (
             alone if launched else "write torchrun by its name: EXAMPLE.")
     if name and shutil.which(name) and not names_torchrun:
         return f"{problem}: it runs {name}, which is no torchrun.", "launch it with torchrun: EXAMPLE."
-    if name and shutil.which(name):
-        return (f"{problem}: {name} is none of the tools the check's shell has beside torchrun and python "
-                f"({', '.join((*TOOLS, 'time'))})."), alone
-    if launched:
-        return f"{problem}, which bash finds nowhere ({short(said, 80)}).", alone
+    if name and (shutil.which(name) or launched):
+        return (f"{problem}: {name} is none of what a launch line needs beside torchrun and python (srun, env, "
+                "nohup, nice, stdbuf, timeout, time, module, conda; cd, source, export, set -e)."), alone
+    if name:
+        return f"{problem} ({short(name, 60)}: command not found).", "write the torchrun line, e.g. EXAMPLE."
     return problem + (f" ({short(said, 120)})." if said else "."), "write the torchrun line, e.g. EXAMPLE."
 
 
@@ -341,9 +361,10 @@ SRUN_COUNTS = {"ntasks": ("SLURM_NTASKS", "SLURM_NPROCS"), "nodes": ("SLURM_NNOD
                "ntasks-per-node": ("SLURM_NTASKS_PER_NODE",)}  # srun's options, and the variables it reads them from
 
 
-def _srun_tasks(args: list[str], assigned: dict) -> int | str:
+def _srun_tasks(args: list[str], assigned: dict, launched: str) -> int | str:
     """The tasks srun's options ask for, read as Slurm reads them (an option over its variable; --ntasks over
-    what --nodes, --nodelist, --ntasks-per-node and the GPU options work out), or why srun would not start one."""
+    what --nodes, --nodelist, --ntasks-per-node and the GPU options work out), or why srun would not start one
+    task of ``launched`` (the stand-in that srun's stand-in found) as the lab needs."""
     from .answer_values import Problem
     from .job_script_standins import hostlist
     from .slurm_rules import SRUN, getopt_long
@@ -354,6 +375,15 @@ def _srun_tasks(args: list[str], assigned: dict) -> int | str:
         return f"srun would stop at once: {problem}."
     options = {**{key: assigned[name] for key, names in SRUN_COUNTS.items() for name in names if name in assigned},
                **dict(found)}
+    program = BY_PATH.get(command[0], command[0]) if command else ""
+    if program != launched and program not in TOOLS:
+        return f"srun would run {short(program, 40)!r} as its program (an option of srun's takes the word after it)."
+    export = (options.get("export") or "").upper()
+    moved = next((f"--{name}={options[name]}" for name in ("chdir", "output", "error", "input") if name in options),
+                 None)
+    if moved or "NONE" in export.split(",") or any(name in export for name in LOADER_VARIABLES):
+        return (f"srun {moved or '--export=' + options['export']} moves the launch's folder, output or environment "
+                "from where the check runs it.")
     if ":" in command or "het-group" in options:
         return "srun would start a step of several components (its : or --het-group), each a torchrun of its own."
     count = {key: max(map(int, re.findall(r"\d+", options.get(key) or "")), default=None) for key in (
