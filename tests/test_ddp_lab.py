@@ -189,6 +189,7 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("mamba activate ddp && env --unset LANG OMP_NUM_THREADS=1 torchrun --nproc-per-node=2 {s}", []),
     ("srun --ntasks=1 nice torchrun --nproc-per-node=2 {s}", []),
     ("echo starting; f() {{ torchrun --nproc-per-node=2 {s}; }}; f", []),
+    ("export OMP_NUM_THREADS=1; builtin echo hi; command torchrun --nproc-per-node=2 {s}", []),
     (f"{shlex.quote(str(Path(sys.executable).parent / 'torchrun'))} --nproc-per-node=2 {{s}}", []),
 ])
 def test_launch_lines_are_read_as_torchrun_reads_them(tmp_path, command, script_args):
@@ -434,7 +435,7 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("torchrun \u2212\u2212nproc-per-node=2 {s}", "the command holds typographic dashes"),
     ("conda run -n base torchrun --nproc-per-node=2 {s}", "the command runs conda run: the check's conda only"),
     ("env -C /tmp torchrun --nproc-per-node=2 {s}", "(env: -C: the check's env takes NAME=value and -u NAME alone)"),
-    ("srun --chdir=/tmp torchrun --nproc-per-node=2 {s}", "srun --chdir=/tmp moves the launch's folder, output or"),
+    ("srun --chdir=/tmp torchrun --nproc-per-node=2 {s}", "srun --chdir=/tmp changes where the launch runs"),
     # a third fool-it review: what is no part of a launch line is read from the trace, whatever the line did with
     # its errors; what a tool ran that was no launch; srun's options as Slurm reads them; PYTHON_EXEC; exec alone
     ("rm -rf /nonexistent/x 2>&-; torchrun --nproc-per-node=2 {s}", "the command runs rm beside the launch: rm is"),
@@ -446,13 +447,26 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("env -vi torchrun --nproc-per-node=2 {s}", "(env: -vi: the check's env takes NAME=value and -u NAME alone)"),
     ("PET_NPROC_PER_NODE=2 srun -J torchrun {s}", "srun would run '"),
     ("srun --export=ALL,LD_PRELOAD=/nonexistent/x.so torchrun --nproc-per-node=2 {s}", "srun --export=ALL,LD_PRE"),
-    ("srun --export=NONE torchrun --nproc-per-node=2 {s}", "srun --export=NONE moves the launch's folder"),
-    ("srun --chd=/ torchrun --nproc-per-node=2 {s}", "srun --chdir=/ moves the launch's folder"),
-    ("srun -o out.log torchrun --nproc-per-node=2 {s}", "srun --output=out.log moves the launch's folder"),
+    ("srun --export=NONE torchrun --nproc-per-node=2 {s}", "srun --export=NONE changes where the launch runs"),
+    ("srun --chd=/ torchrun --nproc-per-node=2 {s}", "srun --chdir=/ changes where the launch runs"),
+    ("srun -o out.log torchrun --nproc-per-node=2 {s}", "srun --output=out.log changes where the launch"),
     ("conda install -y numpy; torchrun --nproc-per-node=2 {s}", "the command runs conda install: the check's conda"),
     ("PYTHON_EXEC=/usr/bin/true torchrun --nproc-per-node=2 {s}", "sets PYTHON_EXEC=/usr/bin/true, which torchrun"),
     ("exec >&-; torchrun --nproc-per-node=2 {s}", "the command runs exec, which changes what the line's commands"),
-    ("exec -c torchrun --nproc-per-node=2 {s}", "the command runs exec -c torchrun"),
+    ("exec -c torchrun --nproc-per-node=2 {s}", "the command runs exec -c, which changes what the line's"),
+    # a fourth fool-it review: FUNCNAME readonly (the trace names a function by it); exec, builtin and command run
+    # the next word, past the line's functions; source of what is no file; unset PATH; srun's prologs and dry runs
+    ("unset FUNCNAME; FUNCNAME=cd; rm -rf /nonexistent/v; torchrun --nproc-per-node=2 {s}", "FUNCNAME: cannot unset"),
+    ("(exec rm -rf /nonexistent/v); torchrun --nproc-per-node=2 {s}", "the command runs rm beside the launch"),
+    ("builtin exec rm -rf /nonexistent/v; torchrun --nproc-per-node=2 {s}", "the command runs rm beside the launch"),
+    ("rm() {{ command rm -rf /nonexistent/v; }}; rm; torchrun --nproc-per-node=2 {s}", "the command runs rm beside"),
+    ("source /dev/stdin <<< 'rm -rf /nonexistent/v'; torchrun --nproc-per-node=2 {s}", "runs source /dev/stdin: the"),
+    ("builtin cd /tmp; torchrun --nproc-per-node=2 {s}", "the command runs cd beside the launch"),
+    ("unset PATH; torchrun --nproc-per-node=2 {s}", "the command sets PATH"),
+    ("srun --prolog=/nonexistent/x.sh torchrun --nproc-per-node=2 {s}", "srun --prolog=/nonexistent/x.sh changes"),
+    ("srun --test-only torchrun --nproc-per-node=2 {s}", "srun --test-only changes where the launch runs"),
+    ("command -p rm -rf /nonexistent/v; torchrun --nproc-per-node=2 {s}", "the command runs rm beside the launch"),
+    ("srun --ntasks=1 bash -c 'torchrun --nproc-per-node=2 {s}'", "which starts no torchrun: the check runs nothing"),
     ("torchrun {s} --nproc_per_node 2", "torchrun reads its options before the script: --nproc_per_node comes after"),
     ("torchrun --nproc-per-node=2 {s} & wait", "the command runs the launch with &, in the background"),
     ("srun -n 2 python {s}", "the command starts 'python', not torchrun"),

@@ -118,7 +118,7 @@ PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            + f'readonly {" ".join(LOADER_VARIABLES)}; '
            + 'trap wait DEBUG; lab_end() { [[ ${!-} ]] && echo "# background $!" >&2; wait; }; trap lab_end EXIT; '
            "readonly -f $(compgen -A function); readonly PS4='+${FUNCNAME:+[$FUNCNAME]} ' BASH_XTRACEFD=@TRACE@ "
-           "BASH_CMDS; builtin set -x; "
+           "BASH_CMDS FUNCNAME; builtin set -x; "
            f'{PRELUDE_END}\n')
 # the check's own functions, whose commands are no part of the line
 LAB_FUNCTIONS = ("cd", "pushd", "/usr/bin/env", "/bin/env", "source", ".", "exec", *BY_PATH, "lab_end")
@@ -126,7 +126,7 @@ TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as 
 # (the DEBUG trap's wait is traced one level deeper than the command it waits in front of)
 # the check's, at the line's own level (exit ends the line, as the check's exec does)
 LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)
-ASSIGNS = ("export", "declare", "typeset", "local", "readonly")  # the builtins that set the variables they name
+ASSIGNS = ("export", "declare", "typeset", "local", "readonly", "unset")  # the builtins that set what they name
 ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=")  # NAME=, NAME+=, NAME[key]= in front of a command
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_", "BASH_XTRACEFD", "SHELLOPTS", "BASHOPTS")
@@ -283,15 +283,21 @@ def _session(pid: int) -> int | None:
         return None
 
 
-def command_words(traced: str) -> list[str]:
+def command_words(traced: str, prefixes: list | None = None) -> list[str]:
     """The words of a traced line from the command it runs on, past its assignments and the builtins that run the
-    next word."""
+    next word (builtin and command past the line's functions, exec in place of the shell), which go to
+    ``prefixes`` with their options."""
     try:  # bash's trace quotes a word as the shell would read it
         words = shlex.split(traced)
     except ValueError:
         words = traced.split()
-    while words and (ASSIGNMENT.match(words[0]) or words[0] in ("builtin", "command", "--")):
-        words.pop(0)
+    while words and (ASSIGNMENT.match(words[0]) or words[0] in ("builtin", "command", "exec", "--")):
+        prefix = words.pop(0)
+        while prefix != "--" and words and re.fullmatch("-[clpvV]*a?", words[0]):
+            option = words.pop(0)
+            prefix += f" {option}" + (f" {words.pop(0)}" if option.endswith("a") and words else "")
+        if prefixes is not None:
+            prefixes.append(prefix)
     return words
 
 

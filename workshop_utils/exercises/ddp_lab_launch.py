@@ -26,6 +26,11 @@ SAFE_SET = ("errexit", "nounset", "pipefail", "errtrace", "xtrace")
 # builtins. Anything else is refused, as the trace shows it, whatever the line did with its output.
 LAUNCH_LINE_COMMANDS = ("cd", "pushd", "source", ".", "export", "declare", "typeset", "local", "readonly", "unset",
                         "set", "echo", "printf", "true", "false", ":", "eval", "exec")
+# through builtin or command, the shell's own, restricted or not: not the check's cd, source and exec
+THROUGH_BUILTIN = ("export", "declare", "typeset", "local", "readonly", "unset", "set", "echo", "printf", "true",
+                   "false", ":", "eval")
+OTHER_LAUNCHERS = ("mpirun", "mpiexec", "deepspeed", "accelerate", "uv", "poetry", "pipenv", "apptainer",
+                   "singularity", "horovodrun", "bash", "sh")  # what may start the lab's processes, but not torchrun
 CONDAS = ("conda", "mamba", "micromamba")  # which activate, or deactivate, an environment and nothing else here
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 
@@ -60,8 +65,7 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(odd_item is not None, f"`lab_command` is a list with an item that is no word: {short(repr(odd_item), 40)} "
            f"({type(odd_item).__name__}).", "give each word as a str, or write one string: EXAMPLE.")
     tokens = [] if isinstance(command, str) else [os.fspath(t) for t in command]
-    several = next((t for t in tokens if len(t.split()) > 1 and Path(t).expanduser().resolve() != script.resolve()),
-                   None)
+    several = next((t for t in tokens if len(t.split()) > 1 and not _names(t, script)), None)
     refuse(several, f"`lab_command` is a list whose item {short(repr(several), 50)} holds several words"
            f"{' (its only item)' * (len(tokens) == 1)}: each item is one word to torchrun.",
            "give each word its own item (shlex.split(line) splits a line), or write one string: EXAMPLE.")
@@ -119,19 +123,29 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(off, f"the command runs {off}, which the check's shell leaves out: around a launch it changes what runs, "
            "or stops it, and the check runs the launch alone.", f"leave {off} out" + (
                " (set -e, -u, -x and -o pipefail may stay)" if off and off.startswith("set") else "") + ": EXAMPLE.")
-    exec_alone = next((" ".join(words) for words in map(command_words, commands) if words[:1] == ["exec"] and (
-        len(words) == 1 or re.fullmatch("-l*c.*", words[1]))), None)
+    ran = [(command_words(command, prefixes := []), prefixes) for command in commands if command not in after]
+    exec_alone = next((prefix for words, prefixes in ran for prefix in prefixes if prefix.startswith("exec") and (
+        not words or re.search(r" -\w*c", prefix))), None)
     refuse(exec_alone, f"the command runs {exec_alone}, which changes what the line's commands after it get (their "
            "output, or their environment).", "leave it out: EXAMPLE.")
     ours = {*LAUNCH_LINE_COMMANDS, *STAND_INS, *BY_PATH, *LAB_FUNCTIONS, *functions}
-    unknown = next((words for words in map(command_words, (c for c in commands if c not in after)) if words and (
-        words[0] not in ours or words[0] in CONDAS and words[1:2] not in (["activate"], ["deactivate"]))), None)
+    through = {*THROUGH_BUILTIN, *STAND_INS}
+    unknown = next((words for words, prefixes in ran if words and not words[0].startswith("-") and (
+        words[0] not in (through if {p.split()[0] for p in prefixes} & {"builtin", "command"} else ours)
+        or words[0] in CONDAS and words[1:2] not in (["activate"], ["deactivate"]))), None)
+    sourced = next((" ".join(words[:2]) for words, _ in ran if words[:1] in (["source"], ["."]) and not re.match(
+        r"[^/]|/(?!dev/|proc/)", (words[1:] or ["/dev/stdin"])[0])), None)
+    refuse(sourced, f"the command runs {short(sourced or '', 50)}: the commands it reads are the line's own, which the "
+           "check does not see there.", "source only a file, such as an environment's activate: EXAMPLE.")
     names_torchrun = "torchrun" in text or "torch.distributed" in text
     conda = unknown and unknown[0] in CONDAS and " ".join(unknown[:2])
     refuse(conda, f"the command runs {conda}: the check's {unknown and unknown[0]} only activates an environment.",
            f"{unknown and unknown[0]} activate ENV && then the launch line, e.g. EXAMPLE.")
     if unknown and not launches:  # what is no part of a launch line, whatever its output or its stderr said
         refuse(True, *_not_run(unknown[0], names_torchrun, False))
+    refuse(strays and (launches or not said), f"the command runs {short(strays[0] if strays else '', 60)}, which "
+           "starts no torchrun: the check runs nothing else through srun, env, nohup, nice, stdbuf or timeout.",
+           "write the launch line alone, EXAMPLE, and run anything else in a cell of its own.")
     if not launches:
         refuse(said.startswith(TIMED_OUT), f"bash's run of the line {said}, though the check's torchrun ends at "
                "once: something in the line waits or loops.", "make it the launch line only, e.g. EXAMPLE.")
@@ -160,9 +174,6 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
            "alone.", "make it the launch line only, e.g. EXAMPLE; run anything else in a cell of its own.")
     if unknown:  # after a chain or a pipe, which say more
         refuse(True, *_not_run(unknown[0], names_torchrun, True))
-    refuse(strays, f"the command runs {short(strays[0] if strays else '', 60)}, which starts no torchrun: the check "
-           "runs nothing else through srun, env, nohup, nice, stdbuf or timeout.", "write the launch line alone, "
-           "EXAMPLE, and run anything else in a cell of its own.")
     refuse(closed, "the command closes the launch's output or its errors (>&-), which the check shows.",
            "leave that out: EXAMPLE.")
     folder, tokens, assigned, srun = launches[0]
@@ -248,7 +259,7 @@ def _not_run(name: str, names_torchrun: bool, launched: bool, said: str = "") ->
         return (f"{problem}, by its path" if launched else f"{problem}: it runs {short(name, 60)} by its path") + (
             ", and the check's shell runs a launch's tools by their names, as the kernel's PATH finds them."), (
             alone if launched else "write torchrun by its name: EXAMPLE.")
-    if name and shutil.which(name) and not names_torchrun:
+    if name and (shutil.which(name) and not names_torchrun or name in OTHER_LAUNCHERS):
         return f"{problem}: it runs {name}, which is no torchrun.", "launch it with torchrun: EXAMPLE."
     if name and (shutil.which(name) or launched):
         return (f"{problem}: {name} is none of what a launch line needs beside torchrun and python (srun, env, "
@@ -327,6 +338,14 @@ def _read(read, value):
         return None
 
 
+def _names(word: str, script: Path) -> bool:
+    """Whether ``word`` names ``script`` (a ~ taken as Python takes it; a word no path can be is no name)."""
+    try:
+        return Path(os.path.expanduser(word)).resolve() == script.resolve()
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
 def _launches_torchrun(tokens: list[str]) -> bool:
     return tokens[0] == "torchrun" or tokens[0].startswith("python") and _python_module(tokens)[0] in TORCH_LAUNCHERS
 
@@ -357,6 +376,8 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
     return None, 1
 
 
+SRUN_ELSEWHERE = ("chdir", "output", "error", "input", "prolog", "epilog", "task-prolog", "task-epilog", "test-only",
+                  "usage", "help", "version", "multi-prog")
 SRUN_COUNTS = {"ntasks": ("SLURM_NTASKS", "SLURM_NPROCS"), "nodes": ("SLURM_NNODES",),
                "ntasks-per-node": ("SLURM_NTASKS_PER_NODE",)}  # srun's options, and the variables it reads them from
 
@@ -379,11 +400,11 @@ def _srun_tasks(args: list[str], assigned: dict, launched: str) -> int | str:
     if program != launched and program not in TOOLS:
         return f"srun would run {short(program, 40)!r} as its program (an option of srun's takes the word after it)."
     export = (options.get("export") or "").upper()
-    moved = next((f"--{name}={options[name]}" for name in ("chdir", "output", "error", "input") if name in options),
-                 None)
+    moved = next((f"--{name}" + (f"={options[name]}" if options[name] else "") for name in SRUN_ELSEWHERE
+                  if name in options), None)
     if moved or "NONE" in export.split(",") or any(name in export for name in LOADER_VARIABLES):
-        return (f"srun {moved or '--export=' + options['export']} moves the launch's folder, output or environment "
-                "from where the check runs it.")
+        return (f"srun {moved or '--export=' + options['export']} changes where the launch runs, what runs around "
+                "it or instead of it, its output or its environment, from how the check runs it.")
     if ":" in command or "het-group" in options:
         return "srun would start a step of several components (its : or --het-group), each a torchrun of its own."
     count = {key: max(map(int, re.findall(r"\d+", options.get(key) or "")), default=None) for key in (
@@ -392,8 +413,8 @@ def _srun_tasks(args: list[str], assigned: dict, launched: str) -> int | str:
         return count["ntasks"]
     nodelist = options.get("nodelist") or ""
     try:  # a range too long to spell out is more nodes than one, whatever its length
-        listed = 2 if any(int(b) - int(a) > 1000 for a, b in re.findall(r"(\d+)-(\d+)", nodelist)) else len(
-            hostlist(nodelist))
+        listed = 2 if sum(int(b) - int(a) for a, b in re.findall(r"(\d+)-(\d+)", nodelist)) > 1000 or nodelist.count(
+            ",") > 1000 else len(hostlist(nodelist))
     except ValueError:
         return f"srun would stop at once: {short(nodelist, 40)} is no list of nodes."
     nodes = count["nodes"] or listed or 1
