@@ -332,7 +332,7 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("torchrun --nproc-per-node=2 {s} >> log", "the command redirects output (log)"),
     # a loop that never ends is named by the limit it met; the check's own folders are not shown
     ("while :; do :; done; torchrun --nproc-per-node=2 {s}", "(it ran on until its trace filled the check's 1 MiB"),
-    ("torchrun --nproc-per-node=2 {s} < ~+/missing", "started no torchrun (…/run0/missing: No such file"),
+    ("torchrun --nproc-per-node=2 {s} < ~+/missing", "/missing: No such file or directory)"),  # ~+: this folder
     # a fourth review: nothing the line does turns off the trace or the & it ends with (the builtins that change
     # what runs around a launch are off and named; PS4, BASH_XTRACEFD and the check's functions readonly), eval's
     # commands are traced too, and a single & typed for && is named as that
@@ -467,6 +467,15 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("srun --test-only torchrun --nproc-per-node=2 {s}", "srun --test-only changes where the launch runs"),
     ("command -p rm -rf /nonexistent/v; torchrun --nproc-per-node=2 {s}", "the command runs rm beside the launch"),
     ("srun --ntasks=1 bash -c 'torchrun --nproc-per-node=2 {s}'", "which starts no torchrun: the check runs nothing"),
+    # a fifth: what only the check's shell holds is not asked (declare -F, -p); a variable is set plainly; a failed
+    # source ends the line; >&N and <&N- copy or move a descriptor too
+    ("declare -F lab_end || touch /nonexistent/p; torchrun --nproc-per-node=2 {s}", "runs declare -F lab_end, which"),
+    ("printf -v LAB_CD /tmp && torchrun --nproc-per-node=2 {s}", "the command runs printf -v LAB_CD, which asks"),
+    ("declare -i x=1/2 && torchrun --nproc-per-node=2 {s}", "the command runs declare -i x=1/2, which asks"),
+    ("LAB_CD=/tmp torchrun --nproc-per-node=2 {s}", "the command sets LAB_CD, a variable of the check's own shell"),
+    ("source nosuch_zz || touch /nonexistent/p; torchrun --nproc-per-node=2 {s}", "(bash: nosuch_zz: No such file"),
+    ("source //dev/stdin && torchrun --nproc-per-node=2 {s}", "the command runs source //dev/stdin: the commands"),
+    ("( {{ torchrun --nproc-per-node=2 {s}; echo hi; }} 2<&- <&3- )", "the command redirects file descriptor 3"),
     ("torchrun {s} --nproc_per_node 2", "torchrun reads its options before the script: --nproc_per_node comes after"),
     ("torchrun --nproc-per-node=2 {s} & wait", "the command runs the launch with &, in the background"),
     ("srun -n 2 python {s}", "the command starts 'python', not torchrun"),

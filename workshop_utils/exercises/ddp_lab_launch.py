@@ -31,6 +31,7 @@ THROUGH_BUILTIN = ("export", "declare", "typeset", "local", "readonly", "unset",
                    "false", ":", "eval")
 OTHER_LAUNCHERS = ("mpirun", "mpiexec", "deepspeed", "accelerate", "uv", "poetry", "pipenv", "apptainer",
                    "singularity", "horovodrun", "bash", "sh")  # what may start the lab's processes, but not torchrun
+ASSIGNERS = ("export", "declare", "typeset", "local", "readonly")  # with -x, -r, -g or -a alone: no query, no -i or -n
 CONDAS = ("conda", "mamba", "micromamba")  # which activate, or deactivate, an environment and nothing else here
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 
@@ -101,8 +102,10 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(not text, "the command has no launch line.", "write the launch line, e.g. EXAMPLE.")
     unquoted = re.sub(r"""\\.|'[^']*'|"(?:[^"\\]|\\.)*"|(?:^|(?<=[\s;&|(){}]))#.*""", "''", joined)  # as bash
     # reads them, left to right: an escaped character, a quoted string, a comment; then N>, N<, N>&, N<&- outside
-    descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]", unquoted)
-    refuse(descriptor, f"the command redirects file descriptor {descriptor and int(descriptor.group(1))}, which the "
+    descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]|[<>]&\s*(0*(?:[3-9]|[1-9]\d+))",
+                           unquoted)  # N> or N< (N redirected), or >&N or <&N (N copied or moved)
+    refuse(descriptor, f"the command redirects file descriptor {descriptor and int(descriptor[1] or descriptor[2])}, "
+           "which the "
            "check's shell keeps for itself: a launch line needs only 0, 1 and 2.", "leave that out: EXAMPLE.")
     launches, after, background, said, complaints, commands, cut, closed, strays, functions = run_in_bash(
         text, _launches_torchrun)
@@ -132,15 +135,19 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     through = {*THROUGH_BUILTIN, *STAND_INS}
     unknown = next((words for words, prefixes in ran if words and not words[0].startswith("-") and (
         words[0] not in (through if {p.split()[0] for p in prefixes} & {"builtin", "command"} else ours)
+        or words[0] in (*ASSIGNERS, "printf") and any(re.fullmatch(r"[-+](?![xrga]+$).*", w) for w in words[1:])
         or words[0] in CONDAS and words[1:2] not in (["activate"], ["deactivate"]))), None)
-    sourced = next((" ".join(words[:2]) for words, _ in ran if words[:1] in (["source"], ["."]) and not re.match(
-        r"[^/]|/(?!dev/|proc/)", (words[1:] or ["/dev/stdin"])[0])), None)
+    sourced = next((" ".join(words[:2]) for words, _ in ran if words[:1] in (["source"], ["."]) and re.match(
+        r"/(dev|proc)/", os.path.normpath("/" + (words[1:] or ["/dev/stdin"])[0].lstrip("/")))), None)
     refuse(sourced, f"the command runs {short(sourced or '', 50)}: the commands it reads are the line's own, which the "
            "check does not see there.", "source only a file, such as an environment's activate: EXAMPLE.")
     names_torchrun = "torchrun" in text or "torch.distributed" in text
     conda = unknown and unknown[0] in CONDAS and " ".join(unknown[:2])
     refuse(conda, f"the command runs {conda}: the check's {unknown and unknown[0]} only activates an environment.",
            f"{unknown and unknown[0]} activate ENV && then the launch line, e.g. EXAMPLE.")
+    asks = unknown and unknown[0] in (*ASSIGNERS, "printf") and short(" ".join(unknown[:3]), 40)
+    refuse(asks, f"the command runs {asks}, which asks the check's shell what it holds, or sets a variable other than "
+           "plainly (as a number, a name or with printf).", "export NAME=value, then the launch: EXAMPLE.")
     if unknown and not launches:  # what is no part of a launch line, whatever its output or its stderr said
         refuse(True, *_not_run(unknown[0], names_torchrun, False))
     refuse(strays and (launches or not said), f"the command runs {short(strays[0] if strays else '', 60)}, which "
@@ -154,6 +161,8 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         refuse(True, *_not_run(found.group(1) if found else "", names_torchrun, False, said))
     refuse(cut, "the command closes or moves the check's trace of what bash runs, so the check cannot tell what "
            "runs beside the launch.", "write the launch line alone: EXAMPLE.")
+    ours_set = next((name for name in assigned_names if name.startswith("LAB_")), None)
+    refuse(ours_set, f"the command sets {ours_set}, a variable of the check's own shell.", "leave it out: EXAMPLE.")
     path = next((name for name in assigned_names if name in ("PATH", "BASH_CMDS")), None) or complaint(
         r"\b(PATH): readonly variable")  # PATH=... in front of a command: restricted bash says so, and runs it
     refuse(path, f"the command sets {path}: bash would look for torchrun there, not where the kernel finds it.",
