@@ -126,7 +126,8 @@ def test_a_chain_glued_to_the_script_name_is_read_as_the_shell_reads_it(tmp_path
 
 
 @pytest.mark.parametrize("before", ["cd {d} &&", "module load python/3.11 &&", "OMP_NUM_THREADS=1",
-                                    "cd {d} && source venv/bin/activate &&"])
+                                    "cd {d} && source venv/bin/activate &&",
+                                    "module load anaconda3 && source activate pytorch &&"])  # conda's, on PATH
 def test_what_comes_before_the_launch_is_still_taken_off(tmp_path, before):
     script = tmp_path / "my_train_ddp.py"
     (tmp_path / "venv" / "bin").mkdir(parents=True)

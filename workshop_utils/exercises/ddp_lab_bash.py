@@ -86,8 +86,8 @@ exit @EXIT@
 """
 # Before the line: 1 MiB of output and 256 MiB of memory at most, cd (and pushd) moves LAB_CD (a restricted bash has
 # no cd) to a folder that exists, /usr/bin/env is env and the kernel's own Python and torchrun by their paths
-# (f"{sys.executable} -m ...") are python and torchrun, source (a venv's activate) reads nothing, and ends the
-# line where there is no such file, exec runs its
+# (f"{sys.executable} -m ...") are python and torchrun, source (a venv's activate, conda's on PATH) reads nothing,
+# and ends the line where there is no such file, exec runs its
 # command and ends the line (a restricted bash has no exec), no kill, and every command waits for those in the
 # background first (so does the end): the trace is in order. Then nothing the line does hides a command from the
 # trace or an & from the end: the trace goes to a descriptor of its own (BASH_XTRACEFD; a line that redirects one
@@ -109,8 +109,9 @@ PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
            '[[ -d $to ]] || { echo "cd: $1: No such file or directory" >&2; return 1; }; LAB_CD=$to; }; '
            'pushd() { [[ ${1-} == -- ]] && shift; (( $# == 1 )) || { echo "pushd: no other directory" >&2; '
            'return 1; }; cd "$1"; }; /usr/bin/env() { env "$@"; }; /bin/env() { env "$@"; }; '
-           'source() { local file=${1-}; [[ $file == /* ]] || file=$LAB_CD/$file; [[ -f $file ]] || '
-           '{ echo "bash: ${1-}: No such file or directory" >&2; exit 1; }; }; .() { source "$@"; }; '
+           'source() { local file=${1-}; [[ $file == activate ]] && return; [[ $file == /* ]] || file=$LAB_CD/$file; '
+           '[[ -f $file ]] || { echo "bash: ${1-}: No such file or directory" >&2; exit 1; }; }; '
+           '.() { source "$@"; }; '
            'exec() { while [[ ${1-} == -* ]]; do [[ $1 == -- ]] && { shift; break; }; [[ $1 =~ ^-[cl]*a?$ ]] || '
            '{ echo "bash: exec: $1: invalid option" >&2; exit 2; }; [[ $1 == *a ]] && shift; shift; done; '
            '(( $# )) || return 0; [[ $1 == */* || $(type -t "$1") == file ]] || '
