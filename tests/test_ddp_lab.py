@@ -214,6 +214,15 @@ def test_a_line_that_moves_the_trace_is_caught_past_the_text_check():
     assert not ddp_lab_bash.run_in_bash("torchrun --nproc-per-node=2 /nonexistent/s.py", torchrun).cut
 
 
+def test_a_script_path_through_a_loop_of_links_is_named_in_one_line(tmp_path):
+    """A sixth review: a path that no file can be (a loop of links) is refused in one line, not raised."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    script = tmp_path / "my_train_ddp.py"
+    with pytest.raises(NotYet, match="which no file is"):
+        read_launch_line(f"torchrun --nproc-per-node=2 {tmp_path}/a/my_train_ddp.py", script, 2)
+
+
 def test_torchruns_own_variables_count_as_its_options(tmp_path):
     """torchrun reads PET_NPROC_PER_NODE as --nproc-per-node: the line launches 2 processes, and the variable
     reaches the launch."""
@@ -440,7 +449,7 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     # its errors; what a tool ran that was no launch; srun's options as Slurm reads them; PYTHON_EXEC; exec alone
     ("rm -rf /nonexistent/x 2>&-; torchrun --nproc-per-node=2 {s}", "the command runs rm beside the launch: rm is"),
     ("{{ git pull; }} 2>&1; torchrun --nproc-per-node=2 {s}", "the command runs git beside the launch"),
-    ("[[ -v LAB_CD ]] || rm -rf /nonexistent/x; torchrun --nproc-per-node=2 {s}", "the command runs [[ beside"),
+    ("[[ -v LAB_CD ]] && torchrun --nproc-per-node=2 {s}", "the command runs [[ beside"),
     ("command_not_found_handle() {{ torchrun --nproc-per-node=2 {s}; }}; git pull", "the command runs git beside"),
     ("timeout 5 rm -rf /nonexistent/x 2>&-; torchrun --nproc-per-node=2 {s}", "runs timeout 5 rm -rf /nonexistent/x,"),
     ("env --split='rm -rf /nonexistent/x' torchrun --nproc-per-node=2 {s}", "(env: --split=rm -rf /nonexistent/x: the"),
@@ -469,11 +478,16 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("srun --ntasks=1 bash -c 'torchrun --nproc-per-node=2 {s}'", "which starts no torchrun: the check runs nothing"),
     # a fifth: what only the check's shell holds is not asked (declare -F, -p); a variable is set plainly; a failed
     # source ends the line; >&N and <&N- copy or move a descriptor too
-    ("declare -F lab_end || touch /nonexistent/p; torchrun --nproc-per-node=2 {s}", "runs declare -F lab_end, which"),
+    ("declare -F lab_end && torchrun --nproc-per-node=2 {s}", "runs declare -F lab_end, which"),
     ("printf -v LAB_CD /tmp && torchrun --nproc-per-node=2 {s}", "the command runs printf -v LAB_CD, which asks"),
     ("declare -i x=1/2 && torchrun --nproc-per-node=2 {s}", "the command runs declare -i x=1/2, which asks"),
-    ("LAB_CD=/tmp torchrun --nproc-per-node=2 {s}", "the command sets LAB_CD, a variable of the check's own shell"),
-    ("source nosuch_zz || touch /nonexistent/p; torchrun --nproc-per-node=2 {s}", "(bash: nosuch_zz: No such file"),
+    ("LAB_CD=/tmp torchrun --nproc-per-node=2 {s}", "the command sets LAB_CD, which the check's shell keeps"),
+    ("source nosuch_zz; torchrun --nproc-per-node=2 {s}", "(bash: nosuch_zz: No such file"),
+    # a sixth: || runs what follows where the command before fails, which the check's shell cannot tell; what it
+    # keeps readonly is not set; a link loop is named
+    ("conda activate base || touch /nonexistent/p; torchrun --nproc-per-node=2 {s}", "the command has ||, which runs"),
+    ("export SHELL=/bin/bash && touch /nonexistent/p; torchrun --nproc-per-node=2 {s}", "sets SHELL, which the"),
+    ("unset -f cd && touch /nonexistent/p; torchrun --nproc-per-node=2 {s}", "the command sets cd, which the check's"),
     ("source //dev/stdin && torchrun --nproc-per-node=2 {s}", "the command runs source //dev/stdin: the commands"),
     ("( {{ torchrun --nproc-per-node=2 {s}; echo hi; }} 2<&- <&3- )", "the command redirects file descriptor 3"),
     ("torchrun {s} --nproc_per_node 2", "torchrun reads its options before the script: --nproc_per_node comes after"),

@@ -107,7 +107,7 @@ def test_a_memory_limit_that_is_no_number_is_named_in_one_line(limit):
 # trace in either order (test_ddp_lab's wrong launch lines)
 @pytest.mark.parametrize("chain, named", [("&& rm -rf /tmp/x", "chains a second command"),
                                           ("; echo done", "chains a second command"),
-                                          ("|| true", "chains a second command"),
+                                          ("|| true", "the command has ||, which runs what follows"),
                                           ("| tee log.txt", "chains a second command"),
                                           ("& echo started", "runs the launch with &, in the background")])
 def test_a_second_command_chained_after_the_launch_is_named_before_any_launch(tmp_path, chain, named):

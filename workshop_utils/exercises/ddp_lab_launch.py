@@ -32,7 +32,10 @@ THROUGH_BUILTIN = ("export", "declare", "typeset", "local", "readonly", "unset",
 OTHER_LAUNCHERS = ("mpirun", "mpiexec", "deepspeed", "accelerate", "uv", "poetry", "pipenv", "apptainer",
                    "singularity", "horovodrun", "bash", "sh")  # what may start the lab's processes, but not torchrun
 ASSIGNERS = ("export", "declare", "typeset", "local", "readonly")  # with -x, -r, -g or -a alone: no query, no -i or -n
-CONDAS = ("conda", "mamba", "micromamba")  # which activate, or deactivate, an environment and nothing else here
+CONDAS = ("conda", "mamba", "micromamba")
+# what the check's shell keeps readonly (restricted, or its own) and a real shell would set: set, it fails only here
+KEPT = ("SHELL", "BASH_ENV", "ENV", "HISTFILE", "PS4", "FUNCNAME", "BASH_XTRACEFD", "BASH_CMDS", "cd", "pushd",
+        "source", "exec", "lab_end")  # which activate, or deactivate, an environment and nothing else here
 LONGEST_LINE = 100_000  # characters; bash takes a line as one argument, which the kernel limits
 
 
@@ -105,8 +108,10 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     descriptor = re.search(r"(?:^|(?<=[\s;&|(){}]))(0*(?:[3-9]|[1-9]\d+))[<>]|[<>]&\s*(0*(?:[3-9]|[1-9]\d+))",
                            unquoted)  # N> or N< (N redirected), or >&N or <&N (N copied or moved)
     refuse(descriptor, f"the command redirects file descriptor {descriptor and int(descriptor[1] or descriptor[2])}, "
-           "which the "
-           "check's shell keeps for itself: a launch line needs only 0, 1 and 2.", "leave that out: EXAMPLE.")
+           "which the check's shell keeps for itself: a launch line needs only 0, 1 and 2.", "leave that out: EXAMPLE.")
+    refuse("||" in unquoted, "the command has ||, which runs what follows it only where the command before it fails: "
+           "the check cannot tell where that would be.", "write the launch line alone, EXAMPLE, or with && after a "
+           "command that sets it up.")
     launches, after, background, said, complaints, commands, cut, closed, strays, functions = run_in_bash(
         text, _launches_torchrun)
 
@@ -161,8 +166,9 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
         refuse(True, *_not_run(found.group(1) if found else "", names_torchrun, False, said))
     refuse(cut, "the command closes or moves the check's trace of what bash runs, so the check cannot tell what "
            "runs beside the launch.", "write the launch line alone: EXAMPLE.")
-    ours_set = next((name for name in assigned_names if name.startswith("LAB_")), None)
-    refuse(ours_set, f"the command sets {ours_set}, a variable of the check's own shell.", "leave it out: EXAMPLE.")
+    ours_set = next((name for name in assigned_names if name.startswith("LAB_") or name in KEPT), None)
+    refuse(ours_set, f"the command sets {ours_set}, which the check's shell keeps for itself (a real shell would "
+           "set it).", "leave it out: EXAMPLE.")
     path = next((name for name in assigned_names if name in ("PATH", "BASH_CMDS")), None) or complaint(
         r"\b(PATH): readonly variable")  # PATH=... in front of a command: restricted bash says so, and runs it
     refuse(path, f"the command sets {path}: bash would look for torchrun there, not where the kernel finds it.",
@@ -207,7 +213,11 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     refuse(parsed.training_script.endswith("/"), f"the script's path ends in / ({short(parsed.training_script, 60)}"
            "), which names a folder: Python would not open the file.", "name the file without the /: EXAMPLE.")
     named = Path(parsed.training_script)  # as bash left it: a ~ in quotes is no home folder
-    resolved = (Path(os.path.normpath(folder)) / named).resolve()  # cd moved logically, as bash's does
+    try:
+        resolved = (Path(os.path.normpath(folder)) / named).resolve()  # cd moved logically, as bash's does
+    except (OSError, RuntimeError) as error:
+        refuse(True, f"torchrun would run {short(str(named), 60)!r}, which no file is ({error}).",
+               "name your script after torchrun's options: EXAMPLE.")
     shown = str(resolved) if named.name == script.name else named.name  # the same name: where it points tells
     refuse(resolved != script.resolve(), f"torchrun would run {shown!r} " + (
         "as a program (--no-python), with your file as its argument," if parsed.no_python else
