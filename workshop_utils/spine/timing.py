@@ -146,6 +146,12 @@ class Timings:
     def __len__(self) -> int:
         return len(self.seconds)
 
+    def __iter__(self):  # the seconds themselves: statistics.median(timings), np.median(timings), sorted(timings)
+        return iter(float(s) for s in self.seconds)
+
+    def __getitem__(self, index):
+        return self.seconds[index]
+
     def _need(self) -> np.ndarray:
         if len(self.seconds) == 0:
             raise WorkshopError("Nothing was timed: every repeat was warm-up.",
@@ -221,6 +227,11 @@ def time_repeats(fn: Callable[[], object], repeats: int, warmup: int = 1, device
         raise WorkshopError(f"repeats must be a whole number >= 1, got {repeats!r}.", "use repeats=1 or more.")
     if not isinstance(warmup, int) or warmup < 0:
         raise WorkshopError(f"warmup must be a whole number >= 0, got {warmup!r}.", "use warmup=0 or more.")
+    for name, given in (("fn", fn), ("before", before)):
+        if not callable(given) and (name == "fn" or given is not None):
+            raise WorkshopError(f"{name} must be a function to call, not {type(given).__name__}: time_repeats calls "
+                                "it once per repeat.", f"pass the work as a function of no arguments, e.g. "
+                                f"{name}=lambda: a @ b (not the result a @ b).")
     device = torch.device(device)
     for _ in range(warmup):
         if before is not None:
