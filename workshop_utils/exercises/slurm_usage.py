@@ -10,13 +10,12 @@ import builtins
 import contextlib
 import io
 import math
-import sys
 import types
 
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
-from .exercise_cells import NotYet, passed
-from .exercise_judging import checked, number, verdict, written
+from .exercise_cells import NotYet, notebook_cell, passed
+from .exercise_judging import checked, inputs_kept, number, verdict, written
 
 USAGE = "Exercise 6.3"
 TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
@@ -79,35 +78,6 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
 _RERUNNING = False  # the exercise cell is being run again: a check inside it must not run it once more
 
 
-def _exercise_cell() -> tuple[str, dict] | tuple[None, None]:
-    """The latest notebook cell that assigns every answer of 6.3, and the notebook's namespace, from IPython's
-    input history (``_ih`` in the namespace of the cell that called the check); (None, None) outside IPython."""
-    frame = sys._getframe(1)
-    for _ in range(40):
-        if frame is None:
-            return None, None
-        history = frame.f_globals.get("_ih")
-        if isinstance(history, list):
-            break
-        frame = frame.f_back
-    else:
-        return None, None
-    for source in reversed(history):
-        if not isinstance(source, str):
-            continue
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            continue
-        if any(isinstance(node, ast.Attribute) and node.attr == "check_job_usage" or isinstance(node, ast.Name)
-               and node.id == "check_job_usage" for node in ast.walk(tree)):
-            continue
-        stored = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-        if set(ANSWERS) <= stored:
-            return source, frame.f_globals
-    return None, None
-
-
 def _earlier_values(cell: str, namespace: dict) -> list[str]:
     """The notebook's variables that the cell reads and does not set (`cpus = usage['cpus']` in an earlier cell):
     a run of the cell on another job keeps their values, so its answers there speak for the cell only in part."""
@@ -154,11 +124,13 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                     exercise: str = USAGE, cell: str | None = None) -> bool:
     """Each answer against the same arithmetic on ``usage``; then, where the exercise cell can be run again,
     its answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
+    if not _RERUNNING:
+        inputs_kept(exercise, "check_job_usage", ANSWERS, ["usage"])
     given = (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)
     answers = {name: number(value, exercise, name) for name, value in zip(ANSWERS, given)}
     read = _usage_numbers(usage)
     _judge_usage(answers, read, exercise)
-    cell, namespace = (cell, {}) if cell is not None or _RERUNNING else _exercise_cell()
+    cell, namespace = (cell, {}) if cell is not None or _RERUNNING else notebook_cell(ANSWERS, "check_job_usage")
     namespace, judged_elsewhere, earlier = namespace or {}, False, []
     again = _run_cell(cell, namespace, usage) if isinstance(cell, str) and not _RERUNNING else None
     # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
