@@ -150,7 +150,8 @@ def test_every_exercise_is_introduced_solved_and_checked(path):
     number = path.name[:2].lstrip("0")
     for k, (i, cell) in enumerate(exercises, start=1):
         assert cell.cell_type == "code" and BEGIN_SOLUTION in cell.source and END_SOLUTION in cell.source
-        assert cells[i - 1].cell_type == "markdown" and f"Exercise {number}.{k}" in cells[i - 1].source, \
+        intro = cells[i - 1] if cells[i - 1].cell_type == "markdown" else cells[i - 2]  # or before its inputs' cell
+        assert intro.cell_type == "markdown" and f"Exercise {number}.{k}" in intro.source, \
             f"cell {i}: a markdown cell naming 'Exercise {number}.{k}' comes right before the exercise"
         check = cells[i + 1] if i + 1 < len(cells) else None
         assert check is not None and check.cell_type == "code" and "check" in check.metadata.get("tags", []), \

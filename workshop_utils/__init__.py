@@ -42,6 +42,9 @@ _MODULES = {
     "exercises.exercise_cells": (
         "NotYet", "Unsolved", "attendee_notebook", "solved", "write_attendee_notebooks",
     ),
+    "exercises.exercise_inputs": (
+        "watch_exercise_inputs",
+    ),
     "exercises.exercise_checks": (
         "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus", "check_fsdp_traffic",
         "check_loader_choice", "check_lost_fraction", "check_matmul_tflops", "check_mfu", "check_microbatches",

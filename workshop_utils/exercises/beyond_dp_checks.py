@@ -11,7 +11,8 @@ from ..parallel.pipeline import bubble_fraction
 from ..parallel.sharding import BYTES_PER_PARAMETER, ZERO_STAGES
 from .answer_values import scalar, show
 from .exercise_cells import passed, require, require_answered
-from .exercise_judging import checked, count, inputs_kept, kit_input, number, smallest, verdict
+from .exercise_inputs import inputs_kept
+from .exercise_judging import checked, count, kit_input, kit_number, number, smallest, verdict
 
 # An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
 # what the exercise's budget leaves part of.
@@ -52,8 +53,7 @@ def _is_infinite(value) -> bool:
 @checked
 def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
                       exercise: str = "Exercise 5.1") -> bool:
-    inputs_kept(exercise, "check_fewest_gpus", [f"zero{stage}_gpus"], ["param_bytes", "grad_bytes", "optimizer_bytes"],
-                parameters=7e9, budget_gib=35)
+    inputs_kept(exercise, "check_fewest_gpus")
     name, (kept, split) = f"zero{stage}_gpus", _kept_and_split(parameters, stage, precision)
     if fewest_gpus(parameters, budget_gib, stage, precision) == math.inf:
         require_answered(gpus, exercise, f"`{name}` is still the placeholder `...`.")
@@ -63,9 +63,11 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
     require(not _is_infinite(gpus), exercise, f"`{name}` = {show(gpus)}, but a finite number of GPUs holds it under "
             f"stage {stage}.", "divide what is sharded into what the budget leaves beside what stays whole.")
     given = count(gpus, exercise, name, "a whole number of GPUs")
-    require(given >= 1, exercise, f"`{name}` = {given}: a number of GPUs is at least 1; 0 or less comes from dividing "
-            "by a room that is not positive.", f"what is sharded divides into the budget minus what stays whole on "
-            f"every GPU ({kept:.1f} GiB under stage {stage}), both in GiB (a GiB is 2**30 bytes).")
+    require(given >= 1 or not kept, exercise, f"`{name}` = {given}: a number of GPUs is at least 1; 0 or less comes "
+            "from dividing by a room that is not positive.", f"what is sharded divides into the budget minus what stays "
+            f"whole on every GPU ({kept:.1f} GiB under stage {stage}), both in GiB (a GiB is 2**30 bytes).")
+    require(given >= 1, exercise, f"`{name}` = {given}: a number of GPUs is at least 1.", "round the quotient up "
+            "(math.ceil): a share just above the budget needs one more GPU, never none.")
     value = smallest(given, exercise, name, lambda p: kept + split / p,
                      budget_gib, lambda p, each: f"at {p} GPU{'s' * (p > 1)} each holds {each:.1f} GiB, more than "
                      f"the {budget_gib:g} GiB budget", f"fewer GPUs already hold it within {budget_gib:g} GiB each",
@@ -76,8 +78,7 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
 @checked
 def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Link,
                        exercise: str = "Exercise 5.2") -> bool:
-    inputs_kept(exercise, "check_fsdp_traffic", ["ddp_s", "fsdp_s"], ["n_bytes", "ndr_link", "parameters"],
-                world_size=64)
+    inputs_kept(exercise, "check_fsdp_traffic")
     p = world_size
     one_pass = (p - 1) * link.latency_us * 1e-6 + (p - 1) / p * n_bytes / (link.bandwidth_gbps * 1e9)
     inputs = (f"{{}} passes of (p-1) * alpha + (p-1)/p * n / B, p = {p}, alpha = {link.latency_us:g} us, "
@@ -94,7 +95,9 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
 
 @checked
 def check_microbatches(microbatches, stages: int, target: float, exercise: str = "Exercise 5.3") -> bool:
-    inputs_kept(exercise, "check_microbatches", ["microbatches"], [], stages=8, target=0.10)
+    inputs_kept(exercise, "check_microbatches")
+    stages, target = (kit_number(given, exercise, f"the cell's {name}", "pass the inputs of the exercise's cell.")
+                      for name, given in (("stages", stages), ("target", target)))
     value = smallest(count(microbatches, exercise, "microbatches", "a whole number of micro-batches"), exercise,
                      "microbatches", lambda m: bubble_fraction(stages, m), target + 1e-12,
                      lambda m, bubble: f"with m = {m} the bubble (p-1) / (m+p-1) is {bubble:.3f}, above {target:g}",

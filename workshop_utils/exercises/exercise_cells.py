@@ -69,60 +69,38 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
         raise NotYet(f"✗ {exercise}: {problem}", hint)
 
 
-def notebook_cell(answers, check: str) -> tuple[str | None, dict]:
+def stores(source: str) -> set[str]:
+    """The names a cell's code sets, functions it defines included, in the body of a ``%%time`` or ``%time`` too
+    (IPython runs those from a string)."""
+    try:
+        nodes = list(ast.walk(ast.parse(source)))
+    except (SyntaxError, ValueError, TypeError):
+        return set()
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("run_cell_magic", "run_line_magic") \
+                and node.args and isinstance(node.args[-1], ast.Constant) and isinstance(node.args[-1].value, str):
+            names |= stores(node.args[-1].value)
+    return names
+
+
+def notebook_cell(answers) -> tuple[int | None, str | None, dict]:
     """The latest cell of IPython's input history (``_ih``, in the namespace of the cell that called the check) that
-    sets every name of ``answers`` and does not call ``check``, with the notebook's namespace; (None, {}) outside
-    IPython."""
+    sets every name of ``answers``: its place in the history and its code (None, None when no cell does), and the
+    notebook's namespace ({} outside IPython)."""
     frame = sys._getframe(1)
     while frame is not None and not isinstance(frame.f_globals.get("_ih"), list):
         frame = frame.f_back
-    for source in reversed(frame.f_globals["_ih"] if frame is not None else []):
-        try:
-            nodes = list(ast.walk(ast.parse(source)))
-        except (SyntaxError, ValueError, TypeError):
-            continue
-        if any(getattr(node, "attr", None) == check or getattr(node, "id", None) == check for node in nodes):
-            continue
-        stored = {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-        if set(answers) <= stored | {node.name for node in nodes if isinstance(node, ast.FunctionDef)}:
-            return source, frame.f_globals
-    return None, {}
-
-
-def changed_input(cell: str, inputs) -> tuple[str, str] | None:
-    """The first of ``inputs`` that ``cell`` changes, and the statement that does: in place (``x[k] = ...``,
-    ``x.a = ...``, ``x += ...``), from itself (``x = x / 1e12``), or set a second time. None if it changes none."""
-    statements, bound = [], {}
-
-    def flattened(target):
-        if isinstance(target, (ast.Tuple, ast.List)):
-            return [leaf for element in target.elts for leaf in flattened(element)]
-        return flattened(target.value) if isinstance(target, ast.Starred) else [target]
-
-    def walk(body):  # statements inside if, for, while, with and try too; not inside a function or a class
-        for statement in body:
-            statements.append(statement)
-            if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-                    walk(getattr(statement, field, []))
-
-    walk(ast.parse(cell).body)
-    for statement in statements:
-        targets = {ast.Assign: lambda s: s.targets, ast.AnnAssign: lambda s: [s.target] if s.value else [],
-                   ast.AugAssign: lambda s: [s.target], ast.For: lambda s: [s.target], ast.Delete: lambda s: s.targets,
-                   ast.With: lambda s: [item.optional_vars for item in s.items if item.optional_vars]}
-        for target in [leaf for t in targets.get(type(statement), lambda s: [])(statement) for leaf in flattened(t)]:
-            base = target
-            while isinstance(base, (ast.Subscript, ast.Attribute)):
-                base = base.value
-            if not isinstance(base, ast.Name) or base.id not in inputs:
-                continue
-            reads_itself = any(isinstance(node, ast.Name) and node.id == base.id and isinstance(node.ctx, ast.Load)
-                               for node in ast.walk(getattr(statement, "value", None) or ast.Pass()))
-            bound[base.id] = bound.get(base.id, 0) + (base is target)
-            if base is not target or isinstance(statement, ast.AugAssign) or reads_itself or bound[base.id] > 1:
-                return base.id, ast.get_source_segment(cell, statement) or base.id
-    return None
+    namespace = frame.f_globals if frame is not None else {}
+    history = namespace.get("_ih", [])
+    for index in range(len(history) - 1, -1, -1):
+        if isinstance(history[index], str) and set(answers) <= stores(history[index]):
+            return index, history[index], namespace
+    return None, None, namespace
 
 
 def attendee_source(source: str, where: str = "cell") -> str:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
-from .exercise_cells import NotYet, changed_input, exercise_check, notebook_cell, require, require_answered
+from .exercise_cells import NotYet, exercise_check, require, require_answered
 
 LARGEST_COUNT = 2**53  # beyond it a float no longer holds every whole number
 # The one tolerance of every exercise: within REL of the right value (a float32, another order of the same
@@ -49,29 +49,6 @@ def checked(check):
                             "tell the instructor; the error's __cause__ holds the check's traceback.") from err
 
     return run
-
-
-def inputs_kept(exercise: str, check: str, answers, inputs, **given) -> None:
-    """In a notebook: one line when the cell that sets ``answers`` changed one of ``inputs``, the notebook's values
-    the check reads (``flops = flops / 1e12``), or one that the exercise gives (``given``) no longer holds its value:
-    the check would judge the answer against the changed value. Outside IPython (tests, scripts) it does nothing."""
-    cell, namespace = notebook_cell(answers, check)
-    changed = changed_input(cell, {*inputs, *given}) if cell is not None else None
-    if changed:
-        name, statement = changed
-        raise NotYet(f"✗ {exercise}: your cell changes `{name}` ({short(statement, 80)}), which the check reads as "
-                     "the notebook set it: it would judge your answer against the changed value.",
-                     f"leave `{name}` as it is and put what you compute from it under a new name; then run the cells "
-                     f"again from the one that sets `{name}`.")
-    for name, value in given.items() if cell is not None else ():
-        held = namespace.get(name, value)
-        try:
-            same = math.isclose(float(held), value)
-        except (TypeError, ValueError):
-            same = False
-        require(same, exercise, f"`{name}` = {show(held)}, not the {value:g} the exercise gives: the check would "
-                "judge your answer against it.", f"set {name} back to {value:g}, as the cell gives it, and run it "
-                "again.")
 
 
 def kit_input(condition: bool, problem: str, fix: str) -> None:

@@ -14,14 +14,14 @@ from ..spine.precision import autocast
 from ..system.display import format_number
 from ..system.hardware import as_device
 from .exercise_cells import NotYet, passed, require
-from .exercise_judging import (attendee_error, attendee_function, called, checked, inputs_kept, kit_input, number,
-                               verdict)
+from .exercise_inputs import inputs_kept
+from .exercise_judging import attendee_error, attendee_function, called, checked, kit_input, number, verdict
 
 
 @checked
 def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1.0,
                         exercise: str = "Exercise 3.1") -> bool:
-    inputs_kept(exercise, "check_lost_fraction", ["lost_fraction"], ["activation_grads"])
+    inputs_kept(exercise, "check_lost_fraction")
     value = number(lost_fraction, exercise, "lost_fraction", "one number, a fraction between 0 and 1")
     g = gradients.detach().flatten().float().cpu() if torch.is_tensor(gradients) else torch.zeros(0)
     nonzero, cast_zero = g[g != 0], (g * scale).half() == 0
@@ -45,7 +45,7 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
                           exercise: str = "Exercise 3.2") -> bool:
     """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``; a product the cast still
     rounds down to max (below 65,520 for float16) passes too: the cast itself decides."""
-    inputs_kept(exercise, "check_safe_loss_scale", ["safe_scale"], ["grads"])
+    inputs_kept(exercise, "check_safe_loss_scale")
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
     largest = max((float(t.detach().abs().max()) for t in (gradients.values() if isinstance(gradients, dict) else
                                                             [gradients]) if torch.is_tensor(t) and t.numel()),

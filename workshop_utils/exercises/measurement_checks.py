@@ -11,8 +11,9 @@ import numpy as np
 from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
 from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import (attendee_function, called, checked, count, described, inputs_kept, kit_input, number,
-                               short, verdict)
+from .exercise_inputs import inputs_kept
+from .exercise_judging import (attendee_function, called, checked, count, described, kit_input, number, short,
+                               verdict)
 
 
 def constructed_loader_sweep(pinned: bool = True):
@@ -82,7 +83,7 @@ def _same_answers(some, others) -> bool:
 def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercise: str = "Exercise 4.1") -> bool:
     """``loader_choice(sweep, start)``: the fastest row's workers, its speed-up over ``start`` and Amdahl's ceiling
     1 / (1 - f) at ``start``, judged on the measured sweep and on ``constructed_loader_sweep``."""
-    inputs_kept(exercise, "check_loader_choice", ["loader_choice"], ["loader_sweep", "baseline", "start"])
+    inputs_kept(exercise, "check_loader_choice")
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
     rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
     kit_input(not rows.empty, f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
@@ -120,8 +121,7 @@ def _largest_batches(limit: float, intercept: float, slope: float) -> list[int]:
 def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: float,
                        exercise: str = "Exercise 4.2") -> bool:
     """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``."""
-    inputs_kept(exercise, "check_batch_memory", ["mib_per_sample", "largest_batch"],
-                ["limit_mib", "batch_sweep", "fitted"])
+    inputs_kept(exercise, "check_batch_memory")
     try:
         limit = number(limit_mib, exercise, "limit_mib")
     except NotYet:  # the placeholder too: the cell's first line, not the answer
@@ -180,7 +180,7 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
 def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
     """The top rung's largest part (parts that tie as wu.show_table shows them all are), and Amdahl's speed-up of
     the step if that part ran twice as fast."""
-    inputs_kept(exercise, "check_next_fix", ["biggest_phase", "step_speedup"], ["breakdown", "top_rung"])
+    inputs_kept(exercise, "check_next_fix")
     kit_input(hasattr(breakdown, "columns"), f"{exercise}: `breakdown` should be the table, got "
               f"{described(breakdown)}.", "pass `breakdown`, the whole table, as the check cell does.")
     parts, top = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"], breakdown.iloc[-1]

@@ -15,7 +15,8 @@ import types
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
 from .exercise_cells import NotYet, notebook_cell, passed
-from .exercise_judging import checked, inputs_kept, number, verdict, written
+from .exercise_inputs import inputs_kept
+from .exercise_judging import checked, number, verdict, written
 
 USAGE = "Exercise 6.3"
 TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
@@ -97,7 +98,11 @@ def _run_cell(cell: str, namespace: dict, usage: dict) -> dict | None:
     global _RERUNNING
     try:
         tree = ast.parse(cell)
-    except (SyntaxError, ValueError):
+        call = tree.body[0].value if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr) else None
+        if getattr(getattr(call, "func", None), "attr", None) == "run_cell_magic" and \
+                [getattr(a, "value", None) for a in call.args[:1]] in (["time"], ["capture"]):
+            tree = ast.parse(call.args[-1].value)  # a %%time or %%capture cell: its code, as IPython runs it
+    except (SyntaxError, ValueError, TypeError, AttributeError):
         return None
     if any(isinstance(node, ast.Name) and node.id == "usage" and isinstance(node.ctx, ast.Store)
            for node in ast.walk(tree)):
@@ -125,12 +130,12 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
     """Each answer against the same arithmetic on ``usage``; then, where the exercise cell can be run again,
     its answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
     if not _RERUNNING:
-        inputs_kept(exercise, "check_job_usage", ANSWERS, ["usage"])
+        inputs_kept(exercise, "check_job_usage")
     given = (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)
     answers = {name: number(value, exercise, name) for name, value in zip(ANSWERS, given)}
     read = _usage_numbers(usage)
     _judge_usage(answers, read, exercise)
-    cell, namespace = (cell, {}) if cell is not None or _RERUNNING else notebook_cell(ANSWERS, "check_job_usage")
+    cell, namespace = (cell, {}) if cell is not None or _RERUNNING else notebook_cell(ANSWERS)[1:]
     namespace, judged_elsewhere, earlier = namespace or {}, False, []
     again = _run_cell(cell, namespace, usage) if isinstance(cell, str) and not _RERUNNING else None
     # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;

@@ -1,0 +1,174 @@
+"""What a check reads from the notebook besides the answer: its inputs (``flops``, ``usage``, ``budget_gib``). In a
+notebook that watches them (``watch_exercise_inputs``), each input's value as the notebook set it is noted: its value
+after the last cell that changed it and set no check's answer. A check then names in one line an input that differs
+from that value (``flops = flops / 1e12`` in the answer's cell, ``usage["max_rss_mib"] *= 1.25`` after it, in a
+``%%time`` cell, through an alias, in a run of the answer's cell before the fixed one) instead of judging the answer
+against the changed value. The values decide what changed, as Python left them; a cell's code is read only to tell
+whether it set an answer."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+
+from .answer_values import show
+from .exercise_cells import NotYet, notebook_cell, stores
+
+# check -> (the names its answer's cell sets, the notebook's values it reads, the values the exercise gives)
+CHECKS = {
+    "check_achieved_tflops": (("achieved_tflops",), ("flops", "samples_per_s"), {}),
+    "check_mfu": (("mfu",), ("achieved_tflops", "matmul_tflops", "flops", "samples_per_s"), {}),
+    "check_flops_per_token": (("gpt_flops_per_token",), ("n_gpt", "gpt_size", "gpt_flops"), {}),
+    "check_ddp_efficiency": (("efficiency_64",), ("step_s", "grad_bytes"), {}),
+    "check_micro_batch_plan": (("micro_batch", "accumulation"),
+                               ("plan_size", "plan_sequence", "target_tokens", "plan_ranks", "free_bytes"), {}),
+    "check_lost_fraction": (("lost_fraction",), ("activation_grads", "grads"), {}),
+    "check_safe_loss_scale": (("safe_scale",), ("grads",), {}),
+    "check_loader_choice": (("loader_choice",), ("loader_sweep", "baseline"), {}),
+    "check_batch_memory": (("mib_per_sample", "largest_batch"), ("limit_mib", "batch_sweep", "fitted"), {}),
+    "check_next_fix": (("biggest_phase", "step_speedup"), ("breakdown",), {}),
+    "check_fewest_gpus": (("zero3_gpus", "zero1_gpus"), ("param_bytes", "grad_bytes", "optimizer_bytes"),
+                          {"parameters": 7e9, "budget_gib": 35}),
+    "check_fsdp_traffic": (("ddp_s", "fsdp_s"), ("ndr_link",), {"parameters": 7e9, "n_bytes": 1.4e10,
+                                                                "world_size": 64}),
+    "check_microbatches": (("microbatches",), (), {"stages": 8, "target": 0.10}),
+    "check_array_sweep": (("sweep_lines", "array"), (), {"learning_rates": (0.01, 0.03, 0.1)}),
+    "check_job_usage": (("cpu_efficiency", "time_share", "gpu_hours", "next_time_limit_s", "next_memory_mib"),
+                        ("usage",), {}),
+}
+WATCHED = sorted({name for _, inputs, _ in CHECKS.values() for name in inputs})
+ANSWERS = {name for answers, _, _ in CHECKS.values() for name in answers}
+GONE = ("gone",)  # what a key that was there and is no more is compared as
+KEPT_VALUES = 50  # the values each input was set to, the latest
+LARGE_TENSOR = 1_000_000  # elements; a larger tensor is told by its storage and PyTorch's count of in-place writes
+
+
+class _Notes:
+    """One watched notebook: each input as the notebook set it (the place in IPython's history of each cell that
+    did, with the value it left), and each input as it was before this cell ran."""
+
+    def __init__(self):
+        self.set: dict[str, list[tuple[int, object]]] = {}
+        self.last: dict[str, object] = {}
+
+
+_watched: dict[int, _Notes] = {}  # id of a watched notebook's namespace -> its notes
+
+
+def _number(value: float):
+    return "nan" if value != value else value  # NaN, which equals nothing, compared as what it is
+
+
+def fingerprint(value):
+    """What is compared of a value: a number as a number (5 == 5.0), a tensor or an array by its shape and sums (an
+    in-place change moves them), a table column by column, a mapping key by key, anything else by its repr."""
+    try:
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, numbers.Real):
+            return _number(float(value))
+        if isinstance(value, Mapping):
+            return {key: fingerprint(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return tuple(fingerprint(item) for item in value)
+        module = type(value).__module__.split(".")[0]
+        if module in ("torch", "numpy") and getattr(value, "ndim", None) == 0:
+            return _number(float(value))  # a tensor's one number, the same as that number
+        if module == "torch" and hasattr(value, "detach"):
+            import torch  # loaded already: the value is one of its tensors
+
+            tensor = value.detach()
+            if tensor.numel() > LARGE_TENSOR:  # summing it before every cell would cost more than the cell
+                return ("tensor", tuple(value.shape), str(value.dtype), value.data_ptr(), value._version)
+            # summed in float64 where it lies, with no float64 copy of it
+            sums = tensor.sum(dtype=torch.float64), tensor.abs().sum(dtype=torch.float64)
+            return ("array", tuple(value.shape), *(_number(float(total)) for total in sums))
+        if module == "numpy" and hasattr(value, "shape"):
+            return ("array", value.shape, _number(float(value.sum(dtype=float))), _number(float(abs(value).sum())))
+        if module == "pandas":
+            import pandas as pd
+
+            columns = value.items() if isinstance(value, pd.DataFrame) else [("", value)]
+            numeric = pd.api.types.is_numeric_dtype  # the same numbers in another type are the same column
+            return {name: ("column", int(pd.util.hash_pandas_object(column.astype(float) if numeric(column) else
+                                                                    column, index=True).sum()))
+                    for name, column in columns}
+        return ("object", repr(value)[:2000])
+    except Exception:  # noqa: BLE001 - a value nothing can read is never called changed
+        return ("unreadable", id(value))
+
+
+def _difference(before, now, path: str):
+    """(where, before, now) for the first value that changed; keys and columns added since are no change."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        for key, item in before.items():
+            where = f"{path}[{key!r}]"
+            found = (where, item, GONE) if key not in now else _difference(item, now[key], where)
+            if found:
+                return found
+        return None
+    unreadable = any(isinstance(value, tuple) and value[:1] == ("unreadable",) for value in (before, now))
+    return None if before == now or unreadable else (path, before, now)
+
+
+def _shown(value) -> str:
+    if value is GONE:
+        return "no such key"
+    return f"{value:.15g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else "other values"
+
+
+def watch_exercise_inputs() -> bool:
+    """In IPython: note the checks' inputs before every cell runs, so that a check can name one a cell changed.
+    Call it once, in the notebook's first cells; outside IPython it does nothing (False)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    if id(shell.user_ns) not in _watched:
+        notes = _watched[id(shell.user_ns)] = _Notes()
+        shell.events.register("pre_run_cell", lambda *_: _note(shell.user_ns, notes))
+    return True
+
+
+def _note(namespace: dict, notes: _Notes) -> None:
+    """Before a cell runs: what the cell before it changed is as the notebook set it, unless that cell set an
+    answer (or no value was noted yet)."""
+    history = namespace.get("_ih") or []
+    by_an_answer = bool(ANSWERS & stores(history[-1] if history else ""))
+    now = {name: fingerprint(namespace[name]) for name in WATCHED if name in namespace}
+    for name, value in now.items():
+        changed = name not in notes.last or _difference(notes.last[name], value, name)
+        if name not in notes.set or changed and not by_an_answer:
+            notes.set[name] = [*notes.set.get(name, [])[-KEPT_VALUES + 1:], (len(history) - 1, value)]
+    notes.last = now
+
+
+def inputs_kept(exercise: str, check: str) -> None:
+    """In a notebook that watches its inputs: one line when an input ``check`` reads is not as the notebook set it,
+    or one the exercise gives no longer holds the exercise's value."""
+    answers, inputs, given = CHECKS[check]
+    answer_cell, _, namespace = notebook_cell(answers)
+    notes = _watched.get(id(namespace))
+    if notes is None:
+        return
+    for name, value in given.items():
+        found = name in namespace and _difference(fingerprint(value), fingerprint(namespace[name]), name)
+        if found:
+            text = f"{value:g}" if isinstance(value, numbers.Real) else repr(value)
+            raise NotYet(f"✗ {exercise}: `{name}` = {show(namespace[name])}, not the {text} the exercise gives: the "
+                         "check would judge your answer against it.", f"give `{name}` the exercise's value, {text}, "
+                         "in the cell above your answer, and run the cells again from there.")
+    for name in (name for name in inputs if name in namespace):
+        # as set before the answer's cell: what a cell changed after it, even one that set no answer, is a change
+        then = [value for cell, value in notes.set.get(name, []) if answer_cell is None or cell < answer_cell][-1:]
+        found = then and _difference(then[0], fingerprint(namespace[name]), name)
+        if found:
+            where, was, now = found
+            values = f" ({_shown(was)} then, {_shown(now)} now)" if isinstance(was, (float, str)) else ""
+            raise NotYet(f"✗ {exercise}: `{where}` is not what the notebook set it to{values}: the check reads it as "
+                         "given, and would judge your answer against the changed value.", f"run the cells again "
+                         f"from the one that sets `{name}`, then your answer's; put what you compute from `{name}` "
+                         "under a new name instead of changing it.")
