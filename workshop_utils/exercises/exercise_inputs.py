@@ -11,6 +11,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping
 
+from ..system.errors import ipython_shell
 from .answer_values import show
 from .exercise_cells import NotYet, notebook_cell, stores
 
@@ -120,11 +121,7 @@ def _shown(value) -> str:
 def watch_exercise_inputs() -> bool:
     """In IPython: note the checks' inputs before every cell runs, so that a check can name one a cell changed.
     Call it once, in the notebook's first cells; outside IPython it does nothing (False)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
+    shell = ipython_shell()
     if shell is None:
         return False
     if id(shell.user_ns) not in _watched:

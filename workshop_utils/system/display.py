@@ -29,6 +29,8 @@ import numbers
 
 import pandas as pd
 
+from .errors import ipython_shell
+
 __all__ = ["Table", "format_number", "readable_header", "show_environment", "show_table", "show_verdict"]
 
 # Whole headers that read better spelled out than built by the rules below.
@@ -229,12 +231,7 @@ def show_environment(env: dict | None = None) -> Table:
 
 
 def _in_notebook_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    return getattr(ipython_shell(), "kernel", None) is not None
 
 
 class _Verdict:

@@ -45,16 +45,21 @@ def exit_on_workshop_error(main):
     return wrapper
 
 
+def ipython_shell():
+    """The IPython shell this code runs in (a notebook's kernel, an IPython terminal), or None."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
 def install_notebook_error_handler() -> bool:
     """In IPython, show a WorkshopError as one red line instead of a traceback.
 
     Returns True when a handler was installed (i.e. we are inside IPython).
     """
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
+    shell = ipython_shell()
     if shell is None:
         return False
 

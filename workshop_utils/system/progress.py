@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+from .errors import ipython_shell
+
 
 def in_notebook() -> bool:
     """Whether this process is a Jupyter kernel (a notebook, papermill's run of one, nbval's)."""
@@ -22,12 +24,7 @@ def in_kernel() -> bool:
     ipykernel, such as a test run)."""
     if not in_notebook():
         return False
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    return getattr(ipython_shell(), "kernel", None) is not None
 
 
 class NotebookLine:
