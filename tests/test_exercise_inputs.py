@@ -131,6 +131,10 @@ CHANGED = "is not what the notebook set it to"
     ((USAGE, USAGE.replace("1800", "30") + "  # minutes\n" + USAGE_SOLVED, USAGE_CHECK), r"\(1800 then, 30 now\)"),
     ((USAGE, 'del usage["gpus"]\n' + USAGE_SOLVED.replace('usage["gpus"]', "0"), USAGE_CHECK),
      rf"`usage\['gpus'\]` {CHANGED} \(0 then, no such key now\)"),
+    # 5.2 on another link than the exercise's, in the cell that gives it or in one of its own
+    ((RING.replace("ib_ndr", "nvlink4"), RING_SOLVED, RING_CHECK),
+     r'`ndr_link` = wu.LINKS\["nvlink4"\], not the wu.LINKS\["ib_ndr"\] the exercise gives'),
+    ((RING, "ndr_link = wu.LINKS['nvlink4']", RING_SOLVED, RING_CHECK), "`ndr_link` = wu.LINKS"),
     # a first run of the answer's cell that changed an input, then the fixed cell, before any check
     ((ZERO, "budget_gib = 80\n" + ZERO_SOLVED, ZERO_SOLVED, ZERO_CHECK), "`budget_gib` = 80, not the 35"),
     ((USAGE, 'usage["time_limit_s"] /= 60\n' + USAGE_SOLVED, USAGE_SOLVED, USAGE_CHECK), r"\(1800 then, 30 now\)"),
@@ -192,6 +196,26 @@ def test_the_fixed_answer_alone_is_told_the_input_is_still_changed_until_its_own
     assert "(246200000 then, 0.0002462 now)" in str(results[4][0])
     results = notebook(RATE, RATE_SOLVED, RATE_CHECK)
     assert results[-1][0] is None and "✓ Exercise 1.1: correct" in results[-1][1]
+
+
+MATMUL = ("env = wu.environment()\ndevice = torch.device('cpu')\nn = 1024\n"
+          "a, b = torch.randn(n, n), torch.randn(n, n)\nmatmul = lambda: a @ b\n"
+          "timings = wu.time_repeats(matmul, repeats=5, device=device)\n"
+          "seconds = timings.median\nmatmul_tflops = 2 * n**3 / seconds / 1e12")
+MFU = "peak = wu.peak_tflops(env['device_name'], 'fp32') or matmul_tflops\nmfu = achieved_tflops / peak"
+MFU_CHECK = ("wu.check_mfu(mfu, achieved_tflops, env['device_name'], 'fp32', matmul_tflops, flops_per_sample=flops, "
+             "samples_per_s=samples_per_s, n=n, timings=timings, seconds=seconds)")
+
+
+@pytest.mark.parametrize("cells", [
+    (RATE, "achieved_tflops = flops * samples_per_s", RATE_CHECK, RATE_SOLVED, RATE_CHECK, MATMUL, MFU, MFU_CHECK),
+    (RATE, "achieved_tflops = 0", RATE_SOLVED, MATMUL, MFU, MFU_CHECK),
+    (RATE, RATE_SOLVED, MATMUL, MFU, MFU_CHECK, RATE.replace("638.1", "700.0"), RATE_SOLVED, MFU, MFU_CHECK),
+], ids=["1.1 wrong, then right", "1.1 overwritten before a check", "run again on a new measurement"])
+def test_an_answer_that_is_a_later_exercise_input_is_set_anew_by_its_own_cell(notebook, cells):
+    """1.1's answer is 1.3's input: each run of 1.1's cell sets it, only 1.3's cell would change it."""
+    results = notebook("import torch", *cells)
+    assert results[-1][0] is None and "✓ Exercise 1.3: correct" in results[-1][1], results[-1]
 
 
 def test_an_input_is_compared_by_its_values_whatever_holds_them():

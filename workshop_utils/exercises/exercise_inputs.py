@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Mapping
 
 from ..system.errors import ipython_shell
+from ..parallel.comm_model import LINKS
 from .answer_values import show
 from .exercise_cells import NotYet, notebook_cell, stores
 
@@ -30,18 +31,21 @@ CHECKS = {
     "check_next_fix": (("biggest_phase", "step_speedup"), ("breakdown",), {}),
     "check_fewest_gpus": (("zero3_gpus", "zero1_gpus"), ("param_bytes", "grad_bytes", "optimizer_bytes"),
                           {"parameters": 7e9, "budget_gib": 35}),
-    "check_fsdp_traffic": (("ddp_s", "fsdp_s"), ("ndr_link",), {"parameters": 7e9, "n_bytes": 1.4e10,
-                                                                "world_size": 64}),
+    "check_fsdp_traffic": (("ddp_s", "fsdp_s"), (), {"parameters": 7e9, "n_bytes": 1.4e10, "world_size": 64,
+                                                     "ndr_link": LINKS["ib_ndr"]}),
     "check_microbatches": (("microbatches",), (), {"stages": 8, "target": 0.10}),
     "check_array_sweep": (("sweep_lines", "array"), (), {"learning_rates": (0.01, 0.03, 0.1)}),
     "check_job_usage": (("cpu_efficiency", "time_share", "gpu_hours", "next_time_limit_s", "next_memory_mib"),
                         ("usage",), {}),
 }
 WATCHED = sorted({name for _, inputs, _ in CHECKS.values() for name in inputs})
-ANSWERS = {name for answers, _, _ in CHECKS.values() for name in answers}
+# an input -> the answers of the checks that read it: a cell that sets one of them does not set the input anew (1.1's
+# answer, achieved_tflops, is 1.3's input: the cell of 1.1 sets it, the cell of 1.3 changes it)
+READ_BY = {name: {answer for answers, inputs, _ in CHECKS.values() if name in inputs for answer in answers}
+           for name in WATCHED}
 GONE = ("gone",)  # what a key that was there and is no more is compared as
 KEPT_VALUES = 50  # the values each input was set to, the latest
-LARGE_TENSOR = 1_000_000  # elements; a larger tensor is told by its storage and PyTorch's count of in-place writes
+LARGE_TENSOR = 1_000_000  # elements of a tensor in the host's memory
 
 
 class _Notes:
@@ -79,7 +83,8 @@ def fingerprint(value):
             import torch  # loaded already: the value is one of its tensors
 
             tensor = value.detach()
-            if tensor.numel() > LARGE_TENSOR:  # summing it before every cell would cost more than the cell
+            if tensor.numel() > LARGE_TENSOR and tensor.device.type == "cpu":  # summed before every cell, it would
+                # cost more than the cell: its storage and PyTorch's count of in-place writes tell it instead
                 return ("tensor", tuple(value.shape), str(value.dtype), value.data_ptr(), value._version)
             # summed in float64 where it lies, with no float64 copy of it
             sums = tensor.sum(dtype=torch.float64), tensor.abs().sum(dtype=torch.float64)
@@ -118,6 +123,14 @@ def _shown(value) -> str:
     return f"{value:.15g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else "other values"
 
 
+def _given(value) -> str:
+    """A given value as a notebook writes it: a number, a link of the kit's table by its key, else its repr."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return f"{value:g}"
+    key = next((key for key, link in LINKS.items() if link == value), None)
+    return f'wu.LINKS["{key}"]' if key else show(value)
+
+
 def watch_exercise_inputs() -> bool:
     """In IPython: note the checks' inputs before every cell runs, so that a check can name one a cell changed.
     Call it once, in the notebook's first cells; outside IPython it does nothing (False)."""
@@ -134,11 +147,11 @@ def _note(namespace: dict, notes: _Notes) -> None:
     """Before a cell runs: what the cell before it changed is as the notebook set it, unless that cell set an
     answer (or no value was noted yet)."""
     history = namespace.get("_ih") or []
-    by_an_answer = bool(ANSWERS & stores(history[-1] if history else ""))
+    stored = stores(history[-1] if history else "")
     now = {name: fingerprint(namespace[name]) for name in WATCHED if name in namespace}
     for name, value in now.items():
         changed = name not in notes.last or _difference(notes.last[name], value, name)
-        if name not in notes.set or changed and not by_an_answer:
+        if name not in notes.set or changed and not READ_BY[name] & stored:
             notes.set[name] = [*notes.set.get(name, [])[-KEPT_VALUES + 1:], (len(history) - 1, value)]
     notes.last = now
 
@@ -154,10 +167,11 @@ def inputs_kept(exercise: str, check: str) -> None:
     for name, value in given.items():
         found = name in namespace and _difference(fingerprint(value), fingerprint(namespace[name]), name)
         if found:
-            text = f"{value:g}" if isinstance(value, numbers.Real) else repr(value)
-            raise NotYet(f"✗ {exercise}: `{name}` = {show(namespace[name])}, not the {text} the exercise gives: the "
-                         "check would judge your answer against it.", f"give `{name}` the exercise's value, {text}, "
-                         "in the cell above your answer, and run the cells again from there.")
+            text, held = _given(value), namespace[name]
+            held = _given(held) if _given(held).startswith("wu.") else show(held)  # as Python shows it, in full
+            raise NotYet(f"✗ {exercise}: `{name}` = {held}, not the {text} the exercise gives: the check would judge "
+                         f"your answer against it.", f"give `{name}` the exercise's value, {text}, in the cell above "
+                         "your answer, and run the cells again from there.")
     for name in (name for name in inputs if name in namespace):
         # as set before the answer's cell: what a cell changed after it, even one that set no answer, is a change
         then = [value for cell, value in notes.set.get(name, []) if answer_cell is None or cell < answer_cell][-1:]
