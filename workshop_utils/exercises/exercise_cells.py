@@ -69,6 +69,17 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
         raise NotYet(f"✗ {exercise}: {problem}", hint)
 
 
+def magic_code(node, magics=None) -> str | None:
+    """The Python a cell or line magic runs (``%%time``, ``%time``, ``%%capture``), as IPython writes the magic into
+    the cell's code (``get_ipython().run_cell_magic('time', '', code)``); None for any other node, or a magic not
+    in ``magics``."""
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("run_cell_magic", "run_line_magic") and \
+            len(node.args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args) \
+            and (magics is None or node.args[0].value in magics):
+        return node.args[-1].value
+    return None
+
+
 def stores(source: str) -> set[str]:
     """The names a cell's code sets, functions it defines included, in the body of a ``%%time`` or ``%time`` too
     (IPython runs those from a string)."""
@@ -82,9 +93,8 @@ def stores(source: str) -> set[str]:
             names.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names.add(node.name)
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("run_cell_magic", "run_line_magic") \
-                and node.args and isinstance(node.args[-1], ast.Constant) and isinstance(node.args[-1].value, str):
-            names |= stores(node.args[-1].value)
+        elif magic_code(node) is not None:
+            names |= stores(magic_code(node))
     return names
 
 

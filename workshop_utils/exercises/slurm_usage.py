@@ -14,7 +14,7 @@ import types
 
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
-from .exercise_cells import NotYet, notebook_cell, passed
+from .exercise_cells import NotYet, magic_code, notebook_cell, passed
 from .exercise_inputs import inputs_kept
 from .exercise_judging import checked, number, verdict, written
 
@@ -98,11 +98,10 @@ def _run_cell(cell: str, namespace: dict, usage: dict) -> dict | None:
     global _RERUNNING
     try:
         tree = ast.parse(cell)
-        call = tree.body[0].value if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr) else None
-        if getattr(getattr(call, "func", None), "attr", None) == "run_cell_magic" and \
-                [getattr(a, "value", None) for a in call.args[:1]] in (["time"], ["capture"]):
-            tree = ast.parse(call.args[-1].value)  # a %%time or %%capture cell: its code, as IPython runs it
-    except (SyntaxError, ValueError, TypeError, AttributeError):
+        code = magic_code(tree.body[0].value, ("time", "capture")) if len(tree.body) == 1 and isinstance(
+            tree.body[0], ast.Expr) else None
+        tree = ast.parse(code) if code is not None else tree  # a %%time or %%capture cell: the code it runs
+    except (SyntaxError, ValueError):
         return None
     if any(isinstance(node, ast.Name) and node.id == "usage" and isinstance(node.ctx, ast.Store)
            for node in ast.walk(tree)):
