@@ -424,6 +424,8 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     (": \\' ; {{ torchrun --nproc-per-node=2 {s}; echo hi; }} 3</dev/null # '", "redirects file descriptor 3"),
     ("(while :; do :; done &); torchrun --nproc-per-node=2 {s}", "has a single &, which runs a command beside"),
     ("(torchrun --nproc-per-node=2 {s} <&0 &)", "the command runs the launch with &, in the background"),
+    # a bash forked in the background to start a stand-in, or waiting for one, is waited for: the same verdict under load
+    ("( {{ torchrun --nproc-per-node=2 {s}; torchrun --nproc-per-node=2 {s}; }} & )", "chains a second command to"),
     ("srun --nodelist='n[a-b]' torchrun --nproc-per-node=2 {s}", "srun would stop at once: n[a-b] is no list of"),
     ("srun --nodelist='n[0-999999999]' torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
     ("env -i torchrun --nproc-per-node=2 {s}", "(env: -i: the check's env takes NAME=value and -u NAME alone)"),

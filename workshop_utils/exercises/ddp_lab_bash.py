@@ -132,6 +132,7 @@ LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)
 ASSIGNS = ("export", "declare", "typeset", "local", "readonly", "unset")  # the builtins that set what they name
 ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=")  # NAME=, NAME+=, NAME[key]= in front of a command
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
+FORK_CPU_S = 0.1  # the CPU seconds past which a bash the line left in the background is a loop, not a fork
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_", "BASH_XTRACEFD", "SHELLOPTS", "BASHOPTS")
 
 
@@ -234,7 +235,8 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
     """Whether ``command``, run in a session of its own, ended within LINE_TIMEOUT_S, and whether something it
     started outlived it (a loop left in the background, a job in a process group of its own): that is ended then,
     so nothing outlives the check. A stand-in (from ``tools``) left running in the background ends by itself
-    within the limit: it is waited for, so that what it records does not depend on how fast it was."""
+    within the limit, and so does a bash forked to start one: both are waited for, so that what they record does not
+    depend on how fast they were."""
     import signal
     import time
 
@@ -252,11 +254,10 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
         ended = False
     outlived = False
     for _ in range(10):  # a process forking as it is killed: until none is left
-        left = [p for p in psutil.process_iter(["cmdline"]) if _session(p.pid) == shell.pid and _alive(p)]
-        while ended and left and time.monotonic() < deadline and all(
-                any(tools in word for word in p.info["cmdline"] or ()) for p in left):
+        left = [p for p in psutil.process_iter() if _session(p.pid) == shell.pid and _alive(p)]
+        while ended and left and time.monotonic() < deadline and all(_ends_by_itself(p, tools) for p in left):
             time.sleep(0.01)
-            left = [p for p in left if _alive(p)]
+            left = [p for p in psutil.process_iter() if _session(p.pid) == shell.pid and _alive(p)]
         left = [p.pid for p in left if _alive(p)]
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -267,6 +268,21 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
         time.sleep(0.05)  # a SIGKILL takes a moment to land
     shell.wait()
     return ended, ended and outlived
+
+
+def _ends_by_itself(process, tools: str) -> bool:
+    """A process the line left behind that ends without being stopped: a stand-in (it records and exits), or a
+    bash that has used almost no CPU, which is a fork yet to start its stand-in, or a subshell waiting for one. A loop
+    uses CPU: it is stopped. CPU time, not a clock, so that a busy machine gives the same verdict."""
+    import psutil
+
+    try:
+        if any(tools in word for word in process.cmdline()):
+            return True
+        used = process.cpu_times()
+        return used.user + used.system < FORK_CPU_S
+    except psutil.Error:
+        return True  # it has ended
 
 
 def _alive(process) -> bool:
