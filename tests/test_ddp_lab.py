@@ -424,8 +424,21 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     (": \\' ; {{ torchrun --nproc-per-node=2 {s}; echo hi; }} 3</dev/null # '", "redirects file descriptor 3"),
     ("(while :; do :; done &); torchrun --nproc-per-node=2 {s}", "has a single &, which runs a command beside"),
     ("(torchrun --nproc-per-node=2 {s} <&0 &)", "the command runs the launch with &, in the background"),
-    # a bash forked in the background to start a stand-in, or waiting for one, is waited for: the same verdict under load
-    ("( {{ torchrun --nproc-per-node=2 {s}; torchrun --nproc-per-node=2 {s}; }} & )", "chains a second command to"),
+    # a bash forked in the background to start a stand-in, or waiting for one, is waited for: the same verdict on a
+    # busy machine
+    ("( {{ torchrun --nproc-per-node=2 {s}; torchrun --nproc-per-node=2 {s}; }} & )", "runs the launch with &, in"),
+    # a fool-it review of that: the launch in a list, a group, a subshell, a function, eval, exec or a tool run with &
+    # inside a subshell, which bash starts with /dev/null as its input but SIGINT at its default
+    ("(cd / && torchrun --nproc-per-node=2 {s} &)", "the command runs the launch with &, in the background"),
+    ("({{ torchrun --nproc-per-node=2 {s}; }} &)", "the command runs the launch with &, in the background"),
+    ("( (torchrun --nproc-per-node=2 {s}) & )", "the command runs the launch with &, in the background"),
+    ("(if :; then torchrun --nproc-per-node=2 {s}; fi &)", "the command runs the launch with &, in the background"),
+    ("(time torchrun --nproc-per-node=2 {s} &)", "the command runs the launch with &, in the background"),
+    ("(eval 'torchrun --nproc-per-node=2 {s}' &)", "the command runs the launch with &, in the background"),
+    ("(exec torchrun --nproc-per-node=2 {s} &)", "the command runs the launch with &, in the background"),
+    ("g() {{ torchrun --nproc-per-node=2 {s}; }}; (g &)", "the command runs the launch with &, in the background"),
+    ("(timeout 10 torchrun --nproc-per-node=2 {s} &)", "the command runs the launch with &, in the background"),
+    ("( (timeout 10 srun torchrun --nproc-per-node=2 {s}) & )", "the command runs the launch with &, in the"),
     ("srun --nodelist='n[a-b]' torchrun --nproc-per-node=2 {s}", "srun would stop at once: n[a-b] is no list of"),
     ("srun --nodelist='n[0-999999999]' torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
     ("env -i torchrun --nproc-per-node=2 {s}", "(env: -i: the check's env takes NAME=value and -u NAME alone)"),
@@ -504,6 +517,20 @@ def test_wrong_launch_lines_are_named(tmp_path, command, message):
     with pytest.raises(NotYet, match=re.escape(message)) as caught:
         read_launch_line(command.format(s=script), script, 2, LAB_EXERCISE)
     assert "\n" not in str(caught.value) and " Fix: " in str(caught.value)
+
+
+@pytest.mark.slow  # the chain runs until the check's limit, twice
+def test_nothing_the_line_started_outlives_the_check(tmp_path):
+    """A chain of background shells, each starting the next and ending before a look at the processes lists it, is
+    stopped with the line's bash: nothing of the line runs on after the check."""
+    script = tmp_path / "my_train_ddp.py"
+    chain = (f"w() {{ ((n++ < 2000)) && {{ read -t 0.05 x < /dev/zero; w & }} }}; (w &); "  # 50 ms a link
+             f"torchrun --nproc-per-node=2 {script}")
+    with pytest.raises(NotYet):
+        read_launch_line(chain, script, 2, LAB_EXERCISE)
+    time.sleep(0.5)  # a SIGKILL takes a moment to land
+    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or ())
+                and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_the_line_runs_in_bash_with_stand_ins_alone(tmp_path):

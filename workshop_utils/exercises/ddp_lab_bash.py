@@ -27,8 +27,11 @@ LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD
                     "LD_PROFILE_OUTPUT", "GCONV_PATH")
 # The folders and the exit code are written into the text, not read from the environment, which the line sets
 # (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
-# with SIGINT ignored (POSIX, no job control; the check starts bash with it at its default), wherever it runs, in a
-# subshell too; bash's own $! (the last command run with &: the launch, or the subshell it runs in) tells the rest.
+# with SIGINT ignored (POSIX, no job control; the check starts bash with it at its default), and with /dev/null as its
+# input. bash keeps SIGINT ignored for a program it runs with & itself, not for one inside a list, a group, a
+# function or eval run with &, while every such command gets /dev/null: that tells, where the line names no null of
+# its own (the check gives bash a file); bash's own $! (the last command run with &: the launch, or the subshell it
+# runs in) tells the rest.
 # The kernel's own programs by their paths are their stand-ins there too. No /proc.
 STAND_IN = r"""#!@BASH@ -p
 tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
@@ -77,6 +80,7 @@ module|ml|conda|mamba|micromamba) exit 0 ;;  # what they are asked to do is read
 esac
 how=
 [[ $(trap -p INT) ]] && how=background
+(( @NULL_MEANS_AND@ )) && [[ /dev/stdin -ef /dev/null ]] && how=background  # what bash gives a command run with &
 [[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
 [[ -e /dev/fd/1 && -e /dev/fd/2 ]] || how+=" closed"  # bash checks the descriptors themselves
 printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
@@ -176,7 +180,7 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
                     "@TOOLS@", shlex.quote(str(tools))).replace("@RECORD@", shlex.quote(str(record))).replace(
                     "@SYSTEM_PATH@", shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin")).replace(
                     "@KERNEL_BIN@", shlex.quote(str(KERNEL_BIN))).replace(
-                    "@LOADER@", "|".join(LOADER_VARIABLES)))
+                    "@LOADER@", "|".join(LOADER_VARIABLES)).replace("@NULL_MEANS_AND@", str(int("null" not in line))))
                 (tools / name).chmod(0o755)
             base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
             trace = os.open(record / "trace", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -252,12 +256,17 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
         ended = shell.wait(timeout=LINE_TIMEOUT_S) is not None
     except subprocess.TimeoutExpired:
         ended = False
-    outlived = False
+    outlived, seen = False, []
+
+    def the_lines_own():
+        seen.extend(found := [p for p in psutil.process_iter() if _session(p.pid) == shell.pid and _alive(p)])
+        return found
+
     for _ in range(10):  # a process forking as it is killed: until none is left
-        left = [p for p in psutil.process_iter() if _session(p.pid) == shell.pid and _alive(p)]
+        left = the_lines_own()
         while ended and left and time.monotonic() < deadline and all(_ends_by_itself(p, tools) for p in left):
             time.sleep(0.01)
-            left = [p for p in psutil.process_iter() if _session(p.pid) == shell.pid and _alive(p)]
+            left = the_lines_own()
         left = [p.pid for p in left if _alive(p)]
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -266,6 +275,9 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
             break
         outlived = True
         time.sleep(0.05)  # a SIGKILL takes a moment to land
+    if seen:  # a chain of processes, each forking the next and ending before a look lists it: bash's group at once
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(shell.pid, signal.SIGKILL)
     shell.wait()
     return ended, ended and outlived
 
