@@ -439,6 +439,13 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("g() {{ torchrun --nproc-per-node=2 {s}; }}; (g &)", "the command runs the launch with &, in the background"),
     ("(timeout 10 torchrun --nproc-per-node=2 {s} &)", "the command runs the launch with &, in the background"),
     ("( (timeout 10 srun torchrun --nproc-per-node=2 {s}) & )", "the command runs the launch with &, in the"),
+    # a second fool-it review: whatever input the launch then gets, the shell bash forks for a list, a group or a
+    # subshell run with & ignores SIGINT
+    ("(cd / && torchrun --nproc-per-node=2 {s} < /dev/null &)", "the command runs the launch with &, in the"),
+    ("(cd / && nohup torchrun --nproc-per-node=2 {s} < /dev/null &)", "the command runs the launch with &, in the"),
+    ("(cd / && torchrun --nproc-per-node=2 {s} &) < /dev/null", "the command runs the launch with &, in the"),
+    ("(cd / && torchrun --nproc-per-node=2 {s} &) # not /dev/null", "the command runs the launch with &, in the"),
+    ("( {{ torchrun --nproc-per-node=2 {s}; }} <&0 & )", "the command runs the launch with &, in the background"),
     ("srun --nodelist='n[a-b]' torchrun --nproc-per-node=2 {s}", "srun would stop at once: n[a-b] is no list of"),
     ("srun --nodelist='n[0-999999999]' torchrun --nproc-per-node=2 {s}", "srun would start 2 tasks"),
     ("env -i torchrun --nproc-per-node=2 {s}", "(env: -i: the check's env takes NAME=value and -u NAME alone)"),

@@ -31,8 +31,9 @@ LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD
 # input. bash keeps SIGINT ignored for a program it runs with & itself, not for one inside a list, a group, a
 # function or eval run with &, while every such command gets /dev/null: that tells, where the line names no null of
 # its own (the check gives bash a file); bash's own $! (the last command run with &: the launch, or the subshell it
-# runs in) tells the rest.
-# The kernel's own programs by their paths are their stand-ins there too. No /proc.
+# runs in) tells the rest. Where /proc is, a shell above the stand-in with SIGINT ignored tells too: bash forks one for
+# a list, a group or a subshell run with &, whatever input the line then gives the launch.
+# The kernel's own programs by their paths are their stand-ins there too.
 STAND_IN = r"""#!@BASH@ -p
 tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
 case ${0##*/} in
@@ -81,6 +82,14 @@ esac
 how=
 [[ $(trap -p INT) ]] && how=background
 (( @NULL_MEANS_AND@ )) && [[ /dev/stdin -ef /dev/null ]] && how=background  # what bash gives a command run with &
+up=$PPID  # a list, a group or a subshell run with &: bash ignores SIGINT in the shell it forks for it
+while [[ $how != background* && -r /proc/$up/stat ]]; do  # up to the line's bash, the first of its session
+    read -r stat < "/proc/$up/stat"; read -r _ parent _ session _ <<< "${stat##*) }"
+    (( up == session || up <= 1 )) && break
+    while read -r key value; do [[ $key == SigIgn: ]] && break; done < "/proc/$up/status"
+    (( 0x${value:-0} & 2 )) && how=background
+    up=$parent
+done
 [[ -p /dev/stdin || -p /dev/stdout ]] && how+=" pipe"
 [[ -e /dev/fd/1 && -e /dev/fd/2 ]] || how+=" closed"  # bash checks the descriptors themselves
 printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
