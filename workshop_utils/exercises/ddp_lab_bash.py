@@ -265,10 +265,12 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
         ended = shell.wait(timeout=LINE_TIMEOUT_S) is not None
     except subprocess.TimeoutExpired:
         ended = False
-    outlived, seen = False, []
+    outlived = seen = False
 
     def the_lines_own():
-        seen.extend(found := [p for p in psutil.process_iter() if _session(p.pid) == shell.pid and _alive(p)])
+        nonlocal seen
+        found = [p for p in psutil.process_iter() if _session(p.pid) == shell.pid and _alive(p)]
+        seen = seen or bool(found)
         return found
 
     for _ in range(10):  # a process forking as it is killed: until none is left
