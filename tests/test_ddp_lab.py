@@ -164,6 +164,9 @@ def test_a_command_that_is_no_launch_line_is_named_before_any_launch(tmp_path, c
     ("torchrun --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 --nproc-per-node=2 {s}", []),
     # input from /dev/null, and output onto stderr, start the launch in the foreground: no & and no pipe
     ("torchrun --nproc-per-node=2 {s} < /dev/null", []),
+    # input from the check's output, which is no /dev/null: no & (a fool-it review)
+    ("torchrun --nproc-per-node=2 {s} <&1", []),
+    ("torchrun --nproc-per-node=2 {s} < /dev/stdout", []),
     ("torchrun --nproc-per-node=2 {s} 1>&2", []),
     ("torchrun --nproc-per-node=2 {s} 2>&1", []),
     # what a terminal takes around a launch: a module loaded first, a time limit, srun running one task
@@ -441,6 +444,9 @@ def test_a_process_count_by_device_is_what_torchrun_makes_of_it_on_this_machine(
     ("( (timeout 10 srun torchrun --nproc-per-node=2 {s}) & )", "the command runs the launch with &, in the"),
     # a second fool-it review: whatever input the launch then gets, the shell bash forks for a list, a group or a
     # subshell run with & ignores SIGINT
+    # a room's lines: errors sent to the output before it goes to a file, which bash refuses there
+    ("torchrun --nproc-per-node 2 {s} 2>&1 > out.txt", "the command redirects output (out.txt)"),
+    ("torchrun --nproc-per-node=2 {s} 2>&1 >> train.log", "the command redirects output (train.log)"),
     ("(cd / && torchrun --nproc-per-node=2 {s} < /dev/null &)", "the command runs the launch with &, in the"),
     ("(cd / && nohup torchrun --nproc-per-node=2 {s} < /dev/null &)", "the command runs the launch with &, in the"),
     ("(cd / && torchrun --nproc-per-node=2 {s} &) < /dev/null", "the command runs the launch with &, in the"),

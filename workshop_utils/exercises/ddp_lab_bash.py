@@ -193,16 +193,20 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
                 (tools / name).chmod(0o755)
             base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
             trace = os.open(record / "trace", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with open(record / "said", "a") as errors, open(stdin) as nothing:  # ulimit -f keeps the files small
+            with open(record / "said", "a") as errors, open(record / "out", "a") as out, open(stdin) as nothing:
                 ran, outlived = _ran_to_the_end([bash, "--norc", "--noprofile", "-r", "-c", PRELUDE.replace(
-                    "@TRACE@", str(trace)) + line], base, Path(base["LAB_CD"]), nothing, errors, trace, str(tools))
+                    "@TRACE@", str(trace)) + line], base, Path(base["LAB_CD"]), nothing, out, errors, trace,
+                    str(tools))  # ulimit -f keeps the files small
             os.close(trace)
             if not ran:
                 return BashRun([], [], "", f"{TIMED_OUT} {LINE_TIMEOUT_S} s", [], [], False)
             trace_text = (record / "trace").read_text(errors="replace")
             order = re.findall(r"^# launched (\d+)$", trace_text, re.M)  # as the stand-ins started
-            stderr = (record / "said").read_text(errors="replace").replace(folder, "…")
-            if max((record / name).stat().st_size for name in ("said", "trace")) >= OUTPUT_LIMIT:
+            # bash's own complaints where the line sent its errors to its output (2>&1 > log): bash names itself
+            stderr = (record / "said").read_text(errors="replace").replace(folder, "…") + "".join(
+                said + "\n" for said in (record / "out").read_text(errors="replace").replace(folder, "…").splitlines()
+                if said.startswith(f"{bash}: "))  # bash names itself as started: by its path
+            if max((record / name).stat().st_size for name in ("said", "out", "trace")) >= OUTPUT_LIMIT:
                 full = f"it ran on until its trace filled the check's {OUTPUT_LIMIT >> 20} MiB: a loop?"
             before, _, traced = re.sub(r"^# launched \d+$", "# launched", trace_text, flags=re.M).partition(
                 "# launched\n")
@@ -243,7 +247,7 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
                    commands, cut, closed, tuple(dict.fromkeys(strays)), frozenset(functions))
 
 
-def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, trace: int,
+def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stdout, stderr, trace: int,
                     tools: str) -> tuple[bool, bool]:
     """Whether ``command``, run in a session of its own, ended within LINE_TIMEOUT_S, and whether something it
     started outlived it (a loop left in the background, a job in a process group of its own): that is ended then,
@@ -257,7 +261,7 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stderr, tra
 
     # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
     # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
-    shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
+    shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
                              pass_fds=(trace,), start_new_session=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + LINE_TIMEOUT_S
