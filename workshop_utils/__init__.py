@@ -49,7 +49,6 @@ _MODULES = {
         "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus", "check_fsdp_traffic",
         "check_loader_choice", "check_lost_fraction", "check_matmul_tflops", "check_mfu", "check_microbatches",
         "check_next_fix", "check_safe_loss_scale", "check_flops_per_token", "check_micro_batch_plan",
-        "activation_bytes_per_sequence", "largest_micro_batch",
     ),
     "parallel.collectives": (
         "COLLECTIVES", "collective_table", "collectives_frame", "fit_all_reduce", "plot_collective_times",
@@ -87,7 +86,8 @@ _MODULES = {
         "achieved_tflops", "mfu", "training_flops_per_sample", "training_flops_per_sequence",
     ),
     "spine.gpt": (
-        "GPT", "GPT_SIZES", "GPTSize", "build_gpt", "flops_per_token_closed_form",
+        "GPT", "GPT_SIZES", "GPTSize", "activation_bytes_per_sequence", "build_gpt", "flops_per_token_closed_form",
+        "largest_micro_batch",
     ),
     "system.hardware": (
         "PEAK_TFLOPS", "PRECISIONS", "check_precision", "cpu_16bit_support", "environment", "environment_table", "peak_tflops",

@@ -4,43 +4,18 @@ judged by what it does (``smallest``), a time against the ring model's."""
 from __future__ import annotations
 
 import math
-import numbers
 
 from ..parallel.comm_model import Link, ring_all_reduce_s
 from ..parallel.pipeline import bubble_fraction
-from ..parallel.sharding import BYTES_PER_PARAMETER, ZERO_STAGES
+from ..parallel.sharding import fewest_gpus, zero_kept_and_sharded_gib
 from .answer_values import scalar, show
 from .exercise_cells import passed, require, require_answered
 from .exercise_inputs import inputs_kept
-from .exercise_judging import checked, count, kit_input, kit_number, number, smallest, verdict
+from .exercise_judging import checked, count, kit_number, number, smallest, verdict
 
 # An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
 # what the exercise's budget leaves part of.
 H100_GIB = 79.2
-
-
-def _kept_and_split(parameters: float, stage: int, precision: str, gib: float = 2**30) -> tuple[float, float]:
-    """GiB of parameters, gradients and Adam state a ZeRO stage keeps whole on every GPU, and GiB it shards."""
-    kit_input(isinstance(stage, numbers.Integral) and 0 <= stage < len(ZERO_STAGES),
-              f"stage {stage!r} is no ZeRO stage.", "pass 0 (DDP), 1, 2 or 3.")
-    kit_input(precision in BYTES_PER_PARAMETER, f"unknown precision {precision!r}.",
-              f"use one of {sorted(BYTES_PER_PARAMETER)}.")
-    pairs = list(zip(BYTES_PER_PARAMETER[precision], list(ZERO_STAGES.values())[stage]))
-    return (sum(b for b, s in pairs if not s) * parameters / gib, sum(b for b, s in pairs if s) * parameters / gib)
-
-
-def fewest_gpus(parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
-                gib: float = 2**30) -> float:
-    """The smallest world size whose share fits ``budget_gib``, ``math.inf`` when none does; ``gib=1e9`` counts GB."""
-    kept, split = _kept_and_split(parameters, stage, precision, gib)
-    if kept > budget_gib or (kept == budget_gib and split):
-        return math.inf
-    gpus = max(1, math.ceil(split / (budget_gib - kept))) if split else 1
-    while gpus > 1 and kept + split / (gpus - 1) <= budget_gib:  # the ceil of a rounded quotient may be one off
-        gpus -= 1
-    while kept + split / gpus > budget_gib:
-        gpus += 1
-    return gpus
 
 
 def _is_infinite(value) -> bool:
@@ -54,7 +29,7 @@ def _is_infinite(value) -> bool:
 def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
                       exercise: str = "Exercise 5.1") -> bool:
     inputs_kept(exercise, "check_fewest_gpus")
-    name, (kept, split) = f"zero{stage}_gpus", _kept_and_split(parameters, stage, precision)
+    name, (kept, split) = f"zero{stage}_gpus", zero_kept_and_sharded_gib(parameters, stage, precision)
     if fewest_gpus(parameters, budget_gib, stage, precision) == math.inf:
         require_answered(gpus, exercise, f"`{name}` is still the placeholder `...`.")
         require(_is_infinite(gpus), exercise, f"no number of GPUs holds it under stage {stage}.",

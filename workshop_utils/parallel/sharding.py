@@ -14,6 +14,9 @@ torchrun job, by counting the bytes each rank actually holds under DDP and under
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -51,6 +54,31 @@ def zero_memory_table(parameters: int, world_size: int, precision: str = "fp32")
         rows.append({"strategy": stage, "parameters_gib": per_gpu[0], "gradients_gib": per_gpu[1],
                      "optimizer_gib": per_gpu[2], "total_gib": sum(per_gpu)})
     return pd.DataFrame(rows)
+
+
+def zero_kept_and_sharded_gib(parameters: float, stage: int, precision: str,
+                              gib: float = 2**30) -> tuple[float, float]:
+    """GiB of parameters, gradients and Adam state a ZeRO stage keeps whole on every GPU, and GiB it shards."""
+    if not (isinstance(stage, numbers.Integral) and 0 <= stage < len(ZERO_STAGES)):
+        raise WorkshopError(f"stage {stage!r} is no ZeRO stage.", "pass 0 (DDP), 1, 2 or 3.")
+    if precision not in BYTES_PER_PARAMETER:
+        raise WorkshopError(f"unknown precision {precision!r}.", f"use one of {sorted(BYTES_PER_PARAMETER)}.")
+    pairs = list(zip(BYTES_PER_PARAMETER[precision], list(ZERO_STAGES.values())[stage]))
+    return (sum(b for b, s in pairs if not s) * parameters / gib, sum(b for b, s in pairs if s) * parameters / gib)
+
+
+def fewest_gpus(parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
+                gib: float = 2**30) -> float:
+    """The smallest world size whose share fits ``budget_gib``, ``math.inf`` when none does; ``gib=1e9`` counts GB."""
+    kept, split = zero_kept_and_sharded_gib(parameters, stage, precision, gib)
+    if kept > budget_gib or (kept == budget_gib and split):
+        return math.inf
+    gpus = max(1, math.ceil(split / (budget_gib - kept))) if split else 1
+    while gpus > 1 and kept + split / (gpus - 1) <= budget_gib:  # the ceil of a rounded quotient may be one off
+        gpus -= 1
+    while kept + split / gpus > budget_gib:
+        gpus += 1
+    return gpus
 
 
 def local_bytes(tensors) -> int:

@@ -206,3 +206,21 @@ def flops_per_token_closed_form(size: GPTSize, sequence_length: int, parameters:
     is the caller's statement of what N counts.
     """
     return 6 * parameters + 12 * size.layers * size.width * sequence_length
+
+
+def activation_bytes_per_sequence(size: GPTSize, sequence_length: int, stored_attention: bool = False,
+                                  logits: bool = True) -> float:
+    """Activations one sequence keeps for the backward pass in 16-bit training. Korthikanti et al. (2022), section
+    4: s·h·(34 + 5·a·s/h) bytes a layer, the 5·a·s/h the attention matrix a fused kernel never stores; the loss's
+    bf16 logits and fp32 log-softmax (2 + 4 bytes a token and vocabulary entry) come on top unless ``logits=False``.
+    """
+    per_layer = sequence_length * size.width * 34 + (5 * size.heads * sequence_length ** 2 if stored_attention else 0)
+    return float(size.layers * per_layer + (sequence_length * size.vocab * (2 + 4) if logits else 0))
+
+
+def largest_micro_batch(size: GPTSize, sequence_length: int, free_bytes: float, tokens_per_rank: int) -> int:
+    """The largest power of two of sequences that fits ``free_bytes`` and divides a rank's share of the batch."""
+    per_sequence, micro = activation_bytes_per_sequence(size, sequence_length), 1
+    while micro * 2 * per_sequence <= free_bytes and (tokens_per_rank // sequence_length) % (micro * 2) == 0:
+        micro *= 2
+    return micro
