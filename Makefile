@@ -202,7 +202,7 @@ gpu-variants: $(STAMP)
 # written to notebooks/attendee/ (git ignores it). The committed notebooks keep the solutions.
 .PHONY: attendee
 attendee: $(STAMP)
-	$(PY) -c 'from workshop_utils.exercises.exercise_cells import write_attendee_notebooks as w; w("notebooks", "notebooks/attendee")'
+	$(PY) -c 'from workshop_utils.handout import write_attendee_notebooks as w; w("notebooks", "notebooks/attendee")'
 
 # ---------------------------------------------------------------- a class on the portal
 # N attendees at once on a real JupyterHub (the portal recipe), each server in a cgroup with a CPU quota and a

@@ -59,7 +59,7 @@ def start(cell_limit_s: float, timeout_s: float) -> AttendeeRun:
     global _started
     if _started is not None:
         return _started
-    from workshop_utils.exercises.exercise_cells import write_attendee_notebooks
+    from workshop_utils.handout import write_attendee_notebooks
 
     folder = Path(tempfile.mkdtemp(prefix="attendee-"))
     copies = folder / "notebooks"

@@ -302,9 +302,8 @@ def test_a_handout_folder_given_empty_or_as_an_unknown_users_home_is_one_line(ca
 @pytest.mark.slow
 def test_what_a_full_disk_cut_short_is_never_kept_as_an_attendees_work(tmp_path, monkeypatch, capsys):
     from workshop_utils import handout
-    from workshop_utils.exercises import exercise_cells
 
-    real, calls = exercise_cells.attendee_notebook, []
+    real, calls = handout.attendee_notebook, []
 
     def disk_fills_up(source, out):
         calls.append(source)
@@ -313,12 +312,12 @@ def test_what_a_full_disk_cut_short_is_never_kept_as_an_attendees_work(tmp_path,
             raise OSError(28, "No space left on device", str(out))
         return real(source, out)
 
-    monkeypatch.setattr(exercise_cells, "attendee_notebook", disk_fills_up)
+    monkeypatch.setattr(handout, "attendee_notebook", disk_fills_up)
     folder = tmp_path / "workshop"
     with pytest.raises(WorkshopError, match="No space left on device"):
         handout.hand_out(folder)
     assert len(list(folder.glob("*.ipynb"))) == 2 and not list(folder.glob(".*"))  # whole ones only
-    monkeypatch.setattr(exercise_cells, "attendee_notebook", real)
+    monkeypatch.setattr(handout, "attendee_notebook", real)
     (folder / "04_profiling_optimization.ipynb").write_text("")  # a file that is no notebook
     (folder / "05_beyond_data_parallel.ipynb").mkdir()  # nor is a folder
     handout.hand_out(folder)

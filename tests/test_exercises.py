@@ -24,7 +24,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 import workshop_utils as wu
 from workshop_utils.exercises import exercise_checks
 from workshop_utils.exercises.exercise_cells import (BEGIN_SOLUTION, END_SOLUTION, PLACEHOLDER, YOUR_CODE_HERE, NotYet,
-                                                     attendee_notebook, attendee_source, write_attendee_notebooks)
+                                                     attendee_source)
+from workshop_utils.handout import attendee_notebook, write_attendee_notebooks
 from workshop_utils.system.errors import WorkshopError
 
 ROOT = Path(__file__).resolve().parent.parent

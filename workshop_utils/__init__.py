@@ -40,7 +40,10 @@ _MODULES = {
         "lab_device", "lab_folder", "run_single", "solve_ddp_lab", "start_ddp_lab",
     ),
     "exercises.exercise_cells": (
-        "NotYet", "Unsolved", "attendee_notebook", "solved", "write_attendee_notebooks",
+        "NotYet", "Unsolved", "solved",
+    ),
+    "handout": (
+        "attendee_notebook", "write_attendee_notebooks",
     ),
     "exercises.exercise_inputs": (
         "watch_exercise_inputs",

@@ -24,9 +24,13 @@ from datetime import datetime
 from pathlib import Path
 
 from .system.errors import OneLineParser, WorkshopError, exit_on_workshop_error
+from .exercises.exercise_cells import BEGIN_SOLUTION, attendee_source
 from .system.results import check_output_path, path_for_message, repo_root
 
 DEFAULT, SOLUTIONS_DEFAULT = "~/workshop", "~/workshop-solutions"
+EXERCISE_TAG = "exercise"
+CHECK_TAG = "check"
+NBVAL_CHECKED_TAG = "nbval-check-output"  # nbval compares the cell's output with tests/nbval/<notebook>.json
 
 
 def _path(text, what: str) -> Path:
@@ -66,10 +70,50 @@ def _write_atomically(path: Path, write) -> None:
         raise
 
 
+def attendee_notebook(source_path, out_path) -> int:
+    """Write the attendee's copy of one notebook, outputs cleared; return its number of exercises. The tag
+    ``exercise`` and a solution block go together: no solution reaches an attendee untagged."""
+    import nbformat
+
+    source_path, out_path = Path(source_path), Path(out_path)
+    if source_path.resolve() == out_path.resolve():
+        raise WorkshopError(f"Would overwrite the source notebook {source_path}.", "write the copy to another folder.")
+    notebook, exercises = nbformat.read(source_path, as_version=4), 0
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        where = f"{source_path.name}, cell {index} (id {cell.get('id', '?')})"
+        attendee = attendee_source(cell.source, where)  # a malformed block stops here, naming its line
+        tags = list(cell.get("metadata", {}).get("tags", []))
+        tagged, blocked = EXERCISE_TAG in tags, any(line.strip() == BEGIN_SOLUTION for line in cell.source.splitlines())
+        if tagged != blocked:
+            raise WorkshopError(f"{where}: " + ("tagged 'exercise' but holds no solution block." if tagged else
+                                                "holds a solution block but is not tagged 'exercise'."),
+                                "an exercise cell holds its solution between the markers and carries the tag "
+                                "'exercise'.")
+        if CHECK_TAG in tags:  # the solved check's expected output is its ✓ line, the copy's "not yet solved"
+            cell.metadata["tags"] = [tag for tag in tags if tag != NBVAL_CHECKED_TAG]
+        cell.source, cell.outputs, cell.execution_count = attendee, [], None
+        cell.metadata.pop("execution", None)  # papermill's timings of the solved run
+        exercises += tagged
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, out_path)
+    return exercises
+
+
+def write_attendee_notebooks(folder_in="notebooks", folder_out="notebooks/attendee") -> list[Path]:
+    sources = sorted(Path(folder_in).glob("*.ipynb"))
+    if not sources:
+        raise WorkshopError(f"No notebook in {folder_in}.", "pass the folder that holds the committed notebooks.")
+    written = [Path(folder_out) / source.name for source in sources]
+    for source, target in zip(sources, written):
+        count = attendee_notebook(source, target)
+        print(f"{target}: {count} exercise{'s' * (count != 1)}")
+    return written
+
+
 def hand_out(folder=None, solutions: bool = False, source=None, quiet: bool = False) -> list[Path]:
     """Write the notebooks (attendee copies, or the solved ones) into ``folder``; return what was written."""
-    from .exercises.exercise_cells import attendee_notebook  # nbformat only: the handout loads no PyTorch
-
     target = check_output_path(_path(folder if folder is not None else SOLUTIONS_DEFAULT if solutions else DEFAULT,
                                      "The handout folder"), folder=True, what="handout folder")
     notebooks = _notebooks(source)

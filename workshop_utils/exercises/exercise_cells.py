@@ -1,5 +1,5 @@
 """The exercise cells: the committed notebooks hold each solution between nbgrader-style markers (CI proves every
-exercise solvable); the attendees' copies (``make attendee``) hold the block's placeholders (``x = ...``). A check
+exercise solvable); the attendees' copies (``handout``) hold the block's placeholders (``x = ...``). A check
 reads ``...`` as "not yet solved" (one line, False: the copy runs top to bottom) and raises ``NotYet`` on a wrong
 answer, so that a headless run of the solved notebooks fails."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import functools
 import sys
-from pathlib import Path
 
 from ..system.display import show_verdict
 from ..system.errors import WorkshopError
@@ -17,9 +16,6 @@ BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
 PLACEHOLDER = "### PLACEHOLDER "
 YOUR_CODE_HERE = "# YOUR CODE HERE"
-EXERCISE_TAG = "exercise"
-CHECK_TAG = "check"
-NBVAL_CHECKED_TAG = "nbval-check-output"  # nbval compares the cell's output with tests/nbval/<notebook>.json
 ANSWER_HERE = "replace the `...` in the exercise cell with your code, run that cell, then this one."
 BLOCK_FIX = (f"a block is a line '{BEGIN_SOLUTION}', the solution and its '{PLACEHOLDER}<code>' lines, then "
              f"'{END_SOLUTION}'; blocks do not nest.")
@@ -136,45 +132,3 @@ def attendee_source(source: str, where: str = "cell") -> str:
     if opened is not None:
         raise WorkshopError(f"{where}, line {opened}: '{BEGIN_SOLUTION}' has no '{END_SOLUTION}'.", BLOCK_FIX)
     return "\n".join(out)
-
-
-def attendee_notebook(source_path, out_path) -> int:
-    """Write the attendee's copy of one notebook, outputs cleared; return its number of exercises. The tag
-    ``exercise`` and a solution block go together: no solution reaches an attendee untagged."""
-    import nbformat
-
-    source_path, out_path = Path(source_path), Path(out_path)
-    if source_path.resolve() == out_path.resolve():
-        raise WorkshopError(f"Would overwrite the source notebook {source_path}.", "write the copy to another folder.")
-    notebook, exercises = nbformat.read(source_path, as_version=4), 0
-    for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code":
-            continue
-        where = f"{source_path.name}, cell {index} (id {cell.get('id', '?')})"
-        attendee = attendee_source(cell.source, where)  # a malformed block stops here, naming its line
-        tags = list(cell.get("metadata", {}).get("tags", []))
-        tagged, blocked = EXERCISE_TAG in tags, any(line.strip() == BEGIN_SOLUTION for line in cell.source.splitlines())
-        if tagged != blocked:
-            raise WorkshopError(f"{where}: " + ("tagged 'exercise' but holds no solution block." if tagged else
-                                                "holds a solution block but is not tagged 'exercise'."),
-                                "an exercise cell holds its solution between the markers and carries the tag "
-                                "'exercise'.")
-        if CHECK_TAG in tags:  # the solved check's expected output is its ✓ line, the copy's "not yet solved"
-            cell.metadata["tags"] = [tag for tag in tags if tag != NBVAL_CHECKED_TAG]
-        cell.source, cell.outputs, cell.execution_count = attendee, [], None
-        cell.metadata.pop("execution", None)  # papermill's timings of the solved run
-        exercises += tagged
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(notebook, out_path)
-    return exercises
-
-
-def write_attendee_notebooks(folder_in="notebooks", folder_out="notebooks/attendee") -> list[Path]:
-    sources = sorted(Path(folder_in).glob("*.ipynb"))
-    if not sources:
-        raise WorkshopError(f"No notebook in {folder_in}.", "pass the folder that holds the committed notebooks.")
-    written = [Path(folder_out) / source.name for source in sources]
-    for source, target in zip(sources, written):
-        count = attendee_notebook(source, target)
-        print(f"{target}: {count} exercise{'s' * (count != 1)}")
-    return written
