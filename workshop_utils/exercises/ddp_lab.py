@@ -4,9 +4,11 @@ PyTorch. The code that branches on CUDA stays here: the GPU check's list of path
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import os
+import runpy
 import shlex
 import shutil
 import signal
@@ -16,6 +18,7 @@ import time
 import traceback
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 from ..parallel.failures import LOST_PEER, record_failure, record_failures
 from ..parallel.launch import cpu_threads_per_process, free_port, job_env, stream
@@ -97,8 +100,6 @@ class Tee:
 
 def _probe(folder: Path, script: str, args: list[str]) -> None:
     """Run ``script`` as ``__main__`` while recording what it does to PyTorch; write the record at the end."""
-    import runpy
-
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -107,11 +108,10 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
     rank = int(os.environ.get("RANK") or 0)
     sys.stdout = Tee(sys.stdout, folder / f"rank{rank}.stdout")
     sys.stderr = Tee(sys.stderr, folder / f"rank{rank}.stderr")
-    record = {"rank": rank, "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
-                                                                   "LOCAL_WORLD_SIZE", "GROUP_RANK")},
-              "epochs": [], "ddp": 0, "samplers": [], "backend": None, "saves": [], "first_draw": None, "end": None,
-              "torn_down": None, "error": None, "progress": {"what": "starting (before its first batch)",
-                                                             "time": time.time()}}
+    env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
+    record = {"rank": rank, "env": env, "epochs": [], "ddp": 0, "samplers": [], "backend": None, "saves": [],
+              "first_draw": None, "end": None, "torn_down": None, "error": None,
+              "progress": {"what": "starting (before its first batch)", "time": time.time()}}
     optimizers, ddp_modules = [], []
     save = torch.save
     sampler_arguments = inspect.signature(DistributedSampler.__init__)
@@ -306,8 +306,6 @@ def check_ddp_lab(script, workdir, nproc: int = 2, command=LAUNCH_HERE, timeout_
 def _gradients(spec_file: str) -> None:
     """One rank's side of ``judge_average_gradients``: each function against DDP, on the launch's world, then on
     node 0's ranks alone; each collective is logged before it starts, so that a hang still shows who called what."""
-    import copy
-
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -373,9 +371,9 @@ def _gradients(spec_file: str) -> None:
             try:
                 namespace = {"torch": torch, "dist": dist, "nn": nn, "__name__": "attendee"}
                 exec(compile(Path(source_file).read_text(), source_file, "exec"), namespace)  # noqa: S102 - theirs
-                for op, original in originals.items():
-                    setattr(dist, op, watched(op, original, started, folder / f"rank{rank}.calls", unwaited))
-                namespace[name](trial)
+                with mock.patch.multiple(dist, **{op: watched(op, original, started, folder / f"rank{rank}.calls",
+                                                              unwaited) for op, original in originals.items()}):
+                    namespace[name](trial)
             except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): line, error
                 theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]
                 error = {"error": f"{type(err).__name__}: {short(err, 160)}" if str(err) else type(err).__name__,
@@ -383,8 +381,6 @@ def _gradients(spec_file: str) -> None:
                          "code": (theirs[-1].line or "").strip() if theirs else None}
             finally:
                 returned.set()
-                for op, original in originals.items():
-                    setattr(dist, op, original)
             mine = [p.grad for p in trial.parameters()]
             write_json({"calls": started}, folder / f"rank{rank}.done")  # before the error: peers see it done
             if error:
@@ -466,13 +462,13 @@ def check_average_gradients(average_gradients, workdir, timeout_s: float = 600,
 def main(argv=None) -> None:
     """What a rank (``--probe``, ``--gradients``) or a node (``--agent``: torchrun) of a check runs."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] != ["--agent"]:  # a rank forked from its agent ends on torchrun's SIGTERM as a fresh Python does
-        for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     if argv[:1] == ["--agent"]:
-        torchrun_agent(argv[1:])
-    elif len(argv) >= 3 and argv[0] == "--probe":
+        return torchrun_agent(argv[1:])
+    # a rank forked from its agent ends on torchrun's SIGTERM as a fresh Python does
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if len(argv) >= 3 and argv[0] == "--probe":
         _probe(Path(argv[1]), argv[2], argv[3:])
     elif len(argv) == 2 and argv[0] == "--gradients":
         _gradients(argv[1])

@@ -9,11 +9,15 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import NamedTuple
+
+import psutil
 
 # All bash finds on PATH: srun and env run the stand-in named (VAR=value set; srun's own options recorded); nohup,
 # nice, stdbuf and timeout are coreutils' own, kept to the stand-ins; torchrun and python record; module (ml) and
@@ -147,8 +151,6 @@ ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=")  # NAME=, NAME+=, NA
 LINE_TIMEOUT_S = 20  # bash's time to run the line, each of its two runs
 FORK_CPU_S = 0.1  # the CPU seconds past which a bash the line left in the background is a loop, not a fork
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_", "BASH_XTRACEFD", "SHELLOPTS", "BASHOPTS")
-
-
 TIMED_OUT = "did not end within"
 
 
@@ -254,11 +256,6 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stdout, std
     so nothing outlives the check. A stand-in (from ``tools``) left running in the background ends by itself
     within the limit, and so does a bash forked to start one: both are waited for, so that what they record does not
     depend on how fast they were."""
-    import signal
-    import time
-
-    import psutil
-
     # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
     # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
     shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
@@ -273,7 +270,7 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stdout, std
 
     def the_lines_own():
         nonlocal seen
-        found = [p for p in psutil.process_iter() if _session(p.pid) == shell.pid and _alive(p)]
+        found = [p for p in psutil.process_iter() if _alive(p, shell.pid)]
         seen = seen or bool(found)
         return found
 
@@ -301,8 +298,6 @@ def _ends_by_itself(process, tools: str) -> bool:
     """A process the line left behind that ends without being stopped: a stand-in (it records and exits), or a
     bash that has used almost no CPU, which is a fork yet to start its stand-in, or a subshell waiting for one. A loop
     uses CPU: it is stopped. CPU time, not a clock, so that a busy machine gives the same verdict."""
-    import psutil
-
     try:
         if any(tools in word for word in process.cmdline()):
             return True
@@ -312,21 +307,12 @@ def _ends_by_itself(process, tools: str) -> bool:
         return True  # it has ended
 
 
-def _alive(process) -> bool:
-    """Not ended: a zombie is ended, and its parent, or init, reaps it."""
-    import psutil
-
+def _alive(process, session: int | None = None) -> bool:
+    """Not ended (a zombie is ended, and its parent, or init, reaps it), and in ``session`` where one is given."""
     try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        return (session is None or os.getsid(process.pid) == session) and process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ProcessLookupError, PermissionError):
         return False
-
-
-def _session(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None
 
 
 def command_words(traced: str, prefixes: list | None = None) -> list[str]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -132,8 +133,6 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
 
 def torchrun_agent(argv: list[str]) -> None:
     """torchrun itself, its report of a failure kept for ``root_cause`` and said in one line, without its box."""
-    import logging
-
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 

@@ -91,19 +91,17 @@ def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> s
         value = namespace[name]
         if inspect.ismodule(value) and value.__name__ != "__main__":
             lines.append(f"import {value.__name__} as {name}")
-            continue
-        home = _home(value)
-        if home:  # imported from a module (from math import sqrt)
+        elif home := _home(value):  # imported from a module (from math import sqrt)
             lines.append(f"from {home} import {value.__qualname__} as {name}")
-            continue
-        kind = "function" if inspect.isroutine(value) or inspect.isclass(value) else "variable"
-        counted = isinstance(value, int) and not isinstance(value, bool)  # a count, in an average: the world size
-        fix = (f"define `{name}` inside average_gradients (a def inside the def works), or write its code there"
-               if kind == "function" else f"compute `{name}` inside average_gradients"
-               + (" (the world size: dist.get_world_size())" if counted else ""))
-        raise NotYet(f"✗ {exercise}: `average_gradients` {'calls' if kind == 'function' else 'uses'} `{name}`, a "
-                     f"{kind} of your notebook, which the ranks do not have: they run only the function's own "
-                     "source, with torch, dist, nn and the modules it uses.", fix + ".")
+        else:
+            kind = "function" if inspect.isroutine(value) or inspect.isclass(value) else "variable"
+            counted = isinstance(value, int) and not isinstance(value, bool)  # a count, in an average: the world size
+            fix = (f"define `{name}` inside average_gradients (a def inside the def works), or write its code there"
+                   if kind == "function" else f"compute `{name}` inside average_gradients"
+                   + (" (the world size: dist.get_world_size())" if counted else ""))
+            raise NotYet(f"✗ {exercise}: `average_gradients` {'calls' if kind == 'function' else 'uses'} `{name}`, "
+                         f"a {kind} of your notebook, which the ranks do not have: they run only the function's own "
+                         "source, with torch, dist, nn and the modules it uses.", fix + ".")
     return "".join(f"\ntry:\n    {line}\nexcept ImportError:\n    pass\n" for line in lines)
 
 
@@ -135,19 +133,18 @@ def compared(mine, ddp, own) -> dict:
     """The largest gaps of ``mine`` to DDP's and to this rank's ``own``, and ``mine`` as a multiple of DDP's."""
     import torch
 
-    def gap(a, b):
-        if any(t is None or t.shape != s.shape for t, s in zip(a, b)):
-            return math.inf
-        return max(float((s.float() - t.float()).abs().max()) for s, t in zip(a, b))
+    scale = max(float(t.abs().max()) for t in ddp)
+    if any(t is None or t.shape != s.shape for t, s in zip(mine, ddp)):  # ``own`` has DDP's shapes: the same model
+        return {"scale": scale, "to_ddp": math.inf, "to_own": math.inf, "ratio": None, "residual": None}
 
-    ratio = residual = None
-    if all(t is not None and t.shape == s.shape for t, s in zip(mine, ddp)):
-        flat_mine = torch.cat([t.detach().float().flatten() for t in mine])
-        flat_ddp = torch.cat([t.detach().float().flatten() for t in ddp])
-        ratio = float(flat_mine @ flat_ddp / (flat_ddp @ flat_ddp))  # mine = ratio x DDP's, when proportional
-        residual = float((flat_mine - ratio * flat_ddp).norm() / flat_ddp.norm())
-    return {"scale": max(float(t.abs().max()) for t in ddp), "to_ddp": gap(mine, ddp), "to_own": gap(mine, own),
-            "ratio": ratio, "residual": residual}
+    def gap(other) -> float:
+        return max(float((t.float() - s.float()).abs().max()) for t, s in zip(mine, other))
+
+    flat_mine = torch.cat([t.detach().float().flatten() for t in mine])
+    flat_ddp = torch.cat([t.detach().float().flatten() for t in ddp])
+    ratio = float(flat_mine @ flat_ddp / (flat_ddp @ flat_ddp))  # mine = ratio x DDP's, when proportional
+    return {"scale": scale, "to_ddp": gap(ddp), "to_own": gap(own), "ratio": ratio,
+            "residual": float((flat_mine - ratio * flat_ddp).norm() / flat_ddp.norm())}
 
 
 def started_calls(folder: Path, rank: int) -> list[str]:

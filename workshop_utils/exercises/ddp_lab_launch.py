@@ -7,28 +7,31 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import os
 import re
 import shlex
 import shutil
+import socket
 from pathlib import Path
 from typing import NamedTuple
+from unittest import mock
 
-from .ddp_lab_bash import (BY_PATH, LAB_FUNCTIONS, LOADER_VARIABLES, OFF_BUILTINS, STAND_INS, TIMED_OUT, TOOLS,
-                           command_words, names_set_by, run_in_bash)
+import psutil
+
+from .ddp_lab_bash import (ASSIGNS, BY_PATH, LAB_FUNCTIONS, LOADER_VARIABLES, OFF_BUILTINS, STAND_INS, TIMED_OUT,
+                           TOOLS, command_words, names_set_by, run_in_bash)
 from .ddp_lab_files import LAB_EXERCISE
 from .exercise_cells import NotYet
 from .exercise_judging import short
 
 TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")  # what `python -m` may name for torchrun
 SAFE_SET = ("errexit", "nounset", "pipefail", "errtrace", "xtrace")
+# through builtin or command, the shell's own, restricted or not: not the check's cd, source and exec
+THROUGH_BUILTIN = (*ASSIGNS, "set", "echo", "printf", "true", "false", ":", "eval")
 # What a launch line runs beside the launch and the tools: setting up its environment, and the shell's harmless
 # builtins. Anything else is refused, as the trace shows it, whatever the line did with its output.
-LAUNCH_LINE_COMMANDS = ("cd", "pushd", "source", ".", "export", "declare", "typeset", "local", "readonly", "unset",
-                        "set", "echo", "printf", "true", "false", ":", "eval", "exec")
-# through builtin or command, the shell's own, restricted or not: not the check's cd, source and exec
-THROUGH_BUILTIN = ("export", "declare", "typeset", "local", "readonly", "unset", "set", "echo", "printf", "true",
-                   "false", ":", "eval")
+LAUNCH_LINE_COMMANDS = ("cd", "pushd", "source", ".", *THROUGH_BUILTIN, "exec")
 OTHER_LAUNCHERS = ("mpirun", "mpiexec", "deepspeed", "accelerate", "uv", "poetry", "pipenv", "apptainer",
                    "singularity", "horovodrun", "bash", "sh")  # what may start the lab's processes, but not torchrun
 ASSIGNERS = ("export", "declare", "typeset", "local", "readonly")  # with -x, -r, -g or -a alone: no query, no -i or -n
@@ -291,8 +294,6 @@ def _not_run(name: str, names_torchrun: bool, launched: bool, said: str = "") ->
 def _torchrun_reads(args: list[str], env: dict, launch: bool = False) -> argparse.Namespace:
     """``args`` as torchrun's own parser reads them, its PET_ variables from ``env`` (the line's); ``ValueError``
     with torchrun's message where it would stop."""
-    from unittest import mock
-
     from torch.distributed.run import get_args_parser
 
     with mock.patch.dict(os.environ, {k: v for k, v in env.items() if k.startswith("PET_")}):
@@ -311,9 +312,6 @@ def _torchrun_reads(args: list[str], env: dict, launch: bool = False) -> argpars
 
 def _config_refusal(parsed: argparse.Namespace) -> str | None:
     """What torchrun's own reading of its settings refuses, or None (no log folder made, nothing logged)."""
-    import logging
-    from unittest import mock
-
     from torch.distributed.run import config_from_args
 
     logger = logging.getLogger("torch.distributed.run")
@@ -341,10 +339,6 @@ def _rendezvous_host(parsed: argparse.Namespace) -> str:
 
 def _this_machine() -> set[str]:
     """The names and addresses by which this machine reaches itself ("" where torchrun takes localhost)."""
-    import socket
-
-    import psutil
-
     return {"", "localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname(),
             *(a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses)}
 
@@ -381,17 +375,15 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
                 return None, 1
             index += 2
             continue
-        for at, letter in enumerate(word[1:], start=2):
-            if letter not in "bBdEiIOPqRsSuvxmWX":  # -c, -h, -V, -? and unknown letters run no module
-                return None, 1
-            if letter in "mWX":
-                if letter == "m":
-                    return (word[at:], index + 1) if word[at:] else (
-                        tokens[index + 1] if index + 1 < len(tokens) else None, index + 2)
-                index += 1 if word[at:] else 2
-                break
-        else:
-            index += 1
+        # letters that take no value, up to one that does (-m, -W, -X: the word's rest, else the next word); -c, -h,
+        # -V, -? and unknown letters run no module
+        found = re.fullmatch(r"-[bBdEiIOPqRsSuvx]*(?:([mWX])(.*))?", word, re.S)
+        if not found:
+            return None, 1
+        if found[1] == "m":
+            return (found[2], index + 1) if found[2] else (
+                tokens[index + 1] if index + 1 < len(tokens) else None, index + 2)
+        index += 2 if found[1] and not found[2] else 1
     return None, 1
 
 
