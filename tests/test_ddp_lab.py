@@ -1152,6 +1152,25 @@ def test_a_limit_reached_says_where_each_rank_was(tmp_path, monkeypatch):
     assert what_ran(tmp_path, 1) == "rank 0: finished"
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_launch_lines_gpus_never_replace_the_checks_own(tmp_path, monkeypatch, device):
+    """A line's CUDA_VISIBLE_DEVICES=0 would show CPU ranks on a node with too few GPUs a GPU to share: the check's
+    choice of each node's GPUs (none for CPU ranks) stands, as the line's other assignments reach the ranks."""
+    seen = {}
+
+    def record(commands, cwd, timeout_s, echo, envs, **kwargs):
+        seen.update(envs)
+        return [0] * len(commands), []
+
+    monkeypatch.setattr(ddp_lab_files, "stream", record)
+    monkeypatch.setattr(ddp_lab_files, "visible_gpu_ids", lambda: ["4", "5", "6"])
+    run_nodes([], (2, 1), tmp_path, device, 7, False, LAB_EXERCISE,
+              assigned={"CUDA_VISIBLE_DEVICES": "0", "LAB_NOTE": "kept"})
+    gpus = [env["CUDA_VISIBLE_DEVICES"] for env in seen.values()]
+    assert gpus == (["", ""] if device == "cpu" else ["4,5", "6"])
+    assert all(env["LAB_NOTE"] == "kept" for env in seen.values())
+
+
 # ---------------------------------------------------------------- the scripts under torchrun
 
 

@@ -120,7 +120,9 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
                            f"--node-rank={node}", f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
                            f"--master-port={port}", "--max-restarts=0", f"--log-dir={folder / TORCHRUN_LOGS}",
                            *entry, *module_args]
-        envs[label] = env if device == "cpu" else {**env, "CUDA_VISIBLE_DEVICES": ",".join(ids[first:first + n])}
+        # the check chooses each node's GPUs, or none for CPU ranks, whatever the line set: CPU ranks shown a GPU
+        # (CUDA_VISIBLE_DEVICES=0 torchrun ...) would reach for it, the blame then falling on a right script
+        envs[label] = {**env, "CUDA_VISIBLE_DEVICES": "" if device == "cpu" else ",".join(ids[first:first + n])}
     try:
         return stream(commands, None, timeout_s, echo, envs, linger_s=5)
     except WorkshopError as err:
