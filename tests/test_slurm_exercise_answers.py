@@ -34,7 +34,8 @@ import workshop_utils as wu
 from workshop_utils.exercises import slurm_exercises as se
 from workshop_utils.exercises import slurm_rules as rules
 from workshop_utils.exercises import slurm_usage as usage_check
-from workshop_utils.exercises.exercise_cells import BEGIN_SOLUTION, END_SOLUTION, EXERCISE_TAG
+from workshop_utils.exercises.exercise_cells import BEGIN_SOLUTION, END_SOLUTION
+from workshop_utils.handout import EXERCISE_TAG
 from workshop_utils.lessons.slurm_jobs import SlurmSite
 from nbval_expected import sanitize_patterns
 
