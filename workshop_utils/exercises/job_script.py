@@ -142,8 +142,7 @@ def torchrun_options() -> tuple[dict, ...]:
     for action in get_args_parser()._actions:
         if isinstance(action, argparse._HelpAction):
             continue
-        takes_none = action.nargs == 0
-        kind = "store_true" if takes_none else "remainder" if action.nargs == argparse.REMAINDER else "store"
+        kind = "store_true" if action.nargs == 0 else "remainder" if action.nargs == argparse.REMAINDER else "store"
         type_name = getattr(action.type, "__name__", "str")
         default = action.default if isinstance(action.default, (str, int, float, bool, type(None))) else None
         if type(action).__name__ in ("env", "check_env"):  # torch's own, which read PET_<NAME> too

@@ -5,6 +5,7 @@ from the runner and starts its tasks on each node; torchrun reads its arguments 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -132,10 +133,8 @@ def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, 
     def signal_tasks(number):
         for pid in tasks:
             if pid not in codes:
-                try:
+                with contextlib.suppress(OSError):
                     os.killpg(pid, number)
-                except OSError:
-                    pass
 
     def on_child(pid, status):
         if pid not in tasks:
@@ -147,10 +146,8 @@ def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, 
             how = (f"Exited with exit code {codes[pid]}" if os.WIFEXITED(status) else
                    killed.get(signal.Signals(os.WTERMSIG(status)).name, signal.Signals(os.WTERMSIG(status)).name))
             say(f"srun: error: {names[k]}: task {rank}: {how}")
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)  # what the task leaves behind ends with it, as slurmstepd does
-        except OSError:
-            pass
         if len(codes) == len(layout):
             link.send(op="step_end", codes=list(codes.values()))
             sys.exit(max(codes.values()))
@@ -180,10 +177,9 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
                 path = re.sub(r"%[jJ]", env["SLURM_JOB_ID"], path).replace("%t", str(rank)).replace("%N", node)
                 os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
         program = command[0]
-        if "multi-prog" in options:
-            if not os.path.exists(program):
-                say(f"srun: error: Unable to open configuration file {program}")
-                os._exit(1)
+        if "multi-prog" in options and not os.path.exists(program):
+            say(f"srun: error: Unable to open configuration file {program}")
+            os._exit(1)
         found = shutil.which(program, path=env.get("PATH", "/bin:/usr/bin"))
         base = os.path.basename(found or program)
         if base == "torchrun" or re.fullmatch(r"python[0-9.]*", base):  # the cluster's, wherever they are: the
@@ -201,13 +197,18 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
 # ---------------------------------------------------------------------------------------------- torchrun
 
 
+def _sim(key: str):
+    """What the check wrote down for the simulated programs (``job_script_run``): the real python, PyTorch's
+    files, torchrun's options."""
+    with open(os.path.join(standins.SIM, "sim.json")) as file:
+        return json.load(file)[key]
+
+
 def _torch(name: str):
     """One of ``job_script.torch_modules``, loaded by path: importing PyTorch would take seconds."""
     import importlib.util
 
-    with open(os.path.join(standins.SIM, "sim.json")) as file:
-        path = json.load(file)["torch"][name]
-    spec = importlib.util.spec_from_file_location(f"torch_{name}", path)
+    spec = importlib.util.spec_from_file_location(f"torch_{name}", _sim("torch")[name])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -219,22 +220,18 @@ def _torchrun_parser():
 
     actions = _torch("argparse_util")
     parser = argparse.ArgumentParser(prog="torchrun")
-    with open(os.path.join(standins.SIM, "torchrun.json")) as file:
-        options = json.load(file)
-    for option in options:
-        kind = {"int": int, "float": float}.get(option["type"], str)
-        if option["kind"] == "check_env":
-            parser.add_argument(*option["flags"], dest=option["dest"], action=actions.check_env)
-        elif option["kind"] == "store_true":
-            parser.add_argument(*option["flags"], dest=option["dest"], action="store_true")
-        elif option["kind"] == "remainder":
-            parser.add_argument(option["dest"], nargs=argparse.REMAINDER)
-        elif option["flags"]:
-            parser.add_argument(*option["flags"], dest=option["dest"], type=kind, default=option["default"],
-                                choices=option["choices"], **({"action": actions.env} if option["kind"] == "env"
-                                                              else {}))
+    for option in _sim("torchrun"):
+        kind, flags, dest = option["kind"], option["flags"], option["dest"]
+        type_ = {"int": int, "float": float}.get(option["type"], str)
+        if kind in ("check_env", "store_true"):
+            parser.add_argument(*flags, dest=dest, action=actions.check_env if kind == "check_env" else kind)
+        elif kind == "remainder":
+            parser.add_argument(dest, nargs=argparse.REMAINDER)
+        elif flags:
+            parser.add_argument(*flags, dest=dest, type=type_, default=option["default"], choices=option["choices"],
+                                **({"action": actions.env} if kind == "env" else {}))
         else:
-            parser.add_argument(option["dest"], type=kind)
+            parser.add_argument(dest, type=type_)
     return parser
 
 
@@ -274,7 +271,7 @@ def _launch_config(args, cores: int) -> dict:
                 implicit=implicit)
 
 
-def torchrun(argv: list[str], prog: str = "torchrun") -> None:
+def torchrun(argv: list[str]) -> None:
     link = Link("torchrun")
     args = _torchrun_parser().parse_args(argv)  # argparse's usage and error, exit 2, as torchrun's own parser
     config, cores = link.config, int(os.environ.get("JOBSIM_CPUS") or 1)
@@ -363,9 +360,7 @@ def python(argv: list[str]) -> None:
         else None
     if module == "torch.distributed.run":
         return torchrun(argv[i + (1 if argv[i][2:] else 2):])
-    with open(os.path.join(standins.SIM, "sim.json")) as file:
-        real = json.load(file)["python"]
-    os.execv(real, [sys.argv[0], *argv])
+    os.execv(_sim("python"), [sys.argv[0], *argv])
 
 
 def main(sim: str) -> None:

@@ -17,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import job_script_launch, job_script_runner  # noqa: F401 (compiled here: the job sees their folder read-only)
+# The job's own modules, imported here and so compiled: the job sees their folder read-only.
+from . import job_script_launch, job_script_runner, job_script_standins
 from .job_script import TRAINING, torch_modules, torchrun_options
 from .job_script_standins import PROGRAMS
 
@@ -46,10 +47,7 @@ class JobRun:
 @dataclasses.dataclass
 class Outcome:
     reason: str  # batch_end, time_limit, spinning, wall_limit, runaway, machine_sleep
-    now: float  # the job's clock at the end, in seconds
-    events: list
-    bash_status: int | None
-    procs: dict
+    events: list  # each with the job's clock (t, in seconds)
     log: str
     run: JobRun
 
@@ -97,9 +95,13 @@ def job_environment(run: JobRun, work: str, bin_dir: str) -> dict:
 _USERS = (["--user", "--map-user=1000", "--map-group=1000"], ["--user", "--map-root-user"], [])
 
 
+def _calling(module, function: str, args: str, kit: str = "sys.argv[1]") -> str:
+    """Python code that calls ``function(args)`` of ``module``, imported from the kit alone (python -I -S)."""
+    return f"import sys\nsys.path.insert(0, {kit})\nfrom {module.__name__} import {function}\n{function}({args})\n"
+
+
 # Before those, everything but the simulation's folder made read-only (``job_script_standins.confine``).
-_CONFINE = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.exercises.job_script_standins import "
-            "confine\nconfine(sys.argv[2], sys.argv[3:])")
+_CONFINE = _calling(job_script_standins, "confine", "sys.argv[2], sys.argv[3:]")
 
 
 def _confined(keep: str, command: list[str]) -> list[str]:
@@ -158,17 +160,17 @@ def _build(sim: Path, script: str, run: JobRun) -> Path:
     python = next((str(here / n) for n in (run.python, "python3") if (here / n).exists()), sys.executable)
     for name in STANDINS:
         interpreter = "python3" if name in ("torchrun", "python", "python3") else "rt"
-        module = "job_script_launch" if name in ("srun", "torchrun", "python", "python3") else "job_script_standins"
-        _write(sim / "bin" / name, f"#!{sim}/py/{interpreter} -IS\nimport sys\nsys.path.insert(0, {KIT!r})\n"
-                                   f"from workshop_utils.exercises.{module} import main\nmain({str(sim)!r})\n", 0o755)
+        module = job_script_launch if name in ("srun", "torchrun", "python", "python3") else job_script_standins
+        code = _calling(module, "main", repr(str(sim)), repr(KIT))
+        _write(sim / "bin" / name, f"#!{sim}/py/{interpreter} -IS\n{code}", 0o755)
     standins = str(Path(__file__).with_name("job_script_standins.py"))
     loader = ("import importlib.util\nspec = importlib.util.spec_from_file_location('job_script_standins', "
               f"{standins!r})\nmodule = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
               f"module.SIM = {str(sim)!r}\n")
     _write(sim / "fake" / "workshop_utils" / "__init__.py", "")
     _write(sim / "fake" / "workshop_utils" / "train.py", loader + "module.training()\n")
-    _write(sim / "torchrun.json", json.dumps(torchrun_options()))
-    _write(sim / "sim.json", json.dumps(dict(python=sys.executable, kit=KIT, torch=torch_modules())))
+    _write(sim / "sim.json", json.dumps(dict(python=sys.executable, torch=torch_modules(),
+                                             torchrun=torchrun_options())))
     _write(sim / "job.sbatch", script, 0o755)
     env = job_environment(run, str(sim / "work"), str(sim / "bin"))
     if run.random is not None:  # unset, RANDOM is a plain variable: the same in every subshell, one draw of a job
@@ -188,10 +190,9 @@ def simulate(script: str, run: JobRun) -> Outcome:
     sim = Path(tempfile.mkdtemp(prefix="jobsim-"))
     try:
         config = _build(sim, script, run)
-        code = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom workshop_utils.exercises.job_script_runner import "
-                "serve\nserve(sys.argv[2])")
         command, _, confined = _unshare()
         command = _confined(str(sim), command) if confined else command
+        code = _calling(job_script_runner, "serve", "sys.argv[2]")
         done = subprocess.run([*command, str(sim / "py" / "rt"), "-I", "-S", "-c", code, KIT, str(config)],
                               capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
         outcome = sim / "outcome.json"
@@ -200,7 +201,6 @@ def simulate(script: str, run: JobRun) -> Outcome:
                                f"{done.stderr.strip()[-300:]})")
         found = json.loads(outcome.read_text())
         log = (sim / "job.log").read_text(errors="replace") if (sim / "job.log").exists() else ""
-        return Outcome(found["reason"], found["now"], found["events"], found["bash_status"],
-                       {int(k): v for k, v in found["procs"].items()}, log.replace(str(sim), "."), run)
+        return Outcome(found["reason"], found["events"], log.replace(str(sim), "."), run)
     finally:
         shutil.rmtree(sim, ignore_errors=True)

@@ -10,6 +10,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import os
@@ -17,10 +18,9 @@ import selectors
 import signal
 import socket
 import struct
-import sys
 import time
 
-from .job_script_standins import CATCHABLE
+from .job_script_standins import CATCHABLE, reaped
 
 SHELLS = ("bash", "sh", "dash", "job.sbatch")  # the batch shell goes by its script's name
 LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1", "0.0.0.0")
@@ -28,15 +28,27 @@ LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1", "0.0.0
 NANOSLEEP = {"x86_64": (35, 230), "aarch64": (101, 115)}.get(os.uname().machine, ())
 
 
+def read_proc(pid: int, name: str, mode: str = "r"):
+    """/proc/PID/NAME as text (bytes with mode "rb"); None once the process has gone."""
+    try:
+        with open(f"/proc/{pid}/{name}", mode) as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def refused(host, port) -> str:
+    """What torch says where nothing listens at the address."""
+    return f"torch.distributed.DistNetworkError: failed to connect to [{host}]:{port} (errno: 111 - Connection refused)"
+
+
 class Conn:
     def __init__(self, sock):
         self.sock, self.buffer, self.pid, self.role, self.node = sock, b"", 0, "?", 0
 
     def send(self, **message):
-        try:
+        with contextlib.suppress(OSError):  # a program that has gone gets no answer
             self.sock.sendall(json.dumps(message).encode() + b"\n")
-        except OSError:
-            pass
 
 
 class Runner:
@@ -44,7 +56,7 @@ class Runner:
         self.config, self.sim = config, config["sim"]
         self.now, self.timers, self.seq = 0.0, [], 0
         self.events, self.procs, self.steps, self.waiting, self.rounds = [], {}, {}, [], {}
-        self.conns, self.bash, self.bash_status, self.outcome = {}, 0, None, None
+        self.conns, self.bash, self.bash_status = {}, 0, None
         self.selector = selectors.DefaultSelector()
         self.last, self.base_cpu, self.started, self.ending = None, {}, time.monotonic(), False
         self.started_now = 0  # programs started since the clock last moved
@@ -55,37 +67,33 @@ class Runner:
     def note(self, what: str, **details):
         self.events.append(dict(t=round(self.now, 3), what=what, **details))
 
-    def at(self, when: float, kind: str, payload=None):
+    def at(self, when: float, action, *args, **kwargs):
+        """``action(*args, **kwargs)`` once the job's clock reaches ``when``; timers due at once run in order."""
         self.seq += 1
-        heapq.heappush(self.timers, (when, self.seq, kind, payload))
+        heapq.heappush(self.timers, (when, self.seq, action, args, kwargs))
 
     @staticmethod
     def parent(pid: int) -> int:
         try:
-            with open(f"/proc/{pid}/stat") as file:
-                return int(file.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+            return int((read_proc(pid, "stat") or "").rsplit(")", 1)[1].split()[1])
+        except (ValueError, IndexError):
             return 0
 
     def node_of(self, pid: int) -> int:
         """The node a process runs on: its JOBSIM_NODE (srun sets it for its tasks), else its parent's."""
         while pid > 1:
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as file:
-                    found = [item[12:] for item in file.read().split(b"\0") if item.startswith(b"JOBSIM_NODE=")]
-            except OSError:
+            environ = read_proc(pid, "environ", "rb")
+            if environ is None:
                 return 0
+            found = [item[12:] for item in environ.split(b"\0") if item.startswith(b"JOBSIM_NODE=")]
             if found:
                 return int(found[0] or 0)
             pid = self.parent(pid)
         return 0
 
     def command_of(self, pid: int) -> str:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as file:
-                return " ".join(part.decode(errors="replace") for part in file.read().split(b"\0") if part)
-        except OSError:
-            return ""
+        return " ".join(part.decode(errors="replace") for part in (read_proc(pid, "cmdline", "rb") or b"").split(b"\0")
+                        if part)
 
     def ancestors(self, pid: int) -> list[str]:
         """What a process runs under, nearest first: the stand-ins' roles, the other programs' names."""
@@ -96,11 +104,10 @@ class Runner:
 
     def dispositions(self, pid: int, number: int) -> str:
         """How a process takes a signal: caught (a handler, bash's trap), ignored, or its default action."""
-        try:
-            with open(f"/proc/{pid}/status") as file:
-                masks = dict(line.split(":\t", 1) for line in file.read().splitlines() if ":\t" in line)
-        except OSError:
+        status = read_proc(pid, "status")
+        if status is None:
             return "gone"
+        masks = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
         bit = 1 << (number - 1)
         return ("caught" if int(masks["SigCgt"], 16) & bit else "ignored" if int(masks["SigIgn"], 16) & bit else
                 "default")
@@ -141,19 +148,19 @@ class Runner:
         for name in os.listdir("/proc"):
             pid = int(name) if name.isdigit() else 0
             if pid > 1 and self.procs.get(pid, {}).get("role") != "kernel":
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, number)
-                except OSError:
-                    pass
+
+    def signal_steps(self, number: int) -> list[int]:
+        """Every step's tasks, each with its process group, as slurmctld signals a job's steps."""
+        targets = [pid for step in self.steps.values() for pid in step["tasks"]]
+        for pid in targets:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, number)
+        return targets
 
     def reap(self):
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if not pid:
-                return
+        for pid, status in reaped():
             if self.procs.get(pid, {}).get("role") == "kernel" and os.WIFSIGNALED(status):
                 self.note("signal", pid=pid, role="kernel", node=self.procs[pid]["node"],
                           signal=signal.Signals(os.WTERMSIG(status)).name)
@@ -188,15 +195,13 @@ class Runner:
             self.started_now += 1
             if self.started_now > self.config["most_starts"]:  # a trap that signals its own shell, for instance
                 self.note("runaway", command=self.command_of(conn.pid), starts=self.started_now)
-                self.signal_all(signal.SIGKILL)
-                self.finish("runaway")
+                self.finish("runaway", kill=True)
             conn.node = self.node_of(conn.pid)
-            self.procs[conn.pid] = dict(role=conn.role, node=conn.node, argv=m.get("argv"), t=self.now)
+            self.procs[conn.pid] = dict(role=conn.role, node=conn.node)
             # bash's asynchronous commands (&) ignore SIGQUIT where there is no job control; it waits for the others
             self.note("start", pid=conn.pid, role=conn.role, node=conn.node, under=self.ancestors(conn.pid),
-                      cmdline=self.command_of(conn.pid), background=self.dispositions(conn.pid, signal.SIGQUIT) ==
-                      "ignored",
-                      **{k: v for k, v in m.items() if k not in ("pid", "role")})
+                      cmdline=self.command_of(conn.pid), **{k: v for k, v in m.items() if k not in ("pid", "role")},
+                      background=self.dispositions(conn.pid, signal.SIGQUIT) == "ignored")
             c = self.config
             conn.send(op="config", node=conn.node, nodes=c["node_names"], job=c["job_id"], now=self.now,
                       end=c["time_s"], cpus=c["cpus_per_node"], skew=c["skew_s"], checkpoint_s=c["checkpoint_s"],
@@ -204,7 +209,7 @@ class Runner:
         elif op == "note":
             self.note(m.pop("what"), pid=conn.pid, node=conn.node, **m)
         elif op == "timer":
-            self.at(m["at"] if "at" in m else self.now + m["s"], "timer", (conn, m["tag"]))
+            self.at(m["at"] if "at" in m else self.now + m["s"], conn.send, op="timer", tag=m["tag"])
         elif op == "step":
             self.step(conn, m)
         elif op == "tasks":
@@ -219,12 +224,7 @@ class Runner:
         elif op == "rdzv":
             self.rendezvous(conn, m)
         elif op == "scancel":  # scancel --signal: the steps' processes, the batch shell too with --batch or --full
-            targets = [pid for step in self.steps.values() for pid in step["tasks"]] if m["steps"] else []
-            for pid in targets:
-                try:
-                    os.killpg(pid, m["signal"])
-                except OSError:
-                    pass
+            targets = self.signal_steps(m["signal"]) if m["steps"] else []
             if m["batch"] and self.bash_status is None:
                 os.kill(self.bash, m["signal"])
             self.note("scancel", pid=conn.pid, signal=signal.Signals(m["signal"]).name, steps=targets,
@@ -270,8 +270,7 @@ class Runner:
         for round_ in self.rounds.values():
             if round_["closed"] and round_["master_addr"] == env.get("master_addr") and \
                     self.resolve(env.get("master_addr") or "", conn.node) != round_["master_node"]:
-                return (f"torch.distributed.DistNetworkError: failed to connect to [{env.get('master_addr')}]:"
-                        f"{env.get('master_port')} (errno: 111 - Connection refused)")
+                return refused(env.get("master_addr"), env.get("master_port"))
         return None
 
     # ------------------------------------------------------------------------------------------ rendezvous
@@ -310,12 +309,11 @@ class Runner:
         self.note("rdzv_join", pid=conn.pid, node=conn.node, host=m["host"], port=port, target=target, hosts=hosts,
                   store=list(store), min=m["min"], max=m["max"], backend=m["backend"], node_rank=m["node_rank"])
         if round_["closed"]:
-            return self.at(self.now + float(conf.get("join_timeout", 600)), "rdzv_timeout", (conn, store))
+            return self.at(self.now + float(conf.get("join_timeout", 600)), self.gives_up, conn, store, True)
         round_["members"].append(member)
         first = round_["members"][0]
         if port == 0 and not hosts:  # the host listens on a port the system picked, which nobody else knows
-            return self.rdzv_error(conn, f"torch.distributed.DistNetworkError: failed to connect to [{m['host']}]:0 "
-                                         "(errno: 111 - Connection refused)", host=m["host"], port=0)
+            return self.rdzv_error(conn, refused(m["host"], 0), host=m["host"], port=0)
         if m["backend"] == "static":
             ranks = sorted(x["rank"] for x in round_["members"])
             if ranks == list(range(first["max"])):
@@ -323,9 +321,9 @@ class Runner:
         elif len(round_["members"]) >= first["max"]:
             self.close(store)
         elif len(round_["members"]) == first["min"]:
-            self.at(self.now + float(conf.get("last_call_timeout", 30)), "last_call", store)
-        self.at(self.now + float(conf.get("join_timeout", 600)), "rdzv_timeout", (conn, store))
-        self.at(self.now + 60, "store_check", (conn, store))  # a client gives up on a store nobody hosts
+            self.at(self.now + float(conf.get("last_call_timeout", 30)), self.close, store)
+        self.at(self.now + float(conf.get("join_timeout", 600)), self.gives_up, conn, store, True)
+        self.at(self.now + 60, self.gives_up, conn, store, False)  # a client gives up on a store nobody hosts
 
     def close(self, store):
         round_ = self.rounds[store]
@@ -354,37 +352,26 @@ class Runner:
                 round_["hosted"] = any(x["hosts"] for x in round_["members"])
         conn.send(op="round", error=error)
 
+    def gives_up(self, conn: Conn, store, timed_out: bool):
+        """An agent still outside a closed round stops: at its join timeout, or where nobody hosts the store."""
+        round_ = self.rounds[store]
+        member = round_["closed"] and conn in [x["conn"] for x in round_["members"]]
+        if conn in self.conns.values() and not member:
+            if timed_out:
+                self.rdzv_error(conn, "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: the "
+                                      "rendezvous did not complete in time")
+            elif not round_["hosted"]:
+                self.rdzv_error(conn, refused(self.config["node_names"][store[0]], store[1]), nobody_hosts=True)
+
     # ------------------------------------------------------------------------------------------ the clock
 
-    def fire(self, kind: str, payload):
-        if kind == "timer":
-            conn, tag = payload
-            conn.send(op="timer", tag=tag)
-        elif kind == "warn":
-            self.warn()
-        elif kind == "end":
-            self.note("time_limit", running=self.children_of(self.bash) if self.bash_status is None else [],
-                      waiting=self.leaves_of(self.bash) if self.bash_status is None else [],
-                      log_size=os.path.getsize(os.path.join(self.sim, "job.log")))
-            self.signal_all(signal.SIGTERM)
-            self.at(self.now + self.config["kill_wait_s"], "kill")
-        elif kind == "kill":
-            self.signal_all(signal.SIGKILL)
-            self.finish("time_limit")
-        elif kind == "last_call":
-            self.close(payload)
-        elif kind in ("rdzv_timeout", "store_check"):
-            conn, store = payload
-            round_ = self.rounds[store]
-            member = round_["closed"] and conn in [x["conn"] for x in round_["members"]]
-            if conn in self.conns.values() and not member:
-                if kind == "rdzv_timeout":
-                    self.rdzv_error(conn, "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: the "
-                                          "rendezvous did not complete in time")
-                elif not round_["hosted"]:
-                    self.rdzv_error(conn, f"torch.distributed.DistNetworkError: failed to connect to "
-                                          f"[{self.config['node_names'][store[0]]}]:{store[1]} (errno: 111 - "
-                                          "Connection refused)", nobody_hosts=True)
+    def time_limit(self):
+        """Slurm ends the job at its limit: SIGTERM to every process, SIGKILL kill_wait_s later."""
+        self.note("time_limit", running=self.children_of(self.bash) if self.bash_status is None else [],
+                  waiting=self.leaves_of(self.bash) if self.bash_status is None else [],
+                  log_size=os.path.getsize(os.path.join(self.sim, "job.log")))
+        self.signal_all(signal.SIGTERM)
+        self.at(self.now + self.config["kill_wait_s"], self.finish, "time_limit", kill=True)
 
     def warn(self):
         """Slurm's warning, sent once (slurmctld marks the job WARN_SENT)."""
@@ -396,12 +383,7 @@ class Runner:
             targets = [self.bash]
             os.kill(self.bash, sig)
         else:
-            targets = [pid for step in self.steps.values() for pid in step["tasks"]]
-            for pid in targets:
-                try:
-                    os.killpg(pid, sig)
-                except OSError:
-                    pass
+            targets = self.signal_steps(sig)
         self.note("warning", signal=signal.Signals(sig).name, batch=batch, targets=targets,
                   running=self.children_of(self.bash), batch_takes=takes, log_size=log_size)
 
@@ -412,11 +394,9 @@ class Runner:
             if not name.isdigit() or name == "1":
                 continue
             try:
-                with open(f"/proc/{name}/stat") as file:
-                    comm, rest = file.read().split("(", 1)[1].rsplit(")", 1)
-                with open(f"/proc/{name}/schedstat") as file:
-                    ran, _, runs = (int(word) for word in file.read().split()[:3])
-            except (OSError, ValueError, IndexError):
+                comm, rest = (read_proc(name, "stat") or "").split("(", 1)[1].rsplit(")", 1)
+                ran, _, runs = (int(word) for word in (read_proc(name, "schedstat") or "").split()[:3])
+            except (ValueError, IndexError):
                 continue
             found[int(name)] = (comm, rest.split()[0], ran, runs)
         return found
@@ -425,11 +405,10 @@ class Runner:
     def machine_sleep(pid: int) -> float | None:
         """The seconds a process sleeps on the machine's clock (/bin/sleep, Python's time.sleep), which the job's
         clock cannot skip; 0 when it does for a time this cannot read; None when it waits for something else."""
+        words = (read_proc(pid, "syscall") or "").split()
         try:
-            with open(f"/proc/{pid}/syscall") as file:
-                words = file.read().split()
             number = int(words[0])
-        except (OSError, ValueError, IndexError):
+        except (ValueError, IndexError):
             return None
         if number not in NANOSLEEP:
             return None
@@ -458,8 +437,7 @@ class Runner:
             busy = max(spent, key=spent.get)
             self.note("spinning", pid=busy, command=self.command_of(busy), role=self.procs.get(busy, {}).get("role"),
                       bash_children=self.children_of(self.bash))
-            self.signal_all(signal.SIGKILL)
-            self.finish("spinning")
+            self.finish("spinning", kill=True)
         quiet = all(state in "SZTtIX" for _, state, *_ in snap.values())
         sleeps = {}  # a sleep on the machine's clock ends by itself: waited for, up to machine_sleep_s in all
         for pid, (_, state, _, runs) in snap.items() if quiet else ():
@@ -498,9 +476,9 @@ class Runner:
         script = os.path.join(self.sim, "job.sbatch")
         self.bash = self.spawn(script, [script, *c["args"]], dict(c["env"], JOBSIM_NODE="0"), c["cwd"])
         self.note("batch_start", pid=self.bash)
-        self.at(c["time_s"], "end")
+        self.at(c["time_s"], self.time_limit)
         if c["warning"]:
-            self.at(c["time_s"] - c["warning"][1], "warn", None)
+            self.at(c["time_s"] - c["warning"][1], self.warn)
         self.progress()
 
     def kernel(self, node: int):
@@ -544,27 +522,27 @@ class Runner:
             if not self.idle():
                 pause = min(pause * 2, 0.005)
             elif self.ending:
-                self.signal_all(signal.SIGKILL)  # the job is over: Slurm ends what is left of it
-                self.finish("batch_end")
+                self.finish("batch_end", kill=True)  # the job is over: Slurm ends what is left of it
             elif self.timers:
-                when, _, kind, payload = heapq.heappop(self.timers)
+                when, _, action, args, kwargs = heapq.heappop(self.timers)
                 self.started_now = 0 if when > self.now else self.started_now
                 self.now = max(self.now, when)
-                self.fire(kind, payload)
+                action(*args, **kwargs)
                 self.progress()
                 pause = 0.0005
 
-    def finish(self, reason: str):
+    def finish(self, reason: str, kill: bool = False):
+        if kill:
+            self.signal_all(signal.SIGKILL)
         for pid, proc in self.procs.items():
             if proc["role"] == "kernel" and os.path.exists(proc["signals"]):
                 with open(proc["signals"]) as file:
                     for name in file.read().split():
                         self.note("signal", pid=pid, role="kernel", node=proc["node"], signal=name)
-        outcome = dict(reason=reason, now=self.now, events=self.events, bash_status=self.bash_status,
-                       procs={str(pid): p for pid, p in self.procs.items()})
-        with open(os.path.join(self.sim, "outcome.json.part"), "w") as file:
-            json.dump(outcome, file)
-        os.rename(os.path.join(self.sim, "outcome.json.part"), os.path.join(self.sim, "outcome.json"))
+        part = os.path.join(self.sim, "outcome.json.part")
+        with open(part, "w") as file:
+            json.dump(dict(reason=reason, events=self.events), file)
+        os.rename(part, os.path.join(self.sim, "outcome.json"))
         os._exit(0)  # PID 1 leaves: the kernel ends every process left in the namespace
 
 
@@ -574,7 +552,3 @@ def serve(config_path: str) -> None:
         runner = Runner(json.load(file))
     runner.start()
     runner.run()
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1])

@@ -68,7 +68,7 @@ class Loop:
         self.selector.register(link.sock, selectors.EVENT_READ)
         self.selector.register(read, selectors.EVENT_READ)
         for sig in {*catch, signal.SIGCHLD}:
-            signal.signal(sig, lambda number, frame: self.pending.append(number))
+            signal.signal(sig, lambda number, _: self.pending.append(number))
         self.pending.append(signal.SIGCHLD)  # a child that ended before the handler was set is reaped all the same
 
     def run(self, on_message, on_signal, on_child=None):
@@ -84,17 +84,23 @@ class Loop:
                 on_message(message)
             while self.pending:
                 number = self.pending.pop(0)
-                if number == signal.SIGCHLD:
-                    while on_child:
-                        try:
-                            pid, status = os.waitpid(-1, os.WNOHANG)
-                        except ChildProcessError:
-                            break
-                        if not pid:
-                            break
-                        on_child(pid, status)
-                else:
+                if number != signal.SIGCHLD:
                     on_signal(number)
+                elif on_child:
+                    for pid, status in reaped():
+                        on_child(pid, status)
+
+
+def reaped():
+    """(pid, status) of each child that has ended, without waiting for one that has not."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        yield pid, status
 
 
 def die_of(link: Link, number: int, role: str) -> None:
@@ -191,9 +197,8 @@ def _signal_number(text: str) -> int | None:
     """A signal as procps and coreutils name one: USR1, SIGUSR1, usr1 or 10."""
     if text.isdigit():
         return int(text) if 0 <= int(text) < 65 else None
-    name = text.upper().removeprefix("SIG")
-    return int(getattr(signal, "SIG" + name)) if re.fullmatch(r"[A-Z0-9]+", name) and hasattr(signal, "SIG" + name) \
-        else None
+    name = "SIG" + text.upper().removeprefix("SIG")
+    return int(signal.Signals.__members__[name]) if name in signal.Signals.__members__ else None
 
 
 def _signal_matches(argv: list[str], program: str, select, number: int, quiet: bool = False) -> None:
@@ -285,7 +290,8 @@ def hostname(argv: list[str]) -> None:
 def uname(argv: list[str]) -> None:
     """uname -n names the node the process runs on; every other question goes to this machine's uname."""
     if argv and all(a in ("-n", "--nodename") for a in argv):
-        print(Link("uname").config["nodes"][Link("uname").config["node"]])
+        config = Link("uname").config
+        print(config["nodes"][config["node"]])
         return
     _this_machines("uname", argv)
 
@@ -440,8 +446,8 @@ def confine(keep: str, argv: list[str]) -> None:
 CLIENTS = ("sbatch", "squeue", "sinfo", "salloc", "sacct", "sstat", "sattach", "sbcast", "strigger", "sprio",
            "sshare", "sacctmgr", "sreport", "sdiag", "scrontab")
 PROGRAMS = {"scancel": scancel, **{name: slurm_client for name in CLIENTS}, "pkill": pkill, "killall": killall,
-            "scontrol": scontrol, "hostname": hostname, "uname": uname, "getent": getent, "sleep": sleep, "timeout": timeout,
-            "apptainer": container, "singularity": container}
+            "scontrol": scontrol, "hostname": hostname, "uname": uname, "getent": getent, "sleep": sleep,
+            "timeout": timeout, "apptainer": container, "singularity": container}
 
 
 def main(sim: str) -> None:

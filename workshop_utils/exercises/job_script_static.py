@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from pathlib import Path
 
 from .answer_values import Problem, show
 from .job_script import GAPS, JobSpec
@@ -33,7 +34,7 @@ def comment_in_command(script: str) -> str:
     comment = re.search(r"^(?![ \t]*#).*(?<!\\)(?:\\\\)*\\\n([ \t]*#.*)\n", script, re.M)
     if not comment:
         return ""
-    number = script.count("\n", 0, comment.start(1)) + 1
+    number = _line(script, comment.start(1))
     return (f"line {number}, `{show(comment.group(1).strip(), 40)}`, is a comment inside the command continued from "
             f"line {number - 1}: it ended the command there, and line {number + 1} ran as a command of its own")
 
@@ -105,10 +106,8 @@ def _sbatch_reading(script: str) -> dict[str, str] | None:
     """sbatch's own reading of the #SBATCH lines (``sbatch -v``, stopped once it has listed them; no controller
     is named, so nothing is submitted); ``Problem`` with its words; None where it says neither."""
     with tempfile.TemporaryDirectory(prefix="sbatch-") as folder:
-        with open(os.path.join(folder, "slurm.conf"), "w") as file:
-            file.write("ClusterName=check\nSlurmctldHost=localhost\n")
-        with open(os.path.join(folder, "job.sbatch"), "w") as file:
-            file.write(script)
+        (Path(folder) / "slurm.conf").write_text("ClusterName=check\nSlurmctldHost=localhost\n")
+        (Path(folder) / "job.sbatch").write_text(script)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_", "SLURM_", "SALLOC_", "SRUN_"))}
         env["SLURM_CONF"] = os.path.join(folder, "slurm.conf")
         listed, said, done = {}, [], False
@@ -224,9 +223,9 @@ def _time_problem(read: dict, written: dict, spec: JobSpec, at: str) -> str | No
     need = spec.needed_s + lead + spec.early_s
     if limit < need:
         minutes = f", as sbatch reads {shown} (minutes:seconds)" if re.fullmatch(r"\d+:\d+", shown) else ""
-        return (f"--time of {limit:g} s{at}{minutes}: the job needs about {spec.needed_s} s, and the warning comes {lead} s "
-                f"before the end, up to {spec.early_s} s earlier still (sbatch's manual), so it could run out of "
-                f"time. Fix: at least {need} s, or a shorter warning.")
+        return (f"--time of {limit:g} s{at}{minutes}: the job needs about {spec.needed_s} s, and the warning comes "
+                f"{lead} s before the end, up to {spec.early_s} s earlier still (sbatch's manual), so it could run out "
+                f"of time. Fix: at least {need} s, or a shorter warning.")
     if limit > spec.max_time_s:
         return (f"--time={shown}{at} asks for {limit / 3600:g} h for about {spec.needed_s // 60} minutes of work: it "
                 "waits longer for its slot. Fix: the work and the warning's lead, with some room: minutes, not hours.")

@@ -21,6 +21,8 @@ BACKGROUND_FIX = ("the launch in the background (& at the end of its line) and t
                   "wait the warning interrupts so that bash runs the trap")
 FORWARD_FIX = ("trap forward USR1, with forward() { srun --overlap --ntasks-per-node=1 pkill -USR1 -f "
                "\"python[0-9.]* -u -m workshop_utils.train\" || true; } as in the template")
+NPROC_FIX = ("Fix: --nproc-per-node, the training processes torchrun starts on each node.", "--nproc-per-node")
+ENDPOINT_FIX = (f"Fix: {RDZV_FIX}.", "--rdzv-endpoint")  # the fix, and what names the line to fix
 CORES_FIX = ("#SBATCH --cpus-per-task, one core for each training process, srun --cpus-per-task="
              "\"$SLURM_CPUS_PER_TASK\" and OMP_NUM_THREADS=1, as in the template")
 
@@ -50,10 +52,8 @@ class Judge:
         self.nodes = outcome.run.nodes
         self.where = "" if self.nodes == 1 else (f"on {self.nodes} nodes (the same script with only #SBATCH "
                                                  f"--nodes={self.nodes}, as the notebook says it must train), ")
-        starts = outcome.of("start")
-        self.agents = [e for e in starts if e["role"] == "torchrun"]
-        self.trainings = [e for e in starts if e["role"] == "training"]
-        self.sruns = [e for e in starts if e["role"] == "srun"]
+        roles = ("torchrun", "training", "srun")
+        self.agents, self.trainings, self.sruns = (outcome.of("start", role=role) for role in roles)
         self.launches = {e["pid"]: e for e in outcome.of("launch")}
 
     def said(self, *patterns: str) -> str:
@@ -160,10 +160,9 @@ class Judge:
                 said += " (bash expands nothing between single quotes)"
             if "Cuda is not available" in error["error"]:
                 said += " (the job asks for no GPU, so torchrun counts none for --nproc-per-node=gpu)"
-                fix, token = "Fix: --nproc-per-node, the training processes torchrun starts on each node.", \
-                    "--nproc-per-node"
+                fix, token = NPROC_FIX
             elif "endpoint" in error["error"] or error["what"] == "rdzv_error":
-                fix, token = f"Fix: {RDZV_FIX}.", "--rdzv-endpoint"
+                fix, token = ENDPOINT_FIX
         elif len(self.launches) < len(self.agents):
             said, quote = "torchrun stopped at its arguments", self.said(r"^torchrun: error", r"Error: ")
             if comment_in_command(self.script):
@@ -175,18 +174,17 @@ class Judge:
             if launch["nproc"] != self.spec.procs_per_node:
                 said = (f"torchrun started {launch['nproc']} training process(es) on {NODE_NAMES[launch['node']]}, "
                         f"not the {self.spec.procs_per_node} the exercise asks for")
-                fix, token = "Fix: --nproc-per-node, the training processes torchrun starts on each node.", \
-                    "--nproc-per-node"
+                fix, token = NPROC_FIX
             elif str(launch["script"]).split(":")[0] in NODE_NAMES:  # the node list's names, split into words
                 said = (f"torchrun ran {show(launch['script'])}, a node's name, as the training: the endpoint became "
                         "every node's name, which bash split into words")
-                fix, token = f"Fix: {RDZV_FIX}.", "--rdzv-endpoint"
+                fix, token = ENDPOINT_FIX
             elif not launch["module"] or launch["script"] != "workshop_utils.train" or launch["run_path"]:
                 said = f"torchrun ran {show(launch['script'])}, not the training (-m workshop_utils.train)"
                 quote = self.said(r"^(ModuleNotFoundError|FileNotFoundError|.*No module named|.*can't open file)")
             elif launch["port"] == 0 and not launch["implicit"]:
                 said = f"port 0 (in job {self.o.run.job_id}) is no port the other nodes' agents can know"
-                fix, token = f"Fix: {RDZV_FIX}.", "--rdzv-endpoint"
+                fix, token = ENDPOINT_FIX
         if said:
             return f"{self.where}the launch {self.launch(token)} ran wrong: {said}{quote}. {fix}"
         return self.rendezvous()
@@ -207,13 +205,11 @@ class Judge:
                            f"{j['min']}{'' if j['min'] == j['max'] else ':' + str(j['max'])}"
                            + (f", --node-rank {j['node_rank']}" if j["node_rank"] is not None else "")
                            + f", id {show(j['store'][2], 20)})" for j in joins)
-        fixes = [fix for fix, off in (
-            ('--nnodes="$SLURM_JOB_NUM_NODES"', any((j["min"], j["max"]) != (self.nodes,) * 2 for j in joins)),
-            ("--rdzv-backend=c10d", any(j["backend"] != "c10d" for j in joins)),
-            ('--rdzv-id="$SLURM_JOB_ID"', len({j["store"][2] for j in joins}) > 1),
-            (RDZV_FIX, len({(j["target"], j["port"]) for j in joins}) != 1 or joins[0]["target"] != 0)) if off]
-        fixes = fixes or ['--nnodes="$SLURM_JOB_NUM_NODES"', "--rdzv-backend=c10d", '--rdzv-id="$SLURM_JOB_ID"',
-                          RDZV_FIX]  # only what is off, where the joins show it
+        checked = (('--nnodes="$SLURM_JOB_NUM_NODES"', any((j["min"], j["max"]) != (self.nodes,) * 2 for j in joins)),
+                   ("--rdzv-backend=c10d", any(j["backend"] != "c10d" for j in joins)),
+                   ('--rdzv-id="$SLURM_JOB_ID"', len({j["store"][2] for j in joins}) > 1),
+                   (RDZV_FIX, len({(j["target"], j["port"]) for j in joins}) != 1 or joins[0]["target"] != 0))
+        fixes = [fix for fix, off in checked if off] or [fix for fix, _ in checked]  # what the joins show off, or all
         return (f"{self.where}the launch {self.launch('--nnodes')} ran wrong: the torchrun agents {met} (they waited: "
                 f"{waited or 'none joined'}). Fix: {', '.join(fixes[:-1])}{' and ' * (len(fixes) > 1)}{fixes[-1]}.")
 
@@ -361,9 +357,7 @@ class Judge:
                        "it starts in the background (&)")
             return f"{where}no checkpoint: {how}{self.said()}. Fix: {fix}."
         if end is None or self.o.of("time_limit"):
-            how = "spun in a loop" if self.o.reason == "spinning" else "waited until the job's time limit"
-            return (f"{where}training ended (every checkpoint written), but the job's wait loop never ends: the batch "
-                    f"shell {how} ({self.running()}){self.said()}. Fix: {WAIT_FIX}.")
+            return f"{where}training ended (every checkpoint written), but {self.loop_never_ends()}"
         if end["status"] != 0:
             return (f"{where}training ended well, but the batch shell then ended with status {end['status']}"
                     f"{self.said()}: Slurm would record the job as FAILED. Fix: {WAIT_FIX}.")
@@ -373,9 +367,12 @@ class Judge:
         """Where training fails at its start, the batch shell must end too, not wait or spin until the limit."""
         if self.o.of("batch_end"):
             return None
+        return f"when training fails (a rank exits with an error), {self.loop_never_ends()}"
+
+    def loop_never_ends(self) -> str:
         how = "spun in a loop" if self.o.reason == "spinning" else "waited until the job's time limit"
-        return (f"when training fails (a rank exits with an error), the job's wait loop never ends: the batch shell "
-                f"{how} ({self.running()}){self.said()}. Fix: {WAIT_FIX}.")
+        return (f"the job's wait loop never ends: the batch shell {how} ({self.running()}){self.said()}. "
+                f"Fix: {WAIT_FIX}.")
 
 
 def behaviour_problem(script: str, read: dict, written: dict, spec: JobSpec) -> str | None:

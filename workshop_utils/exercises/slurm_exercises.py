@@ -152,10 +152,9 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
                         cwd=folder, env=job_env(folder))
     except WorkshopError as err:
         said = show(str(err.problem), 300)
-        if "partition" in said.lower():
-            raise NotYet(f"✗ {exercise}: sbatch refused the script: {said}",
-                         "name a partition that sinfo lists, or leave --partition out for the default.") from None
-        raise NotYet(f"✗ {exercise}: sbatch refused the script: {said}", "read sbatch's message above.") from None
+        fix = ("name a partition that sinfo lists, or leave --partition out for the default." if "partition" in
+               said.lower() else "read sbatch's message above.")
+        raise NotYet(f"✗ {exercise}: sbatch refused the script: {said}", fix) from None
     wait_for([job_id], timeout_s=timeout_s)
     output = next(folder.glob(f"*-{job_id}.out"), folder / f"slurm-{job_id}.out")
     problem = _judge_finished(job_id, output, checkpoints, result, spec)

@@ -87,13 +87,9 @@ def time_limit_s(text) -> float | None:
         return None
     days, *fields = found.groups()
     numbers_ = [int(f) for f in fields if f is not None]
-    if days is not None:  # days-hours[:minutes[:seconds]]
-        hours, minutes, seconds = (numbers_ + [0, 0])[:3]
-        total = int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    elif len(numbers_) == 3:  # hours:minutes:seconds
-        total = numbers_[0] * 3600 + numbers_[1] * 60 + numbers_[2]
-    else:  # minutes[:seconds]
-        total = numbers_[0] * 60 + sum(numbers_[1:])
+    # days-hours[:minutes[:seconds]] and hours:minutes:seconds start with hours, minutes[:seconds] with minutes
+    unit = 3600 if days is not None or len(numbers_) == 3 else 60
+    total = int(days or 0) * 86400 + sum(n * u for n, u in zip(numbers_, (unit, unit // 60, 1)))
     return NO_LIMIT if total == 0 else 60 * math.ceil(total / 60)
 
 
@@ -123,25 +119,14 @@ def slurm_signal(text) -> WarningSignal | None:
     """``--signal=[{R|B}:]<sig_num>[@sig_time]`` as Slurm's ``get_signal_opts`` reads it; None if refused."""
     if not isinstance(text, str):
         return None
-    batch, rest = False, text
-    if rest[:1] in ("R", "r"):
-        rest = rest[1:]
-    if rest[:1] in ("B", "b"):
-        batch, rest = True, rest[1:]
-    if rest[:1] in ("R", "r"):
-        rest = rest[1:]
-    rest = rest[1:] if rest[:1] == ":" else rest
-    name, at, lead = rest.partition("@")
+    flags = re.match(r"[Rr]?([Bb]?)[Rr]?:?", text)  # each flag's letter skipped in turn, then one colon
+    name, at, lead = text[flags.end():].partition("@")
     number = _signal_number(name) % 65536  # Slurm keeps it in 16 bits
-    if number < 1:
-        return None
-    if not at:
-        return WarningSignal(number, 60, batch)
-    value, left = strtol(lead)
+    value, left = strtol(lead) if at else (60, "")
     value = 0 if value is None and not left else value  # strtol of "" is 0
-    if value is None or left or not 0 <= value <= 0xFFFF:
+    if number < 1 or value is None or left or not 0 <= value <= 0xFFFF:
         return None
-    return WarningSignal(number, value, batch)
+    return WarningSignal(number, value, bool(flags.group(1)))
 
 
 MAX_ARRAY_INDEX = 4_000_000  # Slurm's MaxArraySize is at most 4000001: no task id is larger
@@ -229,16 +214,13 @@ def getopt_long(args: list[str], table: OptionTable) -> tuple[list[tuple[str, st
                 i, value = i + 1, args[i + 1]
             found.append((table.alias.get(name, name), value if eq or argument == 1 else None))
         elif arg.startswith("-") and arg != "-":
-            j = 1
-            while j < len(arg):
-                letter = arg[j]
+            for j, letter in enumerate(arg[1:], 2):  # the letters, each with what follows it (from j)
                 if letter not in table.short:
                     raise Problem(f"invalid option -- '{letter}'")
                 name = table.short[letter]
-                argument, rest = table.long[name], arg[j + 1:]
+                argument, rest = table.long[name], arg[j:]
                 if argument == 0:
                     found.append((table.alias.get(name, name), None))
-                    j += 1
                     continue
                 if not rest and argument == 1:
                     if i + 1 >= len(args):
