@@ -7,7 +7,7 @@ shards these across the p ranks in three stages: the optimizer state (stage 1), 
 gradients (stage 2), then the parameters themselves (stage 3, which is what PyTorch's FSDP
 does: parameters are all-gathered just in time for each layer and freed again).
 
-``zero_memory_table`` does the arithmetic; ``compare_ddp_fsdp`` measures it, on every rank of a
+``zero_memory_table`` and ``fewest_gpus`` do the arithmetic; ``compare_ddp_fsdp`` measures it, on every rank of a
 torchrun job, by counting the bytes each rank actually holds under DDP and under FSDP2's
 ``fully_shard``, and records both loss trajectories, which must agree.
 """

@@ -21,6 +21,10 @@ Two sizes (``GPT_SIZES``):
   scripts (GPT-2 BPE ids) fit it, and tokens/s and MFU compare with published
   GPT-2-small runs. On the byte corpus ids above 255 never occur; the model
   learns to keep their logits low, and the cost is the same as on real BPE.
+
+What a step costs, by formula: ``flops_per_token_closed_form`` (FLOPs) and
+``activation_bytes_per_sequence`` (the activations kept for the backward pass),
+from which ``largest_micro_batch`` plans gradient accumulation.
 """
 
 from __future__ import annotations
