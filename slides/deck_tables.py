@@ -56,6 +56,11 @@ PEAK_MEMORY = Column("peak_memory_mib", "Peak memory (MiB)", "0",
                      "Peak memory: what a run's training steps added above the memory in use before it started: the "
                      "allocator's peak on a GPU; on a CPU the process's resident memory, which also moves with what "
                      "ran before in the process.")
+# the batch sweep counts one step's tensors on a CPU: resident memory there did not grow with the batch run to run
+BATCH_MEMORY = Column("peak_memory_mib", "Peak memory (MiB)", "0",
+                      "Peak memory: on a GPU what a run's training steps added above the memory in use before it "
+                      "started (the allocator's peak); on a CPU one step's tensor memory above the model, its "
+                      "optimizer state and the batch (the profiler's allocation records).")
 STEP_MEMORY_NOTE = ("Step memory: the tensor memory one training step adds at its peak, above the model, its optimizer "
                     "state and the batch; the allocator's count on a GPU, the profiler's allocation records on a CPU: "
                     "the same measure for every row.")
@@ -121,7 +126,7 @@ TABLES: dict[str, Table] = {
                 note="Two experiments: the same images read from each storage layout, and two loader paths "
                      "feeding training; each ratio column has one baseline."),
     "batch_size": Table((Column("batch_size", "Batch size", "int"), Column("status", "Result", "status"),
-                         THROUGHPUT, STEP_MS, PEAK_MEMORY, MFU)),
+                         THROUGHPUT, STEP_MS, BATCH_MEMORY, MFU)),
     "ladder": Table((Column("rung", "Rung", "text"), THROUGHPUT,
                      Column("vs_previous", "This rung's gain (×)", "2",
                             spread=("vs_previous_min", "vs_previous_max")),

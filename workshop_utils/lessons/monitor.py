@@ -57,12 +57,15 @@ class StepMemory:
         return max(0.0, peak - self.base_mib)
 
     def __call__(self, step: int) -> None:
-        peak = self._peak_and_reset()
+        self.record(self._peak_and_reset(), step)
+
+    def record(self, peak: float, step: int | None = None) -> None:
+        """Keep a step's peak measured some other way, and raise as a step over ``limit_mib`` does."""
         self.peaks.append((step, peak))
         if self.limit_mib is not None and peak > self.limit_mib:
             self.over_cap = True
-            raise torch.OutOfMemoryError(
-                f"step {step} needed {peak:,.0f} MiB, more than the {self.limit_mib:,.0f} MiB memory cap")
+            raise torch.OutOfMemoryError(f"{'a step' if step is None else f'step {step}'} needed {peak:,.0f} MiB, "
+                                         f"more than the {self.limit_mib:,.0f} MiB memory cap")
 
     def stop_status(self, batch_size: int) -> str:
         """The row's status for a run this probe watched that ran out of memory: the cap's, or the device's own."""

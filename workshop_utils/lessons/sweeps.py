@@ -8,7 +8,8 @@ saves every run's full record there.
 * ``dataloader_sweep``: ``num_workers`` x ``pin_memory``, with the share of each
   step spent waiting for data and Amdahl's bound on what fixing it could gain.
 * ``batch_size_sweep``: 32, 64, ... until memory runs out; the out-of-memory
-  error is caught and reported, never raised. A memory cap stands in for the limit on a CPU, and the row says so.
+  error is caught and reported, never raised. A memory cap stands in for the limit on a CPU, and the row says so;
+  there a step's tensor memory is measured, not the process's.
 * ``climb_ladder``: the cumulative optimization ladder, one switch per rung. A rung that switches
   nothing here is not trained again, and a speed-up that the passes do not agree on is not credited.
 """
@@ -29,6 +30,7 @@ from ..system.errors import WorkshopError
 from ..spine.precision import emulated_on_cpu
 from ..system.hardware import cpu_cores, peak_tflops, pick_device
 from .monitor import StepMemory, is_out_of_memory, release_failed_run
+from .precision_sweep import step_memory
 from ..spine.trainer import TrainConfig, train
 from ..system.progress import progress_bar
 
@@ -107,9 +109,13 @@ def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, larg
 
     Out of memory ends the sweep with a row instead of an exception: "out of memory at batch B" when the
     device ran out (a GPU), "over the N MiB memory cap at batch B" when a step needed more than
-    ``memory_cap_mib`` (any device: a CPU, where running out would mean swapping). Peak memory is the
-    run's record's (what its training steps added above the memory in use before its model was built);
-    the row memory stopped has the last reading of the per-step probe that watched it.
+    ``memory_cap_mib`` (any device: a CPU, where running out would mean swapping). On a GPU peak memory is the
+    run's record's (what its training steps added above the memory in use before its model was built), and the cap
+    watches every step. On a CPU it is one step's tensor memory above the model, its optimizer state and the batch,
+    from the profiler's allocation records (``step_memory``), which the cap judges before the run: the process's
+    resident memory also holds what earlier runs left behind, so it does not grow with the batch from one run to
+    the next (notebook 04's batch 32 read 245 to 492 MiB in five runs on one machine, and 64 less than 32 in three).
+    A precision mode the CPU only emulates is not measured that way, and falls back to the resident memory.
     """
     device = pick_device(config.device)
     sizes = [b for b in batch_sizes(start, largest) if b <= len(data.train_labels)]
@@ -118,9 +124,13 @@ def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, larg
                             "use more training images or a smaller start.")
     rows = []
     for size in sizes:
+        sized = config.replace(name=f"batch-{size}", batch_size=size)
+        tensors = step_memory(sized, data)["step_memory_mib"] if device.type == "cpu" else None
         probe = StepMemory(device, limit_mib=memory_cap_mib)
         try:
-            result = _run(config.replace(name=f"batch-{size}", batch_size=size), data, run_dir, on_step=probe)
+            if tensors is not None:
+                probe.record(tensors)  # over the cap it raises here, as a step over it would, and nothing trains
+            result = _run(sized, data, run_dir, on_step=probe if tensors is None else None)
         except Exception as err:
             if not is_out_of_memory(err):
                 raise
@@ -129,9 +139,8 @@ def batch_size_sweep(config: TrainConfig, data: CifarData, start: int = 32, larg
             break
         metrics = _metrics(result)
         status = "ok" if metrics["samples_per_s"] else "not timed: no step left after warm-up"
-        # The run's own peak, as every training record measures it; the probe's per-step reading serves the cap.
-        rows.append({"batch_size": size, "status": status, **metrics,
-                     "peak_memory_mib": result.metrics["peak_memory_mib"]})
+        peak = result.metrics["peak_memory_mib"] if tensors is None else tensors
+        rows.append({"batch_size": size, "status": status, **metrics, "peak_memory_mib": peak})
     release_failed_run(device)
     return pd.DataFrame(rows)
 
