@@ -83,6 +83,9 @@ FRACTION = "grads = {'activations': torch.tensor([1e-9, 3e-8, 1e-4, 0.5, 0.0, 2e
 FRACTION_SOLVED = ("nonzero = activation_grads[activation_grads != 0]\n"
                    "lost_fraction = float((nonzero.half() == 0).float().mean())")
 FRACTION_CHECK = "wu.check_lost_fraction(lost_fraction, activation_grads)"
+# as large as the cpu profile's (8.4 million), which is not summed before every cell
+LARGE_FRACTION = (f"grads = {{'activations': torch.rand({exercise_inputs.LARGE_TENSOR + 1}) * 1e-6}}\n"
+                  "activation_grads = grads['activations']")
 
 
 CHANGED = "is not what the notebook set it to"
@@ -146,6 +149,10 @@ CHANGED = "is not what the notebook set it to"
      f"`activation_grads` {CHANGED}"),
     ((FRACTION, "grads['activations'].mul_(1024)\n" + FRACTION_SOLVED, FRACTION_CHECK),
      f"`activation_grads` {CHANGED}"),
+    ((LARGE_FRACTION, "activation_grads = activation_grads * 1024\n" + FRACTION_SOLVED, FRACTION_CHECK),
+     f"`activation_grads` {CHANGED}"),
+    ((LARGE_FRACTION, "activation_grads = activation_grads.clone()\nactivation_grads[0] += 1\n" + FRACTION_SOLVED,
+      FRACTION_CHECK), f"`activation_grads` {CHANGED}"),
 ])
 def test_an_answer_cell_that_changes_an_input_is_named_not_judged(notebook, cells, words):
     error, _ = notebook("import torch", *cells)[-1]
@@ -169,6 +176,9 @@ def test_an_answer_cell_that_changes_an_input_is_named_not_judged(notebook, cell
      BUBBLE_CHECK),
     (USAGE, 'usage["elapsed_min"] = usage["elapsed_s"] / 60\n' + USAGE_SOLVED, USAGE_CHECK),
     (FRACTION, "activation_grads = activation_grads.float()\n" + FRACTION_SOLVED, FRACTION_CHECK),
+    # a copy with the same values, of a tensor too large to sum before every cell (a review: refused as changed)
+    (LARGE_FRACTION, "activation_grads = activation_grads.clone()\n" + FRACTION_SOLVED, FRACTION_CHECK),
+    (LARGE_FRACTION, "activation_grads = activation_grads.double().abs()\n" + FRACTION_SOLVED, FRACTION_CHECK),
     (STEP, "step_s = torch.tensor(step_s, dtype=torch.float64)\n" + STEP_SOLVED, STEP_CHECK),
     # the check cell run twice, a %%time around a cell that changes nothing, the answer and the check in one cell
     (BUBBLE, BUBBLE_SOLVED, BUBBLE_CHECK, BUBBLE_CHECK),
@@ -232,6 +242,7 @@ def test_an_input_is_compared_by_its_values_whatever_holds_them():
     before = fingerprint(large)
     large[7] = 1.0  # an in-place write PyTorch counts
     assert fingerprint(large) != before
+    assert fingerprint(large.clone()) == fingerprint(large)  # the values, not the storage
 
 
 def test_without_the_watch_or_outside_ipython_a_check_judges_as_before(notebook):

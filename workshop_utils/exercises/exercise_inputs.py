@@ -9,6 +9,7 @@ whether it set an answer."""
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Mapping
 
 from ..system.errors import ipython_shell
@@ -46,6 +47,7 @@ READ_BY = {name: {answer for answers, inputs, _ in CHECKS.values() if name in in
 GONE = ("gone",)  # what a key that was there and is no more is compared as
 KEPT_VALUES = 50  # the values each input was set to, the latest
 LARGE_TENSOR = 1_000_000  # elements of a tensor in the host's memory
+_summed: dict[int, tuple] = {}  # id of a large host tensor -> (a weak reference to it, its version, its sums)
 
 
 class _Notes:
@@ -62,6 +64,24 @@ _watched: dict[int, _Notes] = {}  # id of a watched notebook's namespace -> its 
 
 def _number(value: float):
     return "nan" if value != value else value  # NaN, which equals nothing, compared as what it is
+
+
+def _tensor_sums(value, torch) -> tuple:
+    """A tensor's sum and sum of magnitudes, in float64 where it lies. A large one in the host's memory, summed
+    before every cell, would cost more than the cell: its sums are kept until PyTorch's count of its in-place writes
+    moves, so that a copy with the same values (``.clone()``, ``.cpu()``) still compares as the same."""
+    large = value.numel() > LARGE_TENSOR and value.device.type == "cpu"
+    kept = _summed.get(id(value)) if large else None
+    if kept and kept[0]() is value and kept[1] == value._version:
+        return kept[2]
+    tensor = value.detach()
+    sums = tuple(_number(float(total)) for total in (tensor.sum(dtype=torch.float64),
+                                                     tensor.abs().sum(dtype=torch.float64)))
+    if large:
+        for key in [key for key, (ref, _, _) in _summed.items() if ref() is None]:
+            del _summed[key]
+        _summed[id(value)] = (weakref.ref(value), value._version, sums)
+    return sums
 
 
 def fingerprint(value):
@@ -82,13 +102,7 @@ def fingerprint(value):
         if module == "torch" and hasattr(value, "detach"):
             import torch  # loaded already: the value is one of its tensors
 
-            tensor = value.detach()
-            if tensor.numel() > LARGE_TENSOR and tensor.device.type == "cpu":  # summed before every cell, it would
-                # cost more than the cell: its storage and PyTorch's count of in-place writes tell it instead
-                return ("tensor", tuple(value.shape), str(value.dtype), value.data_ptr(), value._version)
-            # summed in float64 where it lies, with no float64 copy of it
-            sums = tensor.sum(dtype=torch.float64), tensor.abs().sum(dtype=torch.float64)
-            return ("array", tuple(value.shape), *(_number(float(total)) for total in sums))
+            return ("array", tuple(value.shape), *_tensor_sums(value, torch))
         if module == "numpy" and hasattr(value, "shape"):
             return ("array", value.shape, _number(float(value.sum(dtype=float))), _number(float(abs(value).sum())))
         if module == "pandas":

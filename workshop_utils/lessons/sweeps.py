@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
 
 from ..spine.data import CifarData
 from ..system.benchmark import median_run
