@@ -423,6 +423,15 @@ def test_6_3_a_cell_of_usage_alone_is_still_run_on_another_job():
         notebook(SOLVED.replace(' * usage["cpus"]', ""))
 
 
+def test_6_3_numbers_typed_in_from_the_replayed_job_are_refused_as_not_computed():
+    typed = ("cpu_efficiency, time_share, gpu_hours = 0.468, 0.218, 0\n"  # a review: passed as correct
+             "next_time_limit_s, next_memory_mib = 240, 1900\n")
+    with pytest.raises(NotYet, match="same five answers for another job .* typed-in numbers, not arithmetic on "
+                                     "`usage`"):
+        notebook(typed)
+    assert notebook(SOLVED)["ok"] is True  # the arithmetic, whose answers move with the job
+
+
 def test_6_3_a_request_in_whole_gib_is_refused_in_mib():
     with pytest.raises(NotYet, match="`next_memory_mib` = 2: .*MiB"):
         wu.check_job_usage(61.3 / 131, 131 / 600, 0, 240, math.ceil(1.25 * 1517 / 1024), usage=USAGE, cell="")

@@ -141,8 +141,14 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
     # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.
     if again is not None and all(math.isclose(again[n], answers[n], rel_tol=1e-9, abs_tol=1e-12) for n in ANSWERS):
         other = _run_cell(cell, namespace, OTHER_JOB)
-        if other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
-                                         for n in ANSWERS):
+        moved = other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
+                                              for n in ANSWERS)
+        if other is not None and not moved and not _earlier_values(cell, namespace):  # numbers typed in, as 4.1 says
+            raise NotYet(f"✗ {exercise}: your cell gives the same five answers for another job ({OTHER_JOB['cpus']} "
+                         f"CPUs, {OTHER_JOB['gpus']} GPUs, {OTHER_JOB['elapsed_s']:,} s) as for this one: it holds "
+                         "typed-in numbers, not arithmetic on `usage`.", "compute each answer from `usage`, e.g. "
+                         "cpu_efficiency = usage[\"cpu_time_s\"] / (usage[\"elapsed_s\"] * usage[\"cpus\"]).")
+        if moved:
             try:
                 _judge_usage(other, _usage_numbers(OTHER_JOB), f"{exercise} (your cell, run on another job: "
                                                                f"{OTHER_JOB['cpus']} CPUs, {OTHER_JOB['gpus']} GPUs)")
