@@ -496,3 +496,29 @@ def test_2_4_a_micro_batch_far_too_large_shows_its_gib_to_read():
     with pytest.raises(NotYet) as caught:
         CALLS["2.4"](micro_batch=32_768)
     assert "32,768 sequences keep 19,224 GiB" in str(caught.value)
+
+
+# ---------------------------------------------------------------- 3.1 and 3.2 handed their gradients in another holder
+
+HELD = {"parameters": torch.tensor([0.25, 1e-9, 0.0]), "activations": torch.tensor([1e-9, 3e-8, 1e-4, 0.5])}
+
+
+@pytest.mark.parametrize("call, said", [
+    # a review: "no non-zero gradient to judge against" and "the largest gradient is nan", both untrue
+    (lambda: wu.check_lost_fraction(0.5, HELD), "`gradients` should be one tensor of gradients, got a dict of 2 "
+                                                "tensors"),
+    (lambda: wu.check_lost_fraction(0.5, "activation_grads"), "should be one tensor of gradients, got text"),
+    (lambda: wu.check_safe_loss_scale(2.0 ** 16, None), "should be tensors of gradients (the dict `grads`), got None"),
+    (lambda: wu.check_safe_loss_scale(2.0 ** 16, {"activations": "0.5"}), "got a dict."),
+])
+def test_3_1_and_3_2_name_a_holder_of_gradients_they_cannot_read(call, said):
+    with pytest.raises(WorkshopError) as caught:
+        call()
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_3_1_and_3_2_read_gradients_as_an_array_or_a_list_of_tensors():
+    activations = HELD["activations"]
+    lost = float((activations[activations != 0].half() == 0).double().mean())
+    assert wu.check_lost_fraction(lost, activations.numpy()) is True
+    assert wu.check_safe_loss_scale(2.0 ** 16, list(HELD.values())) is True  # 0.5 x 2^17 would round to inf

@@ -13,9 +13,25 @@ from torch import nn
 from ..spine.precision import autocast
 from ..system.display import format_number
 from ..system.hardware import as_device
+from .answer_values import kind
 from .exercise_cells import NotYet, passed, require
 from .exercise_inputs import inputs_kept
 from .exercise_judging import attendee_error, attendee_function, called, checked, kit_input, number, verdict
+
+
+def _gradient_tensors(gradients) -> list[torch.Tensor] | None:
+    """The tensors ``gradients`` holds: one tensor or array, or a dict, list or tuple of them; None for anything
+    else."""
+    held = list(gradients.values()) if isinstance(gradients, dict) else list(gradients) if isinstance(
+        gradients, (list, tuple)) else [gradients]
+    tensors = [torch.as_tensor(t) if type(t).__module__ == "numpy" else t for t in held]
+    ok = tensors and all(torch.is_tensor(t) for t in tensors)
+    return tensors if ok else None
+
+
+def _described(gradients, tensors) -> str:
+    return kind(gradients) if tensors is None or torch.is_tensor(gradients) else \
+        f"{kind(gradients)} of {len(tensors)} tensors"
 
 
 @checked
@@ -23,7 +39,11 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
                         exercise: str = "Exercise 3.1") -> bool:
     inputs_kept(exercise, "check_lost_fraction")
     value = number(lost_fraction, exercise, "lost_fraction", "one number, a fraction between 0 and 1")
-    g = gradients.detach().flatten().float().cpu() if torch.is_tensor(gradients) else torch.zeros(0)
+    tensors = _gradient_tensors(gradients)
+    kit_input(tensors is not None and len(tensors) == 1, f"{exercise}: `gradients` should be one tensor of "
+              f"gradients, got {_described(gradients, tensors)}.", "pass activation_grads, one tensor, as the check "
+                                                                   "cell does.")
+    g = tensors[0].detach().flatten().float().cpu()
     nonzero, cast_zero = g[g != 0], (g * scale).half() == 0
     kit_input(nonzero.numel() > 0, f"{exercise}: no non-zero gradient to judge against.",
               "pass the measured gradients.")
@@ -47,9 +67,10 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
     rounds down to max (below 65,520 for float16) passes too: the cast itself decides."""
     inputs_kept(exercise, "check_safe_loss_scale")
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
-    largest = max((float(t.detach().abs().max()) for t in (gradients.values() if isinstance(gradients, dict) else
-                                                            [gradients]) if torch.is_tensor(t) and t.numel()),
-                  default=math.nan)
+    tensors = _gradient_tensors(gradients)
+    kit_input(tensors is not None, f"{exercise}: `gradients` should be tensors of gradients (the dict `grads`), got "
+              f"{_described(gradients, tensors)}.", "pass grads, as the check cell does.")
+    largest = max((float(t.detach().abs().max()) for t in tensors if t.numel()), default=math.nan)
     kit_input(math.isfinite(largest) and largest > 0, f"{exercise}: the largest gradient is {largest}.",
               "pass the measured gradients.")
     limit, name = torch.finfo(dtype).max, str(dtype).removeprefix("torch.")
