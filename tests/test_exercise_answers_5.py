@@ -522,3 +522,90 @@ def test_3_1_and_3_2_read_gradients_as_an_array_or_a_list_of_tensors():
     lost = float((activations[activations != 0].half() == 0).double().mean())
     assert wu.check_lost_fraction(lost, activations.numpy()) is True
     assert wu.check_safe_loss_scale(2.0 ** 16, list(HELD.values())) is True  # 0.5 x 2^17 would round to inf
+
+
+# ---------------------------------------------------------------- 3.2 run again on other gradients
+
+# the largest, 0.4015, is a parameter's and 65,504 / 0.4015 = 2^17.32: rounding the exponent gives the floor here
+GRADIENTS_32 = {"parameters": torch.tensor([0.4015, 1e-3]), "activations": torch.tensor([0.02, 3e-9])}
+SCALE_SOLVED = ("largest = max(g.max().item() for g in grads.values())\n"
+                "safe_scale = 2.0 ** math.floor(math.log2(torch.finfo(torch.float16).max / largest))")
+
+
+def scale_notebook(*cells: str) -> dict:
+    """The cells, then 3.2's check, run one after another in one namespace with IPython's history (``_ih``)."""
+    namespace = {"grads": dict(GRADIENTS_32), "math": math, "torch": torch, "wu": wu,
+                 "activation_grads": GRADIENTS_32["activations"], "_ih": ["", "grads = wu.capture_gradients(...)"]}
+    for cell in (*cells, "ok = wu.check_safe_loss_scale(safe_scale, grads)"):
+        namespace["_ih"].append(cell)
+        exec(cell, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("cell", [
+    SCALE_SOLVED.replace("math.floor(", "round("),  # a review: passed whenever the exponent's fraction was below .5
+    SCALE_SOLVED.replace("torch.finfo(torch.float16).max", "65536"),
+    SCALE_SOLVED.replace("max(g.max().item() for g in grads.values())", "grads['parameters'].max().item()"),
+])
+def test_3_2_a_method_right_by_chance_is_refused_on_other_gradients(cell):
+    with pytest.raises(NotYet, match=r"\(your cell, run again on other gradients: the largest 0.5, an activation's\)"
+                                     r": `safe_scale` = 131072: .* rounds to inf"):
+        scale_notebook(cell)
+
+
+@pytest.mark.parametrize("cell", [
+    SCALE_SOLVED,
+    SCALE_SOLVED.replace("max(g.max().item() for g in grads.values())",
+                         "float(torch.cat(list(grads.values())).abs().max())"),
+    # what it reads from an earlier cell stays the notebook's on the other gradients: no verdict there
+    "largest = max(grads['parameters'].max().item(), activation_grads.max().item())\n"
+    "safe_scale = 2.0 ** math.floor(math.log2(torch.finfo(torch.float16).max / largest))",
+])
+def test_3_2_a_right_cell_passes_run_again(cell):
+    assert scale_notebook(cell)["ok"] is True
+
+
+# ---------------------------------------------------------------- 4.2 run again on another sweep
+
+# as a CPU measures it, on one line exactly: the row over the cap lies on it too, and 600 MiB meets it at 462.03
+LINE_SWEEP = pd.DataFrame({"batch_size": [32, 64, 128, 256, 512], "status": ["ok"] * 4 + [
+    "over the 600 MiB memory cap at batch 512"], "peak_memory_mib": [8.03 + 1.28125 * b for b in (32, 64, 128, 256,
+                                                                                                  512)]})
+MEMORY_SOLVED = ("mib_per_sample, fixed_mib = np.polyfit(fitted.batch_size.astype(float), "
+                 "fitted.peak_memory_mib.astype(float), 1)\n"
+                 "largest_batch = int((limit_mib - fixed_mib) // mib_per_sample)")
+
+
+def memory_notebook(*cells: str) -> dict:
+    """The cells, then 4.2's check, run one after another in one namespace with IPython's history (``_ih``)."""
+    namespace = {"np": np, "wu": wu, "batch_sweep": LINE_SWEEP, "fitted": LINE_SWEEP[LINE_SWEEP.status == "ok"],
+                 "limit_mib": 600, "_ih": ["", "limit_mib = hp['memory_cap_mib']"]}
+    for cell in (*cells, "ok = wu.check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib)"):
+        namespace["_ih"].append(cell)
+        exec(cell, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("cell, said", [
+    # a review: on a line every row lies on, each of these gave the right numbers
+    (MEMORY_SOLVED.replace("fitted.", "batch_sweep."), "`mib_per_sample` = 1.951: that fits every row, "
+                                                        "the one memory stopped too"),
+    (MEMORY_SOLVED.replace("int((limit_mib - fixed_mib) // mib_per_sample)",
+                           "round((limit_mib - fixed_mib) / mib_per_sample)"), "`largest_batch` = 469 is not right"),
+    ("first, last = fitted.iloc[0], fitted.iloc[-1]\n"
+     "mib_per_sample = (last.peak_memory_mib - first.peak_memory_mib) / (last.batch_size - first.batch_size)\n"
+     "largest_batch = int((limit_mib - first.peak_memory_mib) // mib_per_sample) + int(first.batch_size)",
+     "`mib_per_sample` = 1.232 is not right"),
+    ("mib_per_sample, largest_batch = 1.28, 462", "`mib_per_sample` = 1.28 is not right"),
+])
+def test_4_2_a_method_right_on_one_line_is_refused_on_another_sweep(cell, said):
+    assert memory_notebook(MEMORY_SOLVED)["ok"] is True
+    with pytest.raises(NotYet) as caught:
+        memory_notebook(cell)
+    assert "(your cell, run again on another sweep: 600 MiB, batches 32 to 256)" in str(caught.value)
+    assert said in str(caught.value)
+
+
+def test_4_2_a_right_cell_that_reads_an_earlier_value_is_judged_on_the_notebooks_sweep_alone():
+    # `cap` stays the notebook's on the other sweep, whose answers then speak for the cell only in part
+    assert memory_notebook("cap = 600", MEMORY_SOLVED.replace("limit_mib - fixed_mib", "cap - fixed_mib"))["ok"]

@@ -618,7 +618,8 @@ def test_batch_memory_line_and_the_largest_batch_it_allows(capsys):
 
     not_yet(call(slope=497.0 / 256), "`mib_per_sample` = 1.941 is not right")
     everything = np.polyfit(batch_sweep.batch_size.astype(float), batch_sweep.peak_memory_mib.astype(float), 1)[0]
-    not_yet(call(slope=everything), "`mib_per_sample` = 1.147 is not right", "the 4 rows that fit")
+    not_yet(call(slope=everything), "`mib_per_sample` = 1.147: that fits every row, the one memory stopped too",
+            "fit only the rows whose status is 'ok'")
     said = not_yet(call(largest=largest_batch + 1), f"`largest_batch` = {largest_batch + 1} is not right: too large")
     # one above the answer names no rounding: "round down" would tell the answer is one lower
     assert "round" not in said and f" {largest_batch} " not in said and f"{largest_batch}," not in said, said

@@ -14,7 +14,7 @@ from ..spine.precision import autocast
 from ..system.display import format_number
 from ..system.hardware import as_device
 from .answer_values import kind
-from .exercise_cells import NotYet, passed, require
+from .exercise_cells import NotYet, judge_cell_again, passed, require
 from .exercise_inputs import inputs_kept
 from .exercise_judging import attendee_error, attendee_function, called, checked, kit_input, number, verdict
 
@@ -60,16 +60,32 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
     return passed(exercise, f"{format_number(100 * value)}% of the non-zero gradients become 0 in fp16")
 
 
+# Gradients to run 3.2's cell on again, where a method that gave the right power on the notebook's gradients by
+# chance gives another: the largest (0.5) is an activation's, and 65,504 / 0.5 lies just below a power of two, so
+# rounding the exponent, or 65,536 for float16's largest value, or the parameters' largest alone (0.3), overflows.
+OTHER_GRADIENTS = {"parameters": torch.tensor([0.3, 1e-3, 0.0]), "activations": torch.tensor([0.5, 1e-4, 2e-9])}
+
+
 @checked
 def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.float16,
                           exercise: str = "Exercise 3.2") -> bool:
     """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``; a product the cast still
-    rounds down to max (below 65,520 for float16) passes too: the cast itself decides."""
+    rounds down to max (below 65,520 for float16) passes too: the cast itself decides. The answer's cell is then
+    run again on ``OTHER_GRADIENTS`` where it can be."""
     inputs_kept(exercise, "check_safe_loss_scale")
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
     tensors = _gradient_tensors(gradients)
     kit_input(tensors is not None, f"{exercise}: `gradients` should be tensors of gradients (the dict `grads`), got "
               f"{_described(gradients, tensors)}.", "pass grads, as the check cell does.")
+    detail = _judge_scale(value, tensors, dtype, exercise)
+    other = f"{exercise} (your cell, run again on other gradients: the largest 0.5, an activation's)"
+    judge_cell_again(("safe_scale",), {"grads": OTHER_GRADIENTS}, lambda again: _judge_scale(number(
+        again["safe_scale"], other, "safe_scale", "one number, a power of two"), list(OTHER_GRADIENTS.values()),
+        dtype, other))
+    return passed(exercise, detail)
+
+
+def _judge_scale(value: float, tensors: list[torch.Tensor], dtype: torch.dtype, exercise: str) -> str:
     largest = max((float(t.detach().abs().max()) for t in tensors if t.numel()), default=math.nan)
     kit_input(math.isfinite(largest) and largest > 0, f"{exercise}: the largest gradient is {largest}.",
               "pass the measured gradients.")
@@ -86,7 +102,7 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
     becomes = (f"{product:,.6g}, above {limit:,.0f}: cast to {name} it rounds to {cast:,.0f}, still finite"
                if product > limit else f"{product:,.0f}, {'below' if round(product) < limit else 'at most'} "
                                        f"{limit:,.0f}")
-    return passed(exercise, f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes {becomes}")
+    return f"2^{math.log2(value):.0f}: the largest gradient {largest:.3g} becomes {becomes}"
 
 
 _ORDER = ("once each, in GradScaler's order: scaler.scale(loss).backward(), then scaler.step(optimizer), then "

@@ -5,16 +5,11 @@ runs the attendee's cell again on ``OTHER_JOB``.
 
 from __future__ import annotations
 
-import ast
-import builtins
-import contextlib
-import io
 import math
-import types
 
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
-from .exercise_cells import NotYet, magic_code, notebook_cell, passed
+from .exercise_cells import NotYet, earlier_values, notebook_cell, passed, run_cell_again
 from .exercise_inputs import inputs_kept
 from .exercise_judging import checked, number, verdict, written
 
@@ -76,49 +71,11 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
                 limits=[(inside(value) or not inside(right), why, formula)])
 
 
-_RERUNNING = False  # the exercise cell is being run again: a check inside it must not run it once more
-
-
-def _earlier_values(cell: str, namespace: dict) -> list[str]:
-    """The notebook's variables that the cell reads and does not set (`cpus = usage['cpus']` in an earlier cell):
-    a run of the cell on another job keeps their values, so its answers there speak for the cell only in part."""
-    try:
-        tree = ast.parse(cell)
-    except (SyntaxError, ValueError):
-        return []
-    nodes = [node for node in ast.walk(tree) if isinstance(node, ast.Name)]
-    stored = {node.id for node in nodes if not isinstance(node.ctx, ast.Load)}
-    read = sorted({node.id for node in nodes if isinstance(node.ctx, ast.Load)} - stored - {"usage"})
-    return [name for name in read if name in namespace and not name.startswith("_")
-            and not (callable(namespace[name]) or isinstance(namespace[name], types.ModuleType))]
-
-
 def _run_cell(cell: str, namespace: dict, usage: dict) -> dict | None:
     """The answers the cell computes from ``usage``; None when it cannot run apart from the notebook."""
-    global _RERUNNING
+    again = run_cell_again(cell, namespace, {"usage": dict(usage)}, ANSWERS)
     try:
-        tree = ast.parse(cell)
-        code = magic_code(tree.body[0].value, ("time", "capture")) if len(tree.body) == 1 and isinstance(
-            tree.body[0], ast.Expr) else None
-        tree = ast.parse(code) if code is not None else tree  # a %%time or %%capture cell: the code it runs
-    except (SyntaxError, ValueError):
-        return None
-    if any(isinstance(node, ast.Name) and node.id == "usage" and isinstance(node.ctx, ast.Store)
-           for node in ast.walk(tree)):
-        return None
-    scope = {"__builtins__": builtins, **namespace, "usage": dict(usage)}
-    _RERUNNING = True
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            exec(compile(tree, "<Exercise 6.3, run again>", "exec"), scope)
-    except KeyboardInterrupt:
-        raise
-    except BaseException:
-        return None
-    finally:
-        _RERUNNING = False
-    try:
-        return {name: number(scope.get(name), USAGE, name) for name in ANSWERS}
+        return again and {name: number(again[name], USAGE, name) for name in ANSWERS}
     except NotYet:
         return None
 
@@ -128,22 +85,22 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                     exercise: str = USAGE, cell: str | None = None) -> bool:
     """Each answer against the same arithmetic on ``usage``; then, where the exercise cell can be run again,
     its answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
-    if not _RERUNNING:
-        inputs_kept(exercise, "check_job_usage")
+    inputs_kept(exercise, "check_job_usage")
     given = (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)
     answers = {name: number(value, exercise, name) for name, value in zip(ANSWERS, given)}
     read = _usage_numbers(usage)
     _judge_usage(answers, read, exercise)
-    cell, namespace = (cell, {}) if cell is not None or _RERUNNING else notebook_cell(ANSWERS)[1:]
+    cell, namespace = (cell, {}) if cell is not None else notebook_cell(ANSWERS)[1:]
     namespace, judged_elsewhere, earlier = namespace or {}, False, []
-    again = _run_cell(cell, namespace, usage) if isinstance(cell, str) and not _RERUNNING else None
+    again = _run_cell(cell, namespace, usage) if isinstance(cell, str) else None
     # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
     # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.
     if again is not None and all(math.isclose(again[n], answers[n], rel_tol=1e-9, abs_tol=1e-12) for n in ANSWERS):
         other = _run_cell(cell, namespace, OTHER_JOB)
         moved = other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
                                               for n in ANSWERS)
-        if other is not None and not moved and not _earlier_values(cell, namespace):  # numbers typed in, as 4.1 says
+        # the same answers on another job: numbers typed in (4.1 refuses a function that ignores its sweep alike)
+        if other is not None and not moved and not earlier_values(cell, namespace, ("usage",)):
             raise NotYet(f"✗ {exercise}: your cell gives the same five answers for another job ({OTHER_JOB['cpus']} "
                          f"CPUs, {OTHER_JOB['gpus']} GPUs, {OTHER_JOB['elapsed_s']:,} s) as for this one: it holds "
                          "typed-in numbers, not arithmetic on `usage`.", "compute each answer from `usage`, e.g. "
@@ -155,7 +112,7 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                 judged_elsewhere = True
             except NotYet:
                 # A value from an earlier cell (`cpus = usage['cpus']`) stays this job's on the other: no verdict
-                earlier = _earlier_values(cell, namespace)
+                earlier = earlier_values(cell, namespace, ("usage",))
                 if not earlier:
                     raise
     elapsed, cpus = read["elapsed_s"], read["cpus"]
