@@ -609,3 +609,19 @@ def test_4_2_a_method_right_on_one_line_is_refused_on_another_sweep(cell, said):
 def test_4_2_a_right_cell_that_reads_an_earlier_value_is_judged_on_the_notebooks_sweep_alone():
     # `cap` stays the notebook's on the other sweep, whose answers then speak for the cell only in part
     assert memory_notebook("cap = 600", MEMORY_SOLVED.replace("limit_mib - fixed_mib", "cap - fixed_mib"))["ok"]
+
+
+# ---------------------------------------------------------------- mistakes a review found unnamed
+
+@pytest.mark.parametrize("call, said", [
+    # 1.3 on a device with a data-sheet peak, divided by 1.2's rate as the notebook does only without one
+    (lambda: wu.check_mfu(30.0 / 45.0, 30.0, "NVIDIA H100 80GB HBM3", "fp32", 45.0),
+     "`mfu` = 0.6667: that divides by your measured matmul rate; NVIDIA H100 80GB HBM3 has a data-sheet fp32 peak "
+     "of 67 TFLOP/s"),
+    # 6.3's time limit in minutes, where the answer is in seconds
+    (lambda: wu.check_job_usage(61.3 / 131, 131 / 600, 0, 4, 1900, usage=USAGE, cell=""),
+     "`next_time_limit_s` = 4: that is in minutes"),
+])
+def test_a_unit_or_peak_mistake_is_named(call, said):
+    with pytest.raises(NotYet, match=re.escape(said)):
+        call()

@@ -67,7 +67,9 @@ def _judge_usage(answers: dict, usage: dict, exercise: str) -> None:
         value = answers[name]
         if not inside(value) and written(value) != show(value):  # the line shows it rounded: say it as given
             why = f"{why.rstrip('.')}, and {show(value)} (as given) is not."
-        verdict(value, right, exercise, name, (), formula, whole=name.startswith("next_"), inputs=inputs,
+        minutes = [(right / 60, "that is in minutes, as --time reads a bare number; the answer is in seconds.",
+                    f"{formula.rstrip('.')}, in seconds.")] if name == "next_time_limit_s" else []
+        verdict(value, right, exercise, name, minutes, formula, whole=name.startswith("next_"), inputs=inputs,
                 limits=[(inside(value) or not inside(right), why, formula)])
 
 

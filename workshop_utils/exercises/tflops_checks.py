@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..spine.timing import Timings, time_repeats
 from ..system.hardware import as_device, peak_tflops
+from .answer_values import Problem, number_of
 from .exercise_cells import passed, require, require_answered
 from .exercise_inputs import inputs_kept
 from .exercise_judging import (answered_input, called, carried, checked, described, kit_input, kit_number, number,
@@ -127,6 +128,15 @@ def _device_name(name, exercise: str) -> str:
     return name
 
 
+def _rate(value) -> float | None:
+    """1.2's measured rate as a number above 0, or None."""
+    try:
+        rate = number_of(value)
+    except Problem:
+        return None
+    return rate if rate > 0 else None
+
+
 @checked
 def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
               exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
@@ -164,7 +174,11 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     verdict(value, right, exercise, "mfu", [(1.0 if right > 1 else None, "that caps MFU at 1; of a measured rate, "
             "standing in for a peak, it may be above 1.", f"{formula}, not capped."),
             (100 * right if 0.01 < right <= 1 else None, "a percentage, above 1: MFU is a fraction (0.05 is 5%).",
-             f"{formula}, not x 100.")],
+             f"{formula}, not x 100."),
+            # the notebook's own branch divides by 1.2's rate where there is no peak: here there is one
+            (achieved / measured_rate if table_peak and (measured_rate := _rate(measured_peak_tflops)) else None,
+             f"that divides by your measured matmul rate; {device_name} has a data-sheet {precision} peak of "
+             f"{table_peak or 0:g} TFLOP/s.", f"{formula}: wu.peak_tflops(device_name, precision).")],
             f"{formula}, a fraction (0.05 is 5%).", also=[(exact[0] if exact else achieved) / exact_peak],
             inputs=f"achieved_tflops {written(achieved)} / {written(peak)} TFLOP/s, {source}",
             limits=[(value > 0, "MFU is a share of the peak, above 0.", f"{formula}."),
