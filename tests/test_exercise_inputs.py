@@ -286,3 +286,25 @@ def test_exercise_63_in_a_time_cell_is_run_again_on_another_job_as_without_it(no
     results = notebook(USAGE, "%%time\n" + USAGE_SOLVED, USAGE_CHECK)
     assert results[-1][0] is None and "✓ Exercise 6.3: correct" in results[-1][1]
     assert "judged on this job alone" not in results[-1][1]
+
+
+def test_an_answers_cell_run_again_on_other_inputs_shows_nothing_twice_and_changes_nothing(notebook):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    given = "grads = {'parameters': torch.tensor([0.4015, 1e-3]), 'activations': torch.tensor([0.02, 3e-9])}"
+    cell = ("from IPython.display import display\n"
+            "largest = max(g.max().item() for g in grads.values())\n"
+            "safe_scale = 2.0 ** math.floor(math.log2(torch.finfo(torch.float16).max / largest))\n"
+            "print('largest', largest)\ndisplay('shown by the cell')\nplt.figure()\ncount = count + 1")
+    results = notebook("import torch\nimport matplotlib.pyplot as plt\ncount = 0", given, cell,
+                       "figures = len(plt.get_fignums())\nwu.check_safe_loss_scale(safe_scale, grads)",
+                       "print(count, len(plt.get_fignums()) - figures, largest)")
+    assert [error for error, _ in results] == [None] * 5, results
+    assert "largest" in results[2][1] and "shown by the cell" in results[2][1]
+    printed = results[3][1]
+    assert printed.startswith("✓ Exercise 3.2: correct") and "largest 0.5" not in printed and "shown" not in printed
+    assert results[4][1].split() == ["1", "0", "0.40149998664855957"]  # the notebook's values, no figure more
+    plt.close("all")

@@ -129,13 +129,17 @@ def run_cell_again(cell: str, namespace: dict, given: dict, answers) -> dict | N
         tree = ast.parse(code) if code is not None else tree
     except (SyntaxError, ValueError):
         return None
-    if any(isinstance(node, ast.Name) and node.id in given and isinstance(node.ctx, ast.Store)
-           for node in ast.walk(tree)):
+    # a name of the given set anew, or IPython asked to run something (%timeit, !ls): in the notebook's own
+    # namespace, not apart from it
+    if any(isinstance(node, ast.Name) and (node.id in given and isinstance(node.ctx, ast.Store) or
+                                           node.id == "get_ipython") for node in ast.walk(tree)):
         return None
     scope = {"__builtins__": builtins, **namespace, **given}
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    figures = set(pyplot.get_fignums()) if pyplot else set()
     _rerun["on"] = True
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with _quiet():
             exec(compile(tree, "<an answer's cell, run again>", "exec"), scope)
     except KeyboardInterrupt:
         raise
@@ -143,7 +147,24 @@ def run_cell_again(cell: str, namespace: dict, given: dict, answers) -> dict | N
         return None
     finally:
         _rerun["on"] = False
+        for number in set(pyplot.get_fignums()) - figures if pyplot else ():
+            pyplot.close(number)  # a plot the cell draws is shown once, under the cell that drew it
     return {name: scope[name] for name in answers} if all(name in scope for name in answers) else None
+
+
+def _quiet():
+    """What a cell run again prints or displays goes nowhere: a notebook shows it once, under the cell."""
+    try:
+        from IPython import get_ipython
+        from IPython.utils.capture import capture_output
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        return capture_output(display=True)
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+    return stack
 
 
 def earlier_values(cell: str, namespace: dict, given=()) -> list[str]:
