@@ -44,9 +44,11 @@ def checked(check):
         except WorkshopError:
             raise
         except Exception as err:  # noqa: BLE001 - turned into one line; the cause stays chained
-            raise KitDefect(f"✗ {exercise}: the check itself failed ({type(err).__name__}: {short(err)}); that is "
-                            "a defect of the kit, not a verdict on your answer.",
-                            "tell the instructor; the error's __cause__ holds the check's traceback.") from err
+            # an argument of the check cell changed reaches here too (a review: world_size=1, a dict for a link)
+            raise KitDefect(f"✗ {exercise}: the check itself failed ({type(err).__name__}: {short(err)}), which is "
+                            "no verdict on your answer.", "run the check cell as the notebook gives it; if it still "
+                            "fails, tell the instructor: that is a defect of the kit, and the error's __cause__ holds "
+                            "the check's traceback.") from err
 
     return run
 
