@@ -625,3 +625,10 @@ def test_4_2_a_right_cell_that_reads_an_earlier_value_is_judged_on_the_notebooks
 def test_a_unit_or_peak_mistake_is_named(call, said):
     with pytest.raises(NotYet, match=re.escape(said)):
         call()
+
+
+def test_6_3_a_job_busier_than_its_cores_passes_saying_why_it_is_above_100_percent(capsys):
+    busy = dict(USAGE, cpu_time_s=1.2 * 131.0)  # threads on more cores than the job was given
+    assert wu.check_job_usage(1.2, 131 / 600, 0, 240, 1900, usage=busy, cell="") is True
+    said = capsys.readouterr().out
+    assert "120% of 1 core(s) busy" in said and "above 100%: its threads ran on more than the 1 core(s)" in said

@@ -128,6 +128,9 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                  "this job's value on another)") if earlier else ""
         caveat = (f"; judged on this job alone, whose {blind}{reads}: compute each answer from `usage` in one cell, "
                   "so the check can run it on another job")
+    if busy > cpus:  # a review: 120% passed unexplained, where the exercise says between 0 and 1
+        caveat += (f"; above 100%: its threads ran on more than the {cpus:g} core(s) it was given, which a node "
+                   "without Slurm's cgroup confinement allows: confined, they would share those")
     return passed(exercise, f"{100 * busy / cpus:.0f}% of {cpus:g} core(s) busy, "
                             f"{100 * elapsed / read['time_limit_s']:.0f}% of the time limit used; next time ask "
                             f"--time={right_time // 60} --mem={right_memory}M{caveat}")
