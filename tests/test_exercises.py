@@ -481,15 +481,16 @@ def test_fsdp_traffic_against_ddp(capsys):
 
     not_yet(wrong_ddp(one_pass), "`ddp_s` = 0.2759 is not right", "2 passes")
     not_yet(wrong_ddp(2 * (p - 1) * link.latency_us + 2 * (p - 1) / p * n_bytes / bandwidth),
-            "`ddp_s` = 630.6 is not right", "alpha = 5 us")
+            "`ddp_s` = 630.6: the latency went in as seconds", "alpha = latency_us * 1e-6 s")
     not_yet(wrong_ddp(2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / (bandwidth / 8)),
-            "`ddp_s` = 4.411 is not right", "B = 50 GB/s")
-    not_yet(wrong_ddp(2 * (p - 1) * alpha + 2 * n_bytes / bandwidth), "`ddp_s` = 0.5606 is not right")
+            "`ddp_s` = 4.411: that treats GB/s as Gbit/s", "B = bandwidth_gbps * 1e9 bytes/s")
+    not_yet(wrong_ddp(2 * (p - 1) * alpha + 2 * n_bytes / bandwidth),
+            "`ddp_s` = 0.5606: that sends all n bytes in a pass")
     unsolved(wrong_ddp(...), capsys, "`ddp_s`", "placeholder")
     not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 2 * one_pass, n_bytes, world_size, link),
             "`fsdp_s` = 0.5519 is not right", "3 passes")
     not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 3 * ddp_s, n_bytes, world_size, link),
-            "`fsdp_s` = 1.656 is not right")
+            "`fsdp_s` = 1.656: that is 3 all-reduces, 6 passes")
     unsolved(lambda: wu.check_fsdp_traffic(ddp_s, ..., n_bytes, world_size, link), capsys, "`fsdp_s`", "placeholder")
 
 

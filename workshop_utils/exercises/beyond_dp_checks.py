@@ -59,12 +59,29 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
     inputs = (f"{{}} passes of (p-1) * alpha + (p-1)/p * n / B, p = {p}, alpha = {link.latency_us:g} us, "
               f"B = {link.bandwidth_gbps:g} GB/s, n = {n_bytes:.3g} bytes")
     hint = "each pass (p-1) * alpha + (p-1)/p * n / B, in seconds: alpha in seconds, B in bytes/s."
+    lat, bw, units = link.latency_us * 1e-6, link.bandwidth_gbps * 1e9, "alpha = latency_us * 1e-6 s, B = " \
+        "bandwidth_gbps * 1e9 bytes/s (GB/s are decimal)."
+
+    def mistakes(passes: int) -> list:  # as 2.3 names them, for the same link arithmetic
+        def ring(alpha=lat, bandwidth=bw, n=n_bytes, share=(p - 1) / p):
+            return passes * ((p - 1) * alpha + share * n / bandwidth)
+        return [(ring(bandwidth=bw / 8), "that treats GB/s as Gbit/s (divided by 8).", units),
+                (ring(bandwidth=link.bandwidth_gbps * 2**30), "the bandwidth went in as GiB/s (x 2**30).", units),
+                (ring(bandwidth=link.bandwidth_gbps), "the bandwidth went in as bytes per second.", units),
+                (ring(alpha=link.latency_us), "the latency went in as seconds.", units),
+                (ring(alpha=0), "that leaves the latency out: each of the p-1 steps pays it.", hint),
+                (ring(share=1), "that sends all n bytes in a pass; each GPU sends (p-1)/p of them.", hint),
+                (ring(n=2 * n_bytes), "that counts the gradients in fp32, 4 bytes; `n_bytes` holds them in bf16.",
+                 "use n_bytes as given.")]
+
     ddp = number(ddp_s, exercise, "ddp_s", "one number, in seconds")
-    verdict(ddp, ring_all_reduce_s(n_bytes, p, link), exercise, "ddp_s", [], "an all-reduce is 2 passes (a "
+    verdict(ddp, ring_all_reduce_s(n_bytes, p, link), exercise, "ddp_s", mistakes(2), "an all-reduce is 2 passes (a "
             "reduce-scatter and an all-gather), " + hint, inputs=inputs.format(2))
     fsdp = number(fsdp_s, exercise, "fsdp_s", "one number, in seconds")
-    verdict(fsdp, 3 * one_pass, exercise, "fsdp_s", [], "FSDP is 3 passes (all-gather for the forward pass, again for "
-            "the backward, reduce-scatter of the gradients), " + hint, also=[1.5 * ddp], inputs=inputs.format(3))
+    six = (3 * ddp, "that is 3 all-reduces, 6 passes: FSDP's 3 passes are 1.5 all-reduces.", hint)
+    verdict(fsdp, 3 * one_pass, exercise, "fsdp_s", [six, *mistakes(3)], "FSDP is 3 passes (all-gather for the forward pass, "
+            "again for the backward, reduce-scatter of the gradients), " + hint, also=[1.5 * ddp],
+            inputs=inputs.format(3))
     return passed(exercise, f"DDP {1e3 * ddp:.0f} ms, FSDP {1e3 * fsdp:.0f} ms per step: {fsdp / ddp:.2f}x")
 
 
