@@ -6,12 +6,8 @@ answer, so that a headless run of the solved notebooks fails."""
 from __future__ import annotations
 
 import ast
-import builtins
-import contextlib
 import functools
-import io
 import sys
-import types
 
 from ..system.display import show_verdict
 from ..system.errors import WorkshopError
@@ -37,7 +33,7 @@ def exercise_check(check):
 
     @functools.wraps(check)
     def run(*args, **kwargs):
-        if _rerun["on"]:  # a check inside a cell run again judges nothing: the check that ran it judges what it gave
+        if CELL_AGAIN["on"]:  # a check inside a cell run again judges nothing: the check that ran it judges what it gave
             return True
         try:
             return check(*args, **kwargs)
@@ -115,87 +111,7 @@ def notebook_cell(answers) -> tuple[int | None, str | None, dict]:
     return None, None, namespace
 
 
-_rerun = {"on": False}  # an answer's cell is being run again (``run_cell_again``)
-
-
-def run_cell_again(cell: str, namespace: dict, given: dict, answers) -> dict | None:
-    """The values of ``answers`` that ``cell`` leaves when run again, apart from the notebook, with ``given`` in
-    place of the notebook's values of those names (the body of a ``%%time`` or ``%%capture`` cell, quietly);
-    None where it cannot run so: it sets one of those names itself, fails, or leaves an answer unset."""
-    try:
-        tree = ast.parse(cell)
-        code = magic_code(tree.body[0].value, ("time", "capture")) if len(tree.body) == 1 and isinstance(
-            tree.body[0], ast.Expr) else None
-        tree = ast.parse(code) if code is not None else tree
-    except (SyntaxError, ValueError):
-        return None
-    # a name of the given set anew, or IPython asked to run something (%timeit, !ls): in the notebook's own
-    # namespace, not apart from it
-    if any(isinstance(node, ast.Name) and (node.id in given and isinstance(node.ctx, ast.Store) or
-                                           node.id == "get_ipython") for node in ast.walk(tree)):
-        return None
-    scope = {"__builtins__": builtins, **namespace, **given}
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    figures = set(pyplot.get_fignums()) if pyplot else set()
-    _rerun["on"] = True
-    try:
-        with _quiet():
-            exec(compile(tree, "<an answer's cell, run again>", "exec"), scope)
-    except KeyboardInterrupt:
-        raise
-    except BaseException:  # noqa: BLE001 - a cell that cannot run apart from the notebook gives no second verdict
-        return None
-    finally:
-        _rerun["on"] = False
-        for number in set(pyplot.get_fignums()) - figures if pyplot else ():
-            pyplot.close(number)  # a plot the cell draws is shown once, under the cell that drew it
-    return {name: scope[name] for name in answers} if all(name in scope for name in answers) else None
-
-
-def _quiet():
-    """What a cell run again prints or displays goes nowhere: a notebook shows it once, under the cell."""
-    try:
-        from IPython import get_ipython
-        from IPython.utils.capture import capture_output
-    except ImportError:
-        get_ipython = None
-    if get_ipython is not None and get_ipython() is not None:
-        return capture_output(display=True)
-    stack = contextlib.ExitStack()
-    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
-    return stack
-
-
-def earlier_values(cell: str, namespace: dict, given=()) -> list[str]:
-    """The notebook's variables that the cell reads and does not set, other than ``given`` (`cpus = usage['cpus']`
-    in an earlier cell): a run of the cell on other inputs keeps their values, so its answers there speak for the
-    cell only in part."""
-    try:
-        tree = ast.parse(cell)
-    except (SyntaxError, ValueError):
-        return []
-    nodes = [node for node in ast.walk(tree) if isinstance(node, ast.Name)]
-    stored = {node.id for node in nodes if not isinstance(node.ctx, ast.Load)}
-    read = sorted({node.id for node in nodes if isinstance(node.ctx, ast.Load)} - stored - set(given))
-    return [name for name in read if name in namespace and not name.startswith("_")
-            and not (callable(namespace[name]) or isinstance(namespace[name], types.ModuleType))]
-
-
-def judge_cell_again(answers, given: dict, judge) -> None:
-    """Where the cell that set ``answers`` can run apart from the notebook: run it again on ``given`` and ``judge``
-    the answers it gives there (``judge`` raises ``NotYet`` when they are wrong), so that a method that happens to
-    give the right number on the notebook's one input shows. A cell that reads other values of earlier cells keeps
-    them on the other input: its refusal there is no verdict."""
-    _, cell, namespace = notebook_cell(answers)
-    again = run_cell_again(cell, namespace, given, answers) if isinstance(cell, str) and not _rerun["on"] else None
-    if again is None:
-        return
-    try:
-        judge(again)
-    except NotYet:
-        if not earlier_values(cell, namespace, given):
-            raise
+CELL_AGAIN = {"on": False}  # an answer's cell is being run again (``cell_again.run_cell_again``)
 
 
 def attendee_source(source: str, where: str = "cell") -> str:

@@ -14,7 +14,8 @@ from ..spine.precision import autocast
 from ..system.display import format_number
 from ..system.hardware import as_device
 from .answer_values import kind
-from .exercise_cells import NotYet, judge_cell_again, passed, require
+from .cell_again import judge_cell_again
+from .exercise_cells import NotYet, passed, require
 from .exercise_inputs import inputs_kept
 from .exercise_judging import attendee_error, attendee_function, called, checked, kit_input, number, verdict
 
@@ -61,9 +62,10 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
 
 
 # Gradients to run 3.2's cell on again, where a method that gave the right power on the notebook's gradients by
-# chance gives another: the largest (0.5) is an activation's, and 65,504 / 0.5 lies just below a power of two, so
-# rounding the exponent, or 65,536 for float16's largest value, or the parameters' largest alone (0.3), overflows.
-OTHER_GRADIENTS = {"parameters": torch.tensor([0.3, 1e-3, 0.0]), "activations": torch.tensor([0.5, 1e-4, 2e-9])}
+# chance gives another: the largest (0.5) is an activation's, then a parameter's, and 65,504 / 0.5 lies just below a
+# power of two, so rounding the exponent, 65,536 for float16's largest value, or one kind of gradient alone overflows.
+OTHER_GRADIENTS = ({"parameters": torch.tensor([0.3, 1e-3, 0.0]), "activations": torch.tensor([0.5, 1e-4, 2e-9])},
+                   {"parameters": torch.tensor([0.5, 1e-3, 0.0]), "activations": torch.tensor([0.3, 1e-4, 2e-9])})
 
 
 @checked
@@ -71,17 +73,18 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
                           exercise: str = "Exercise 3.2") -> bool:
     """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``; a product the cast still
     rounds down to max (below 65,520 for float16) passes too: the cast itself decides. The answer's cell is then
-    run again on ``OTHER_GRADIENTS`` where it can be."""
+    run again on each of ``OTHER_GRADIENTS`` where it can be."""
     inputs_kept(exercise, "check_safe_loss_scale")
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
     tensors = _gradient_tensors(gradients)
     kit_input(tensors is not None, f"{exercise}: `gradients` should be tensors of gradients (the dict `grads`), got "
               f"{_described(gradients, tensors)}.", "pass grads, as the check cell does.")
     detail = _judge_scale(value, tensors, dtype, exercise)
-    other = f"{exercise} (your cell, run again on other gradients: the largest 0.5, an activation's)"
-    judge_cell_again(("safe_scale",), {"grads": OTHER_GRADIENTS}, lambda again: _judge_scale(number(
-        again["safe_scale"], other, "safe_scale", "one number, a power of two"), list(OTHER_GRADIENTS.values()),
-        dtype, other))
+    for other, kind_of in zip(OTHER_GRADIENTS, ("an activation's", "a parameter's")):
+        again = f"{exercise} (your cell, run again on other gradients: the largest 0.5, {kind_of})"
+        judge_cell_again(("safe_scale",), {"grads": other}, lambda answer: _judge_scale(number(
+            answer["safe_scale"], again, "safe_scale", "one number, a power of two"), list(other.values()), dtype,
+            again))
     return passed(exercise, detail)
 
 

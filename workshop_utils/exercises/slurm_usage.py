@@ -9,7 +9,8 @@ import math
 
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
-from .exercise_cells import NotYet, earlier_values, notebook_cell, passed, run_cell_again
+from .cell_again import earlier_values, run_cell_again
+from .exercise_cells import NotYet, notebook_cell, passed
 from .exercise_inputs import inputs_kept
 from .exercise_judging import checked, number, verdict, written
 
@@ -17,9 +18,11 @@ USAGE = "Exercise 6.3"
 TIME_MARGIN, MEMORY_MARGIN = 1.5, 1.25  # the next request: what the job used, with room to spare
 ANSWERS = ("cpu_efficiency", "time_share", "gpu_hours", "next_time_limit_s", "next_memory_mib")
 USAGE_KEYS = ("elapsed_s", "time_limit_s", "cpus", "gpus", "cpu_time_s", "max_rss_mib")
-# A second job to judge the attendee's arithmetic on, where a CPU or GPU term left out gives another answer.
-OTHER_JOB = {"job": "another job", "elapsed_s": 5410, "time_limit_s": 7200, "cpus": 8, "gpus": 4,
-             "cpu_time_s": 25968.0, "max_rss_mib": 23500.0, "source": "made up: 8 CPUs and 4 GPUs for 1.5 hours"}
+# A second job to judge the attendee's arithmetic on, where a CPU or GPU term left out gives another answer, and
+# where rounding shows: 1.5 x its time is whole minutes (int() + 1 is not ceil), 1.25 x its memory 291.25 hundred MiB
+# (round() is not ceil).
+OTHER_JOB = {"job": "another job", "elapsed_s": 5400, "time_limit_s": 7200, "cpus": 8, "gpus": 4,
+             "cpu_time_s": 25920.0, "max_rss_mib": 23300.0, "source": "made up: 8 CPUs and 4 GPUs for 1.5 hours"}
 
 
 def next_request(usage: dict) -> tuple[int, int]:
@@ -102,7 +105,7 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
         moved = other is not None and not all(math.isclose(other[n], again[n], rel_tol=1e-9, abs_tol=1e-12)
                                               for n in ANSWERS)
         # the same answers on another job: numbers typed in (4.1 refuses a function that ignores its sweep alike)
-        if other is not None and not moved and not earlier_values(cell, namespace, ("usage",)):
+        if other is not None and not moved and not earlier_values(cell, namespace, ("usage",), ANSWERS):
             raise NotYet(f"✗ {exercise}: your cell gives the same five answers for another job ({OTHER_JOB['cpus']} "
                          f"CPUs, {OTHER_JOB['gpus']} GPUs, {OTHER_JOB['elapsed_s']:,} s) as for this one: it holds "
                          "typed-in numbers, not arithmetic on `usage`.", "compute each answer from `usage`, e.g. "
@@ -114,7 +117,7 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                 judged_elsewhere = True
             except NotYet:
                 # A value from an earlier cell (`cpus = usage['cpus']`) stays this job's on the other: no verdict
-                earlier = earlier_values(cell, namespace, ("usage",))
+                earlier = earlier_values(cell, namespace, ("usage",), ANSWERS)
                 if not earlier:
                     raise
     elapsed, cpus = read["elapsed_s"], read["cpus"]
