@@ -675,3 +675,10 @@ def test_a_cell_run_again_changes_nothing_the_attendee_has_and_waits_for_nothing
     assert namespace["ok"] is True
     # once, by the cell itself: the second run's list was a copy, its file write and its pause refused
     assert log == [pytest.approx(0.4015)] and report.read_text() == f"{log[0]}\n"
+
+
+def test_6_3_a_cell_that_sets_usage_anew_is_told_to_leave_it_not_to_compute_from_it(capsys):
+    assert notebook("usage = dict(usage)\n" + SOLVED)["ok"] is True
+    said = capsys.readouterr().out
+    assert "judged on this job alone" in said and "leave `usage` as the notebook set it" in said
+    assert "compute each answer from `usage` in one cell" not in said  # which the cell already does

@@ -10,7 +10,7 @@ import math
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
 from .cell_again import earlier_values, run_cell_again
-from .exercise_cells import NotYet, notebook_cell, passed
+from .exercise_cells import NotYet, notebook_cell, passed, stores
 from .exercise_inputs import inputs_kept
 from .exercise_judging import checked, number, verdict, written
 
@@ -129,8 +129,10 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                              (["0 GPUs cannot show a missing x gpus"] if read["gpus"] == 0 else []))
         reads = (f" (your cell reads {', '.join(f'`{name}`' for name in earlier)} from an earlier cell, which keeps "
                  "this job's value on another)") if earlier else ""
-        caveat = (f"; judged on this job alone, whose {blind}{reads}: compute each answer from `usage` in one cell, "
-                  "so the check can run it on another job")
+        advice = ("leave `usage` as the notebook set it, and the check can run your cell on another job" if
+                  isinstance(cell, str) and "usage" in stores(cell) else
+                  "compute each answer from `usage` in one cell, so the check can run it on another job")
+        caveat = f"; judged on this job alone, whose {blind}{reads}: {advice}"
     if busy > cpus:  # a review: 120% passed unexplained, where the exercise says between 0 and 1
         caveat += (f"; above 100%: its threads ran on more than the {cpus:g} core(s) it was given, which a node "
                    "without Slurm's cgroup confinement allows: confined, they would share those")
