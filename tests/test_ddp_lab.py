@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -530,6 +531,24 @@ def test_wrong_launch_lines_are_named(tmp_path, command, message):
     with pytest.raises(NotYet, match=re.escape(message)) as caught:
         read_launch_line(command.format(s=script), script, 2, LAB_EXERCISE)
     assert "\n" not in str(caught.value) and " Fix: " in str(caught.value)
+
+
+def test_a_builtin_a_subshell_leaves_beside_the_launch_gets_one_verdict_on_a_busy_machine(tmp_path):
+    """`(echo hi &)` leaves a shell nothing waits for: its trace landed before or after the launch's as the machine
+    scheduled it, and the line was accepted or refused (a fool-it review: 26 and 1). The launch now waits for it."""
+    script = tmp_path / "my_train_ddp.py"
+    burners = []  # the first tries on an idle machine, where the old race lost about one in ten; then a busy one
+    try:
+        for attempt in range(16):
+            if attempt == 10:
+                burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+            assert read_launch_line(f"(echo hi &); torchrun --nproc-per-node=2 {script}", script, 2).script_args == []
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    with pytest.raises(NotYet, match=re.escape("chains a second command to the launch (echo hi)")):
+        read_launch_line(f"torchrun --nproc-per-node=2 {script}; (echo hi &)", script, 2)
 
 
 @pytest.mark.slow  # the chain runs until the check's limit, twice

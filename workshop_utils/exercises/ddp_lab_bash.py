@@ -98,6 +98,31 @@ done
 [[ -e /dev/fd/1 && -e /dev/fd/2 ]] || how+=" closed"  # bash checks the descriptors themselves
 printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
 for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
+# A shell the line left beside the launch when the subshell that forked it ended (`(echo hi &); torchrun ...`) is
+# waited for by nothing: it traces what it runs before the launch is recorded, however the machine schedules it.
+# Not a loop (past @FORK_TICKS@ clock ticks of CPU), which the check stops when the line ends.
+if read -r stat < "/proc/$$/stat"; then
+    read -r _ up _ session _ <<< "${stat##*) }"
+    mine=" $session "  # the shells above the launch (its own, orphaned: `({ torchrun ...; } &)`) and the line's bash
+    while (( up > 1 && up != session )) && read -r stat < "/proc/$up/stat"; do
+        mine+="$up "
+        read -r _ up _ <<< "${stat##*) }"
+    done
+    while :; do
+        left=
+        for file in /proc/[0-9]*/stat; do
+            pid=${file#/proc/}
+            [[ $mine != *" ${pid%/stat} "* ]] && read -r stat < "$file" 2>/dev/null &&
+                [[ ${stat#* (} == "bash) "* ]] || continue
+            read -ra f <<< "${stat##*) }"  # state, parent, group, session, ..., user and system CPU at 11, 12
+            [[ ${f[3]} == "$session" && ${f[0]} != Z ]] && (( f[11] + f[12] < @FORK_TICKS@ )) &&
+                ! [[ -r /proc/${f[1]}/stat && $(< "/proc/${f[1]}/stat") =~ \)\ .\ [0-9]+\ [0-9]+\ $session\  ]] \
+                && { left=1; break; }
+        done
+        [[ $left ]] || break
+        PATH=@SYSTEM_PATH@ sleep 0.01
+    done
+fi
 echo "# launched $$" >> "$record/trace"
 exit @EXIT@
 """
@@ -191,7 +216,9 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
                     "@TOOLS@", shlex.quote(str(tools))).replace("@RECORD@", shlex.quote(str(record))).replace(
                     "@SYSTEM_PATH@", shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin")).replace(
                     "@KERNEL_BIN@", shlex.quote(str(KERNEL_BIN))).replace(
-                    "@LOADER@", "|".join(LOADER_VARIABLES)).replace("@NULL_MEANS_AND@", str(int("null" not in line))))
+                    "@LOADER@", "|".join(LOADER_VARIABLES)).replace(
+                    "@FORK_TICKS@", str(round(FORK_CPU_S * os.sysconf("SC_CLK_TCK")))).replace(
+                    "@NULL_MEANS_AND@", str(int("null" not in line))))
                 (tools / name).chmod(0o755)
             base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
             trace = os.open(record / "trace", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
