@@ -574,7 +574,7 @@ WRONG_63 = [
     (dict(gpu_hours=-0.05), ["never negative"]),
     (dict(next_time_limit_s=135), ["`next_time_limit_s` = 135:", "whole minutes"]),
     (dict(next_time_limit_s=900), ["`next_time_limit_s` = 900 is not right: too large for what"]),
-    (dict(next_time_limit_s=3), ["`next_time_limit_s` = 3:", "whole minutes"]),
+    (dict(next_time_limit_s=3), ["`next_time_limit_s` = 3: that is in minutes", "in seconds"]),
     (dict(next_time_limit_s=190), ["whole minutes"]),
     (dict(next_memory_mib=1250), ["`next_memory_mib` = 1,250:", "whole 100 MiB"]),
     (dict(next_memory_mib=1000), ["`next_memory_mib` = 1,000 is not right: too small for what"]),
@@ -593,7 +593,7 @@ CELL_MISTAKES = [
     ('usage["cpu_time_s"] / (usage["elapsed_s"] * usage["cpus"])', 'usage["cpu_time_s"] / usage["elapsed_s"]',
      ["your cell, run on another job", "between 0 and 1"]),
     ('usage["elapsed_s"] * usage["gpus"] / 3600', 'usage["elapsed_s"] * usage["gpus"]',
-     ["your cell, run on another job", "`gpu_hours` = 21,640 is not right"]),
+     ["your cell, run on another job", "`gpu_hours` = 21,600 is not right"]),
     ('usage["elapsed_s"] * usage["gpus"] / 3600', "0", ["`gpu_hours` = 0 is not right"]),
     ('usage["elapsed_s"] * usage["gpus"] / 3600', "0.0 * usage['gpus']", ["`gpu_hours` = 0 is not right"]),
     ('usage["cpu_time_s"] / (usage["elapsed_s"] * usage["cpus"])', "0.31", ["`cpu_efficiency` = 0.31 is not right"]),
@@ -620,7 +620,7 @@ def test_exercise_63_in_a_notebook_finds_the_exercise_cell_and_runs_it_again(cap
             exec(check, notebook)
             assert notebook["ok"] and capsys.readouterr().out.startswith("✓ Exercise 6.3: correct (31% of 1 core")
         else:
-            with pytest.raises(wu.WorkshopError, match="your cell, run on another job.*`gpu_hours` = 21,640 is not"):
+            with pytest.raises(wu.WorkshopError, match="your cell, run on another job.*`gpu_hours` = 21,600 is not"):
                 exec(check, notebook)
 
 
