@@ -100,7 +100,8 @@ printf '%s\0' "$how" "$PPID" "$LAB_CD" "${0##*/}" "$@" > "$record/$$.argv"
 for name in $(compgen -e); do printf '%s=%s\0' "$name" "${!name}"; done > "$record/$$.env"
 # A shell the line left beside the launch when the subshell that forked it ended (`(echo hi &); torchrun ...`) is
 # waited for by nothing: it traces what it runs before the launch is recorded, however the machine schedules it.
-# Not a loop (past @FORK_TICKS@ clock ticks of CPU), which the check stops when the line ends.
+# Not a loop (past @FORK_TICKS@ clock ticks of CPU), which the check stops when the line ends; and not past the line's
+# time, should nothing stop the line then.
 if read -r stat < "/proc/$$/stat"; then
     read -r _ up _ session _ <<< "${stat##*) }"
     mine=" $session "  # the shells above the launch (its own, orphaned: `({ torchrun ...; } &)`) and the line's bash
@@ -108,7 +109,7 @@ if read -r stat < "/proc/$$/stat"; then
         mine+="$up "
         read -r _ up _ <<< "${stat##*) }"
     done
-    while :; do
+    while (( SECONDS < @LINE_TIMEOUT_S@ )); do
         left=
         for file in /proc/[0-9]*/stat; do
             pid=${file#/proc/}
@@ -218,6 +219,7 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
                     "@KERNEL_BIN@", shlex.quote(str(KERNEL_BIN))).replace(
                     "@LOADER@", "|".join(LOADER_VARIABLES)).replace(
                     "@FORK_TICKS@", str(round(FORK_CPU_S * os.sysconf("SC_CLK_TCK")))).replace(
+                    "@LINE_TIMEOUT_S@", str(LINE_TIMEOUT_S)).replace(
                     "@NULL_MEANS_AND@", str(int("null" not in line))))
                 (tools / name).chmod(0o755)
             base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
