@@ -79,8 +79,8 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
             "reduce-scatter and an all-gather), " + hint, inputs=inputs.format(2))
     fsdp = number(fsdp_s, exercise, "fsdp_s", "one number, in seconds")
     six = (3 * ddp, "that is 3 all-reduces, 6 passes: FSDP's 3 passes are 1.5 all-reduces.", hint)
-    verdict(fsdp, 3 * one_pass, exercise, "fsdp_s", [six, *mistakes(3)], "FSDP is 3 passes (all-gather for the forward pass, "
-            "again for the backward, reduce-scatter of the gradients), " + hint, also=[1.5 * ddp],
+    verdict(fsdp, 3 * one_pass, exercise, "fsdp_s", [six, *mistakes(3)], "FSDP is 3 passes (all-gather for the "
+            "forward pass, again for the backward, reduce-scatter of the gradients), " + hint, also=[1.5 * ddp],
             inputs=inputs.format(3))
     return passed(exercise, f"DDP {1e3 * ddp:.0f} ms, FSDP {1e3 * fsdp:.0f} ms per step: {fsdp / ddp:.2f}x")
 

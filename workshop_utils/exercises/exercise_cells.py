@@ -33,7 +33,7 @@ def exercise_check(check):
 
     @functools.wraps(check)
     def run(*args, **kwargs):
-        if CELL_AGAIN["on"]:  # a check inside a cell run again judges nothing: the check that ran it judges what it gave
+        if CELL_AGAIN["on"]:  # a check inside a cell run again judges nothing: the check that ran it judges that
             return True
         try:
             return check(*args, **kwargs)
