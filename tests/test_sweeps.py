@@ -60,13 +60,12 @@ def test_batch_size_sweep_doubles_and_measures_memory_without_a_cap(tiny_data, t
 def test_batch_size_sweep_on_a_cpu_fits_a_line_that_every_run_repeats_and_its_cap_trains_nothing_over(tiny_data,
                                                                                                         tmp_path):
     # resident memory made batch 64 read below batch 32 in three of five runs: the tensor count must not
-    first, again = (wu.batch_size_sweep(_config(), tiny_data, start=32, largest=64) for _ in range(2))
-    peaks = first["peak_memory_mib"].tolist()
-    assert peaks == again["peak_memory_mib"].tolist() and 0 < peaks[0] < peaks[1]
+    peaks = wu.batch_size_sweep(_config(), tiny_data, start=32, largest=64)["peak_memory_mib"].tolist()
+    assert 0 < peaks[0] < peaks[1]
     capped = wu.batch_size_sweep(_config(), tiny_data, start=32, largest=64, memory_cap_mib=sum(peaks) / 2,
                                  run_dir=tmp_path)
     assert capped["status"].tolist() == ["ok", f"over the {sum(peaks) / 2:g} MiB memory cap at batch 64"]
-    assert capped["peak_memory_mib"].tolist() == peaks
+    assert capped["peak_memory_mib"].tolist() == peaks  # the second run reads the same, to the byte
     assert not (tmp_path / "results" / "batch-64.json").exists()  # judged before its run, not after
 
 
