@@ -1,6 +1,5 @@
-"""Exercise 2.2's launch line run by bash: restricted, with recording stand-ins alone on PATH, twice (the launch
-succeeding, then failing), traced on a descriptor of its own; what it ran, read back as a ``BashRun`` that
-``ddp_lab_launch`` judges."""
+"""Exercise 2.2's launch line run by a restricted bash with recording stand-ins alone on PATH, traced on a descriptor
+of its own; what it ran, read back as a ``BashRun`` that ``ddp_lab_launch`` judges."""
 
 from __future__ import annotations
 
@@ -181,29 +180,24 @@ TIMED_OUT = "did not end within"
 
 
 class BashRun(NamedTuple):
-    """What bash did with the line: each launch (its folder, words, the variables the line gave it, srun's own
-    arguments where srun started it), the commands after it, what ran with & ("launch", "other": bash's $! was set,
-    or ""), its first complaint and all of them, every command it ran (its trace, the check's own left out), and
-    whether bash sent its trace back to stderr (the line moved the trace's descriptor), whether a launch ran with
-    its output or its errors closed, what a tool (srun, env, nohup, ...) was given that started no stand-in, and
-    the line's own functions that ran."""
+    """What bash did with the line (the check's own commands left out)."""
 
+    # each launch: its folder, its words, the variables the line gave it, srun's own arguments where srun started it
     launches: list[tuple[str, list[str], dict, list[str] | None]]
-    after: list[str]
-    background: str
-    said: str
+    after: list[str]  # the commands after the launch
+    background: str  # what ran with &: "launch", "other" (bash's $! was set), or ""
+    said: str  # bash's first complaint
     complaints: list[str]
-    commands: list[str]
-    cut: bool
-    closed: bool = False
-    strays: tuple[str, ...] = ()
-    functions: frozenset = frozenset()
+    commands: list[str]  # every command it ran (its trace)
+    cut: bool  # bash sent its trace back to stderr: the line moved the trace's descriptor
+    closed: bool = False  # a launch ran with its output or its errors closed
+    strays: tuple[str, ...] = ()  # what a tool (srun, env, nohup, ...) was given that started no stand-in
+    functions: frozenset = frozenset()  # the line's own functions that ran
 
 
 def run_in_bash(line: str, launches_torchrun) -> BashRun:
-    """``line`` run by a restricted bash (no command named by its path, no output redirected) with the stand-ins
-    alone on PATH, twice: the launch succeeding, then failing, so that what follows an ``&&`` or an ``||`` runs.
-    ``launches_torchrun(words)`` tells a launch run with & from another command run so."""
+    """``line`` run by a restricted bash with the stand-ins alone on PATH, twice: the launch succeeding, then failing,
+    so that what follows an ``&&`` or an ``||`` runs; ``launches_torchrun(words)`` tells a launch run with &."""
     launches, after, background, complaints, commands, full, cut, closed = [], [], "", [], [], "", False, False
     strays, functions = [], set()
     bash = shutil.which("bash") or "/bin/bash"
@@ -280,11 +274,9 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
 
 def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stdout, stderr, trace: int,
                     tools: str) -> tuple[bool, bool]:
-    """Whether ``command``, run in a session of its own, ended within LINE_TIMEOUT_S, and whether something it
-    started outlived it (a loop left in the background, a job in a process group of its own): that is ended then,
-    so nothing outlives the check. A stand-in (from ``tools``) left running in the background ends by itself
-    within the limit, and so does a bash forked to start one: both are waited for, so that what they record does not
-    depend on how fast they were."""
+    """Whether ``command`` (in a session of its own) ended within LINE_TIMEOUT_S, and whether something it started
+    outlived it: that is killed then. A stand-in, or a bash forked to start one, ends by itself and is waited for, so
+    that what they record does not depend on how fast they were."""
     # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
     # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
     shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
@@ -324,9 +316,8 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stdout, std
 
 
 def _ends_by_itself(process, tools: str) -> bool:
-    """A process the line left behind that ends without being stopped: a stand-in (it records and exits), or a
-    bash that has used almost no CPU, which is a fork yet to start its stand-in, or a subshell waiting for one. A loop
-    uses CPU: it is stopped. CPU time, not a clock, so that a busy machine gives the same verdict."""
+    """A stand-in (it records and exits), or a bash with almost no CPU used (a fork yet to start one, a subshell
+    waiting for one); a loop uses CPU. CPU time, not a clock, so that a busy machine gives the same verdict."""
     try:
         if any(tools in word for word in process.cmdline()):
             return True
@@ -345,9 +336,8 @@ def _alive(process, session: int | None = None) -> bool:
 
 
 def command_words(traced: str, prefixes: list | None = None) -> list[str]:
-    """The words of a traced line from the command it runs on, past its assignments and the builtins that run the
-    next word (builtin and command past the line's functions, exec in place of the shell), which go to
-    ``prefixes`` with their options."""
+    """The words of a traced line from the command it runs on; its assignments and the builtins that run the next
+    word (builtin, command, exec), with their options, go to ``prefixes``."""
     try:  # bash's trace quotes a word as the shell would read it
         words = shlex.split(traced)
     except ValueError:

@@ -98,9 +98,8 @@ def read_output(path: Path) -> str:
 def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, device: str, timeout_s: float,
               echo: bool, exercise: str, assigned: dict | None = None,
               idle_limit_s: float | None = None) -> tuple[list[int], list[str]]:
-    """``python -m PROBE_MODULE module_args`` as the ranks of one torchrun agent per node on this machine, as
-    ``srun torchrun`` starts them on a cluster; once one agent has ended, the other is stopped 5 s later, as a
-    cluster ends a job whose task failed."""
+    """``python -m PROBE_MODULE module_args`` as the ranks of one torchrun agent per node on this machine (as ``srun
+    torchrun`` on a cluster); once one agent has ended, the other is stopped 5 s later, as a cluster ends the job."""
     port, ranks = free_port(), sum(per_node)
     env = {**job_env(cpu_threads_per_process(ranks), hide_gpus=device == "cpu"), STARTED: repr(time.time()),
            **(assigned or {})}

@@ -104,8 +104,8 @@ def _data(records, params, out_dir, nproc, facts):
         yield f"rank {empty} drew no samples from a DataLoader.", "train from a DataLoader over the dataset (step 3)."
         return
     if min(len(e) for e in epochs) < 2:
-        yield "the run trained one epoch: a reshuffle cannot be seen.", "run at least 2 epochs (the script's default " \
-                                                                        "is 3)."
+        yield ("the run trained one epoch: a reshuffle cannot be seen.",
+               "run at least 2 epochs (the script's default is 3).")
         return
     first = [set(e[0]) for e in epochs]
     shares = ((len(first[0] & first[rank]) / max(1, min(len(first[0]), len(first[rank]))), rank)

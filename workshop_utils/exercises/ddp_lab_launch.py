@@ -1,6 +1,5 @@
-"""Exercise 2.2's launch line judged: what bash ran (``ddp_lab_bash``: restricted, with recording stand-ins alone on
-PATH), read as torchrun reads it (its own parser and settings); one line names what would not launch the lab on
-this machine."""
+"""Exercise 2.2's launch line judged: what bash ran (``ddp_lab_bash``), read as torchrun reads it (its own parser and
+settings); one line names what would not launch the lab on this machine."""
 
 from __future__ import annotations
 
@@ -268,27 +267,26 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
 
 
 def _not_run(name: str, names_torchrun: bool, launched: bool, said: str = "") -> tuple[str, str]:
-    """A command ``name`` the check's shell does not run, as a problem and a fix in the attendee's words: the whole
-    line in quotes, a program by its path, another launcher, a tool the check's shell does not have; ``launched``,
-    beside a launch. ``said``: bash's complaint, where there is no name."""
+    """(problem, fix) for a command ``name`` the check's shell does not run (``launched``: beside a launch);
+    ``said``: bash's complaint, where there is no name."""
     problem = f"the command runs {short(name, 60)} beside the launch" if launched else \
         "bash ran the line and it started no torchrun"
     alone = "write the launch line alone, EXAMPLE, and run anything else in a cell of its own."
-    if name and len(name.split()) > 1 and not launched:
+    if not name:
+        return problem + (f" ({short(said, 120)})." if said else "."), "write the torchrun line, e.g. EXAMPLE."
+    if len(name.split()) > 1 and not launched:
         return f"{problem}: it took the whole line, in quotes, as the name of one command.", (
             "leave the quotes around the line out: EXAMPLE.")
     if "/" in name:
         return (f"{problem}, by its path" if launched else f"{problem}: it runs {short(name, 60)} by its path") + (
             ", and the check's shell runs a launch's tools by their names, as the kernel's PATH finds them."), (
             alone if launched else "write torchrun by its name: EXAMPLE.")
-    if name and (shutil.which(name) and not names_torchrun or name in OTHER_LAUNCHERS):
+    if shutil.which(name) and not names_torchrun or name in OTHER_LAUNCHERS:
         return f"{problem}: it runs {name}, which is no torchrun.", "launch it with torchrun: EXAMPLE."
-    if name and (shutil.which(name) or launched):
+    if shutil.which(name) or launched:
         return (f"{problem}: {name} is none of what a launch line needs beside torchrun and python (srun, env, "
                 "nohup, nice, stdbuf, timeout, time, module, conda; cd, source, export, set -e)."), alone
-    if name:
-        return f"{problem} ({short(name, 60)}: command not found).", "write the torchrun line, e.g. EXAMPLE."
-    return problem + (f" ({short(said, 120)})." if said else "."), "write the torchrun line, e.g. EXAMPLE."
+    return f"{problem} ({short(name, 60)}: command not found).", "write the torchrun line, e.g. EXAMPLE."
 
 
 def _torchrun_reads(args: list[str], env: dict, launch: bool = False) -> argparse.Namespace:
@@ -394,9 +392,8 @@ SRUN_COUNTS = {"ntasks": ("SLURM_NTASKS", "SLURM_NPROCS"), "nodes": ("SLURM_NNOD
 
 
 def _srun_tasks(args: list[str], assigned: dict, launched: str) -> int | str:
-    """The tasks srun's options ask for, read as Slurm reads them (an option over its variable; --ntasks over
-    what --nodes, --nodelist, --ntasks-per-node and the GPU options work out), or why srun would not start one
-    task of ``launched`` (the stand-in that srun's stand-in found) as the lab needs."""
+    """The tasks srun's options ask for, read as Slurm reads them (an option over its variable; --ntasks over what
+    the others work out), or why srun would not start one task of ``launched`` (the stand-in srun's found)."""
     from .answer_values import Problem
     from .job_script_standins import hostlist
     from .slurm_rules import SRUN, getopt_long
