@@ -39,8 +39,8 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
             f"stage {stage}.", "divide what is sharded into what the budget leaves beside what stays whole.")
     given = count(gpus, exercise, name, "a whole number of GPUs")
     require(given >= 1 or not kept, exercise, f"`{name}` = {given}: a number of GPUs is at least 1; 0 or less comes "
-            "from dividing by a room that is not positive.", f"what is sharded divides into the budget minus what stays "
-            f"whole on every GPU ({kept:.1f} GiB under stage {stage}), both in GiB (a GiB is 2**30 bytes).")
+            "from dividing by a room that is not positive.", "what is sharded divides into the budget minus what "
+            f"stays whole on every GPU ({kept:.1f} GiB under stage {stage}), both in GiB (a GiB is 2**30 bytes).")
     require(given >= 1, exercise, f"`{name}` = {given}: a number of GPUs is at least 1.", "round the quotient up "
             "(math.ceil): a share just above the budget needs one more GPU, never none.")
     value = smallest(given, exercise, name, lambda p: kept + split / p,

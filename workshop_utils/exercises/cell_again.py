@@ -110,13 +110,12 @@ def _copies(tree, namespace: dict, given) -> dict:
 
 def _quiet():
     """What a cell run again prints or displays goes nowhere: a notebook shows it once, under the cell."""
-    try:
+    with contextlib.suppress(ImportError):
         from IPython import get_ipython
         from IPython.utils.capture import capture_output
-    except ImportError:
-        get_ipython = None
-    if get_ipython is not None and get_ipython() is not None:
-        return capture_output(display=True)
+
+        if get_ipython() is not None:
+            return capture_output(display=True)
     stack = contextlib.ExitStack()
     stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
     stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
@@ -139,11 +138,9 @@ def _names(node) -> tuple[set, set]:
 
 
 def earlier_values(cell: str, namespace: dict, given, answers) -> list[str]:
-    """The notebook's values from earlier cells that flow into the cell's ``answers`` (read before the cell sets
-    them, by a statement that sets an answer or a name an answer is computed from), other than ``given``; a
-    function of the notebook that reads one of ``given`` itself counts too. A run of the cell on other inputs keeps
-    their values, so its answers there speak for the cell only in part. ``print(device)`` beside the answer does
-    not flow into it."""
+    """The notebook's values from earlier cells, other than ``given``, that flow into the cell's ``answers`` (a
+    function of the notebook that reads one of ``given`` counts too; ``print(device)`` beside an answer does not): a
+    run of the cell on other inputs keeps their values, so its answers there speak for the cell only in part."""
     try:
         tree = ast.parse(cell)
     except (SyntaxError, ValueError):
@@ -168,10 +165,9 @@ def earlier_values(cell: str, namespace: dict, given, answers) -> list[str]:
 
 
 def judge_cell_again(answers, given: dict, judge) -> None:
-    """Where the cell that set ``answers`` can run apart from the notebook: run it again on ``given`` and ``judge``
-    the answers it gives there (``judge`` raises ``NotYet`` when they are wrong), so that a method that happens to
-    give the right number on the notebook's one input shows. A cell whose answers also come from other values of
-    earlier cells keeps those on the other input: its refusal there is no verdict."""
+    """Run the cell that set ``answers`` again on ``given`` where it can run apart from the notebook, and ``judge``
+    (raising ``NotYet``) what it gives there, so that a method right by chance on the notebook's one input shows. No
+    verdict where its answers also come from earlier cells' values, which keep the notebook's on the other input."""
     _, cell, namespace = notebook_cell(answers)
     again = run_cell_again(cell, namespace, given, answers) if isinstance(cell, str) and not CELL_AGAIN["on"] else None
     if again is None:

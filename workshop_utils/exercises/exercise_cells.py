@@ -6,7 +6,6 @@ answer, so that a headless run of the solved notebooks fails."""
 from __future__ import annotations
 
 import ast
-import functools
 import sys
 
 from ..system.display import show_verdict
@@ -27,21 +26,6 @@ class NotYet(WorkshopError):
 
 class Unsolved(NotYet):
     """The answer is still the placeholder: a check says so in one line and does not raise."""
-
-
-def exercise_check(check):
-
-    @functools.wraps(check)
-    def run(*args, **kwargs):
-        if CELL_AGAIN["on"]:  # a check inside a cell run again judges nothing: the check that ran it judges that
-            return True
-        try:
-            return check(*args, **kwargs)
-        except Unsolved as err:
-            show_verdict(str(err))
-            return False
-
-    return run
 
 
 def require_answered(value, exercise: str, problem: str, hint: str = ANSWER_HERE) -> None:
@@ -68,9 +52,8 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
 
 
 def magic_code(node, magics=None) -> str | None:
-    """The Python a cell or line magic runs (``%%time``, ``%time``, ``%%capture``), as IPython writes the magic into
-    the cell's code (``get_ipython().run_cell_magic('time', '', code)``); None for any other node, or a magic not
-    in ``magics``."""
+    """The Python a cell or line magic (``%%time``) runs, as IPython writes it into the cell's code
+    (``get_ipython().run_cell_magic('time', '', code)``); None for any other node, or a magic not in ``magics``."""
     if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("run_cell_magic", "run_line_magic") and \
             len(node.args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args) \
             and (magics is None or node.args[0].value in magics):
@@ -97,9 +80,8 @@ def stores(source: str) -> set[str]:
 
 
 def notebook_cell(answers) -> tuple[int | None, str | None, dict]:
-    """The latest cell of IPython's input history (``_ih``, in the namespace of the cell that called the check) that
-    sets every name of ``answers``: its place in the history and its code (None, None when no cell does), and the
-    notebook's namespace ({} outside IPython)."""
+    """(place in IPython's history ``_ih``, code) of the latest cell that sets every name of ``answers`` ((None, None)
+    when none does), and the notebook's namespace ({} outside IPython), found from the frame that called the check."""
     frame = sys._getframe(1)
     while frame is not None and not isinstance(frame.f_globals.get("_ih"), list):
         frame = frame.f_back

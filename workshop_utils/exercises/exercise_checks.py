@@ -37,7 +37,6 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
         (counted, "that is the counter's measurement, not the formula.",
          "write 6 x parameters + 12 x layers x width x sequence."),
     ]
-    first = None
     for where, (N, L, d, T) in ((exercise, (N, L, d, T)),
                                 (f"{exercise}: at a second configuration the check tries", SECOND_GPT)):
         right = flops_per_token_closed_form(dataclasses.replace(size, layers=L, width=d), T, N)
@@ -46,10 +45,10 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
         verdict(value, right, where, "gpt_flops_per_token(...)", mistakes, "FLOPs per token = 6 x parameters + 12 x "
                 "layers x width x sequence, from the function's arguments.",
                 inputs=f"6 x {N:,} parameters + 12 x {L} layers x width {d} x {T} tokens")
+        # the second configuration's one mistake: the first's number again
         mistakes = [(value, "the same number as at the exercise's sizes: your function reads the notebook's "
                             "variables, not its arguments.",
-                     "compute from `parameters`, `layers`, `width` and `sequence`.")] if first is None else []
-        first = value
+                     "compute from `parameters`, `layers`, `width` and `sequence`.")]
     return passed(exercise, f"{formula / 1e6:.2f} MFLOP per token by the formula; the counter measured "
                             f"{counted / 1e6:.2f} on the model itself")
 

@@ -1,13 +1,12 @@
 """What a check reads from the notebook besides the answer: its inputs (``flops``, ``usage``, ``budget_gib``). In a
-notebook that watches them (``watch_exercise_inputs``), each input's value as the notebook set it is noted: its value
-after the last cell that changed it and set no check's answer. A check then names in one line an input that differs
-from that value (``flops = flops / 1e12`` in the answer's cell, ``usage["max_rss_mib"] *= 1.25`` after it, in a
-``%%time`` cell, through an alias, in a run of the answer's cell before the fixed one) instead of judging the answer
-against the changed value. The values decide what changed, as Python left them; a cell's code is read only to tell
-whether it set an answer."""
+notebook that watches them (``watch_exercise_inputs``), each input's value after the last cell that changed it and set
+no check's answer is noted; a check then names in one line an input that differs from it (``flops = flops / 1e12``,
+through an alias, in a ``%%time`` cell) instead of judging the answer against the changed value. The values decide
+what changed; a cell's code is read only to tell whether it set an answer."""
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import weakref
 from collections.abc import Mapping
@@ -50,13 +49,12 @@ LARGE_TENSOR = 1_000_000  # elements of a tensor in the host's memory
 _summed: dict[int, tuple] = {}  # id of a large host tensor -> (a weak reference to it, its version, its sums)
 
 
+@dataclasses.dataclass
 class _Notes:
-    """One watched notebook: each input as the notebook set it (the place in IPython's history of each cell that
-    did, with the value it left), and each input as it was before this cell ran."""
-
-    def __init__(self):
-        self.set: dict[str, list[tuple[int, object]]] = {}
-        self.last: dict[str, object] = {}
+    """One watched notebook: each input as the notebook set it ((place in IPython's history, value) of each cell
+    that did), and each input as it was before this cell ran."""
+    set: dict[str, list[tuple[int, object]]] = dataclasses.field(default_factory=dict)
+    last: dict[str, object] = dataclasses.field(default_factory=dict)
 
 
 _watched: dict[int, _Notes] = {}  # id of a watched notebook's namespace -> its notes

@@ -12,9 +12,10 @@ import warnings
 
 import numpy as np
 
+from ..system.display import show_verdict
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
-from .exercise_cells import NotYet, exercise_check, require, require_answered
+from .exercise_cells import CELL_AGAIN, NotYet, Unsolved, require, require_answered
 
 LARGEST_COUNT = 2**53  # beyond it a float no longer holds every whole number
 # The one tolerance of every exercise: within REL of the right value (a float32, another order of the same
@@ -27,13 +28,15 @@ class KitDefect(WorkshopError):
 
 
 def checked(check):
-    """A check that never shows a traceback: any exception but a ``WorkshopError`` is a one-line ``KitDefect``."""
+    """A check that never shows a traceback: an unsolved exercise is one line and False, any exception but a
+    ``WorkshopError`` a one-line ``KitDefect``."""
     signature = inspect.signature(check)
     default = getattr(signature.parameters.get("exercise"), "default", "the exercise")
 
-    @exercise_check
     @functools.wraps(check)
     def run(*args, **kwargs):
+        if CELL_AGAIN["on"]:  # a check inside a cell run again judges nothing: the check that ran it judges that
+            return True
         try:
             exercise = signature.bind(*args, **kwargs).arguments.get("exercise", default)
         except TypeError as err:
@@ -41,6 +44,9 @@ def checked(check):
                                 "run the check cell as the notebook gives it.") from None
         try:
             return check(*args, **kwargs)
+        except Unsolved as err:
+            show_verdict(str(err))
+            return False
         except WorkshopError:
             raise
         except Exception as err:  # noqa: BLE001 - turned into one line; the cause stays chained

@@ -21,13 +21,11 @@ from .exercise_judging import attendee_error, attendee_function, called, checked
 
 
 def _gradient_tensors(gradients) -> list[torch.Tensor] | None:
-    """The tensors ``gradients`` holds: one tensor or array, or a dict, list or tuple of them; None for anything
-    else."""
+    """The tensors ``gradients`` holds: one tensor or array, or a dict, list or tuple of them; else None."""
     held = list(gradients.values()) if isinstance(gradients, dict) else list(gradients) if isinstance(
         gradients, (list, tuple)) else [gradients]
     tensors = [torch.as_tensor(t) if type(t).__module__ == "numpy" else t for t in held]
-    ok = tensors and all(torch.is_tensor(t) for t in tensors)
-    return tensors if ok else None
+    return tensors if tensors and all(torch.is_tensor(t) for t in tensors) else None
 
 
 def _described(gradients, tensors) -> str:
@@ -123,8 +121,8 @@ def _amp_model(device: torch.device) -> nn.Module:
 
 
 def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str, zero_grad: bool = True):
-    """One step on a small seeded MLP with stale gradients in place: (model, scaler, loss, dtypes seen); with
-    ``amp_step=None`` the textbook step. GradScaler's own refusal of calls out of order is the message."""
+    """One step on a small seeded MLP with stale gradients in place: (model, scaler, loss, dtypes seen, optimizer);
+    with ``amp_step=None`` the textbook step. GradScaler's own refusal of calls out of order is the message."""
     model = _amp_model(device)
     images, labels = torch.randn(16, 32, device=device), torch.randint(0, 10, (16,), device=device)
     for p in model.parameters():

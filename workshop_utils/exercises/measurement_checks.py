@@ -144,23 +144,26 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
 
 
 def _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, exercise: str) -> str:
+    import pandas as pd
+
+    limit_fix = "keep the cell's first line, limit_mib = hp[\"memory_cap_mib\"] or the GPU's free memory in MiB."
     try:
         limit = number(limit_mib, exercise, "limit_mib")
     except NotYet:  # the placeholder too: the cell's first line, not the answer
         limit = math.nan
     require(limit > 0, exercise, f"`limit_mib` = {short(repr(limit_mib), 40)} is no memory limit: it should be a "
-            "number of MiB above 0.", "keep the cell's first line, limit_mib = hp[\"memory_cap_mib\"] or the GPU's "
-                                      "free memory in MiB.")
+            "number of MiB above 0.", limit_fix)
     columns = list(getattr(batch_sweep, "columns", []))
     got = short(f"a table of columns {columns}", 80) if hasattr(batch_sweep, "columns") else described(batch_sweep)
-    kit_input({"batch_size", "status", "peak_memory_mib"} <= set(columns), f"{exercise}: `batch_sweep` should be the "
-              f"sweep's table, got {got}.", "pass `batch_sweep`, the table the sweep cell made, as the check cell "
-                                            "does.")
-    import pandas as pd
+    kit_input({"batch_size", "status", "peak_memory_mib"} <= set(columns),
+              f"{exercise}: `batch_sweep` should be the sweep's table, got {got}.",
+              "pass `batch_sweep`, the table the sweep cell made, as the check cell does.")
+
+    def numeric(table) -> list:  # batch sizes and peaks as floats, NaN where a cell holds no number
+        return [pd.to_numeric(table[c], errors="coerce").astype(float) for c in ("batch_size", "peak_memory_mib")]
 
     fitted = batch_sweep[batch_sweep.status == "ok"]
-    batches, peaks = (pd.to_numeric(fitted[c], errors="coerce").astype(float) for c in ("batch_size",
-                                                                                        "peak_memory_mib"))
+    batches, peaks = numeric(fitted)
     unread = fitted[~(np.isfinite(batches) & np.isfinite(peaks))]
     first = unread.iloc[0] if len(unread) else {}
     cells = [repr(v) if isinstance(v, str) else str(v) for v in (first.get(c) for c in ("batch_size",
@@ -179,10 +182,9 @@ def _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, e
               "sweep again: on a shared machine another process can move the peak.")
     where = "at" if limit == intercept else "below"
     require(limit > intercept, exercise, f"`limit_mib` = {limit:.4g} MiB is {where} the line's intercept "
-            f"({intercept:,.1f} MiB): no batch fits in it.", "keep the cell's first line, limit_mib = "
-                                                             "hp[\"memory_cap_mib\"] or the GPU's free memory in MiB.")
+            f"({intercept:,.1f} MiB): no batch fits in it.", limit_fix)
     value = number(mib_per_sample, exercise, "mib_per_sample", "one number, in MiB per sample")
-    every = [pd.to_numeric(batch_sweep[c], errors="coerce").astype(float) for c in ("batch_size", "peak_memory_mib")]
+    every = numeric(batch_sweep)
     kept = np.isfinite(every[0]) & np.isfinite(every[1])
     stopped = [] if kept.sum() <= len(fitted) or every[0][kept].nunique() < 2 else [(
         float(np.polyfit(every[0][kept], every[1][kept], 1)[0]), "that fits every row, the one memory stopped too: "
@@ -220,8 +222,7 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
     require(phase != "step_ms", exercise, "step_ms is the whole step, not a part of it.",
             f"compare only the parts: {', '.join(parts)}.")
     require(phase in parts, exercise, f"`biggest_phase` = {short(repr(biggest_phase), 40)} is no column of the "
-            "step's parts.",
-            f"use one of {', '.join(parts)}.")
+            "step's parts.", f"use one of {', '.join(parts)}.")
     taken = format_number(float(top[phase]))
     require(taken == format_number(max(float(top[part]) for part in parts)), exercise,
             f"{phase} is not the top rung's largest part: in the last row it takes {taken} ms, less than another part.",

@@ -1,8 +1,7 @@
 """Notebook 06's exercises 6.1 and 6.2: each check judges the answer against the exercise's own specification
 (``JOB_SPEC`` for 6.1), lets the real tools read it (sbatch its #SBATCH lines, bash the script, torchrun its
 arguments, the training command its flags), then, where a Slurm answers, runs it and judges what the job did.
-A wrong answer of any type is one line (``NotYet``), never a traceback. 6.3 is in ``slurm_usage``.
-"""
+A wrong answer of any type is one line (``NotYet``), never a traceback. 6.3 is in ``slurm_usage``."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ def script_problem(script: str, spec: JobSpec = JOB_SPEC) -> str | None:
 
 def _judge_finished(job_id: str, output: Path, checkpoints: Path, result: Path, spec: JobSpec) -> str:
     """What the finished job shows: "" when everything is right, else the problem and its fix."""
-    records = job_records(job_id)
-    record = records[0] if records else {}
+    record = next(iter(job_records(job_id)), {})
     state = record.get("JobState", "unknown (Slurm forgot the job)")
     log = output.read_text(errors="replace") if output.exists() else ""
     if state == "TIMEOUT":
@@ -101,12 +99,11 @@ def _check_call(exercise: str, jobs_dir, timeout_s) -> None:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
         raise NotYet(f"✗ {exercise}: timeout_s={show(repr(timeout_s), 30)} is no time to wait for the check's job.",
                      "a number of seconds above 0, e.g. timeout_s=300.")
+    fix = "a folder's path (made if missing), or None for the current folder."
     if jobs_dir is not None and not isinstance(jobs_dir, (str, os.PathLike)):
-        raise NotYet(f"✗ {exercise}: jobs_dir is {kind(jobs_dir)}, not a folder's path.",
-                     "a folder's path (made if missing), or None for the current folder.")
+        raise NotYet(f"✗ {exercise}: jobs_dir is {kind(jobs_dir)}, not a folder's path.", fix)
     if jobs_dir is not None and Path(jobs_dir).exists() and not Path(jobs_dir).is_dir():
-        raise NotYet(f"✗ {exercise}: jobs_dir {show(str(jobs_dir))} is a file, not a folder.",
-                     "a folder's path (made if missing), or None for the current folder.")
+        raise NotYet(f"✗ {exercise}: jobs_dir {show(str(jobs_dir))} is a file, not a folder.", fix)
 
 
 def _text_then_cluster(exercise: str, problem: str | None, reads_right: str, unsubmitted: str, prefix: str,
@@ -144,7 +141,6 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
     folder = _text_then_cluster(exercise, problem, how, "it was not submitted", "ex61", jobs_dir)
     if folder is None:
         return True
-    spec = JOB_SPEC
     write_atomically(folder / "job.sbatch", lambda tmp: tmp.write_text(script), "Job script")
     checkpoints, result = folder / "checkpoints", folder / "result.json"
     try:
@@ -157,12 +153,12 @@ def check_job_script(script, jobs_dir=None, timeout_s: float = 300, exercise: st
         raise NotYet(f"✗ {exercise}: sbatch refused the script: {said}", fix) from None
     wait_for([job_id], timeout_s=timeout_s)
     output = next(folder.glob(f"*-{job_id}.out"), folder / f"slurm-{job_id}.out")
-    problem = _judge_finished(job_id, output, checkpoints, result, spec)
+    problem = _judge_finished(job_id, output, checkpoints, result, JOB_SPEC)
     if problem:
         _refuse(exercise, problem)
     limit = time_limit_s(read_directives(script)[0].get("time"))
-    return passed(exercise, f"job {job_id} ({folder / 'job.sbatch'}) ran on {spec.nodes} node(s) with {spec.ranks} "
-                            "ranks, wrote its checkpoints"
+    return passed(exercise, f"job {job_id} ({folder / 'job.sbatch'}) ran on {JOB_SPEC.nodes} node(s) with "
+                            f"{JOB_SPEC.ranks} ranks, wrote its checkpoints"
                             + (f", inside its {limit} s limit" if limit and limit != NO_LIMIT else ""))
 
 
@@ -216,13 +212,13 @@ def _sweep_line(number: int, line: str) -> float | None:
         raise Problem(f"line {number} ({shown}): python -m workshop_utils.train would stop with "
                       f"\"{show(str(err))}\". Fix: flags as the command takes them, e.g. \"--lr 0.01\".") from None
     given = vars(flags)
-    others = sorted(name for name, value in given.items() if value is not None and name != "lr")
-    if others and given.get("lr") is not None:  # a line with no --lr is named with the others that have none
+    lr = given.pop("lr", None)
+    others = sorted(name for name, value in given.items() if value is not None)
+    if others and lr is not None:  # a line with no --lr is named with the others that have none
         flags_shown = ", ".join("--" + name.replace("_", "-") for name in others)
         raise Problem(f"line {number} ({shown}) also sets {flags_shown}: a task's flags come after the sweep's shared "
                       "ones and override them, and the exercise's lines vary the learning rate alone. "
                       "Fix: only --lr on each line, e.g. \"--lr 0.01\".")
-    lr = given.get("lr")
     return None if lr is None else float(lr)
 
 

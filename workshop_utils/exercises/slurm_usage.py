@@ -1,7 +1,6 @@
 """Exercise 6.3: a finished job's efficiency and the request for the next run. The notebook's job has one CPU
 and no GPU, where a missing division by the CPUs or a GPU count left out changes nothing, so the check also
-runs the attendee's cell again on ``OTHER_JOB``.
-"""
+runs the attendee's cell again on ``OTHER_JOB``."""
 
 from __future__ import annotations
 
@@ -96,7 +95,7 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
     read = _usage_numbers(usage)
     _judge_usage(answers, read, exercise)
     cell, namespace = (cell, {}) if cell is not None else notebook_cell(ANSWERS)[1:]
-    namespace, judged_elsewhere, earlier = namespace or {}, False, []
+    judged_elsewhere, earlier = False, []
     again = _run_cell(cell, namespace, usage) if isinstance(cell, str) else None
     # Only a cell that gives the answers passed here, run on the same job, speaks for them on another job;
     # and only one whose answers move with the job: a cell that reads earlier variables, not `usage`, cannot.

@@ -128,15 +128,6 @@ def _device_name(name, exercise: str) -> str:
     return name
 
 
-def _rate(value) -> float | None:
-    """1.2's measured rate as a number above 0, or None."""
-    try:
-        rate = number_of(value)
-    except Problem:
-        return None
-    return rate if rate > 0 else None
-
-
 @checked
 def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
               exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
@@ -169,6 +160,10 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
             "fix Exercise 1.1 first" + (": the run it computes from is wrong, rerun the notebook from the top."
                                         if exact else "."))
     value = number(mfu, exercise, "mfu", "one number, a fraction")
+    try:  # 1.2's rate, named as a mistake where there is a data-sheet peak
+        measured_rate = number_of(measured_peak_tflops) if table_peak else 0.0
+    except Problem:
+        measured_rate = 0.0
     source = "the data-sheet peak" if table_peak else "the measured matmul rate, standing in for a peak"
     formula = "MFU = achieved TFLOP/s / peak TFLOP/s"
     verdict(value, right, exercise, "mfu", [(1.0 if right > 1 else None, "that caps MFU at 1; of a measured rate, "
@@ -176,7 +171,7 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
             (100 * right if 0.01 < right <= 1 else None, "a percentage, above 1: MFU is a fraction (0.05 is 5%).",
              f"{formula}, not x 100."),
             # the notebook's own branch divides by 1.2's rate where there is no peak: here there is one
-            (achieved / measured_rate if table_peak and (measured_rate := _rate(measured_peak_tflops)) else None,
+            (achieved / measured_rate if table_peak and measured_rate > 0 else None,
              f"that divides by your measured matmul rate; {device_name} has a data-sheet {precision} peak of "
              f"{table_peak or 0:g} TFLOP/s.", f"{formula}: wu.peak_tflops(device_name, precision).")],
             f"{formula}, a fraction (0.05 is 5%).", also=[(exact[0] if exact else achieved) / exact_peak],
