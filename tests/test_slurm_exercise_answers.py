@@ -463,6 +463,8 @@ RIGHT_62 = [
     # Found by a review: a rate computed in float (0.1 * 0.1 = 0.010000000000000002) is the same rate, and any
     # sequence of lines reads as the list it holds.
     ([f"--lr {0.1 * 0.1}", f"--lr {0.1 * 0.3}", "--lr 0.1"], "0-2"), (np.array(LINES), "0-2"),
+    # and a rate that went through float32 (torch.tensor(learning_rates)) is it too: 0.009999999776482582
+    ([f"--lr {lr.item()}" for lr in torch.tensor([0.01, 0.03, 0.1])], "0-2"),
 ]
 
 
@@ -502,7 +504,7 @@ WRONG_62 = [
     (["--lr 0.01"] * 3, "0-2", ["some tasks train the same run twice"]),
     (["--lr 0.01", "--seed 1", "--lr 0.1"], "0-2", ["line(s) [2] set no --lr"]),
     (list(reversed(LINES)), "0-2", ["not [0.01, 0.03, 0.1]"]),
-    (["--lr 0.01", "--lr 0.03", "--lr 0.10000001"], "0-2", ["not [0.01, 0.03, 0.1]"]),
+    (["--lr 0.01", "--lr 0.03", "--lr 0.11"], "0-2", ["not [0.01, 0.03, 0.1]"]),
     (["--learning-rate 0.01", "--lr 0.03", "--lr 0.1"], "0-2", ["unrecognized arguments: --learning-rate"]),
     (["--lr abc", "--lr 0.03", "--lr 0.1"], "0-2", ["'abc' is not a number"]),
     (["--lr '0.01'", "--lr 0.03", "--lr 0.1"], "0-2", ["is not a number"]),

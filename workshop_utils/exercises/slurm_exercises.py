@@ -22,7 +22,7 @@ from ..system.results import write_atomically
 from .answer_values import Problem, kind, number_of, show
 from .exercise_cells import NotYet, Unsolved, passed
 from .exercise_inputs import inputs_kept
-from .exercise_judging import checked
+from .exercise_judging import accepted, checked
 from .job_script import EXERCISE, GAPS, JOB_SCRIPT, JOB_SPEC, NEEDED_S, TRAINING, JobSpec, fill_job_script
 from .job_script_run import namespaces_problem
 from .job_script_static import read_directives, request_problem, syntax_problem, text_problem
@@ -271,7 +271,8 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
     if len(set(read)) < len(read):
         return (f"the lines set learning rates {read}: some tasks train the same run twice. Fix: one learning "
                 "rate per line.")
-    if not all(math.isclose(got, want, rel_tol=1e-9) for got, want in zip(read, values)):  # 0.1 * 0.1 is 0.01
+    # the one tolerance of every exercise: 0.1 * 0.1 and a float32 0.01 (0.009999999776) are 0.01
+    if not all(accepted(got, want) for got, want in zip(read, values)):
         return f"the lines set {read}, not {values}. Fix: the learning rates in their given order."
     if not isinstance(spec, str):
         return f"`array` is {kind(spec)}, not the text that goes after --array=. Fix: FIRST-LAST, as text."
@@ -328,7 +329,7 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
     gathered = gather_array(table.parent)
     rates = sorted(float(v) for v in gathered["lr"]) if "lr" in gathered else []
     wanted = sorted(_learning_rates(values))
-    if len(rates) != len(wanted) or not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(rates, wanted)):
+    if len(rates) != len(wanted) or not all(accepted(a, b) for a, b in zip(rates, wanted)):
         raise NotYet(f"✗ {exercise}: the gathered table holds learning rates {rates}, not {wanted}.",
                      f"read {table}.")
     return passed(exercise, f"array {job_id}: {len(gathered)} tasks, one per learning rate, gathered by job {gather}")
