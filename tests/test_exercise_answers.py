@@ -299,6 +299,9 @@ RIGHT += [
     # "at most finfo.max". Both are accepted.
     pytest.param("3.2", {"largest": 65510 / 1024, "safe_scale": 1024}, id="3.2-rounds-down-to-max"),
     pytest.param("3.2", {"largest": 65510 / 1024, "safe_scale": 512}, id="3.2-at-most-max-at-the-edge"),
+    # Found by a review: one pass rounded to two digits (0.28 s), then doubled and tripled, carries its rounding.
+    pytest.param("5.2", {"ddp_s": 2 * float(f"{ONE_PASS:.2g}"), "fsdp_s": 3 * float(f"{ONE_PASS:.2g}")},
+                 id="5.2-one-pass-rounded-then-multiplied"),
 ]
 
 
@@ -573,6 +576,9 @@ WRONG = [
                  id="5.2-parameters-as-bytes"),
     pytest.param("5.2", {"fsdp_s": 4 * ONE_PASS}, ["`fsdp_s` = 1.104 is not right", "3 passes"],
                  id="5.2-four-passes"),
+    # a pass rounded to one digit (0.3 s), then doubled, is too far to tell from a mistake
+    pytest.param("5.2", {"ddp_s": 2 * float(f"{ONE_PASS:.1g}")}, ["`ddp_s` = 0.6 is not right"],
+                 id="5.2-one-pass-rounded-to-one-digit"),
     pytest.param("5.2", {"ddp_s": 2 * (63 * NDR.latency_us * 1e-6 + 63 / 64 * 2 * PARAMETERS
                                        / (NDR.bandwidth_gbps * 2**30))},
                  ["`ddp_s` = 0.514: the bandwidth went in as GiB/s", "GB/s are decimal"], id="5.2-gib-per-s"),

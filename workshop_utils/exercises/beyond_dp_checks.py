@@ -11,7 +11,7 @@ from ..parallel.sharding import fewest_gpus, zero_kept_and_sharded_gib
 from .answer_values import scalar, show
 from .exercise_cells import passed, require, require_answered
 from .exercise_inputs import inputs_kept
-from .exercise_judging import checked, count, kit_number, number, smallest, verdict
+from .exercise_judging import accepted, checked, count, kit_number, number, smallest, verdict
 
 # An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
 # what the exercise's budget leaves part of.
@@ -74,14 +74,17 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
                 (ring(n=2 * n_bytes), "that counts the gradients in fp32, 4 bytes; `n_bytes` holds them in bf16.",
                  "use n_bytes as given.")]
 
+    def pass_rounded(value: float, passes: int) -> list[float]:  # one pass rounded (0.28 s), then 2 x or 3 x it
+        return [value] if accepted(value / passes, one_pass) else []
+
     ddp = number(ddp_s, exercise, "ddp_s", "one number, in seconds")
     verdict(ddp, ring_all_reduce_s(n_bytes, p, link), exercise, "ddp_s", mistakes(2), "an all-reduce is 2 passes (a "
-            "reduce-scatter and an all-gather), " + hint, inputs=inputs.format(2))
+            "reduce-scatter and an all-gather), " + hint, also=pass_rounded(ddp, 2), inputs=inputs.format(2))
     fsdp = number(fsdp_s, exercise, "fsdp_s", "one number, in seconds")
     six = (3 * ddp, "that is 3 all-reduces, 6 passes: FSDP's 3 passes are 1.5 all-reduces.", hint)
     verdict(fsdp, 3 * one_pass, exercise, "fsdp_s", [six, *mistakes(3)], "FSDP is 3 passes (all-gather for the "
-            "forward pass, again for the backward, reduce-scatter of the gradients), " + hint, also=[1.5 * ddp],
-            inputs=inputs.format(3))
+            "forward pass, again for the backward, reduce-scatter of the gradients), " + hint,
+            also=[1.5 * ddp, *pass_rounded(fsdp, 3)], inputs=inputs.format(3))
     return passed(exercise, f"DDP {1e3 * ddp:.0f} ms, FSDP {1e3 * fsdp:.0f} ms per step: {fsdp / ddp:.2f}x")
 
 
