@@ -15,16 +15,14 @@ import sys
 
 from . import job_script_standins as standins
 from .answer_values import Problem
-from .job_script_standins import CATCHABLE, Link, Loop, die_of, hostlist, say, status_code
-from .slurm_rules import megabytes, slurm_signal
+from .job_script_standins import Link, Loop, die_of, hostlist, say, status_code
+from .slurm_rules import SRUN, getopt_long, megabytes, slurm_signal, time_limit_s
 
 
 # ---------------------------------------------------------------------------------------------- srun
 
 
 def srun(argv: list[str]) -> None:
-    from .slurm_rules import SRUN, getopt_long, time_limit_s
-
     try:
         found, command = getopt_long(argv, SRUN)
     except Problem as problem:
@@ -100,7 +98,7 @@ def _task_env(export: str | None, job: str, step: int, names, step_nodes, layout
 
 
 def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, names, limit, mem) -> None:
-    loop, tasks, codes = Loop(link, catch=CATCHABLE), {}, {}
+    loop, tasks, codes = Loop(link), {}, {}
     config = link.config
 
     def start(node: int):
@@ -182,12 +180,11 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
             os._exit(1)
         found = shutil.which(program, path=env.get("PATH", "/bin:/usr/bin"))
         base = os.path.basename(found or program)
-        if base == "torchrun" or re.fullmatch(r"python[0-9.]*", base):  # the cluster's, wherever they are: the
-            if found is None and "/" not in program:                     # simulation's, as long as srun finds them
-                raise FileNotFoundError(2, "No such file or directory")
-            found = os.path.join(standins.SIM, "bin", "torchrun" if base == "torchrun" else "python3")
-        if found is None:
+        simulated = base == "torchrun" or re.fullmatch(r"python[0-9.]*", base)  # the cluster's, wherever they are:
+        if found is None and not (simulated and "/" in program):                 # the simulation's, if srun finds them
             raise FileNotFoundError(2, "No such file or directory")
+        if simulated:
+            found = os.path.join(standins.SIM, "bin", "torchrun" if base == "torchrun" else "python3")
         os.execve(found, command, env)
     except OSError as err:
         say(f"slurmstepd: error: execve(): {command[0]}: {err.strerror}")
@@ -198,8 +195,7 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
 
 
 def _sim(key: str):
-    """What the check wrote down for the simulated programs (``job_script_run``): the real python, PyTorch's
-    files, torchrun's options."""
+    """One entry of sim.json, which ``job_script_run`` writes for the simulated programs."""
     with open(os.path.join(standins.SIM, "sim.json")) as file:
         return json.load(file)[key]
 
@@ -272,6 +268,8 @@ def _launch_config(args, cores: int) -> dict:
 
 
 def torchrun(argv: list[str]) -> None:
+    import subprocess
+
     link = Link("torchrun")
     args = _torchrun_parser().parse_args(argv)  # argparse's usage and error, exit 2, as torchrun's own parser
     config, cores = link.config, int(os.environ.get("JOBSIM_CPUS") or 1)
@@ -314,8 +312,6 @@ def torchrun(argv: list[str]) -> None:
         found = shutil.which(command[0], path=env.get("PATH", "/bin:/usr/bin"))
         program = python if command[0] == python else found or command[0]
         try:
-            import subprocess
-
             workers[subprocess.Popen(command, executable=program, env=worker_env).pid] = rank
         except OSError as err:
             say(f"torchrun: {command[0]}: {err.strerror}", 1)
@@ -324,7 +320,7 @@ def torchrun(argv: list[str]) -> None:
 
 def _watch_workers(link: Link, workers: dict, script: str) -> None:
     """torchrun's agent after the start: it ends when every worker has; a failed one takes the others down."""
-    loop, ended, failed = Loop(link, catch=CATCHABLE), {}, []
+    loop, ended, failed = Loop(link), {}, []
 
     def on_signal(number):
         if number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):  # torchrun's signals_to_handle

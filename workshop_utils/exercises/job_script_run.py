@@ -80,12 +80,8 @@ def job_environment(run: JobRun, work: str, bin_dir: str) -> dict:
                SLURM_JOB_PARTITION="cpu", SLURM_JOB_USER="attendee", SLURM_GTIDS="0", SLURM_JOB_UID="1000",
                SLURM_JOB_GID="1000", SLURM_JOB_QOS="normal", SLURM_JOB_ACCOUNT="workshop", SLURM_PRIO_PROCESS="0",
                SLURM_TOPOLOGY_ADDR=names[0], SLURM_TOPOLOGY_ADDR_PATTERN="node", SLURM_TASK_PID="3")
-    if cpt:
-        env["SLURM_CPUS_PER_TASK"] = str(cpt)
-    if ntasks:
-        env.update(SLURM_NTASKS=str(ntasks), SLURM_NPROCS=str(ntasks))
-    if per_node:
-        env["SLURM_NTASKS_PER_NODE"] = str(per_node)
+    asked = dict(SLURM_CPUS_PER_TASK=cpt, SLURM_NTASKS=ntasks, SLURM_NPROCS=ntasks, SLURM_NTASKS_PER_NODE=per_node)
+    env.update({name: str(value) for name, value in asked.items() if value})  # set only where the job asks for it
     return env
 
 
@@ -100,19 +96,16 @@ def _calling(module, function: str, args: str, kit: str = "sys.argv[1]") -> str:
     return f"import sys\nsys.path.insert(0, {kit})\nfrom {module.__name__} import {function}\n{function}({args})\n"
 
 
-# Before those, everything but the simulation's folder made read-only (``job_script_standins.confine``).
-_CONFINE = _calling(job_script_standins, "confine", "sys.argv[2], sys.argv[3:]")
-
-
 def _confined(keep: str, command: list[str]) -> list[str]:
-    return ["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-I", "-S", "-c", _CONFINE, KIT, keep,
+    """``command``, everything but the simulation's folder ``keep`` made read-only (``job_script_standins.confine``)."""
+    confine = _calling(job_script_standins, "confine", "sys.argv[2], sys.argv[3:]")
+    return ["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-I", "-S", "-c", confine, KIT, keep,
             *command]
 
 
 @functools.cache
 def _unshare() -> tuple[list[str] | None, str, bool]:
-    """The unshare command line this machine permits (None and unshare's reason where none), and whether the
-    file system can be made read-only around the job (``_confined``)."""
+    """(the unshare command line this machine permits, or None; why none; whether ``_confined`` works here)."""
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         return None, "no Linux unshare here", False
     said = "?"

@@ -436,7 +436,7 @@ class Runner:
         if sum(spent.values()) > self.config["spin_cpu_s"] * 1e9:
             busy = max(spent, key=spent.get)
             self.note("spinning", pid=busy, command=self.command_of(busy), role=self.procs.get(busy, {}).get("role"),
-                      bash_children=self.children_of(self.bash))
+                      running=self.children_of(self.bash))
             self.finish("spinning", kill=True)
         quiet = all(state in "SZTtIX" for _, state, *_ in snap.values())
         sleeps = {}  # a sleep on the machine's clock ends by itself: waited for, up to machine_sleep_s in all
@@ -445,9 +445,10 @@ class Runner:
             if seconds is not None:
                 sleeps[pid] = self.slept.setdefault((pid, runs), seconds)  # one sleep: the runs it has had
         if sleeps and sum(self.slept.values()) > self.config["machine_sleep_s"]:
-            pid = max(sleeps, key=lambda p: sum(s for (q, _), s in self.slept.items() if q == p))
-            self.note("machine_sleep", pid=pid, command=self.command_of(pid), bash_children=self.children_of(
-                self.bash), seconds=round(sum(s for (q, _), s in self.slept.items() if q == pid), 3))
+            asleep = {p: sum(s for (q, _), s in self.slept.items() if q == p) for p in sleeps}  # each one's in all
+            pid = max(asleep, key=asleep.get)
+            self.note("machine_sleep", pid=pid, command=self.command_of(pid), running=self.children_of(self.bash),
+                      seconds=round(asleep[pid], 3))
             self.finish("machine_sleep")
         quiet = quiet and not sleeps
         same, self.last = quiet and snap == self.last, snap if quiet else None

@@ -1,12 +1,12 @@
-"""Exercise 6.1's simulated cluster, the programs' side: scontrol, scancel, pkill, killall, hostname, uname,
-getent, sleep, timeout, apptainer, the training processes, and Slurm's other commands (which refuse: the job has no
-controller), each this one file under another name. Each tells the runner what it did and waits for it where
-the real program waits on a cluster; the work itself is real (bash runs the script, signals are sent).
-Standard library only, so that each starts in milliseconds.
+"""Exercise 6.1's simulated cluster, the programs' side: the training processes and the tools in ``PROGRAMS``,
+each this one file under another name. Each tells the runner what it did and waits for it where the real program
+waits on a cluster; the work itself is real (bash runs the script, signals are sent). Standard library only, so
+that each starts in milliseconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -51,15 +51,11 @@ class Link:
                 if message not in self.inbox:
                     self.inbox.append(message)
 
-    def sleep(self, seconds: float, tag: str = "wake") -> None:
-        self.send(op="timer", s=seconds, tag=tag)
-        self.wait("timer")
-
 
 class Loop:
     """Wait for the runner's messages, signals and children at once; handlers run one at a time."""
 
-    def __init__(self, link: Link, catch=()):
+    def __init__(self, link: Link):
         self.link, self.pending = link, []
         read, write = os.pipe()
         os.set_blocking(write, False)
@@ -67,7 +63,7 @@ class Loop:
         self.selector = selectors.DefaultSelector()
         self.selector.register(link.sock, selectors.EVENT_READ)
         self.selector.register(read, selectors.EVENT_READ)
-        for sig in {*catch, signal.SIGCHLD}:
+        for sig in {*CATCHABLE, signal.SIGCHLD}:
             signal.signal(sig, lambda number, _: self.pending.append(number))
         self.pending.append(signal.SIGCHLD)  # a child that ended before the handler was set is reaped all the same
 
@@ -162,11 +158,9 @@ def training() -> None:
                                       f"{env.get('LOCAL_RANK')}, node {env.get('GROUP_RANK')}) on "
                                       f"{env.get('SLURMD_NODENAME')}, pid {os.getpid()}"),
                          (sys.stderr, f"rank {env.get('RANK')}: its warnings reach the job's log")):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a stream the launch closed
             print(text, file=stream, flush=True)
-        except (OSError, ValueError):
-            pass
-    loop, warned = Loop(link, catch=CATCHABLE), []
+    loop, warned = Loop(link), []
     link.send(op="ready")
     go = link.wait("go")
     if go.get("fail"):
@@ -325,7 +319,9 @@ def _seconds(text: str) -> float:
 def sleep(argv: list[str]) -> None:
     if not argv:
         say("sleep: missing operand\nTry 'sleep --help' for more information.", 1)
-    Link("sleep").sleep(sum(_seconds(a) for a in argv))
+    link = Link("sleep")
+    link.send(op="timer", s=sum(_seconds(a) for a in argv), tag="wake")
+    link.wait("timer")
 
 
 def timeout(argv: list[str]) -> None:
@@ -361,7 +357,7 @@ def timeout(argv: list[str]) -> None:
 
     if _seconds(args[0]) > 0:
         link.send(op="timer", s=_seconds(args[0]), tag="due")
-    Loop(link, catch=CATCHABLE).run(on_message, lambda n: child.send_signal(n), on_child)
+    Loop(link).run(on_message, lambda n: child.send_signal(n), on_child)
 
 
 def container(argv: list[str]) -> None:

@@ -15,8 +15,9 @@ from .slurm_rules import slurm_signal, time_limit_s
 
 LAUNCH_FIX = ("keep the template's launch line, srun --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" torchrun ... -m "
               "workshop_utils.train \"$@\" &, at the script's top level")
-WAIT_FIX = ("keep the template's loop after the launch, `while ! wait $!; do kill -0 $! 2>/dev/null || break; "
-            "done`, which waits again after each warning until training has ended")
+WAIT_LOOP = "while ! wait $!; do kill -0 $! 2>/dev/null || break; done"  # the template's, after the launch
+WAIT_FIX = (f"keep the template's loop after the launch, `{WAIT_LOOP}`, which waits again after each warning until "
+            "training has ended")
 BACKGROUND_FIX = ("the launch in the background (& at the end of its line) and the template's loop after it, whose "
                   "wait the warning interrupts so that bash runs the trap")
 FORWARD_FIX = ("trap forward USR1, with forward() { srun --overlap --ntasks-per-node=1 pkill -USR1 -f "
@@ -26,9 +27,7 @@ ENDPOINT_FIX = (f"Fix: {RDZV_FIX}.", "--rdzv-endpoint")  # the fix, and what nam
 CORES_FIX = ("#SBATCH --cpus-per-task, one core for each training process, srun --cpus-per-task="
              "\"$SLURM_CPUS_PER_TASK\" and OMP_NUM_THREADS=1, as in the template")
 
-
-_TEMPLATE_WAIT = re.compile(r"&[ \t]*(#[^\n]*)?\n(?:[ \t]*#[^\n]*\n)*[ \t]*" + re.escape(
-    "while ! wait $!; do kill -0 $! 2>/dev/null || break; done"))
+_TEMPLATE_WAIT = re.compile(r"&[ \t]*(#[^\n]*)?\n(?:[ \t]*#[^\n]*\n)*[ \t]*" + re.escape(WAIT_LOOP))
 
 
 def _said(log: str, *patterns: str) -> str:
@@ -55,6 +54,7 @@ class Judge:
         roles = ("torchrun", "training", "srun")
         self.agents, self.trainings, self.sruns = (outcome.of("start", role=role) for role in roles)
         self.launches = {e["pid"]: e for e in outcome.of("launch")}
+        self.end = next(iter(outcome.of("batch_end")), None)  # the batch shell's end, where it ended
 
     def said(self, *patterns: str) -> str:
         found = _said(self.o.log, *patterns or (r"line \d+: ",))
@@ -78,7 +78,7 @@ class Judge:
         return f"`{show(shown, 200)}`{line_of(self.script, token) or line_of(self.script, 'torchrun')}"
 
     def end_of_batch(self) -> str:
-        end = next(iter(self.o.of("batch_end")), None)
+        end = self.end
         if end is None:
             return "the job ran until its time limit" if self.o.reason == "time_limit" else "the batch shell ran on"
         how = f"with exit status {end['status']}" if end["signal"] is None else f"killed by {end['signal']}"
@@ -86,8 +86,7 @@ class Judge:
 
     def running(self) -> str:
         limit = next((e for e in self.o.events if e["what"] in ("time_limit", "spinning", "wall_limit")), {})
-        shown = [show(re.sub(r"\S*/jobsim-[^/\s]+/", "", _bare(r["command"])), 50) for r in limit.get("running") or
-                 limit.get("bash_children") or []]
+        shown = [show(re.sub(r"\S*/jobsim-[^/\s]+/", "", _bare(r["command"])), 50) for r in limit.get("running", [])]
         return "the batch shell was running: " + ", ".join(shown) if shown else "nothing else was running"
 
     # ------------------------------------------------------------------------------------------ the kinds
@@ -128,7 +127,7 @@ class Judge:
                if name.startswith("SLURM_") else f"set {name} before it is read, or give it a default, "
                f"${{{name}:-VALUE}}" if name else LAUNCH_FIX)
         killed = (" (a command of the script signalled it: kill $$, kill -9 -1 or pkill -u $USER reach the batch "
-                  "shell too)" if (next(iter(self.o.of("batch_end")), None) or {}).get("signal") else "")
+                  "shell too)" if (self.end or {}).get("signal") else "")
         return f"{start}{self.end_of_batch()}{killed}{self.said()}. Fix: {fix}."
 
     def wrong_launch(self) -> str | None:
@@ -165,8 +164,8 @@ class Judge:
                 fix, token = ENDPOINT_FIX
         elif len(self.launches) < len(self.agents):
             said, quote = "torchrun stopped at its arguments", self.said(r"^torchrun: error", r"Error: ")
-            if comment_in_command(self.script):
-                said, quote = f"{said}{quote}: {comment_in_command(self.script)}", ""
+            if comment := comment_in_command(self.script):
+                said, quote = f"{said}{quote}: {comment}", ""
                 fix = "Fix: the comment above or below the command, not between its lines."
         for launch in self.launches.values():
             if said:
@@ -341,7 +340,7 @@ class Judge:
 
     def checkpoint_lost(self) -> str | None:
         """Every checkpoint written, then the batch shell ended with status 0."""
-        where, end = self.where, next(iter(self.o.of("batch_end")), None)
+        where, end = self.where, self.end
         if {e["pid"] for e in self.o.of("checkpoint")} != {t["pid"] for t in self.trainings}:
             status = end and (f"status {end['status']}" if end["signal"] is None else f"killed by {end['signal']}")
             how = (f"the batch shell ended after the warning, with {status}, while training was still writing it "
@@ -365,9 +364,7 @@ class Judge:
 
     def failed_run(self) -> str | None:
         """Where training fails at its start, the batch shell must end too, not wait or spin until the limit."""
-        if self.o.of("batch_end"):
-            return None
-        return f"when training fails (a rank exits with an error), {self.loop_never_ends()}"
+        return None if self.end else f"when training fails (a rank exits with an error), {self.loop_never_ends()}"
 
     def loop_never_ends(self) -> str:
         how = "spun in a loop" if self.o.reason == "spinning" else "waited until the job's time limit"

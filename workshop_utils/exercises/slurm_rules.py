@@ -46,8 +46,7 @@ def _node_count(text: str) -> int:
 def node_range(text) -> tuple[int, int]:
     """``--nodes=N``, ``MIN-MAX`` or a list of counts as Slurm's ``verify_node_count`` reads it: (MIN, MAX),
     MAX 0 for no maximum; ``Problem`` (the reason, without a fix) where sbatch refuses it."""
-    if not isinstance(text, str):
-        raise Problem("is not a node count sbatch reads (N, MIN-MAX, or a list of them)")
+    text = text if isinstance(text, str) else ""  # refused as the empty count is
     if "," in text or ":" in text:
         counts = []
         for part in text.split(","):
