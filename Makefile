@@ -68,7 +68,8 @@ test-fast: $(STAMP)
 # rows and judges the rest by what no run shows): bash runs each script in its own namespaces.
 test-every-row: $(STAMP)
 	WORKSHOP_EVERY_ROW=1 $(PY) -m pytest tests/test_slurm_exercise_answers.py tests/test_slurm_exercise_answers_2.py \
-		tests/test_slurm_exercise_answers_3.py tests/test_slurm_exercise_answers_4.py
+		tests/test_slurm_exercise_answers_3.py tests/test_slurm_exercise_answers_4.py \
+		tests/test_slurm.py::test_exercise_61_names_each_mistake_in_one_line_before_the_queue
 
 # The notebook tier with one CPU burner per core beside it (a busy shared runner): verdicts must not change.
 test-loaded: $(STAMP)

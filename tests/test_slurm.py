@@ -467,7 +467,7 @@ def test_exercise_61_names_a_partition_the_cluster_does_not_have(cluster, tmp_pa
     (dict(signal="TERM@60"), "listen for SIGUSR1"),
     (dict(signal="B:USR1@5"), "5 s of warning"),
     (dict(time="00:01:00"), "--time of 60 s (line 6): the job needs about 120 s"),
-    (dict(cpus_per_task=1), "OMP_NUM_THREADS=1 for 2 training processes on 1 core(s)"),
+    (dict(cpus_per_task=1), "#SBATCH --cpus-per-task=1 (line 5) gives the launch's task 1 core(s) for its 2 training"),
 ])
 def test_exercise_61_names_each_mistake_in_one_line_before_the_queue(change, said, monkeypatch, request):
     from test_slurm_exercise_answers import simulate_the_sample
