@@ -9,6 +9,7 @@ typical wrong answers whose messages it names.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -25,6 +26,7 @@ import workshop_utils as wu
 from workshop_utils.exercises import exercise_checks
 from workshop_utils.exercises.exercise_cells import (BEGIN_SOLUTION, END_SOLUTION, PLACEHOLDER, YOUR_CODE_HERE, NotYet,
                                                      attendee_source)
+from workshop_utils.exercises.exercise_judging import KitDefect
 from workshop_utils.handout import attendee_notebook, write_attendee_notebooks
 from workshop_utils.system.errors import WorkshopError
 
@@ -492,6 +494,22 @@ def test_fsdp_traffic_against_ddp(capsys):
     not_yet(lambda: wu.check_fsdp_traffic(ddp_s, 3 * ddp_s, n_bytes, world_size, link),
             "`fsdp_s` = 1.656: that is 3 all-reduces, 6 passes")
     unsolved(lambda: wu.check_fsdp_traffic(ddp_s, ..., n_bytes, world_size, link), capsys, "`fsdp_s`", "placeholder")
+
+
+@pytest.mark.parametrize("n_bytes, world_size, link, said", [
+    # Found by a review: these were a KitDefect (a division by zero, a string's missing attribute)
+    (14e9, 1, wu.LINKS["ib_ndr"], "world_size = 1 should be a whole number, 2 or more"),
+    (14e9, 0, wu.LINKS["ib_ndr"], "world_size = 0 should be a whole number, 2 or more"),
+    (14e9, 64.5, wu.LINKS["ib_ndr"], "world_size = 64.5 should be a whole number"),
+    (14e9, 64, "ib_ndr", "the link is 'ib_ndr', not one of wu.LINKS"),
+    (14e9, 64, None, "the link is None, not one of wu.LINKS"),
+    (14e9, 64, dataclasses.replace(wu.LINKS["ib_ndr"], bandwidth_gbps=0.0), "not one of wu.LINKS"),
+    (-14e9, 64, wu.LINKS["ib_ndr"], "n_bytes = -14000000000.0 should be a number above 0"),
+])
+def test_fsdp_traffic_names_a_changed_input_of_the_cell(n_bytes, world_size, link, said):
+    with pytest.raises(wu.WorkshopError) as err:
+        wu.check_fsdp_traffic(0.0, 0.0, n_bytes, world_size, link)
+    assert not isinstance(err.value, KitDefect) and said in str(err.value) and "\n" not in str(err.value)
 
 
 def test_flops_per_token_by_the_formula_and_its_named_mistakes(capsys):

@@ -11,7 +11,7 @@ from ..parallel.sharding import fewest_gpus, zero_kept_and_sharded_gib
 from .answer_values import scalar, show
 from .exercise_cells import passed, require, require_answered
 from .exercise_inputs import inputs_kept
-from .exercise_judging import accepted, checked, count, kit_number, number, smallest, verdict
+from .exercise_judging import accepted, checked, count, kit_input, kit_number, number, short, smallest, verdict
 
 # An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
 # what the exercise's budget leaves part of.
@@ -54,7 +54,12 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
 def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Link,
                        exercise: str = "Exercise 5.2") -> bool:
     inputs_kept(exercise, "check_fsdp_traffic")
-    p = world_size
+    fix = "pass the inputs of the exercise's cell."
+    n_bytes = kit_number(n_bytes, exercise, "the cell's n_bytes", fix)
+    p = int(kit_number(world_size, exercise, "the cell's world_size", fix, least=2, whole=True, most=2.0**20))
+    kit_input(isinstance(link, Link) and link.bandwidth_gbps > 0 and link.latency_us >= 0,
+              f"{exercise}: the link is {short(repr(link), 40)}, not one of wu.LINKS.", "pass wu.LINKS[\"ib_ndr\"], "
+              "as the exercise's cell does.")
     one_pass = (p - 1) * link.latency_us * 1e-6 + (p - 1) / p * n_bytes / (link.bandwidth_gbps * 1e9)
     inputs = (f"{{}} passes of (p-1) * alpha + (p-1)/p * n / B, p = {p}, alpha = {link.latency_us:g} us, "
               f"B = {link.bandwidth_gbps:g} GB/s, n = {n_bytes:.3g} bytes")
