@@ -579,6 +579,11 @@ WRONG = [
     # a pass rounded to one digit (0.3 s), then doubled, is too far to tell from a mistake
     pytest.param("5.2", {"ddp_s": 2 * float(f"{ONE_PASS:.1g}")}, ["`ddp_s` = 0.6 is not right"],
                  id="5.2-one-pass-rounded-to-one-digit"),
+    # Found by a review: a named mistake made with the pass rounded, then doubled, is named too
+    pytest.param("5.2", {"ddp_s": 2 * float(f"{63 * 5e-6 + 63 / 64 * 2 * PARAMETERS / (50 * 2**30):.2g}")},
+                 ["`ddp_s` = 0.52: the bandwidth went in as GiB/s"], id="5.2-gib-with-the-pass-rounded"),
+    pytest.param("5.2", {"fsdp_s": 3 * float(f"{63 * 5 + 63 / 64 * 2 * PARAMETERS / 50e9:.2g}")},
+                 ["`fsdp_s` = 960: the latency went in as seconds"], id="5.2-latency-in-seconds-with-the-pass-rounded"),
     pytest.param("5.2", {"ddp_s": 2 * (63 * NDR.latency_us * 1e-6 + 63 / 64 * 2 * PARAMETERS
                                        / (NDR.bandwidth_gbps * 2**30))},
                  ["`ddp_s` = 0.514: the bandwidth went in as GiB/s", "GB/s are decimal"], id="5.2-gib-per-s"),

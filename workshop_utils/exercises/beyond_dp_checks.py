@@ -11,7 +11,7 @@ from ..parallel.sharding import fewest_gpus, zero_kept_and_sharded_gib
 from .answer_values import scalar, show
 from .exercise_cells import passed, require, require_answered
 from .exercise_inputs import inputs_kept
-from .exercise_judging import accepted, checked, count, kit_input, kit_number, number, short, smallest, verdict
+from .exercise_judging import accepted, checked, close, count, kit_input, kit_number, number, short, smallest, verdict
 
 # An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
 # what the exercise's budget leaves part of.
@@ -67,9 +67,15 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
     lat, bw, units = link.latency_us * 1e-6, link.bandwidth_gbps * 1e9, "alpha = latency_us * 1e-6 s, B = " \
         "bandwidth_gbps * 1e9 bytes/s (GB/s are decimal)."
 
-    def mistakes(passes: int) -> list:  # as 2.3 names them, for the same link arithmetic
+    def as_rounded(answer: float, passes: int, pass_s: float) -> float:
+        """``passes`` x ``pass_s``, or the answer where it is that pass rounded to two digits or more, then
+        multiplied (2 x 0.28 s): a rounding carries, into the right value and into each named mistake."""
+        exact = passes * pass_s
+        return answer if not close(answer, exact) and accepted(answer / passes, pass_s) else exact
+
+    def mistakes(passes: int, answer: float) -> list:  # as 2.3 names them, for the same link arithmetic
         def ring(alpha=lat, bandwidth=bw, n=n_bytes, share=(p - 1) / p):
-            return passes * ((p - 1) * alpha + share * n / bandwidth)
+            return as_rounded(answer, passes, (p - 1) * alpha + share * n / bandwidth)
         return [(ring(bandwidth=bw / 8), "that treats GB/s as Gbit/s (divided by 8).", units),
                 (ring(bandwidth=link.bandwidth_gbps * 2**30), "the bandwidth went in as GiB/s (x 2**30).", units),
                 (ring(bandwidth=link.bandwidth_gbps), "the bandwidth went in as bytes per second.", units),
@@ -79,17 +85,15 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
                 (ring(n=2 * n_bytes), "that counts the gradients in fp32, 4 bytes; `n_bytes` holds them in bf16.",
                  "use n_bytes as given.")]
 
-    def pass_rounded(value: float, passes: int) -> list[float]:  # one pass rounded (0.28 s), then 2 x or 3 x it
-        return [value] if accepted(value / passes, one_pass) else []
-
     ddp = number(ddp_s, exercise, "ddp_s", "one number, in seconds")
-    verdict(ddp, ring_all_reduce_s(n_bytes, p, link), exercise, "ddp_s", mistakes(2), "an all-reduce is 2 passes (a "
-            "reduce-scatter and an all-gather), " + hint, also=pass_rounded(ddp, 2), inputs=inputs.format(2))
+    verdict(ddp, ring_all_reduce_s(n_bytes, p, link), exercise, "ddp_s", mistakes(2, ddp), "an all-reduce is 2 "
+            "passes (a reduce-scatter and an all-gather), " + hint, also=[as_rounded(ddp, 2, one_pass)],
+            inputs=inputs.format(2))
     fsdp = number(fsdp_s, exercise, "fsdp_s", "one number, in seconds")
     six = (3 * ddp, "that is 3 all-reduces, 6 passes: FSDP's 3 passes are 1.5 all-reduces.", hint)
-    verdict(fsdp, 3 * one_pass, exercise, "fsdp_s", [six, *mistakes(3)], "FSDP is 3 passes (all-gather for the "
-            "forward pass, again for the backward, reduce-scatter of the gradients), " + hint,
-            also=[1.5 * ddp, *pass_rounded(fsdp, 3)], inputs=inputs.format(3))
+    verdict(fsdp, 3 * one_pass, exercise, "fsdp_s", [six, *mistakes(3, fsdp)], "FSDP is 3 passes (all-gather for "
+            "the forward pass, again for the backward, reduce-scatter of the gradients), " + hint,
+            also=[1.5 * ddp, as_rounded(fsdp, 3, one_pass)], inputs=inputs.format(3))
     return passed(exercise, f"DDP {1e3 * ddp:.0f} ms, FSDP {1e3 * fsdp:.0f} ms per step: {fsdp / ddp:.2f}x")
 
 
