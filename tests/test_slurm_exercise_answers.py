@@ -505,6 +505,7 @@ WRONG_62 = [
     (["--lr 0.01", "--seed 1", "--lr 0.1"], "0-2", ["line(s) [2] set no --lr"]),
     (list(reversed(LINES)), "0-2", ["not [0.01, 0.03, 0.1]"]),
     (["--lr 0.01", "--lr 0.03", "--lr 0.11"], "0-2", ["line 3 sets --lr 0.11, which is none of the learning rates"]),
+    (["--lr 0.03", "--lr 0.01", "--lr 0.11"], "0-2", ["line 3 sets --lr 0.11, which is none of the learning rates"]),
     (["--learning-rate 0.01", "--lr 0.03", "--lr 0.1"], "0-2", ["unrecognized arguments: --learning-rate"]),
     (["--lr abc", "--lr 0.03", "--lr 0.1"], "0-2", ["'abc' is not a number"]),
     (["--lr '0.01'", "--lr 0.03", "--lr 0.1"], "0-2", ["is not a number"]),

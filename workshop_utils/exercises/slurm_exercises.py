@@ -272,13 +272,13 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
         return (f"the lines set learning rates {read}: some tasks train the same run twice. Fix: one learning "
                 "rate per line.")
     # the one tolerance of every exercise: 0.1 * 0.1 and a float32 0.01 (0.009999999776) are 0.01
-    off = [k for k, (got, want) in enumerate(zip(read, values)) if not accepted(got, want)]
-    if off and all(any(accepted(got, want) for want in values) for got in read):
-        return f"the lines set {read}, not {values}. Fix: the learning rates in their given order."
-    if off:
-        k = off[0]
+    foreign = [k for k, got in enumerate(read) if not any(accepted(got, want) for want in values)]
+    if foreign:
+        k = foreign[0]
         return (f"line {k + 1} sets --lr {read[k]:g}, which is none of the learning rates {values}. Fix: line i sets "
                 f"the i-th learning rate, here \"--lr {values[k]:g}\".")
+    if not all(accepted(got, want) for got, want in zip(read, values)):
+        return f"the lines set {read}, not {values}. Fix: the learning rates in their given order."
     if not isinstance(spec, str):
         return f"`array` is {kind(spec)}, not the text that goes after --array=. Fix: FIRST-LAST, as text."
     ranges, _ = array_ranges(spec)
