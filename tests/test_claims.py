@@ -279,9 +279,11 @@ def small_images():
     return wu.make_synthetic_cifar(256, 64, seed=0)
 
 
-def test_step_memory_is_the_same_for_the_same_computation_whatever_ran_before(small_images):
+def test_step_memory_is_the_same_for_the_same_computation_whatever_ran_before(small_images, fake_cpu):
     """The first mode run in a process paid the allocator's growth: tf32 (plain fp32 on a CPU) showed half of
-    fp32's peak. One step's tensor memory is counted the same way for every mode, in any order."""
+    fp32's peak. One step's tensor memory is counted the same way for every mode, in any order. Counted from the
+    allocation records, which do not depend on the CPU's instructions: bf16 is measured as on a CPU that has them."""
+    fake_cpu("avx512-bf16")
     config = wu.TrainConfig(model="simplecnn", batch_size=32, device="cpu", progress=False)
     first = wu.step_memory(config.replace(precision="fp32"), small_images)
     bf16 = wu.step_memory(config.replace(precision="bf16"), small_images)
@@ -290,6 +292,14 @@ def test_step_memory_is_the_same_for_the_same_computation_whatever_ran_before(sm
     assert first["step_memory_mib"] == tf32["step_memory_mib"] == again["step_memory_mib"] > 0
     assert bf16["step_memory_mib"] < first["step_memory_mib"]  # bf16 activations, at a batch where they dominate
     assert "profiler's allocation records" in first["step_memory_measure"]
+
+
+def test_step_memory_says_why_a_mode_this_cpu_emulates_is_not_measured(small_images, fake_cpu):
+    fake_cpu("avx2")
+    config = wu.TrainConfig(model="simplecnn", batch_size=32, device="cpu", progress=False, precision="bf16")
+    bf16 = wu.step_memory(config, small_images)
+    assert bf16["step_memory_mib"] is None
+    assert bf16["step_memory_measure"].startswith("not measured: bf16 autocast is emulated on this CPU (AVX2")
 
 
 def test_the_mode_table_shows_step_memory_not_a_runs_resident_peak():
