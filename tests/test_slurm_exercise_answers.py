@@ -519,6 +519,17 @@ def test_exercise_62_names_each_wrong_answer_in_one_line(lines, array, words):
     refused(lambda: wu.check_array_sweep(lines, array, RATES, wu.TrainConfig()), *words)
 
 
+@pytest.mark.parametrize("values, words", [
+    (None, ["learning_rates is None"]), ("0.01", ["learning_rates is text"]), ((), ["learning_rates is empty"]),
+    ((0.01, 0, 0.1), ["a learning rate of 0"]), ((0.01, "x", 0.1), ["a learning rate"]),
+    # the notebook's rates themselves repeated: the lines that follow them are not the mistake
+    ((0.01, 0.01, 0.1), ["learning_rates holds 0.01 twice"]), ((0.01, 0.03, 0.030000001), ["holds 0.03 twice"]),
+])
+def test_exercise_62_names_learning_rates_it_cannot_sweep(values, words):
+    refused(lambda: wu.check_array_sweep([f"--lr {lr}" for lr in (0.01, 0.03, 0.1)], "0-2", values,
+                                         wu.TrainConfig()), *words)
+
+
 def test_exercise_62_array_tasks_reads_what_slurm_reads():
     assert se.array_tasks("0-6:2%2") == [0, 2, 4, 6] and se.array_tasks("--array=0,3,1-2") == [0, 1, 2, 3]
     assert se.array_tasks("0-2%0") is None and se.array_tasks(["0-2"]) is None and se.array_tasks("0-") is None

@@ -237,6 +237,10 @@ def _learning_rates(values) -> list[float]:
         rates.append(rate)
     if not rates:
         raise Problem("learning_rates is empty: a sweep needs a rate or more. Fix: e.g. (0.01, 0.03, 0.1).")
+    twice = next((rate for k, rate in enumerate(rates) if any(accepted(rate, other) for other in rates[:k])), None)
+    if twice is not None:  # no line could tell the two tasks apart: the lines are not where the mistake is
+        raise Problem(f"learning_rates holds {twice:g} twice: a sweep trains each rate once. Fix: each rate once, "
+                      "e.g. (0.01, 0.03, 0.1).")
     return rates
 
 
