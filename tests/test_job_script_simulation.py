@@ -13,8 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -139,6 +137,34 @@ def test_without_sbatch_slurms_option_tables_read_the_directives(monkeypatch, te
     real = job_script_static.shutil.which
     monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
     assert words[0] in (se.script_problem(text) or ""), se.script_problem(text)
+
+
+READERS = ["tables", pytest.param("sbatch", marks=pytest.mark.skipif(
+    job_script_static.shutil.which("sbatch") is None, reason="no sbatch here"))]
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("change, words", [
+    (dict(cpus_per_task="$SLURM_CPUS_PER_TASK"), ['Invalid numeric value "$SLURM_CPUS_PER_TASK" for --cpus-per-task',
+                                                  "Fix: #SBATCH lines are read by sbatch, not by a shell"]),
+    (dict(ntasks_per_node="2x"), ['Invalid numeric value "2x" for --ntasks-per-node', "Fix: a whole number, 1 or"]),
+    (dict(cpus_per_task=0), ['Invalid numeric value "0" for --cpus-per-task', "Fix: a whole number, 1 or more"]),
+    (dict(ntasks_per_node=2 ** 31), ["--ntasks-per-node=2147483648 is no count sbatch takes (too big"]),
+    (dict(nodes="2K-4"), ["Maximum node count 4 is less than minimum node count 2048", "Fix: --nodes=N"]),
+    (dict(nodes="5-x"), ['"x" is not a valid node count', "Fix: --nodes=N"]),
+    (dict(nodes="1,x"), ['"1,x" is not a valid node count']),
+    (dict(nodes=1e20), ['"100000000000000000000" is not a valid node count']),
+    (dict(nodes="$N"), ['"$N" is not a valid node count', "Fix: #SBATCH lines are read by sbatch, not by a shell"]),
+])
+def test_sbatch_and_its_tables_refuse_a_count_in_the_same_words(reader, change, words, monkeypatch):
+    """The portal may have no sbatch: the tables that stand in for it name a count it refuses as it does."""
+    if reader == "tables":
+        real = job_script_static.shutil.which
+        monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+    problem = se.script_problem(script(**change)) or ""
+    assert problem.startswith("sbatch would refuse the #SBATCH lines: ") or "too big" in problem, problem
+    for word in words:
+        assert word in problem, problem
 
 
 def test_the_sample_of_simulated_rows_names_tests_that_exist():

@@ -803,9 +803,6 @@ def test_a_cell_that_reads_earlier_variables_is_not_judged_on_another_job(capsys
 
 
 def test_a_sweep_line_that_changes_more_than_the_rate_is_named(capsys):
-    import workshop_utils as wu
-
-    config = wu.TrainConfig(max_steps=6)
     for lines in (["--lr 0.01 --device cuda", "--lr 0.03", "--lr 0.1"], ["--lr 0.01 --max-steps 1000", "--lr 0.03",
                                                                           "--lr 0.1"]):
         assert _se.sweep_problem(lines, "0-2", (0.01, 0.03, 0.1)) is not None

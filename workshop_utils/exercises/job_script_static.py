@@ -15,7 +15,7 @@ from pathlib import Path
 from .answer_values import Problem, show
 from .job_script import GAPS, JobSpec
 from .slurm_rules import (INT_MAX, NO_LIMIT, SBATCH, directives_and_first_command, getopt_long, megabytes,
-                          node_range, slurm_signal, time_limit_s)
+                          node_range, slurm_signal, strtol, time_limit_s)
 
 _ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")  # spaces sbatch and bash do not split on
 _ODD_DASHES = re.compile("(?:^|[\\s=])([\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z0-9]")
@@ -141,6 +141,12 @@ def _table_reading(arguments: list[str]) -> dict[str, str]:
     for name, check in (("time", time_limit_s), ("signal", slurm_signal)):
         if name in options and check(options[name]) is None:
             raise Problem(f"Invalid --{name} specification")
+    if "nodes" in options:
+        node_range(options["nodes"])  # sbatch's words where it refuses
+    for name in ("ntasks-per-node", "cpus-per-task"):
+        value, rest = strtol(options.get(name) or "1")
+        if value is None or rest or value <= 0:  # sbatch's parse_int: a number above 0, nothing after it
+            raise Problem(f'Invalid numeric value "{options[name]}" for --{name}')
     return {name: "set" if value is None else value for name, value in options.items()}
 
 
@@ -162,8 +168,9 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
         fix = ("#SBATCH lines are read by sbatch, not by a shell: a $VARIABLE stays as written; give the value "
                "itself." if "$" in said else "a time sbatch reads: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
                "D-HH:MM:SS (00:05:00)." if "--time" in said else "B:SIGNAL@SECONDS, e.g. B:USR1@60 (seconds alone, "
-               "no unit)." if "--signal" in said else "--option=VALUE with the option's whole name, one value for "
-               "each option.")
+               "no unit)." if "--signal" in said else "--nodes=N, the whole number of nodes the job needs." if
+               "node count" in said else "a whole number, 1 or more." if "Invalid numeric value" in said else
+               "--option=VALUE with the option's whole name, one value for each option.")
         raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: {fix}") from None
     return read, written
 
@@ -238,7 +245,7 @@ def request_problem(script: str, read: dict, written: dict, spec: JobSpec) -> st
     try:
         low, high = node_range(read.get("nodes", "1"))
     except Problem as why:
-        return f"--nodes={show(nodes)} {why}. Fix: --nodes={spec.nodes}."
+        return f"--nodes={show(nodes)}: {why}. Fix: --nodes={spec.nodes}."
     if (low, high) != (spec.nodes, spec.nodes):
         suffix = (f" (sbatch reads it as {low if low == high else f'{low}-{high}'} node{'s' * (high != 1)}: k "
                   "multiplies by 1024, m by 1048576)" if re.search(r"[kKmM]", nodes) else "")
@@ -248,9 +255,10 @@ def request_problem(script: str, read: dict, written: dict, spec: JobSpec) -> st
         value, given = read.get(name), written.get(name, read.get(name))
         if value is None:
             continue
-        big = given.isdigit() and value.lstrip("-").isdigit() and int(given) != int(value)
+        big = given.isdigit() and value.lstrip("-").isdigit() and (int(given) != int(value) or int(value) >= INT_MAX)
         if big or not (value.isdigit() and 0 < int(value) < INT_MAX):
-            said = f" (too big: sbatch reads it as {value})" if big else ""
+            said = (f" (too big: sbatch reads it as {value})" if int(given) != int(value) else
+                    f" (too big: sbatch takes at most {INT_MAX - 1:,})") if big else ""
             return f"--{name}={show(given)} is no count sbatch takes{said}. Fix: a whole number, 1 or more."
     for name in ("export", "output", "error", "mem", "mem-per-cpu"):
         why = _value_problem(name, written.get(name, read[name])) if name in read else None

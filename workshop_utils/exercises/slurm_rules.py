@@ -39,7 +39,7 @@ def _node_count(text: str) -> int:
         if value is not None and rest[:1].lower() == suffix:
             value, rest = value * scale, rest[1:]
     if value is None or not 0 <= value <= INT_MAX or rest.strip():
-        raise Problem("is not a node count sbatch reads (N, MIN-MAX, or a list of them)")
+        raise Problem(f'"{text}" is not a valid node count')  # sbatch's words
     return value
 
 
@@ -48,19 +48,21 @@ def node_range(text) -> tuple[int, int]:
     MAX 0 for no maximum; ``Problem`` (the reason, without a fix) where sbatch refuses it."""
     text = text if isinstance(text, str) else ""  # refused as the empty count is
     if "," in text or ":" in text:
-        counts = []
+        listed, counts = Problem(f'"{text}" is not a valid node count'), []
         for part in text.split(","):
             found = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part)
             if not found or any(int(g) >= MAX_JOB_SIZE for g in found.groups() if g):
-                return _node_count("")  # the same refusal
+                raise listed
             low, high = int(found.group(1)), int(found.group(2) or found.group(1))
             counts += range(low, high + 1, int(found.group(3) or 1))
-        return (min(counts), max(counts)) if counts else _node_count("")
+        if not counts:
+            raise listed
+        return min(counts), max(counts)
     low_text, dash, high_text = text.partition("-")
     low = 1 if dash and not low_text.strip() else _node_count(low_text)
     high = _node_count(high_text) if dash else low
     if high != 0 and high < low:
-        raise Problem(f"is not a node count sbatch reads: it reads {low}-{high}, a maximum below the minimum")
+        raise Problem(f"Maximum node count {high} is less than minimum node count {low}")  # sbatch's words
     return low, high
 
 
