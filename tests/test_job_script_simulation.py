@@ -149,7 +149,12 @@ READERS = ["tables", pytest.param("sbatch", marks=pytest.mark.skipif(
                                                   "Fix: #SBATCH lines are read by sbatch, not by a shell"]),
     (dict(ntasks_per_node="2x"), ['Invalid numeric value "2x" for --ntasks-per-node', "Fix: a whole number, 1 or"]),
     (dict(cpus_per_task=0), ['Invalid numeric value "0" for --cpus-per-task', "Fix: a whole number, 1 or more"]),
-    (dict(ntasks_per_node=2 ** 31), ["--ntasks-per-node=2147483648 is no count sbatch takes (too big"]),
+    (dict(ntasks_per_node=2 ** 31), ["--ntasks-per-node=2147483648 is no count sbatch takes (too big: sbatch reads "
+                                     "it as -2147483648)"]),
+    (dict(cpus_per_task=2 ** 32 + 2), ["--cpus-per-task=4294967298 is no count sbatch takes (too big: sbatch reads "
+                                       "it as 2)"]),
+    (dict(cpus_per_task=2 ** 63), ["Numeric argument (9223372036854775807) to big for --cpus-per-task",
+                                   "Fix: a whole number, 1 or more"]),
     (dict(nodes="2K-4"), ["Maximum node count 4 is less than minimum node count 2048", "Fix: --nodes=N"]),
     (dict(nodes="5-x"), ['"x" is not a valid node count', "Fix: --nodes=N"]),
     (dict(nodes="1,x"), ['"1,x" is not a valid node count']),
@@ -165,6 +170,17 @@ def test_sbatch_and_its_tables_refuse_a_count_in_the_same_words(reader, change, 
     assert problem.startswith("sbatch would refuse the #SBATCH lines: ") or "too big" in problem, problem
     for word in words:
         assert word in problem, problem
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("count", ["+2", "02", "0002"])
+def test_sbatch_and_its_tables_read_a_count_alike(reader, count, monkeypatch):
+    if reader == "tables":
+        real = job_script_static.shutil.which
+        monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+    text = script().replace("--cpus-per-task=2", f"--cpus-per-task={count}")
+    assert job_script_static.read_directives(text)[0]["cpus-per-task"] == "2"
+    assert se.script_problem(text) is None
 
 
 def test_the_sample_of_simulated_rows_names_tests_that_exist():

@@ -144,9 +144,13 @@ def _table_reading(arguments: list[str]) -> dict[str, str]:
     if "nodes" in options:
         node_range(options["nodes"])  # sbatch's words where it refuses
     for name in ("ntasks-per-node", "cpus-per-task"):
-        value, rest = strtol(options.get(name) or "1")
+        value, rest = strtol(options.get(name, "1") or "")
+        if value is not None and value >= 2**63:  # a C long: strtol stops there
+            raise Problem(f"Numeric argument ({2**63 - 1}) to big for --{name}")  # sbatch's words, as it spells them
         if value is None or rest or value <= 0:  # sbatch's parse_int: a number above 0, nothing after it
             raise Problem(f'Invalid numeric value "{options[name]}" for --{name}')
+        if name in options:
+            options[name] = str((value + 2**31) % 2**32 - 2**31)  # kept in a C int, as sbatch lists it
     return {name: "set" if value is None else value for name, value in options.items()}
 
 
@@ -169,7 +173,7 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
                "itself." if "$" in said else "a time sbatch reads: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
                "D-HH:MM:SS (00:05:00)." if "--time" in said else "B:SIGNAL@SECONDS, e.g. B:USR1@60 (seconds alone, "
                "no unit)." if "--signal" in said else "--nodes=N, the whole number of nodes the job needs." if
-               "node count" in said else "a whole number, 1 or more." if "Invalid numeric value" in said else
+               "node count" in said else "a whole number, 1 or more." if "Numeric" in said or "numeric" in said else
                "--option=VALUE with the option's whole name, one value for each option.")
         raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: {fix}") from None
     return read, written
@@ -255,10 +259,9 @@ def request_problem(script: str, read: dict, written: dict, spec: JobSpec) -> st
         value, given = read.get(name), written.get(name, read.get(name))
         if value is None:
             continue
-        big = given.isdigit() and value.lstrip("-").isdigit() and (int(given) != int(value) or int(value) >= INT_MAX)
+        big = given.isdigit() and value.lstrip("-").isdigit() and int(given) != int(value)
         if big or not (value.isdigit() and 0 < int(value) < INT_MAX):
-            said = (f" (too big: sbatch reads it as {value})" if int(given) != int(value) else
-                    f" (too big: sbatch takes at most {INT_MAX - 1:,})") if big else ""
+            said = f" (too big: sbatch reads it as {value})" if big else ""
             return f"--{name}={show(given)} is no count sbatch takes{said}. Fix: a whole number, 1 or more."
     for name in ("export", "output", "error", "mem", "mem-per-cpu"):
         why = _value_problem(name, written.get(name, read[name])) if name in read else None
