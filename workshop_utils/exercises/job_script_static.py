@@ -133,25 +133,32 @@ def _sbatch_reading(script: str) -> dict[str, str] | None:
 
 
 def _table_reading(arguments: list[str]) -> dict[str, str]:
-    """The #SBATCH options as Slurm's own tables read them, where sbatch is not installed."""
+    """The #SBATCH options as Slurm's own tables read them, where sbatch is not installed. Each value is checked as
+    sbatch checks it, where it stands: one that a later line replaces is refused too."""
     found, rest = getopt_long(arguments, SBATCH)
     if rest:
         raise Problem(f"Invalid directive found in batch script: {rest[0]}")
-    options = dict(found)
-    for name, check in (("time", time_limit_s), ("signal", slurm_signal)):
-        if name in options and check(options[name]) is None:
-            raise Problem(f"Invalid --{name} specification")
-    if "nodes" in options:
-        node_range(options["nodes"])  # sbatch's words where it refuses
-    for name in ("ntasks-per-node", "cpus-per-task"):
-        value, rest = strtol(options.get(name, "1") or "")
-        if value is not None and value >= 2**63:  # a C long: strtol stops there
-            raise Problem(f"Numeric argument ({2**63 - 1}) to big for --{name}")  # sbatch's words, as it spells them
-        if value is None or rest or value <= 0:  # sbatch's parse_int: a number above 0, nothing after it
-            raise Problem(f'Invalid numeric value "{options[name]}" for --{name}')
-        if name in options:
-            options[name] = str((value + 2**31) % 2**32 - 2**31)  # kept in a C int, as sbatch lists it
+    options = {}
+    for name, value in found:
+        options[name] = _table_value(name, value)
     return {name: "set" if value is None else value for name, value in options.items()}
+
+
+def _table_value(name: str, value: str | None) -> str | None:
+    """``value`` as sbatch keeps it; ``Problem`` in sbatch's words where it refuses it."""
+    if name in ("time", "signal", "mem", "mem-per-cpu", "mem-per-gpu") and {
+            "time": time_limit_s, "signal": slurm_signal}.get(name, megabytes)(value) is None:
+        raise Problem(f"Invalid --{name} specification")
+    if name == "nodes":
+        node_range(value)
+    if name in ("ntasks-per-node", "cpus-per-task"):
+        number, rest = strtol(value or "")
+        if number is not None and number >= 2**63:  # a C long: strtol stops there
+            raise Problem(f"Numeric argument ({2**63 - 1}) to big for --{name}")  # sbatch's words, as it spells them
+        if number is None or rest or number <= 0:  # sbatch's parse_int: a number above 0, nothing after it
+            raise Problem(f'Invalid numeric value "{value}" for --{name}')
+        return str((number + 2**31) % 2**32 - 2**31)  # kept in a C int, as sbatch lists it
+    return value
 
 
 def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -174,6 +181,8 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
                "D-HH:MM:SS (00:05:00)." if "--time" in said else "B:SIGNAL@SECONDS, e.g. B:USR1@60 (seconds alone, "
                "no unit)." if "--signal" in said else "--nodes=N, the whole number of nodes the job needs." if
                "node count" in said else "a whole number, 1 or more." if "Numeric" in said or "numeric" in said else
+               "a size sbatch reads (a whole number, then K, M, G or T), or leave it out as the template does." if
+               "--mem" in said else
                "--option=VALUE with the option's whole name, one value for each option.")
         raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: {fix}") from None
     return read, written

@@ -60,17 +60,20 @@ def node_range(text) -> tuple[int, int]:
         return min(counts), max(counts)
     low_text, dash, high_text = text.partition("-")
     low = 1 if dash and not low_text.strip() else _node_count(low_text)
-    high = _node_count(high_text) if dash else low
+    high = low if not dash else -1 if not high_text.strip() else _node_count(high_text)  # sbatch's -1 for "1-"
     if high != 0 and high < low:
         raise Problem(f"Maximum node count {high} is less than minimum node count {low}")  # sbatch's words
     return low, high
 
 
 def megabytes(text) -> float | None:
-    """A memory size as Slurm reads one (``--mem``, ``--mem-per-cpu``): MiB without a unit, K, M, G or T after it."""
-    found = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)B?\s*", text.upper()) if isinstance(text, str) else None
-    scale = {"K": 2**-10, "": 1, "M": 1, "G": 2**10, "T": 2**20}
-    return float(found.group(1)) * scale[found.group(2)] if found else None
+    """A memory size as Slurm's ``str_to_mbytes`` reads one (``--mem``, ``--mem-per-cpu``): a whole number, MiB,
+    or K, M, G or T after it (then a B or not); None where sbatch refuses it (1.5G, 2GiB, -1)."""
+    value, rest = strtol(text) if isinstance(text, str) else (None, "")
+    found = re.fullmatch(r"(?:([KMGT])B?)?\s*", rest.upper())
+    if value is None or value < 0 or not found:
+        return None
+    return value * {"K": 2**-10, None: 1, "M": 1, "G": 2**10, "T": 2**20}[found.group(1)]
 
 
 NO_LIMIT = math.inf
