@@ -196,6 +196,10 @@ AS_SBATCH_READS = [
     "--mem 500", "--mem-per-cpu=1.5G", "--mem-per-gpu=3.5G", "--exclusive=user", "-H", "-n1", "--export=NIL",
     "--export=all", "-o /dev/null", "--nice", "--job-name", "--n=1", "--tasks-per-node=1", "--x=1", "--no",
     "--cpus", "--ntasks-per=1", "--nodes=1 --nodes=2", "--unknown-option", "-G 1", "--time-min=1",
+    # sbatch splits a line not quite as a shell would: at a space after a backslash, and a backslash escapes a quote
+    # inside quotes
+    "--job-name=a\\ b", "--job-name='a\\' -N 2", '--job-name="a\\"b" -N 2', "--job-name=a\\#b -N 2",
+    "--job-name='a # b' -N 2", "-c 3 '' -N 2",
 ]
 
 

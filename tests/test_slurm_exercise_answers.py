@@ -184,6 +184,23 @@ def test_sbatch_reads_directives_above_the_first_command_only():
     assert rules.directives_and_first_command(text) == (["--nodes=1", "-t", "5", "--job-name=a b"], "echo hi", True)
 
 
+@pytest.mark.parametrize("line, words", [
+    ("--job-name=a\\ b -N 2", ["--job-name=a", "b", "-N", "2"]),  # the space still splits: sbatch refuses "b"
+    ("--job-name=a\\#b -N 2", ["--job-name=a#b", "-N", "2"]),
+    ('--job-name="a\\"b" -N 2', ['--job-name=a"b', "-N", "2"]),
+    ("--job-name=\"a b\"c'd e' -N 2", ["--job-name=a bcd e", "-N", "2"]), ("-N 2 # -c 3", ["-N", "2"]),
+    ("-N 2 '' -c 3", ["-N", "2"]),
+])
+def test_sbatch_splits_an_sbatch_line_as_its_get_argument_does(line, words):
+    """What sbatch itself gave for each line (installed, it judges them itself: tests/test_job_script_simulation)."""
+    assert rules.sbatch_arguments(line) == words
+
+
+def test_a_backslash_escapes_the_closing_quote_on_an_sbatch_line():
+    with pytest.raises(se.Problem, match="a quote that does not close"):
+        rules.sbatch_arguments("--job-name='a\\' -N 2")
+
+
 # ---------------------------------------------------------------------- Exercise 6.1: right answers pass
 
 RIGHT_61 = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import math
 import re
-import shlex
 import signal as signals
 
 from .answer_values import Problem, show
@@ -297,15 +296,28 @@ MAGIC = ("#SBATCH", "#SLURM")  # sbatch reads both (the second with a warning)
 
 
 def sbatch_arguments(rest: str) -> list[str]:
-    """The arguments of one ``#SBATCH`` line as sbatch's ``get_argument`` splits them: as a shell would, an unquoted
-    # starting a comment, an empty argument ending the line; ``Problem`` for a quote that does not close."""
-    lexer = shlex.shlex(rest, posix=True)
-    lexer.whitespace_split, lexer.commenters = True, "#"
-    try:
-        words = list(lexer)
-    except ValueError:
-        raise Problem(f"sbatch stops at a quote that does not close in #SBATCH{show(rest)}. Fix: close the quote.") \
-            from None
+    """The arguments of one ``#SBATCH`` line as sbatch's ``get_argument`` splits them, which is not quite as a shell
+    would: unquoted white space ends an argument even after a backslash (``a\\ b`` is two), a backslash keeps the
+    character after it, a quote inside quotes too; an unquoted # starts a comment, an empty argument ends the line;
+    ``Problem`` for a quote that does not close."""
+    words, word, quote, escaped = [], None, "", False
+    for char in rest:
+        if char in " \t\n\v\f\r" and not quote:  # an escaped space too
+            words += [] if word is None else ["".join(word)]
+            word, escaped = None, False
+        elif escaped or (quote and char not in (quote, "\\")):
+            word, escaped = word + [char], False
+        elif char == "\\":
+            word, escaped = word or [], True
+        elif quote or char in "'\"":
+            word, quote = word or [], "" if quote else char
+        elif char == "#":
+            break
+        else:
+            word = (word or []) + [char]
+    if quote:
+        raise Problem(f"sbatch stops at a quote that does not close in #SBATCH{show(rest)}. Fix: close the quote.")
+    words += [] if word is None else ["".join(word)]
     return words[:words.index("")] if "" in words else words
 
 
