@@ -200,6 +200,8 @@ AS_SBATCH_READS = [
     # inside quotes
     "--job-name=a\\ b", "--job-name='a\\' -N 2", '--job-name="a\\"b" -N 2', "--job-name=a\\#b -N 2",
     "--job-name='a # b' -N 2", "-c 3 '' -N 2",
+    # a review's: one dash reads as -n with "odes=1"; memory named with its unit
+    "-nodes=1", "--ntasks=0", "--mem=512MB", "--mem-per-cpu=500M",
 ]
 
 
@@ -219,6 +221,28 @@ def test_the_tables_judge_an_sbatch_line_as_sbatch_does(line, monkeypatch):
     real = job_script_static.shutil.which
     monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
     assert verdict() == by_sbatch
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("line", ["#PBS -l walltime=00:01:00", "#BSUB -n 4", "#PBS -N ddp"])
+def test_pbs_and_lsf_lines_sbatch_reads_too_are_named(reader, line, monkeypatch):
+    """sbatch turns #PBS and #BSUB lines into options (a review: a walltime of a minute passed without sbatch)."""
+    if reader == "tables":
+        real = job_script_static.shutil.which
+        monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+    text = script().replace("#SBATCH --nodes=1\n", f"#SBATCH --nodes=1\n{line}\n", 1)
+    assert se.script_problem(text).startswith(f"line 4, {line}, is read by sbatch too")
+    ignored = se.script_problem(text.replace("#SBATCH --nodes=1", "#SBATCH --nodes=1 --ignore-pbs"))
+    assert "is read by sbatch too" not in (ignored or "")
+
+
+@pytest.mark.parametrize("first", ["#!/bin/bash -l", "#!/bin/bash --login"])
+def test_a_login_shell_keeps_the_path_sbatch_passed_on(first, capsys):
+    """A common first line on clusters; this machine's /etc/profile sets PATH anew, a cluster's keeps it (a review:
+    the simulated job ran the machine's srun and blamed the launch line)."""
+    if job_script_run.namespaces_problem():
+        pytest.skip(f"no PID namespaces here: {job_script_run.namespaces_problem()}")
+    assert wu.check_job_script(script().replace("#!/bin/bash", first, 1)) is True
 
 
 def test_the_sample_of_simulated_rows_names_tests_that_exist():

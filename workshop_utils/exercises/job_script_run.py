@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -166,6 +167,9 @@ def _build(sim: Path, script: str, run: JobRun) -> Path:
                                              torchrun=torchrun_options())))
     _write(sim / "job.sbatch", script, 0o755)
     env = job_environment(run, str(sim / "work"), str(sim / "bin"))
+    # #!/bin/bash -l reads this machine's /etc/profile, which may set PATH anew (Debian's does); a cluster's login
+    # profile keeps the PATH sbatch passed on, as the attendee's own profile would where the site's does not
+    _write(sim / "work" / ".bash_profile", f"PATH={shlex.quote(env['PATH'])}\n")
     if run.random is not None:  # unset, RANDOM is a plain variable: the same in every subshell, one draw of a job
         _write(sim / "random.sh", f"unset RANDOM\nRANDOM={run.random}\n")
         env["BASH_ENV"] = str(sim / "random.sh")

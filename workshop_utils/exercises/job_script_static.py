@@ -151,7 +151,7 @@ def _table_value(name: str, value: str | None) -> str | None:
         raise Problem(f"Invalid --{name} specification")
     if name == "nodes":
         node_range(value)
-    if name in ("ntasks-per-node", "cpus-per-task"):
+    if name in ("ntasks-per-node", "cpus-per-task", "ntasks"):
         number, rest = strtol(value or "")
         if number is not None and number >= 2**63:  # a C long: strtol stops there
             raise Problem(f"Numeric argument ({2**63 - 1}) to big for --{name}")  # sbatch's words, as it spells them
@@ -185,6 +185,11 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
                "--mem" in said else
                "--option=VALUE with the option's whole name, one value for each option.")
         raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: {fix}") from None
+    foreign = next((k for k, line in enumerate(script.split("\n"), 1) if line.startswith(("#PBS", "#BSUB"))), 0)
+    if foreign and "ignore-pbs" not in read:
+        raise Problem(f"line {foreign}, {show(script.split(chr(10))[foreign - 1], 60)}, is read by sbatch too: it "
+                      "turns #PBS and #BSUB lines into options of the job, beside the #SBATCH lines. Fix: remove it "
+                      "(or add --ignore-pbs); the template's #SBATCH lines ask for what the exercise needs.")
     return read, written
 
 
@@ -217,8 +222,9 @@ def _value_problem(name: str, value: str) -> str | None:
         return "throws the job's log away: the ranks' lines that the check (and you) read go nowhere"
     mib = megabytes(value) if name in ("mem", "mem-per-cpu") else None
     if mib is not None and 0 < mib < 1024:
-        return (f"gives the job {show(value)} of memory (MiB without a unit): Slurm ends it as soon as the processes "
-                "load PyTorch, a few hundred MiB each")
+        unit = " (MiB without a unit)" if value.strip().isdigit() else ""
+        return (f"gives {'each core' if name == 'mem-per-cpu' else 'the job'} {show(value)} of memory{unit}: Slurm "
+                "ends the job as soon as its processes load PyTorch, a few hundred MiB each")
     return None
 
 
