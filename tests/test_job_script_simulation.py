@@ -205,6 +205,12 @@ AS_SBATCH_READS = [
 ]
 
 
+@pytest.mark.skipif(job_script_static.shutil.which("sbatch") is None, reason="no sbatch here")
+def test_a_count_sbatch_refuses_in_its_own_words_gets_the_fix_for_a_count():
+    problem = se.script_problem(script().replace("--cpus-per-task=2", "--cpus-per-task=2147483649"))
+    assert problem.startswith("sbatch would refuse") and problem.endswith("Fix: a whole number, 1 or more."), problem
+
+
 @pytest.mark.skipif(job_script_static.shutil.which("sbatch") is None, reason="no sbatch here to compare with")
 @pytest.mark.parametrize("line", AS_SBATCH_READS)
 def test_the_tables_judge_an_sbatch_line_as_sbatch_does(line, monkeypatch):

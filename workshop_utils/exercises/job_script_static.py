@@ -180,7 +180,7 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
                "itself." if "$" in said else "a time sbatch reads: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
                "D-HH:MM:SS (00:05:00)." if "--time" in said else "B:SIGNAL@SECONDS, e.g. B:USR1@60 (seconds alone, "
                "no unit)." if "--signal" in said else "--nodes=N, the whole number of nodes the job needs." if
-               "node count" in said else "a whole number, 1 or more." if "Numeric" in said or "numeric" in said else
+               "node count" in said else "a whole number, 1 or more." if re.search("[Nn]umeric|number of", said) else
                "a size sbatch reads (a whole number, then K, M, G or T), or leave it out as the template does." if
                "--mem" in said else
                "--option=VALUE with the option's whole name, one value for each option.")
