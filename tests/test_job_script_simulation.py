@@ -251,6 +251,17 @@ def test_a_login_shell_keeps_the_path_sbatch_passed_on(first, capsys):
     assert wu.check_job_script(script().replace("#!/bin/bash", first, 1)) is True
 
 
+@pytest.mark.parametrize("line", ["  #SBATCH --cpus-per-task=2", "#sbatch --cpus-per-task=2",
+                                  "# SBATCH --cpus-per-task=2", "##SBATCH --cpus-per-task=2"])
+def test_a_directive_sbatch_never_reads_is_named_where_the_run_misses_its_variable(line):
+    """A review: the run's unbound $SLURM_CPUS_PER_TASK was named, not the line that was to set it."""
+    if job_script_run.namespaces_problem():
+        pytest.skip(f"no PID namespaces here: {job_script_run.namespaces_problem()}")
+    refused(lambda: wu.check_job_script(script().replace("#SBATCH --cpus-per-task=2", line)),
+            "SLURM_CPUS_PER_TASK: unbound variable", f"line 5, `{line}`, is no #SBATCH line to sbatch",
+            "Fix: #SBATCH at the line's start.")
+
+
 def test_the_sample_of_simulated_rows_names_tests_that_exist():
     """A misspelt name in a module's SIMULATED would drop its row from make test's simulated sample unseen."""
     import importlib

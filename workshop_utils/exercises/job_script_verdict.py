@@ -121,6 +121,11 @@ class Judge:
                     f"Fix: {LAUNCH_FIX}.")
         unbound = re.search(r"line \d+: (\w+): unbound variable", self.said())
         name = unbound.group(1) if unbound else ""
+        unread = next((f"line {k}, `{show(line.rstrip(), 50)}`" for k, line in enumerate(self.script.split("\n"), 1)
+                       if re.match(r"\s*#[\s#]*sbatch\s", line, re.I) and not line.startswith("#SBATCH")), None)
+        if name.startswith("SLURM_") and unread:  # an option sbatch never read, so Slurm set no variable for it
+            return (f"{start}{self.end_of_batch()}{self.said()}: {unread}, is no #SBATCH line to sbatch, which reads "
+                    "only lines that begin with #SBATCH, in capitals. Fix: #SBATCH at the line's start.")
         fix = ((f"read a variable Slurm sets in this job's batch shell, such as $SLURM_CPUS_PER_TASK, or give it a "
                 f"default, ${{{name}:-VALUE}}: Slurm sets {name} " + (
                     "only in a job array" if "SLURM_ARRAY_" in name else "only for some jobs, or in srun's tasks"))
