@@ -127,15 +127,23 @@ def test_the_namespace_probe_names_what_is_missing(monkeypatch):
         job_script_run._unshare.cache_clear()
 
 
+@pytest.fixture
+def hide_sbatch(monkeypatch):
+    """``hide_sbatch()``: from then on the check reads #SBATCH lines as where sbatch is not installed (a portal may
+    have none): with Slurm's option tables."""
+    real = job_script_static.shutil.which
+    return lambda: monkeypatch.setattr(job_script_static.shutil, "which",
+                                       lambda name: None if name == "sbatch" else real(name))
+
+
 @pytest.mark.parametrize("text, words", [
     (script().replace("#SBATCH --nodes=1", "#SBATCH --nod=1"), ["'--nod=1' is ambiguous"]),
     (script().replace("#SBATCH --nodes=1", "#SBATCH nodes=1"), ["Invalid directive", "nodes=1"]),
     (script(time="5 min".replace(" ", "")), ["Invalid --time specification"]),
     (script(signal="B:USR1@x"), ["Invalid --signal specification"]),
 ])
-def test_without_sbatch_slurms_option_tables_read_the_directives(monkeypatch, text, words):
-    real = job_script_static.shutil.which
-    monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+def test_without_sbatch_slurms_option_tables_read_the_directives(hide_sbatch, text, words):
+    hide_sbatch()
     assert words[0] in (se.script_problem(text) or ""), se.script_problem(text)
 
 
@@ -161,11 +169,10 @@ READERS = ["tables", pytest.param("sbatch", marks=pytest.mark.skipif(
     (dict(nodes=1e20), ['"100000000000000000000" is not a valid node count']),
     (dict(nodes="$N"), ['"$N" is not a valid node count', "Fix: #SBATCH lines are read by sbatch, not by a shell"]),
 ])
-def test_sbatch_and_its_tables_refuse_a_count_in_the_same_words(reader, change, words, monkeypatch):
+def test_sbatch_and_its_tables_refuse_a_count_in_the_same_words(reader, change, words, hide_sbatch):
     """The portal may have no sbatch: the tables that stand in for it name a count it refuses as it does."""
     if reader == "tables":
-        real = job_script_static.shutil.which
-        monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+        hide_sbatch()
     problem = se.script_problem(script(**change)) or ""
     assert problem.startswith("sbatch would refuse the #SBATCH lines: ") or "too big" in problem, problem
     for word in words:
@@ -174,10 +181,9 @@ def test_sbatch_and_its_tables_refuse_a_count_in_the_same_words(reader, change, 
 
 @pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("count", ["+2", "02", "0002"])
-def test_sbatch_and_its_tables_read_a_count_alike(reader, count, monkeypatch):
+def test_sbatch_and_its_tables_read_a_count_alike(reader, count, hide_sbatch):
     if reader == "tables":
-        real = job_script_static.shutil.which
-        monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+        hide_sbatch()
     text = script().replace("--cpus-per-task=2", f"--cpus-per-task={count}")
     assert job_script_static.read_directives(text)[0]["cpus-per-task"] == "2"
     assert se.script_problem(text) is None
@@ -213,7 +219,7 @@ def test_a_count_sbatch_refuses_in_its_own_words_gets_the_fix_for_a_count():
 
 @pytest.mark.skipif(job_script_static.shutil.which("sbatch") is None, reason="no sbatch here to compare with")
 @pytest.mark.parametrize("line", AS_SBATCH_READS)
-def test_the_tables_judge_an_sbatch_line_as_sbatch_does(line, monkeypatch):
+def test_the_tables_judge_an_sbatch_line_as_sbatch_does(line, hide_sbatch):
     text = script().replace("#SBATCH --nodes=1\n", f"#SBATCH --nodes=1\n#SBATCH {line}\n", 1)
 
     def verdict():
@@ -224,18 +230,16 @@ def test_the_tables_judge_an_sbatch_line_as_sbatch_does(line, monkeypatch):
         return job_script_static.request_problem(text, read, written, se.JOB_SPEC)
 
     by_sbatch = verdict()
-    real = job_script_static.shutil.which
-    monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+    hide_sbatch()
     assert verdict() == by_sbatch
 
 
 @pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("line", ["#PBS -l walltime=00:01:00", "#BSUB -n 4", "#PBS -N ddp"])
-def test_pbs_and_lsf_lines_sbatch_reads_too_are_named(reader, line, monkeypatch):
+def test_pbs_and_lsf_lines_sbatch_reads_too_are_named(reader, line, hide_sbatch):
     """sbatch turns #PBS and #BSUB lines into options (a review: a walltime of a minute passed without sbatch)."""
     if reader == "tables":
-        real = job_script_static.shutil.which
-        monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+        hide_sbatch()
     text = script().replace("#SBATCH --nodes=1\n", f"#SBATCH --nodes=1\n{line}\n", 1)
     assert se.script_problem(text).startswith(f"line 4, {line}, is read by sbatch too")
     ignored = se.script_problem(text.replace("#SBATCH --nodes=1", "#SBATCH --nodes=1 --ignore-pbs"))
@@ -293,7 +297,7 @@ def test_the_line_at_fault_is_named(change, words, monkeypatch):
 @pytest.mark.skipif(job_script_static.shutil.which("sbatch") is None, reason="no sbatch here to compare with")
 @pytest.mark.parametrize("edit", [lambda s: s, lambda s: s.replace("#SBATCH --nodes=1", "#SBATCH -N 1").replace(
     "--time=00:05:00", "-t 5"), lambda s: s.replace("--signal=B:USR1@60", "--sig=B:10@45")])
-def test_sbatch_and_slurms_tables_read_the_directives_alike(edit, monkeypatch):
+def test_sbatch_and_slurms_tables_read_the_directives_alike(edit, hide_sbatch):
     """Where sbatch is missing its option tables stand in for it: both must take the same job from a script."""
     from workshop_utils.exercises.slurm_rules import node_range, slurm_signal, time_limit_s
 
@@ -303,6 +307,5 @@ def test_sbatch_and_slurms_tables_read_the_directives_alike(edit, monkeypatch):
 
     text = edit(script())
     by_sbatch = job_script_static.read_directives(text)[0]
-    real = job_script_static.shutil.which
-    monkeypatch.setattr(job_script_static.shutil, "which", lambda name: None if name == "sbatch" else real(name))
+    hide_sbatch()
     assert meaning(job_script_static.read_directives(text)[0]) == meaning(by_sbatch)
