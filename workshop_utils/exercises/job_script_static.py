@@ -144,10 +144,13 @@ def _table_reading(arguments: list[str]) -> dict[str, str]:
     return {name: "set" if value is None else value for name, value in options.items()}
 
 
+_SPECIFICATIONS = {"time": time_limit_s, "signal": slurm_signal, "mem": megabytes, "mem-per-cpu": megabytes,
+                   "mem-per-gpu": megabytes}  # what reads each option's value: None where sbatch refuses it
+
+
 def _table_value(name: str, value: str | None) -> str | None:
     """``value`` as sbatch keeps it; ``Problem`` in sbatch's words where it refuses it."""
-    if name in ("time", "signal", "mem", "mem-per-cpu", "mem-per-gpu") and {
-            "time": time_limit_s, "signal": slurm_signal}.get(name, megabytes)(value) is None:
+    if name in _SPECIFICATIONS and _SPECIFICATIONS[name](value) is None:
         raise Problem(f"Invalid --{name} specification")
     if name == "nodes":
         node_range(value)
@@ -185,9 +188,10 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
                "--mem" in said else
                "--option=VALUE with the option's whole name, one value for each option.")
         raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: {fix}") from None
-    foreign = next((k for k, line in enumerate(script.split("\n"), 1) if line.startswith(("#PBS", "#BSUB"))), 0)
+    foreign = next(((k, line) for k, line in enumerate(script.split("\n"), 1) if line.startswith(("#PBS", "#BSUB"))),
+                   None)
     if foreign and "ignore-pbs" not in read:
-        raise Problem(f"line {foreign}, {show(script.split(chr(10))[foreign - 1], 60)}, is read by sbatch too: it "
+        raise Problem(f"line {foreign[0]}, {show(foreign[1], 60)}, is read by sbatch too: it "
                       "turns #PBS and #BSUB lines into options of the job, beside the #SBATCH lines. Fix: remove it "
                       "(or add --ignore-pbs); the template's #SBATCH lines ask for what the exercise needs.")
     return read, written
