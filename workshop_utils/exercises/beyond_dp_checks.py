@@ -10,7 +10,6 @@ from ..parallel.pipeline import bubble_fraction
 from ..parallel.sharding import fewest_gpus, zero_kept_and_sharded_gib
 from .answer_values import scalar, show
 from .exercise_cells import passed, require, require_answered
-from .exercise_inputs import inputs_kept
 from .exercise_judging import accepted, checked, close, count, kit_input, kit_number, number, short, smallest, verdict
 
 # An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
@@ -28,7 +27,6 @@ def _is_infinite(value) -> bool:
 @checked
 def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, precision: str = "mixed",
                       exercise: str = "Exercise 5.1") -> bool:
-    inputs_kept(exercise, "check_fewest_gpus")
     name, (kept, split) = f"zero{stage}_gpus", zero_kept_and_sharded_gib(parameters, stage, precision)
     if fewest_gpus(parameters, budget_gib, stage, precision) == math.inf:
         require_answered(gpus, exercise, f"`{name}` is still the placeholder `...`.")
@@ -53,7 +51,6 @@ def check_fewest_gpus(gpus, parameters: float, budget_gib: float, stage: int, pr
 @checked
 def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Link,
                        exercise: str = "Exercise 5.2") -> bool:
-    inputs_kept(exercise, "check_fsdp_traffic")
     fix = "pass the inputs of the exercise's cell."
     n_bytes = kit_number(n_bytes, exercise, "the cell's n_bytes", fix)
     p = int(kit_number(world_size, exercise, "the cell's world_size", fix, least=2, whole=True, most=2.0**20))
@@ -99,7 +96,6 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
 
 @checked
 def check_microbatches(microbatches, stages: int, target: float, exercise: str = "Exercise 5.3") -> bool:
-    inputs_kept(exercise, "check_microbatches")
     stages, target = (kit_number(given, exercise, f"the cell's {name}", "pass the inputs of the exercise's cell.")
                       for name, given in (("stages", stages), ("target", target)))
     value = smallest(count(microbatches, exercise, "microbatches", "a whole number of micro-batches"), exercise,

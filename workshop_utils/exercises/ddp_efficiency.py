@@ -7,7 +7,6 @@ import math
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
 from .ddp_lab_files import EFFICIENCY_EXERCISE
 from .exercise_cells import passed, require
-from .exercise_inputs import inputs_kept
 from .exercise_judging import accepted, checked, kit_number, number, verdict
 
 
@@ -16,7 +15,6 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
                          gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
     """The efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model. Answers are compared
     through the communication time they imply: near 1 and near 0 the mistakes' efficiencies agree to many digits."""
-    inputs_kept(exercise, "check_ddp_efficiency")
     # the cell's, as a tensor or numpy scalar too (gradients past a PiB: bucket by bucket, the model would take hours)
     step_s, grad_bytes, world_size, gpus_per_node = (
         kit_number(given, exercise, f"the cell's {name}", "pass the inputs of the exercise's cell.", least, whole, most)

@@ -9,7 +9,6 @@ from ..spine.gpt import GPTSize, activation_bytes_per_sequence, flops_per_token_
 from ..system.display import format_number
 from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus  # noqa: F401
 from .exercise_cells import passed, require
-from .exercise_inputs import inputs_kept
 from .exercise_judging import KitDefect, attendee_function, called, checked, count, number, verdict  # noqa: F401
 from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale  # noqa: F401
 from .measurement_checks import (check_batch_memory, check_loader_choice, check_next_fix,  # noqa: F401
@@ -24,7 +23,6 @@ SECOND_GPT = (2_345_678, 3, 96, 200)  # parameters, layers, width, sequence: the
 def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, sequence_length: int,
                           counted: float, exercise: str = "Exercise 1.4") -> bool:
     """6·N + 12·L·d·T with the mistakes the notebook names; then at ``SECOND_GPT``, where they would be misnamed."""
-    inputs_kept(exercise, "check_flops_per_token")
     attendee_function(gpt_flops_per_token, exercise, "gpt_flops_per_token", "parameters, layers, width, sequence")
     N, L, d, T = parameters, size.layers, size.width, sequence_length
     formula = flops_per_token_closed_form(size, T, N)
@@ -60,7 +58,6 @@ def gib(n_bytes: float) -> str:
 @checked
 def check_micro_batch_plan(micro_batch, accumulation, size: GPTSize, sequence_length: int, target_tokens: int,
                            ranks: int, free_bytes: float, exercise: str = "Exercise 2.4") -> bool:
-    inputs_kept(exercise, "check_micro_batch_plan")
     micro = count(micro_batch, exercise, "micro_batch", "a whole number of sequences")
     steps = count(accumulation, exercise, "accumulation", "a whole number of micro-batches")
     require(micro >= 1 and steps >= 1, exercise, f"`micro_batch` = {micro}, `accumulation` = {steps}: at least one "

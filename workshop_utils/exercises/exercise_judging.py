@@ -16,6 +16,7 @@ from ..system.display import show_verdict
 from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
 from .exercise_cells import CELL_AGAIN, NotYet, Unsolved, require, require_answered
+from .exercise_inputs import CHECKS, inputs_kept
 
 LARGEST_COUNT = 2**53  # beyond it a float no longer holds every whole number
 # The one tolerance of every exercise: within REL of the right value (a float32, another order of the same
@@ -43,6 +44,8 @@ def checked(check):
             raise WorkshopError(f"{check.__name__} was called with arguments it does not take ({err}).",
                                 "run the check cell as the notebook gives it.") from None
         try:
+            if check.__name__ in CHECKS:  # an input a later cell changed is named before the answer is judged
+                inputs_kept(exercise, check.__name__)
             return check(*args, **kwargs)
         except Unsolved as err:
             show_verdict(str(err))

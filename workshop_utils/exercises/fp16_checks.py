@@ -16,7 +16,6 @@ from ..system.hardware import as_device
 from .answer_values import kind
 from .cell_again import judge_cell_again
 from .exercise_cells import NotYet, passed, require
-from .exercise_inputs import inputs_kept
 from .exercise_judging import attendee_error, attendee_function, called, checked, kit_input, number, verdict
 
 
@@ -36,7 +35,6 @@ def _described(gradients, tensors) -> str:
 @checked
 def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1.0,
                         exercise: str = "Exercise 3.1") -> bool:
-    inputs_kept(exercise, "check_lost_fraction")
     value = number(lost_fraction, exercise, "lost_fraction", "one number, a fraction between 0 and 1")
     tensors = _gradient_tensors(gradients)
     kit_input(tensors is not None and len(tensors) == 1, f"{exercise}: `gradients` should be one tensor of "
@@ -72,7 +70,6 @@ def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.floa
     """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``; a product the cast still
     rounds down to max (below 65,520 for float16) passes too: the cast itself decides. The answer's cell is then
     run again on each of ``OTHER_GRADIENTS`` where it can be."""
-    inputs_kept(exercise, "check_safe_loss_scale")
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
     tensors = _gradient_tensors(gradients)
     kit_input(tensors is not None, f"{exercise}: `gradients` should be tensors of gradients (the dict `grads`), got "

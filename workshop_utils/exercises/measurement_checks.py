@@ -12,7 +12,6 @@ from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
 from .cell_again import judge_cell_again
 from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_inputs import inputs_kept
 from .exercise_judging import (attendee_function, called, checked, count, described, kit_input, number, short,
                                verdict)
 
@@ -84,7 +83,6 @@ def _same_answers(some, others) -> bool:
 def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercise: str = "Exercise 4.1") -> bool:
     """``loader_choice(sweep, start)``: the fastest row's workers, its speed-up over ``start`` and Amdahl's ceiling
     1 / (1 - f) at ``start``, judged on the measured sweep and on ``constructed_loader_sweep``."""
-    inputs_kept(exercise, "check_loader_choice")
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
     rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
     kit_input(not rows.empty, f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
@@ -134,7 +132,6 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
                        exercise: str = "Exercise 4.2") -> bool:
     """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``; then
     the answers' cell run again on ``_other_sweep`` where it can be."""
-    inputs_kept(exercise, "check_batch_memory")
     detail = _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, exercise)
     other, again = _other_sweep(), f"{exercise} (your cell, run again on another sweep: 640 MiB, batches 32 to 256)"
     judge_cell_again(("mib_per_sample", "largest_batch"), {"batch_sweep": other, "fitted": other[other.status == "ok"],
@@ -210,7 +207,6 @@ def _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, e
 def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
     """The top rung's largest part (parts that tie as wu.show_table shows them all are), and Amdahl's speed-up of
     the step if that part ran twice as fast."""
-    inputs_kept(exercise, "check_next_fix")
     kit_input(hasattr(breakdown, "columns"), f"{exercise}: `breakdown` should be the table, got "
               f"{described(breakdown)}.", "pass `breakdown`, the whole table, as the check cell does.")
     parts, top = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"], breakdown.iloc[-1]

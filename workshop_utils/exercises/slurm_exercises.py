@@ -21,7 +21,6 @@ from ..system.errors import WorkshopError
 from ..system.results import write_atomically
 from .answer_values import Problem, kind, number_of, show
 from .exercise_cells import NotYet, Unsolved, passed
-from .exercise_inputs import inputs_kept
 from .exercise_judging import accepted, checked
 from .job_script import EXERCISE, GAPS, JOB_SCRIPT, JOB_SPEC, NEEDED_S, TRAINING, JobSpec, fill_job_script
 from .job_script_run import namespaces_problem
@@ -309,7 +308,6 @@ def check_array_sweep(sweep_lines, array, values, config, jobs_dir=None, timeout
     from ..lessons.slurm_jobs import SCRIPT_FIELDS, config_flags, gather_array, template
 
     _check_call(exercise, jobs_dir, timeout_s)
-    inputs_kept(exercise, "check_array_sweep")
     if sweep_lines is ... or array is ...:
         raise Unsolved(f"… {exercise}: not yet solved: write sweep_lines and array.",
                        "one line of flags per learning rate; --array names the task ids.")

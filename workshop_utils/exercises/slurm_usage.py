@@ -10,7 +10,6 @@ from ..system.errors import WorkshopError
 from .answer_values import Problem, kind, number_of, show
 from .cell_again import earlier_values, run_cell_again
 from .exercise_cells import NotYet, notebook_cell, passed, stores
-from .exercise_inputs import inputs_kept
 from .exercise_judging import checked, number, verdict, written
 
 USAGE = "Exercise 6.3"
@@ -89,7 +88,6 @@ def check_job_usage(cpu_efficiency, time_share, gpu_hours, next_time_limit_s, ne
                     exercise: str = USAGE, cell: str | None = None) -> bool:
     """Each answer against the same arithmetic on ``usage``; then, where the exercise cell can be run again,
     its answers for ``OTHER_JOB``, where a missing division by the CPUs or a GPU count left out shows."""
-    inputs_kept(exercise, "check_job_usage")
     given = (cpu_efficiency, time_share, gpu_hours, next_time_limit_s, next_memory_mib)
     answers = {name: number(value, exercise, name) for name, value in zip(ANSWERS, given)}
     read = _usage_numbers(usage)

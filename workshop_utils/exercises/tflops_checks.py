@@ -13,7 +13,6 @@ from ..spine.timing import Timings, time_repeats
 from ..system.hardware import as_device, peak_tflops
 from .answer_values import Problem, number_of
 from .exercise_cells import passed, require, require_answered
-from .exercise_inputs import inputs_kept
 from .exercise_judging import (answered_input, called, carried, checked, described, kit_input, kit_number, number,
                                verdict, written)
 
@@ -23,7 +22,6 @@ EXERCISE_N = {"cuda": 4096, "cpu": 1024}  # the n of Exercise 1.2's cell: a GPU'
 @checked
 def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_s: float,
                           exercise: str = "Exercise 1.1") -> bool:
-    inputs_kept(exercise, "check_achieved_tflops")
     flops_per_sample, samples_per_s = (kit_number(given, exercise, f"the run's {name}", "rerun the training cell: a "
                                                   "run that trained measures both.")
                                        for name, given in (("flops_per_sample", flops_per_sample),
@@ -135,7 +133,6 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     """MFU = the achieved rate / the data-sheet peak, or / 1.2's measured rate without one: then MFU may exceed 1
     (a multiply timed on a busy machine), which the pass says instead of refusing a right division."""
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.")
-    inputs_kept(exercise, "check_mfu")
     table_peak = peak_tflops(_device_name(device_name, exercise), precision)
     exact = [flops_per_sample * samples_per_s / 1e12] if None not in (flops_per_sample, samples_per_s) else []
     achieved = carried(achieved_tflops, exact, exercise, "achieved_tflops", "Exercise 1.1")
