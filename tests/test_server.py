@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -371,3 +372,28 @@ def test_a_working_folder_that_was_removed_sends_results_home_and_says_why(tmp_p
     root, why = results.runs_root_and_why()
     assert root == tmp_path / "workshop-runs" and why == "your home: no working folder"
     assert wu.new_run_dir().parent == tmp_path / "workshop-runs"
+
+
+def test_the_peak_memory_of_a_child_is_caught_and_proportional_memory_is_read_only_to_raise_it(monkeypatch):
+    """The main job's memory figures (each profile's memory_gib) come from PeakMemory: a child holding 256 MiB
+    for a moment is in its peak, and the costly PSS read happens only when the cheap resident total could raise it."""
+    reads = {"proportional": 0, "resident": 0}
+    measure = server.tree_rss_bytes
+
+    def counted(*args, proportional=True, **kwargs):
+        reads["proportional" if proportional else "resident"] += 1
+        return measure(*args, proportional=proportional, **kwargs)
+
+    monkeypatch.setattr(server, "tree_rss_bytes", counted)
+    hold = "import sys; block = bytearray(256 * 2**20); print('held', flush=True); sys.stdin.read()"
+    with wu.PeakMemory(interval_s=0.05, proportional_every_s=60) as peak:
+        child = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        assert child.stdout.readline() == "held\n"
+        # the block is held until the sampler has seen it and sampled a while after, however busy the machine
+        deadline = time.monotonic() + 60
+        while (peak.mib < 256 or reads["resident"] < reads["proportional"] + 5) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.communicate(timeout=30)
+    assert peak.mib >= 256
+    assert reads["resident"] >= reads["proportional"] + 5 and reads["proportional"] >= 1
