@@ -552,9 +552,10 @@ def test_a_builtin_a_subshell_leaves_beside_the_launch_gets_one_verdict_on_a_bus
 
 
 @pytest.mark.slow  # the chain runs until the check's limit, twice
-def test_nothing_the_line_started_outlives_the_check(tmp_path):
+def test_nothing_the_line_started_outlives_the_check(tmp_path, monkeypatch):
     """A chain of background shells, each starting the next and ending before a look at the processes lists it, is
     stopped with the line's bash: nothing of the line runs on after the check."""
+    monkeypatch.setattr(ddp_lab_bash, "LINE_TIMEOUT_S", 3)  # the chain's 2,000 links would run 100 s
     script = tmp_path / "my_train_ddp.py"
     chain = (f"w() {{ ((n++ < 2000)) && {{ read -t 0.05 x < /dev/zero; w & }} }}; (w &); "  # 50 ms a link
              f"torchrun --nproc-per-node=2 {script}")
