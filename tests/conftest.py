@@ -94,33 +94,21 @@ def one_thread():
 ATTENDEE_TESTS = "test_attendee_notebooks.py"
 
 
-def _reads_the_main_job(items) -> set[str]:
-    return {Path(str(i.fspath)).name for i in items if "main_run" in getattr(i, "fixturenames", ())}
-
-
 def pytest_collection_modifyitems(config, items):
-    """The files that read the main job's run, then the attendee copies' tests, run last: their notebooks run in the
-    background meanwhile (background_run.py)."""
-    late = _reads_the_main_job(items)
-    items.sort(key=lambda item: (Path(str(item.fspath)).name == ATTENDEE_TESTS, Path(str(item.fspath)).name in late))
+    """The attendee copies' tests run last: their notebooks run in the background meanwhile (attendee_run.py)."""
+    items.sort(key=lambda item: Path(str(item.fspath)).name == ATTENDEE_TESTS)
 
 
 def pytest_collection_finish(session):
-    if session.config.option.collectonly:
+    if session.config.option.collectonly or not any(Path(str(i.fspath)).name == ATTENDEE_TESTS for i in session.items):
         return
-    if _reads_the_main_job(session.items):
-        from test_notebooks import start_main_job
+    import attendee_run
+    from test_attendee_notebooks import LIMIT_S
 
-        start_main_job()
-    if any(Path(str(i.fspath)).name == ATTENDEE_TESTS for i in session.items):
-        import attendee_run
-        from test_attendee_notebooks import LIMIT_S
-
-        attendee_run.start(LIMIT_S, 6 * LIMIT_S + 120)
+    attendee_run.start(LIMIT_S, 6 * LIMIT_S + 120)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import background_run
+    import attendee_run
 
-    # a session cut short stops the runs and every kernel they started; a failed one keeps their folders
-    background_run.clean_up(keep=exitstatus != 0)
+    attendee_run.clean_up()  # a session cut short stops the run and every kernel it started

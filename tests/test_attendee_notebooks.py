@@ -14,7 +14,6 @@ checks below, so this is the notebooks' one execution in their attendee form.
 from pathlib import Path
 
 import attendee_run as attendee_run_module
-import background_run
 import nbformat
 import pytest
 from helpers import HANG_LIMIT_FACTOR
@@ -30,8 +29,7 @@ pytestmark = [pytest.mark.notebook, pytest.mark.timeout(6 * LIMIT_S + 180)]
 def attendee_run():
     """nbval's run of the copies, started in the background when the session began (tests/attendee_run.py)."""
     run = attendee_run_module.start(LIMIT_S, 6 * LIMIT_S + 120)
-    return (background_run.result(run), attendee_run_module.executed_in(run.folder),
-            attendee_run_module.names(run))
+    return attendee_run_module.result(run), run.executed, run.names
 
 
 OUTCOME = "nbval_outcome"  # the root conftest's: each cell's outcome in nbval's kept run

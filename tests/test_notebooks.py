@@ -1,8 +1,7 @@
 """The notebooks as users run them, each one executed exactly once per test session.
 
-The session's main job (``python -m workshop_utils.run_notebooks``, what ``make run`` does) runs once over every
-notebook in notebooks/, with the cpu profile, into one run folder, in the background from the session's start
-(tests/background_run.py); the fixture ``main_run`` waits for it:
+The session fixture ``main_run`` runs the main job (``python -m workshop_utils.run_notebooks``, what
+``make run`` does) once over every notebook in notebooks/, with the cpu profile, into one run folder:
 papermill executes each notebook headless and passes it the run folder and the profile. The tests
 below then read what that run recorded: notebooks.json, the executed copies in ``<run>/notebooks/``,
 the results and figures, and report.md. Nothing else in the suite executes a real notebook in its solved
@@ -18,7 +17,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import background_run
 import nbformat
 import pytest
 from helpers import ACCURACY_FLOOR_PCT, HANG_LIMIT_FACTOR
@@ -35,7 +33,6 @@ BUDGET_S = TIME_BUDGET_S[PROFILE]
 # A notebook that hangs is stopped and reported failed; the others still run. Over budget is shown, not failed.
 NOTEBOOK_LIMIT_S = HANG_LIMIT_FACTOR * BUDGET_S
 RUN_LIMIT_S = len(NOTEBOOKS) * NOTEBOOK_LIMIT_S + 120
-MAIN_JOB = "main-job"  # its run in the background (tests/background_run.py); the tests that read it run late
 
 # The first test to ask for main_run waits for the whole run: pytest's per-test timeout must cover it.
 pytestmark = pytest.mark.timeout(RUN_LIMIT_S + 60)
@@ -63,19 +60,13 @@ class MainRun:
     report: str
 
 
-def start_main_job() -> background_run.BackgroundRun:
-    """The main job with the cpu profile, started in the background when the session began (once)."""
-    return background_run.start(MAIN_JOB, [sys.executable, "-m", "workshop_utils.run_notebooks", "--profile", PROFILE,
-                                           "--timeout", str(NOTEBOOK_LIMIT_S)], RUN_LIMIT_S,
-                                prepare=lambda folder: (["--run-dir", str(folder / "run")], {}))
-
-
 @pytest.fixture(scope="session")
-def main_run() -> MainRun:
+def main_run(tmp_path_factory) -> MainRun:
     """The one execution of every notebook in this session: the main job with the cpu profile."""
-    job = start_main_job()
-    proc = background_run.result(job)
-    run_dir = job.folder / "run"
+    run_dir = tmp_path_factory.mktemp("main-run")
+    proc = subprocess.run([sys.executable, "-m", "workshop_utils.run_notebooks", "--profile", PROFILE,
+                           "--run-dir", str(run_dir), "--timeout", str(NOTEBOOK_LIMIT_S)],
+                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
     log_path, report_path = run_dir / "notebooks.json", run_dir / "report.md"
     assert log_path.exists() and report_path.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
     log = json.loads(log_path.read_text())
