@@ -155,7 +155,7 @@ def test_03_attention_logits_overflow_in_fp16_only_when_the_scale_comes_last(cap
 def test_03_the_fp16_step_by_hand_is_the_grad_scaler_demo_step(tiny_data):
     device = torch.device("cpu")
     amp_step = run_cell("03", "def amp_step", device=device)["amp_step"]
-    batches = wu.training_batches(tiny_data, 8, device, steps=4)
+    batches = wu.training_batches(tiny_data, 2, device, steps=4)  # fp16 on a CPU: seconds a sample
     torch.manual_seed(0)
     reference = wu.build_model("simplecnn")
     by_hand = wu.build_model("simplecnn")

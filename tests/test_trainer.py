@@ -76,7 +76,7 @@ def test_training_learns_the_synthetic_set(precision, tiny_data):
 @pytest.mark.slow
 def test_fp16_on_cpu_computes_the_same_loss_and_still_updates_the_weights(tiny_data):
     """fp16 autocast plus GradScaler (emulated, slow on a CPU): same first loss as fp32, and steps not all skipped."""
-    config = wu.TrainConfig(max_steps=3, batch_size=16, warmup_steps=0, progress=False)
+    config = wu.TrainConfig(max_steps=3, batch_size=4, warmup_steps=0, progress=False)  # a second a sample
     half = wu.train(config.replace(precision="fp16"), tiny_data)
     full = wu.train(config.replace(max_steps=1), tiny_data)
     losses = half.record["step_loss"]
