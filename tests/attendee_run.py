@@ -4,6 +4,11 @@ Their run (minutes of notebook work) is started as soon as the session knows it 
 priority (nice 10), so that it takes the cycles the other tests leave idle (launches, servers, waits) instead of
 running alone after them; tests/test_attendee_notebooks.py, which the session runs last, waits for it. Every
 process it starts is stopped by its process group when the session ends.
+
+Where the kernel groups processes by session (autogroup, /proc/sys/kernel/sched_autogroup_enabled), a process's
+nice value only ranks it among its own session's processes, and the run is a session of its own: there `nice`
+alone left it an equal share beside the tests (measured: two busy loops under `setsid nice -n 10` took half of a
+2-core machine from two at nice 0). So the run's session is given the lower priority too.
 """
 
 from __future__ import annotations
@@ -74,7 +79,8 @@ def start(cell_limit_s: float, timeout_s: float) -> AttendeeRun:
                "--nbval-cell-timeout", str(cell_limit_s), "-p", "conftest", "-p", "no:cacheprovider",
                "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-q", str(copies)]
     run = AttendeeRun(folder, executed, sorted(p.name for p in copies.glob("*.ipynb")), timeout_s)
-    shell = (f"echo $$ > {shlex.quote(str(run._file('pid')))}; {shlex.join(command)} "
+    shell = (f"echo $$ > {shlex.quote(str(run._file('pid')))}; "
+             f"echo {NICENESS} 2>/dev/null > /proc/self/autogroup; {shlex.join(command)} "
              f"> {shlex.quote(str(run._file('stdout.txt')))} 2> {shlex.quote(str(run._file('stderr.txt')))}; "
              f"echo $? > {shlex.quote(str(run._file('rc')))}")
     subprocess.run(["setsid", "--fork", "sh", "-c", shell], cwd=ROOT, check=True,
