@@ -174,6 +174,25 @@ def test_a_server_past_its_memory_limit_is_counted_as_killed_for_memory_and_stop
     assert sleeper.wait(timeout=30) != 0 and not any(p.exists() for p in groups.parents.values())
 
 
+@needs_cgroups
+def test_a_cpu_weight_is_the_hierarchys_own_share_and_holds_a_process_in_a_new_session():
+    """The test session's background run (tests/attendee_run.py) relies on it: its kernels start new sessions."""
+    groups = Cgroups(f"test-classroom-{uuid.uuid4().hex[:6]}")
+    try:
+        folder = groups.make("a", None, None, cpu_weight=10)["cpu"]
+        weight = "cpu.weight" if groups.v2["cpu"] else "cpu.shares"
+        assert (folder / weight).read_text().strip() == ("10" if groups.v2["cpu"] else "102")
+        child = subprocess.Popen(["sh", "-c", f'echo $$ > {folder}/cgroup.procs; exec setsid sleep 300'])
+        for _ in range(50):
+            if child.pid in groups.pids("a"):
+                break
+            time.sleep(0.1)
+        assert child.pid in groups.pids("a")
+    finally:
+        groups.remove()
+    assert child.wait(timeout=30) != 0 and not any(p.exists() for p in groups.parents.values())
+
+
 @pytest.fixture(scope="module")
 def class_record(tmp_path_factory):
     if hub.missing_pieces():
