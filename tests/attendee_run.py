@@ -1,14 +1,17 @@
 """The attendees' copies run through nbval in the background, from the start of the test session.
 
-Their run (minutes of notebook work) is started as soon as the session knows it will need it, at a lower CPU
-priority (nice 10), so that it takes the cycles the other tests leave idle (launches, servers, waits) instead of
-running alone after them; tests/test_attendee_notebooks.py, which the session runs last, waits for it. Every
-process it starts is stopped by its process group when the session ends.
+Their run (minutes of notebook work) is started as soon as the session knows it will need it, at a low CPU
+priority, so that it takes the cycles the other tests leave idle (launches, servers, waits) instead of running
+alone after them; tests/test_attendee_notebooks.py, which the session runs last, waits for it. Every process it
+starts is stopped by its id when the session ends.
 
-Where the kernel groups processes by session (autogroup, /proc/sys/kernel/sched_autogroup_enabled), a process's
-nice value only ranks it among its own session's processes, and the run is a session of its own: there `nice`
-alone left it an equal share beside the tests (measured: two busy loops under `setsid nice -n 10` took half of a
-2-core machine from two at nice 0). So the run's session is given the lower priority too.
+The priority: where the tests may write cgroups (root), the run gets a cpu cgroup of its own at a fifth of an
+equal share (CPU_WEIGHT), which holds every process it starts. `nice` alone is not enough where the kernel groups processes
+by session (autogroup, /proc/sys/kernel/sched_autogroup_enabled): there a nice value only ranks a process among
+its own session's, and the run, each notebook kernel (jupyter_client starts it in a new session) and each
+training launch (system/launch.py does too) are sessions of their own. Measured with two busy loops on a 2-core
+machine: under `setsid nice -n 10` they took half of it from two at nice 0. Without cgroups the run's own
+session is lowered too (/proc/self/autogroup), which its kernels and launches escape.
 """
 
 from __future__ import annotations
@@ -21,15 +24,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
+from workshop_utils.classroom.cgroups import Cgroups
+
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISE = "exercise"
 EXECUTED = "WORKSHOP_NBVAL_EXECUTED"  # the root conftest's: where nbval's run is kept
 NICENESS = 10
+CPU_WEIGHT = 20  # of 100, an equal share (nice 10 is about 11): low, with room for the notebooks' own time limits
 
 
 @dataclass
@@ -38,6 +45,7 @@ class AttendeeRun:
     executed: Path
     names: list[str]
     timeout_s: float
+    cgroups: object = None  # workshop_utils.classroom.cgroups.Cgroups, where this machine lets the tests make one
 
     def _file(self, name: str) -> Path:
         return self.folder / name
@@ -50,6 +58,28 @@ class AttendeeRun:
 
     def finished(self) -> bool:
         return self._file("rc").exists() and self._file("rc").read_text().strip() != ""
+
+
+# The copies show that each placeholder leaves its notebook running to the end, whatever the training's size: the
+# run takes each notebook's own parameters (papermill's, set in its parameters cell) at a fraction of the cpu
+# profile's work, which the main job (tests/test_notebooks.py) runs in full. Alone on a 2-core machine the full
+# sizes took 990 s of wall time at 72 % of both cores: a second main job beside the tests.
+SIZES = {
+    "01_single_gpu_baseline.ipynb": dict(epochs=2, train_size=512),  # section 7 still resumes from epoch 1
+    "02_multi_gpu_ddp.ipynb": dict(steps=8, train_size=512),
+    "03_mixed_precision.ipynb": dict(max_steps=12, train_size=256),
+    "04_profiling_optimization.ipynb": dict(steps=8, train_size=512, memory_cap_mib=200),
+    "05_beyond_data_parallel.ipynb": dict(max_mib=1, fsdp_steps=2),
+    "06_slurm_deployment.ipynb": dict(steps=50),  # section 6 needs 50
+}
+
+
+def set_sizes(copy: Path) -> None:
+    """Set the copy's parameters to SIZES[its name], as papermill would: after the parameters cell's own lines."""
+    notebook = nbformat.read(copy, as_version=4)
+    cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+    cell.source += "".join(f"\n{name} = {value!r}  # the attendee run's size" for name, value in SIZES[copy.name].items())
+    nbformat.write(notebook, copy)
 
 
 _started: AttendeeRun | None = None
@@ -72,6 +102,8 @@ def start(cell_limit_s: float, timeout_s: float) -> AttendeeRun:
     for copy in copies.glob("*.ipynb"):  # only the notebooks that hold exercises
         if not any(EXERCISE in c.metadata.get("tags", []) for c in nbformat.read(copy, as_version=4).cells):
             copy.unlink()
+        else:
+            set_sizes(copy)
     executed = folder / "executed"
     # The copies sit outside the checkout, so the root conftest (expected outputs, sanitizing, history,
     # keeping the run) is loaded by name; -p no:cacheprovider writes nothing into the checkout.
@@ -79,7 +111,11 @@ def start(cell_limit_s: float, timeout_s: float) -> AttendeeRun:
                "--nbval-cell-timeout", str(cell_limit_s), "-p", "conftest", "-p", "no:cacheprovider",
                "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-q", str(copies)]
     run = AttendeeRun(folder, executed, sorted(p.name for p in copies.glob("*.ipynb")), timeout_s)
-    shell = (f"echo $$ > {shlex.quote(str(run._file('pid')))}; "
+    join = ""
+    if Cgroups.unavailable() is None:
+        run.cgroups = Cgroups(f"workshop-tests-attendee-run-{uuid.uuid4().hex[:8]}")
+        join = f"echo $$ > {shlex.quote(str(run.cgroups.make('copies', None, None, CPU_WEIGHT)['cpu']))}/cgroup.procs; "
+    shell = (f"echo $$ > {shlex.quote(str(run._file('pid')))}; {join}"
              f"echo {NICENESS} 2>/dev/null > /proc/self/autogroup; {shlex.join(command)} "
              f"> {shlex.quote(str(run._file('stdout.txt')))} 2> {shlex.quote(str(run._file('stderr.txt')))}; "
              f"echo $? > {shlex.quote(str(run._file('rc')))}")
@@ -127,5 +163,7 @@ def stop(run: AttendeeRun | None = None) -> None:
 
 def clean_up() -> None:
     stop()
+    if _started is not None and _started.cgroups is not None:
+        _started.cgroups.remove()  # stops, by id, anything of the run that left its process group (a launch's ranks)
     if _started is not None:
         shutil.rmtree(_started.folder, ignore_errors=True)
