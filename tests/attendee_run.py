@@ -6,9 +6,9 @@ alone after them; tests/test_attendee_notebooks.py, which the session runs last,
 starts is stopped by its id when the session ends.
 
 The priority: where the tests may write cgroups (root), the run gets a cpu cgroup of its own at a fifth of an
-equal share (CPU_WEIGHT), which holds every process it starts. `nice` alone is not enough where the kernel groups processes
-by session (autogroup, /proc/sys/kernel/sched_autogroup_enabled): there a nice value only ranks a process among
-its own session's, and the run, each notebook kernel (jupyter_client starts it in a new session) and each
+equal share (CPU_WEIGHT), which holds every process it starts. `nice` alone is not enough where the kernel groups
+processes by session (autogroup, /proc/sys/kernel/sched_autogroup_enabled): there a nice value only ranks a
+process among its own session's, and the run, each notebook kernel (jupyter_client starts it in a new session) and each
 training launch (system/launch.py does too) are sessions of their own. Measured with two busy loops on a 2-core
 machine: under `setsid nice -n 10` they took half of it from two at nice 0. Without cgroups the run's own
 session is lowered too (/proc/self/autogroup), which its kernels and launches escape.
