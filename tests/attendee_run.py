@@ -78,7 +78,8 @@ def set_sizes(copy: Path) -> None:
     """Set the copy's parameters to SIZES[its name], as papermill would: after the parameters cell's own lines."""
     notebook = nbformat.read(copy, as_version=4)
     cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
-    cell.source += "".join(f"\n{name} = {value!r}  # the attendee run's size" for name, value in SIZES[copy.name].items())
+    sizes = SIZES[copy.name].items()
+    cell.source += "".join(f"\n{name} = {value!r}  # the attendee run's size" for name, value in sizes)
     nbformat.write(notebook, copy)
 
 
