@@ -75,7 +75,8 @@ class Cgroups:
         """The attendee's cgroups, with the quota and the limit written; their folders by controller.
 
         ``cpu_weight`` (v2's units: 1 to 10,000, 100 for an equal share; v1's cpu.shares are 10.24x) ranks the
-        group against its siblings when the CPUs are contended: every process in it, whatever its session.
+        group when the CPUs are contended: every process in it, whatever its session. A weight counts only among a
+        group's siblings, so the class's parent takes it too, or the parent would take an equal share for it.
         """
         folders = {}
         for controller, parent in self.parents.items():
@@ -94,10 +95,11 @@ class Cgroups:
                     _write(folder / "cpu.cfs_period_us", 100_000)
                     _write(folder / "cpu.cfs_quota_us", int(cpu_cores * 100_000))
             if controller == "cpu" and cpu_weight:
-                if self.v2[controller]:
-                    _write(folder / "cpu.weight", cpu_weight)
-                else:
-                    _write(folder / "cpu.shares", max(2, round(cpu_weight * 1024 / 100)))
+                for group in (parent, folder):
+                    if self.v2[controller]:
+                        _write(group / "cpu.weight", cpu_weight)
+                    else:
+                        _write(group / "cpu.shares", max(2, round(cpu_weight * 1024 / 100)))
             if controller == "memory" and memory_bytes:
                 if self.v2[controller]:
                     _write(folder / "memory.max", memory_bytes)
