@@ -32,7 +32,8 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 # Resolved by other cells (resolve_run_dir, load_data), which create folders or read data: not drawn here.
 RESOLVED_ELSEWHERE = {"run_dir", "data_root"}
 # What each papermill parameter is. A notebook parameter missing here fails the test: say what it is.
-SIZES = {"epochs", "batch_size", "train_size", "steps", "max_steps", "memory_cap_mib", "max_mib", "fsdp_steps"}
+SIZES = {"epochs", "batch_size", "train_size", "steps", "max_steps", "memory_cap_mib", "max_mib", "fsdp_steps",
+         "timeout_s"}
 SWITCHES = {"torch_compile"}
 RANKS = {"nproc"}  # demo_world's: 2 or more; only valid values are drawn (garbage: the test at the end)
 LARGEST = 2**63 - 1
