@@ -12,6 +12,7 @@ the outputs its cells printed and each cell's outcome (``tests/test_attendee_not
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -138,6 +139,8 @@ def _write_suite_record(session, exitstatus) -> None:
                 "counts": counts, "marker_expression": session.config.option.markexpr or None,
                 "git_commit": git_commit(), "environment": environment("cpu"),
                 "slowest": [{"test": name, "seconds": round(seconds, 1)} for name, seconds in slowest],
+                # the attendee copies' run beside the tests (tests/attendee_run.py), where the session had one
+                "background": dict(getattr(sys.modules.get("attendee_run"), "timings", None) or {}) or None,
                 "files": [{"file": name, "seconds": round(seconds, 1), "tests": count}
                           for name, (seconds, count) in sorted(files.items(), key=lambda item: -item[1][0])]}, path)
 
