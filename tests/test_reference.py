@@ -2,8 +2,11 @@
 notebook changed after the commit they were recorded at."""
 
 import json
+import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,10 +122,24 @@ def test_make_test_writes_the_record_the_page_reads(tmp_path):
     """The conftest's --suite-record, run on a tiny suite in a subprocess: the record is one reference accepts."""
     (tmp_path / "test_tiny.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
     record = tmp_path / "suite.json"
-    proc = subprocess.run([__import__("sys").executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
                            "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"), "--suite-record", str(record),
                            str(tmp_path / "test_tiny.py")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     suite = reference.read_suite_record(record)
     assert suite["counts"]["passed"] == 1 and suite["slowest"][0]["test"].endswith("test_one")
     assert [(row["file"].endswith("test_tiny.py"), row["tests"]) for row in suite["files"]] == [(True, 1)]
+    assert suite["background"] is None  # no attendee copies ran beside this suite
+
+
+def test_the_record_says_when_the_attendee_run_ended_and_how_long_the_session_waited_for_it(tmp_path, monkeypatch):
+    """What the suite's record keeps of the background run (tests/attendee_run.py): where CI's minutes went."""
+    import attendee_run
+
+    monkeypatch.setattr(attendee_run, "timings", {})
+    started = time.time() - 100
+    run = attendee_run.AttendeeRun(tmp_path, tmp_path / "executed", [], 5.0, started_at=started)
+    (tmp_path / "rc").write_text("0\n")
+    os.utime(tmp_path / "rc", (started + 60, started + 60))  # it ended 60 s after it started, before the wait
+    assert attendee_run.result(run).returncode == 0
+    assert attendee_run.timings == {"attendee_copies_s": 60.0, "exit_status": 0, "cpu_weight": None, "waited_s": 0.0}
