@@ -1,8 +1,6 @@
 """What an answer is before any check reads it: one line to show it by, its kind in words, and one real number
 (or a whole number's exact digits) from any numeric type an attendee may hold; ``Problem`` for what is none."""
 
-from __future__ import annotations
-
 import decimal
 import fractions
 import math

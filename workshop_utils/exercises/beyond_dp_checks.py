@@ -1,8 +1,6 @@
 """Notebook 05's exercises: ZeRO's memory per GPU, FSDP's traffic against DDP's, and the pipeline bubble. A count is
 judged by what it does (``smallest``), a time against the ring model's."""
 
-from __future__ import annotations
-
 import math
 
 from ..parallel.comm_model import Link, ring_all_reduce_s
@@ -10,7 +8,8 @@ from ..parallel.pipeline import bubble_fraction
 from ..parallel.sharding import fewest_gpus, zero_kept_and_sharded_gib
 from .answer_values import scalar, show
 from .exercise_cells import passed, require, require_answered
-from .exercise_judging import accepted, checked, close, count, kit_input, kit_number, number, short, smallest, verdict
+from .exercise_judging import (accepted, checked, close, count, kit_input, kit_number, kit_numbers, number, short,
+                               smallest, verdict)
 
 # An H100 80GB's memory as PyTorch reports it on the kit's own H100 (results/reference/gpu/, "memory_gib"):
 # what the exercise's budget leaves part of.
@@ -58,15 +57,14 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
               f"{exercise}: the link is {short(repr(link), 40)}, not one of wu.LINKS.", "pass wu.LINKS[\"ib_ndr\"], "
               "as the exercise's cell does.")
     one_pass = (p - 1) * link.latency_us * 1e-6 + (p - 1) / p * n_bytes / (link.bandwidth_gbps * 1e9)
+    lat, bw = link.latency_us * 1e-6, link.bandwidth_gbps * 1e9
     inputs = (f"{{}} passes of (p-1) * alpha + (p-1)/p * n / B, p = {p}, alpha = {link.latency_us:g} us, "
               f"B = {link.bandwidth_gbps:g} GB/s, n = {n_bytes:.3g} bytes")
     hint = "each pass (p-1) * alpha + (p-1)/p * n / B, in seconds: alpha in seconds, B in bytes/s."
-    lat, bw, units = link.latency_us * 1e-6, link.bandwidth_gbps * 1e9, "alpha = latency_us * 1e-6 s, B = " \
-        "bandwidth_gbps * 1e9 bytes/s (GB/s are decimal)."
+    units = "alpha = latency_us * 1e-6 s, B = bandwidth_gbps * 1e9 bytes/s (GB/s are decimal)."
 
     def as_rounded(answer: float, passes: int, pass_s: float) -> float:
-        """``passes`` x ``pass_s``, or the answer where it is that pass rounded to two digits or more, then
-        multiplied (2 x 0.28 s): a rounding carries, into the right value and into each named mistake."""
+        """``passes`` x ``pass_s``, or the answer where it is that pass rounded, then multiplied (2 x 0.28 s)."""
         exact = passes * pass_s
         return answer if not close(answer, exact) and accepted(answer / passes, pass_s) else exact
 
@@ -96,8 +94,7 @@ def check_fsdp_traffic(ddp_s, fsdp_s, n_bytes: float, world_size: int, link: Lin
 
 @checked
 def check_microbatches(microbatches, stages: int, target: float, exercise: str = "Exercise 5.3") -> bool:
-    stages, target = (kit_number(given, exercise, f"the cell's {name}", "pass the inputs of the exercise's cell.")
-                      for name, given in (("stages", stages), ("target", target)))
+    stages, target = kit_numbers(exercise, "pass the inputs of the exercise's cell.", stages=stages, target=target)
     value = smallest(count(microbatches, exercise, "microbatches", "a whole number of micro-batches"), exercise,
                      "microbatches", lambda m: bubble_fraction(stages, m), target + 1e-12,
                      lambda m, bubble: f"with m = {m} the bubble (p-1) / (m+p-1) is {bubble:.3f}, above {target:g}",

@@ -1,9 +1,6 @@
-"""An answer's cell run again on a second input, made up by the check, so that a method right by chance on the
-notebook's one input shows (3.2's gradients, 4.2's sweep, 6.3's job). The cell runs apart from the notebook: on
-copies of what it reads, with nothing it prints or draws shown, and with what would reach past the kernel (a file
-written, a process started, a pause, a prompt) refused, so that its second run changes nothing the attendee has."""
-
-from __future__ import annotations
+"""An answer's cell run again on a second input the check makes up, so that a method right by chance on the
+notebook's one input shows (3.2's gradients, 4.2's sweep, 6.3's job). It runs on copies of what it reads, shows
+nothing, and may not reach past the kernel (a file written, a process, a pause, a prompt): it changes nothing."""
 
 import ast
 import builtins
@@ -21,11 +18,10 @@ from .exercise_cells import NotYet, CELL_AGAIN, magic_code, notebook_cell
 
 LIMIT_S = 30  # a cell that loops on the second input gives no second verdict, rather than a check that hangs
 # what a cell run again may not do: reach a file, a process, the network, the clock or the attendee
-REFUSED_EVENTS = {"builtins.input", "time.sleep", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate",
-                  "os.chmod", "os.chown", "os.link", "os.symlink", "os.utime", "os.putenv", "os.unsetenv",
-                  "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.kill", "os.killpg",
-                  "subprocess.Popen", "shutil.copyfile", "shutil.copytree", "shutil.move", "shutil.rmtree",
-                  "socket.connect", "socket.bind"}
+REFUSED_EVENTS = set("""builtins.input time.sleep os.remove os.rename os.rmdir os.mkdir os.truncate os.chmod os.chown
+    os.link os.symlink os.utime os.putenv os.unsetenv os.system os.exec os.posix_spawn os.spawn os.fork os.kill
+    os.killpg subprocess.Popen shutil.copyfile shutil.copytree shutil.move shutil.rmtree socket.connect
+    socket.bind""".split())
 WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -47,14 +43,13 @@ def _too_long(*_):
 
 
 def run_cell_again(cell: str, namespace: dict, given: dict, answers) -> dict | None:
-    """The values of ``answers`` that ``cell`` leaves when run again, apart from the notebook, with ``given`` in
-    place of the notebook's values of those names (the body of a ``%%time`` or ``%%capture`` cell, quietly);
-    None where it cannot run so: it sets one of those names itself, fails, reaches past the kernel, runs past
-    ``LIMIT_S`` or leaves an answer unset."""
+    """The values of ``answers`` that ``cell`` (or the body of its ``%%time``, ``%%capture``) leaves when run again
+    apart from the notebook, ``given`` in place of the notebook's values; None where it sets one of ``given`` itself,
+    fails, reaches past the kernel, runs past ``LIMIT_S`` or leaves an answer unset."""
     try:
         tree = ast.parse(cell)
-        code = magic_code(tree.body[0].value, ("time", "capture")) if len(tree.body) == 1 and isinstance(
-            tree.body[0], ast.Expr) else None
+        only = tree.body[0] if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr) else None
+        code = magic_code(only.value, ("time", "capture")) if only else None
         tree = ast.parse(code) if code is not None else tree
     except (SyntaxError, ValueError):
         return None
@@ -96,8 +91,7 @@ def run_cell_again(cell: str, namespace: dict, given: dict, answers) -> dict | N
 
 
 def _copies(tree, namespace: dict, given) -> dict:
-    """Copies of the notebook's values the cell reads, so that changing one in place (``log.append``, ``.mul_``)
-    leaves the notebook's as it was; a value that cannot be copied is shared."""
+    """Copies of the notebook's values the cell reads, so that ``log.append`` or ``.mul_`` leave the notebook's be."""
     read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
     copies = {}
     for name in (read & namespace.keys()) - set(given):
@@ -110,21 +104,18 @@ def _copies(tree, namespace: dict, given) -> dict:
 
 def _quiet():
     """What a cell run again prints or displays goes nowhere: a notebook shows it once, under the cell."""
-    with contextlib.suppress(ImportError):
-        from IPython import get_ipython
-        from IPython.utils.capture import capture_output
-
-        if get_ipython() is not None:
-            return capture_output(display=True)
-    stack = contextlib.ExitStack()
-    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
-    return stack
+    try:
+        from IPython.utils.capture import capture_output  # outside a shell it captures the two streams alone
+    except ImportError:
+        stack = contextlib.ExitStack()
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+        return stack
+    return capture_output(display=True)
 
 
 def _names(node) -> tuple[set, set]:
-    """(set, read) names of a statement, its whole body included; a method called on a name (``log.append(x)``)
-    sets that name from what it is given."""
+    """(set, read) names of a statement, its whole body included; ``log.append(x)`` sets ``log`` from ``x``."""
     stored, read = set(), set()
     for inner in ast.walk(node):
         if isinstance(inner, ast.Name):
@@ -139,8 +130,7 @@ def _names(node) -> tuple[set, set]:
 
 def earlier_values(cell: str, namespace: dict, given, answers) -> list[str]:
     """The notebook's values from earlier cells, other than ``given``, that flow into the cell's ``answers`` (a
-    function of the notebook that reads one of ``given`` counts too; ``print(device)`` beside an answer does not): a
-    run of the cell on other inputs keeps their values, so its answers there speak for the cell only in part."""
+    function that reads one of ``given`` too): a run on other inputs keeps them, so it speaks for the cell in part."""
     try:
         tree = ast.parse(cell)
     except (SyntaxError, ValueError):
@@ -165,9 +155,8 @@ def earlier_values(cell: str, namespace: dict, given, answers) -> list[str]:
 
 
 def judge_cell_again(answers, given: dict, judge) -> None:
-    """Run the cell that set ``answers`` again on ``given`` where it can run apart from the notebook, and ``judge``
-    (raising ``NotYet``) what it gives there, so that a method right by chance on the notebook's one input shows. No
-    verdict where its answers also come from earlier cells' values, which keep the notebook's on the other input."""
+    """``judge`` (raising ``NotYet``) what the cell that set ``answers`` gives when run again on ``given``; no verdict
+    where its answers also come from earlier cells' values, which keep the notebook's on the other input."""
     _, cell, namespace = notebook_cell(answers)
     again = run_cell_again(cell, namespace, given, answers) if isinstance(cell, str) and not CELL_AGAIN["on"] else None
     if again is None:

@@ -1,7 +1,5 @@
 """Exercise 2.3: the weak-scaling efficiency of DDP at 64 GPUs without overlap, from the ring all-reduce model."""
 
-from __future__ import annotations
-
 import math
 
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
@@ -13,9 +11,9 @@ from .exercise_judging import accepted, checked, kit_number, number, verdict
 @checked
 def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_size: int = 64,
                          gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
-    """The efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model. Answers are compared
-    through the communication time they imply: near 1 and near 0 the mistakes' efficiencies agree to many digits."""
-    # the cell's, as a tensor or numpy scalar too (gradients past a PiB: bucket by bucket, the model would take hours)
+    """The efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model, compared through the
+    communication time it implies: near 1 and near 0 the mistakes' efficiencies agree to many digits."""
+    # gradients past a PiB: bucket by bucket, the model would take hours
     step_s, grad_bytes, world_size, gpus_per_node = (
         kit_number(given, exercise, f"the cell's {name}", "pass the inputs of the exercise's cell.", least, whole, most)
         for name, given, least, whole, most in (("step_s", step_s, 0, False, math.inf),
@@ -69,22 +67,18 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
     def communication(efficiency: float) -> float:  # per step, as an efficiency implies it: 1 / e - 1 steps
         return 1 / efficiency - 1 if efficiency > 0 else math.nan
 
-    # The answer rounded to 1 (or held in bf16) is the mistake of no all-reduce at all: never accepted, however near
-    # 1 the answer is; far from 1, the mistake's own row names it.
+    # 1 (the answer rounded, or held in bf16) is the mistake of no all-reduce at all, however near 1 the answer is
     shown = next((f"{right:.{d}f}" for d in range(6, 17) if f"{right:.{d}f}" != f"{1:.{d}f}"), repr(right))
     require(value != 1 or not 0.995 <= right < 1, exercise, f"`efficiency_64` = 1 is a step with no all-reduce at "
             f"all: the answer, {shown}, keeps its communication only in digits that rounding to 1 removed.",
             "leave it unrounded (a Python float), or round to as many decimals as keep it below 1.")
-    # The right value as bf16 or fp16 holds it (a tensor, or its .item()) is that one, as a rounding of it is, whatever
-    # mistake it may land on too: neither format holds more digits.
+    # the right value as bf16 or fp16 holds it is that one, whatever mistake it lands on too (but 0: an underflow)
     import torch
 
-    # (not 0: below float16's range the answer underflows to 0, which holds nothing of it)
     if value and value in {torch.tensor(right, dtype=torch.float64).to(half).item()
                            for half in (torch.bfloat16, torch.float16)}:
         value = right
-    # A value within one step of its last digit of the answer, yet not its rounding (a digit cut off, or rounded
-    # the wrong way): too close to tell a slip from a mistake, so it is asked for rounded, never called wrong.
+    # within one step of its last digit, yet not the answer's rounding: too close to call wrong, asked for rounded
     digits = next((d for d in range(1, 7) if float(f"{value:.{d}g}") == value), 0)
     if digits >= 2 and not accepted(value, right, through=communication):
         decimals = digits - 1 - math.floor(math.log10(abs(value)))

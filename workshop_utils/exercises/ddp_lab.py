@@ -45,8 +45,8 @@ __all__ = [  # the lab's public names (wu's table, the GPU check, the tests)
 
 def run_single(script, out_dir, threads: int | None = None, timeout_s: float = 300, echo: bool = True,
                args=()) -> float | None:
-    """``python script --out-dir out_dir``: the samples/s it reported (None if none), run where and with the
-    threads each rank of the lab runs (a GPU process would be no baseline for CPU ranks)."""
+    """The samples/s ``python script --out-dir out_dir`` reported (None if none), run as a lab rank runs (a GPU
+    process would be no baseline for CPU ranks)."""
     command = [sys.executable, str(script), *map(str, args), "--out-dir", str(out_dir)]
     if echo:
         print("$ python " + shlex.join(map(str, command[1:])), flush=True)
@@ -117,16 +117,15 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
     sampler_arguments = inspect.signature(DistributedSampler.__init__)
 
     def next_index(self, _original=dataloader._BaseDataLoaderIter._next_index):
-        index = _original(self)
-        if getattr(self, "_lab_probe_source", None) is not self._sampler_iter:
+        index, now = _original(self), time.time()
+        if getattr(self, "_lab_probe_source", None) is not self._sampler_iter:  # a new epoch's sampler
             self._lab_probe_source = self._sampler_iter
-            self._lab_probe_entry = {"dataset": id(self._dataset), "indices": []}
+            self._lab_probe_entry = {"dataset": id(self._dataset), "indices": [], "first": now, "draws": 0}
             record["epochs"].append(self._lab_probe_entry)
         entry = self._lab_probe_entry
         entry["indices"].extend(index if isinstance(index, list) else [index])
-        now = time.time()
         record["first_draw"] = record["first_draw"] or now
-        entry["first"], entry["last"], entry["draws"] = entry.get("first") or now, now, entry.get("draws", 0) + 1
+        entry["last"], entry["draws"] = now, entry["draws"] + 1
         epoch = sum(e["dataset"] == entry["dataset"] for e in record["epochs"]) - 1
         record["progress"] = {"what": f"drew batch {entry['draws']} of epoch {epoch}", "time": now}
         return index

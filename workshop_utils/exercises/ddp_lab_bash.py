@@ -28,14 +28,13 @@ STAND_INS = LAUNCHERS + TOOLS
 # readonly in the line's bash, refused by env and srun.
 LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
                     "LD_PROFILE_OUTPUT", "GCONV_PATH")
-# The folders and the exit code are written into the text, not read from the environment, which the line sets
-# (VAR=value, env, export); bash -p reads no BASH_ENV, SHELLOPTS or function from it. A command run with & starts
-# with SIGINT ignored (POSIX, no job control; the check starts bash with it at its default), and with /dev/null as its
-# input. bash keeps SIGINT ignored for a program it runs with & itself, not for one inside a list, a group, a
-# function or eval run with &, while every such command gets /dev/null: that tells, where the line names no null of
-# its own (the check gives bash a file); bash's own $! (the last command run with &: the launch, or the subshell it
-# runs in) tells the rest. Where /proc is, a shell above the stand-in with SIGINT ignored tells too: bash forks one for
-# a list, a group or a subshell run with &, whatever input the line then gives the launch.
+# The folders and the exit code are written into the text, not read from the environment, which the line sets;
+# bash -p reads no BASH_ENV, SHELLOPTS or function from it. A launch run with & shows three ways. POSIX starts it with
+# SIGINT ignored (the check starts bash with it at its default): bash does so for a program it runs with & itself, not
+# inside a list, a group, a function or eval run with &. Every such command gets /dev/null as its input: that tells,
+# where the line names no null of its own (the check gives bash a file). bash's own $! (the launch, or the subshell it
+# runs in) tells the rest; and where /proc is, so does a shell above the stand-in with SIGINT ignored (bash forks one
+# for a list, a group or a subshell run with &, whatever input the line then gives the launch).
 # The kernel's own programs by their paths are their stand-ins there too.
 STAND_IN = r"""#!@BASH@ -p
 tools=@TOOLS@ record=@RECORD@ NO_LOADER="the check's shell loads no library a line names"
@@ -43,13 +42,10 @@ case ${0##*/} in
 srun|env|nohup|nice|stdbuf|timeout) printf '%s\0' "${0##*/}" "$@" > "$record/$$.tool" ;;&  # what it started, below
 nohup|nice|stdbuf|timeout)
     # The real tool reads its own options and runs the next word from PATH, a stand-in: never a program by its path.
-    for ((at = 1; at <= $#; at++)); do  # the kernel's own by its path: by its name
+    for ((at = 1; at <= $#; at++)); do
         word=${!at}
         [[ $word == */* && ${word%/*} -ef @KERNEL_BIN@ && -f $tools/${word##*/} ]] &&
-            { set -- "${@:1:at-1}" "${word##*/}" "${@:at+1}"; break; }
-        [[ $word != */* && -f $tools/$word ]] && break
-    done
-    for word; do
+            { set -- "${@:1:at-1}" "${word##*/}" "${@:at+1}"; break; }  # the kernel's own by its path: by its name
         [[ $word != */* && -f $tools/$word ]] && break
         [[ $word == */* ]] && { echo "$word: the check runs no program by its path" >&2; exit 127; }
     done
@@ -126,18 +122,16 @@ fi
 echo "# launched $$" >> "$record/trace"
 exit @EXIT@
 """
-# Before the line: 1 MiB of output and 256 MiB of memory at most, cd (and pushd) moves LAB_CD (a restricted bash has
-# no cd) to a folder that exists, /usr/bin/env is env and the kernel's own Python and torchrun by their paths
-# (f"{sys.executable} -m ...") are python and torchrun, source (a venv's activate, conda's on PATH) reads nothing,
-# and ends the line where there is no such file, exec runs its
-# command and ends the line (a restricted bash has no exec), no kill, and every command waits for those in the
-# background first (so does the end): the trace is in order. Then nothing the line does hides a command from the
-# trace or an & from the end: the trace goes to a descriptor of its own (BASH_XTRACEFD; a line that redirects one
-# above 2 is refused), these functions, PS4 (which names the function a command runs in) and BASH_CMDS (bash's
-# table of where commands are) are readonly, and the builtins that would change what runs around a launch are off
-# (enable too, so that nothing turns them back on): a line that runs one is refused, as its trace shows. set stays,
-# for what a Slurm script sets before a launch (stop on an error, an unset variable or a failed pipe; trace): its
-# other words are refused, as the trace shows them.
+# Before the line: 1 MiB of output and 256 MiB of memory at most; cd and pushd move LAB_CD (a restricted bash has no
+# cd) to a folder that exists; /usr/bin/env is env, and the kernel's own Python and torchrun by their paths
+# (f"{sys.executable} -m ...") are python and torchrun; source (a venv's activate, conda's) reads nothing, and ends the
+# line where there is no such file; exec runs its command and ends the line (a restricted bash has no exec); every
+# command first waits for those in the background (so does the end): the trace is in order. Nothing the line does
+# hides a command from the trace or an & from the end: the trace has a descriptor of its own (BASH_XTRACEFD; a line
+# that redirects one above 2 is refused), these functions, PS4 (which names a command's function) and BASH_CMDS
+# (bash's table of where commands are) are readonly, and the builtins that would change what runs around a launch are
+# off (enable too, so that nothing turns them back on). set stays, for what a Slurm script sets before a launch (stop
+# on an error, an unset variable or a failed pipe; trace): its other words are refused, as the trace shows them.
 OFF_BUILTINS = ("kill", "shopt", "trap", "ulimit", "hash", "history", "enable")
 KERNEL_BIN = Path(sys.executable).parent
 BY_PATH = {**{str(KERNEL_BIN / name): name for name in ("torchrun", "python3", "python")
@@ -168,8 +162,7 @@ PRELUDE = (f'ulimit -f {OUTPUT_LIMIT >> 10} -v 262144; '  # bash counts KiB
 # the check's own functions, whose commands are no part of the line
 LAB_FUNCTIONS = ("cd", "pushd", "/usr/bin/env", "/bin/env", "source", ".", "exec", *BY_PATH, "lab_end")
 TRACED = re.compile(r"\++(?:\[(.*?)\])? (.*)")  # a command bash ran, nested as deep as the +, in a function
-# (the DEBUG trap's wait is traced one level deeper than the command it waits in front of)
-# the check's, at the line's own level (exit ends the line, as the check's exec does)
+# the check's, at the line's own level (exit ends the line, as the check's exec does; the DEBUG trap's wait)
 LAB_COMMANDS = ("exit", "lab_end", "wait", PRELUDE_END)
 ASSIGNS = ("export", "declare", "typeset", "local", "readonly", "unset")  # the builtins that set what they name
 ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?\+?=")  # NAME=, NAME+=, NAME[key]= in front of a command
@@ -207,14 +200,7 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
             (tools := Path(folder, f"run{code}", "bin")).mkdir(parents=True)
             record = tools.parent
             for name in STAND_INS:
-                (tools / name).write_text(STAND_IN.replace("@BASH@", bash).replace("@EXIT@", str(code)).replace(
-                    "@TOOLS@", shlex.quote(str(tools))).replace("@RECORD@", shlex.quote(str(record))).replace(
-                    "@SYSTEM_PATH@", shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin")).replace(
-                    "@KERNEL_BIN@", shlex.quote(str(KERNEL_BIN))).replace(
-                    "@LOADER@", "|".join(LOADER_VARIABLES)).replace(
-                    "@FORK_TICKS@", str(round(FORK_CPU_S * os.sysconf("SC_CLK_TCK")))).replace(
-                    "@LINE_TIMEOUT_S@", str(LINE_TIMEOUT_S)).replace(
-                    "@NULL_MEANS_AND@", str(int("null" not in line))))
+                (tools / name).write_text(_stand_in(bash, tools, code, line))
                 (tools / name).chmod(0o755)
             base = {"PATH": str(tools), "HOME": os.path.expanduser("~"), "LAB_CD": os.getcwd()}
             trace = os.open(record / "trace", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -249,11 +235,11 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
             started = set()  # a stand-in started by a tool: the tool's own process (exec), or its child (timeout)
             for argv in record.glob("*.argv"):
                 started |= {argv.stem, (argv.read_text(errors="surrogateescape").split("\0") + ["", ""])[1]}
-            strays += [shlex.join(tool.read_text(errors="surrogateescape").split("\0")[:-1])
-                       for tool in record.glob("*.tool") if tool.stem not in started]  # it ran something else
+            # a tool that started no stand-in ran something else
+            strays += [shlex.join(_words(tool)) for tool in record.glob("*.tool") if tool.stem not in started]
             for pid in order:
                 argv = record / f"{pid}.argv"
-                fields = argv.read_text(errors="surrogateescape").split("\0")[:-1] if argv.exists() else []
+                fields = _words(argv) if argv.exists() else []
                 if len(fields) < 4:  # a stand-in stopped while writing it (the line's own ulimit -f)
                     continue
                 how, parent, cwd, *words = fields
@@ -261,22 +247,37 @@ def run_in_bash(line: str, launches_torchrun) -> BashRun:
                     background = "launch" if launches_torchrun(words) else background or "other"
                 after += ["a pipe"] * ("pipe" in how)
                 closed = closed or "closed" in how
-                env = argv.with_suffix(".env").read_text(errors="surrogateescape").split("\0")[:-1]
+                env = _words(argv.with_suffix(".env"))
                 srun = argv.with_suffix(".srun")  # srun execs the launch: the same process
                 if code == 0:
                     launches.append((cwd, words, {k: v for k, _, v in (e.partition("=") for e in env)
                                                   if k not in {"LAB_CD", *BASH_OWN} and base.get(k) != v},
-                                     srun.read_text(errors="surrogateescape").split("\0")[:-1]
-                                     if srun.exists() else None))
+                                     _words(srun) if srun.exists() else None))
     return BashRun(launches, list(dict.fromkeys(after)), background, full or next(iter(complaints), ""), complaints,
                    commands, cut, closed, tuple(dict.fromkeys(strays)), frozenset(functions))
+
+
+def _stand_in(bash: str, tools: Path, code: int, line: str) -> str:
+    """STAND_IN with one run's values written in."""
+    values = {"BASH": bash, "EXIT": str(code), "LINE_TIMEOUT_S": str(LINE_TIMEOUT_S),
+              "TOOLS": shlex.quote(str(tools)), "RECORD": shlex.quote(str(tools.parent)),
+              "SYSTEM_PATH": shlex.quote(os.defpath.strip(":") or "/usr/bin:/bin"),
+              "KERNEL_BIN": shlex.quote(str(KERNEL_BIN)), "LOADER": "|".join(LOADER_VARIABLES),
+              "FORK_TICKS": str(round(FORK_CPU_S * os.sysconf("SC_CLK_TCK"))),
+              # a line that names a null of its own: /dev/null as input no longer tells a launch run with &
+              "NULL_MEANS_AND": str(int("null" not in line))}
+    return re.sub(r"@([A-Z_]+)@", lambda found: values[found.group(1)], STAND_IN)
+
+
+def _words(path: Path) -> list[str]:
+    """A stand-in's record: the words it wrote, each ended by a NUL."""
+    return path.read_text(errors="surrogateescape").split("\0")[:-1]
 
 
 def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stdout, stderr, trace: int,
                     tools: str) -> tuple[bool, bool]:
     """Whether ``command`` (in a session of its own) ended within LINE_TIMEOUT_S, and whether something it started
-    outlived it: that is killed then. A stand-in, or a bash forked to start one, ends by itself and is waited for, so
-    that what they record does not depend on how fast they were."""
+    outlived it (killed then); a stand-in, or a bash forked to start one, is waited for: its record does not race."""
     # SIGINT at its default in the line's bash, however the kit was started (a kernel or a test run started with
     # & inherits it ignored): an ignored SIGINT is how a stand-in tells a launch that bash ran with & (STAND_IN)
     shell = subprocess.Popen(command, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
@@ -288,18 +289,13 @@ def _ran_to_the_end(command: list[str], env: dict, cwd: Path, stdin, stdout, std
     except subprocess.TimeoutExpired:
         ended = False
     outlived = seen = False
-
-    def the_lines_own():
-        nonlocal seen
-        found = [p for p in psutil.process_iter() if _alive(p, shell.pid)]
-        seen = seen or bool(found)
-        return found
-
     for _ in range(10):  # a process forking as it is killed: until none is left
-        left = the_lines_own()
-        while ended and left and time.monotonic() < deadline and all(_ends_by_itself(p, tools) for p in left):
+        while True:  # the line's own processes, once those that end by themselves have
+            left = [p for p in psutil.process_iter() if _alive(p, shell.pid)]
+            seen = seen or bool(left)
+            if not (ended and left and time.monotonic() < deadline and all(_ends_by_itself(p, tools) for p in left)):
+                break
             time.sleep(0.01)
-            left = the_lines_own()
         left = [p.pid for p in left if _alive(p)]
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -312,15 +312,12 @@ def _config_refusal(parsed: argparse.Namespace) -> str | None:
     """What torchrun's own reading of its settings refuses, or None (no log folder made, nothing logged)."""
     from torch.distributed.run import config_from_args
 
-    logger = logging.getLogger("torch.distributed.run")
-    was, logger.disabled = logger.disabled, True
     try:
-        with mock.patch.dict(os.environ, OMP_NUM_THREADS="1"):
+        with mock.patch.object(logging.getLogger("torch.distributed.run"), "disabled", True), \
+                mock.patch.dict(os.environ, OMP_NUM_THREADS="1"):
             config_from_args(argparse.Namespace(**{**vars(parsed), "log_dir": os.devnull}))
     except (ValueError, AssertionError, RuntimeError) as refusal:
         return str(refusal) or type(refusal).__name__
-    finally:
-        logger.disabled = was
     return None
 
 
@@ -367,14 +364,11 @@ def _python_module(tokens: list[str]) -> tuple[str | None, int]:
     index = 1
     while index < len(tokens) and tokens[index].startswith("-") and tokens[index] != "-":
         word = tokens[index]
-        if word.startswith("--"):  # the one long option that runs on; --help, --version and the rest stop python
-            if word != "--check-hash-based-pycs" or tokens[index + 1:index + 2] not in (["default"], ["always"],
-                                                                                         ["never"]):
-                return None, 1
-            index += 2
+        if word == "--check-hash-based-pycs" and tokens[index + 1:index + 2] in (["default"], ["always"], ["never"]):
+            index += 2  # the one long option that runs on; --help, --version and the rest stop python
             continue
         # letters that take no value, up to one that does (-m, -W, -X: the word's rest, else the next word); -c, -h,
-        # -V, -? and unknown letters run no module
+        # -V, -?, unknown letters and other long options run no module
         found = re.fullmatch(r"-[bBdEiIOPqRsSuvx]*(?:([mWX])(.*))?", word, re.S)
         if not found:
             return None, 1

@@ -1,9 +1,6 @@
 """The exercise cells: the committed notebooks hold each solution between nbgrader-style markers (CI proves every
-exercise solvable); the attendees' copies (``handout``) hold the block's placeholders (``x = ...``). A check
-reads ``...`` as "not yet solved" (one line, False: the copy runs top to bottom) and raises ``NotYet`` on a wrong
-answer, so that a headless run of the solved notebooks fails."""
-
-from __future__ import annotations
+exercise solvable), the attendees' copies (``handout``) its placeholders (``x = ...``). A check reads ``...`` as
+"not yet solved" (one line, False: the copy runs top to bottom) and raises ``NotYet`` on a wrong answer."""
 
 import ast
 import sys
@@ -52,8 +49,7 @@ def require(condition: bool, exercise: str, problem: str, hint: str) -> None:
 
 
 def magic_code(node, magics=None) -> str | None:
-    """The Python a cell or line magic (``%%time``) runs, as IPython writes it into the cell's code
-    (``get_ipython().run_cell_magic('time', '', code)``); None for any other node, or a magic not in ``magics``."""
+    """The Python a magic runs (``get_ipython().run_cell_magic('time', '', code)``); None for any other node."""
     if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("run_cell_magic", "run_line_magic") and \
             len(node.args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args) \
             and (magics is None or node.args[0].value in magics):
@@ -62,14 +58,13 @@ def magic_code(node, magics=None) -> str | None:
 
 
 def stores(source: str) -> set[str]:
-    """The names a cell's code sets, functions it defines included, in the body of a ``%%time`` or ``%time`` too
-    (IPython runs those from a string)."""
+    """The names a cell's code sets, functions it defines included, in the body of a ``%%time`` too."""
     try:
-        nodes = list(ast.walk(ast.parse(source)))
+        tree = ast.parse(source)
     except (SyntaxError, ValueError, TypeError):
         return set()
     names = set()
-    for node in nodes:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -80,8 +75,8 @@ def stores(source: str) -> set[str]:
 
 
 def notebook_cell(answers) -> tuple[int | None, str | None, dict]:
-    """(place in IPython's history ``_ih``, code) of the latest cell that sets every name of ``answers`` ((None, None)
-    when none does), and the notebook's namespace ({} outside IPython), found from the frame that called the check."""
+    """(place in IPython's history ``_ih``, code) of the latest cell that sets every name of ``answers`` (or (None,
+    None)), and the notebook's namespace ({} outside IPython), found from the frame that called the check."""
     frame = sys._getframe(1)
     while frame is not None and not isinstance(frame.f_globals.get("_ih"), list):
         frame = frame.f_back

@@ -1,19 +1,21 @@
 """Every check of notebooks 01-05 from one place, and the GPT's two (1.4, 2.4). Where the exercise's data cannot tell
 a mistake from the right answer, the attendee writes a function and the check also runs it where they differ."""
 
-from __future__ import annotations
-
 import dataclasses
 
 from ..spine.gpt import GPTSize, activation_bytes_per_sequence, flops_per_token_closed_form, largest_micro_batch
 from ..system.display import format_number
-from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus  # noqa: F401
+from .beyond_dp_checks import check_fewest_gpus, check_fsdp_traffic, check_microbatches, fewest_gpus
 from .exercise_cells import passed, require
-from .exercise_judging import KitDefect, attendee_function, called, checked, count, number, verdict  # noqa: F401
-from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale  # noqa: F401
-from .measurement_checks import (check_batch_memory, check_loader_choice, check_next_fix,  # noqa: F401
-                                 constructed_loader_sweep)
-from .tflops_checks import check_achieved_tflops, check_matmul_tflops, check_mfu  # noqa: F401
+from .exercise_judging import KitDefect, attendee_function, called, checked, count, number, verdict
+from .fp16_checks import check_amp_step, check_lost_fraction, check_safe_loss_scale
+from .measurement_checks import check_batch_memory, check_loader_choice, check_next_fix, constructed_loader_sweep
+from .tflops_checks import check_achieved_tflops, check_matmul_tflops, check_mfu
+
+__all__ = ["KitDefect", "check_achieved_tflops", "check_amp_step", "check_batch_memory", "check_fewest_gpus",
+           "check_flops_per_token", "check_fsdp_traffic", "check_loader_choice", "check_lost_fraction",
+           "check_matmul_tflops", "check_mfu", "check_micro_batch_plan", "check_microbatches", "check_next_fix",
+           "check_safe_loss_scale", "constructed_loader_sweep", "fewest_gpus"]
 
 # Exercise 1.4's second configuration: sequence, width and context all differ (in the cpu profile all are 128).
 SECOND_GPT = (2_345_678, 3, 96, 200)  # parameters, layers, width, sequence: the function's order
@@ -28,10 +30,9 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
     formula = flops_per_token_closed_form(size, T, N)
     mistakes = [
         (6 * (N - size.context * d) + 12 * L * d * T, "that leaves the position table out (nanoGPT's convention); "
-                                                      "this exercise's N is every trainable parameter.",
-         "use the parameters as they are."),
+         "this exercise's N is every trainable parameter.", "use the parameters as they are."),
         (6 * N + 6 * L * d * T, "that halves attention for the causal mask; the formula counts all of it, as every "
-                                "MFU convention does.", "use 12 x layers x width x sequence."),
+         "MFU convention does.", "use 12 x layers x width x sequence."),
         (counted, "that is the counter's measurement, not the formula.",
          "write 6 x parameters + 12 x layers x width x sequence."),
     ]
@@ -44,9 +45,8 @@ def check_flops_per_token(gpt_flops_per_token, parameters: int, size: GPTSize, s
                 "layers x width x sequence, from the function's arguments.",
                 inputs=f"6 x {N:,} parameters + 12 x {L} layers x width {d} x {T} tokens")
         # the second configuration's one mistake: the first's number again
-        mistakes = [(value, "the same number as at the exercise's sizes: your function reads the notebook's "
-                            "variables, not its arguments.",
-                     "compute from `parameters`, `layers`, `width` and `sequence`.")]
+        mistakes = [(value, "the same number as at the exercise's sizes: your function reads the notebook's variables, "
+                     "not its arguments.", "compute from `parameters`, `layers`, `width` and `sequence`.")]
     return passed(exercise, f"{formula / 1e6:.2f} MFLOP per token by the formula; the counter measured "
                             f"{counted / 1e6:.2f} on the model itself")
 

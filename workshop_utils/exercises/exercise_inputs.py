@@ -1,10 +1,7 @@
 """What a check reads from the notebook besides the answer: its inputs (``flops``, ``usage``, ``budget_gib``). In a
-notebook that watches them (``watch_exercise_inputs``), each input's value after the last cell that changed it and set
-no check's answer is noted; a check then names in one line an input that differs from it (``flops = flops / 1e12``,
-through an alias, in a ``%%time`` cell) instead of judging the answer against the changed value. The values decide
-what changed; a cell's code is read only to tell whether it set an answer."""
-
-from __future__ import annotations
+notebook that watches them (``watch_exercise_inputs``), each input's value as the last cell that set no answer left
+it is noted, and a check names in one line an input changed since (``flops = flops / 1e12``, through an alias)
+instead of judging the answer against it. Values decide what changed; code only whether a cell set an answer."""
 
 import dataclasses
 import numbers
@@ -51,8 +48,7 @@ _summed: dict[int, tuple] = {}  # id of a large host tensor -> (a weak reference
 
 @dataclasses.dataclass
 class _Notes:
-    """One watched notebook: each input as the notebook set it ((place in IPython's history, value) of each cell
-    that did), and each input as it was before this cell ran."""
+    """One watched notebook: each input's (place in ``_ih``, value) per cell that set it; each as before this cell."""
     set: dict[str, list[tuple[int, object]]] = dataclasses.field(default_factory=dict)
     last: dict[str, object] = dataclasses.field(default_factory=dict)
 
@@ -65,9 +61,8 @@ def _number(value: float):
 
 
 def _tensor_sums(value, torch) -> tuple:
-    """A tensor's sum and sum of magnitudes, in float64 where it lies. A large one in the host's memory, summed
-    before every cell, would cost more than the cell: its sums are kept until PyTorch's count of its in-place writes
-    moves, so that a copy with the same values (``.clone()``, ``.cpu()``) still compares as the same."""
+    """A tensor's sum and sum of magnitudes, in float64. A large one in the host's memory, summed before every cell,
+    would cost more than the cell: its sums are kept until its count of in-place writes (``_version``) moves."""
     large = value.numel() > LARGE_TENSOR and value.device.type == "cpu"
     kept = _summed.get(id(value)) if large else None
     if kept and kept[0]() is value and kept[1] == value._version:
@@ -83,8 +78,8 @@ def _tensor_sums(value, torch) -> tuple:
 
 
 def fingerprint(value):
-    """What is compared of a value: a number as a number (5 == 5.0), a tensor or an array by its shape and sums (an
-    in-place change moves them), a table column by column, a mapping key by key, anything else by its repr."""
+    """What is compared of a value: a number as a number (5 == 5.0), a tensor or an array by its shape and sums, a
+    table column by column, a mapping key by key, anything else by its repr."""
     try:
         if value is None or isinstance(value, (bool, str)):
             return value
@@ -144,8 +139,8 @@ def _given(value) -> str:
 
 
 def watch_exercise_inputs() -> bool:
-    """In IPython: note the checks' inputs before every cell runs, so that a check can name one a cell changed.
-    Call it once, in the notebook's first cells; outside IPython it does nothing (False)."""
+    """In IPython: note the checks' inputs before every cell runs, so that a check can name one a cell changed; outside
+    IPython it does nothing (False)."""
     shell = ipython_shell()
     if shell is None:
         return False
@@ -156,8 +151,7 @@ def watch_exercise_inputs() -> bool:
 
 
 def _note(namespace: dict, notes: _Notes) -> None:
-    """Before a cell runs: what the cell before it changed is as the notebook set it, unless that cell set an
-    answer (or no value was noted yet)."""
+    """Before a cell runs: what the cell before it changed is as the notebook set it, unless that cell set an answer."""
     history = namespace.get("_ih") or []
     stored = stores(history[-1] if history else "")
     now = {name: fingerprint(namespace[name]) for name in WATCHED if name in namespace}
@@ -169,8 +163,7 @@ def _note(namespace: dict, notes: _Notes) -> None:
 
 
 def inputs_kept(exercise: str, check: str) -> None:
-    """In a notebook that watches its inputs: one line when an input ``check`` reads is not as the notebook set it,
-    or one the exercise gives no longer holds the exercise's value."""
+    """One line when an input ``check`` reads is not as the notebook set it, or one the exercise gives is changed."""
     answers, inputs, given = CHECKS[check]
     answer_cell, _, namespace = notebook_cell(answers)
     notes = _watched.get(id(namespace))

@@ -1,8 +1,6 @@
 """What every exercise check shares: an answer read strictly, one tolerance, one line per verdict: a wrong answer
 (``NotYet``), an exception in the attendee's code (naming their line) or inside a check (``KitDefect``)."""
 
-from __future__ import annotations
-
 import functools
 import inspect
 import linecache
@@ -29,8 +27,8 @@ class KitDefect(WorkshopError):
 
 
 def checked(check):
-    """A check that never shows a traceback: an unsolved exercise is one line and False, any exception but a
-    ``WorkshopError`` a one-line ``KitDefect``."""
+    """A check that shows no traceback: unsolved is one line and False, any exception but a ``WorkshopError`` a
+    one-line ``KitDefect``."""
     signature = inspect.signature(check)
     default = getattr(signature.parameters.get("exercise"), "default", "the exercise")
 
@@ -52,8 +50,7 @@ def checked(check):
             return False
         except WorkshopError:
             raise
-        except Exception as err:  # noqa: BLE001 - turned into one line; the cause stays chained
-            # an argument of the check cell changed reaches here too (a review: world_size=1, a dict for a link)
+        except Exception as err:  # noqa: BLE001 - a changed check-cell argument too (world_size=1, a dict for a link)
             raise KitDefect(f"✗ {exercise}: the check itself failed ({type(err).__name__}: {short(err)}), which is "
                             "no verdict on your answer.", "run the check cell as the notebook gives it; if it still "
                             "fails, tell the instructor: that is a defect of the kit, and the error's __cause__ holds "
@@ -70,8 +67,7 @@ def kit_input(condition: bool, problem: str, fix: str) -> None:
 
 def kit_number(given, exercise: str, name: str, fix: str, least: float = 0, whole: bool = False,
                most: float = math.inf) -> float:
-    """An input number the kit passes (the run's, the cell's), as a float; one line naming it and its value if it is
-    none (text and truth values are none), or not above 0, below ``least``, past ``most``, or not ``whole``."""
+    """An input number the kit passes (the run's, the cell's), as a float; one line naming it if it is none."""
     try:
         value = number_of(given)
     except Problem:
@@ -81,6 +77,11 @@ def kit_number(given, exercise: str, name: str, fix: str, least: float = 0, whol
               + (f"a whole number, {least:g} or more" if whole else "a number above 0")
               + (f", at most {most:.0f}." if most < math.inf else "."), fix)
     return value
+
+
+def kit_numbers(exercise: str, fix: str, where: str = "the cell's", **given) -> list[float]:
+    """Several of the kit's input numbers, each read by ``kit_number``, in the order given."""
+    return [kit_number(value, exercise, f"{where} {name}", fix) for name, value in given.items()]
 
 
 def short(err_or_text, limit: int = 200) -> str:
@@ -136,8 +137,7 @@ def count(value, exercise: str, name: str, what: str = "a whole number") -> int:
 
 
 def smallest(value: int, exercise: str, name: str, measure, limit: float, too_few, too_many: str, fix: str) -> int:
-    """``value``, the smallest count with ``measure(value) <= limit``. Too many never names a count that works: it is
-    the answer or a step from it."""
+    """``value``, the smallest count with ``measure(value) <= limit``; "too many" names no count, the answer is near."""
     require(value >= 1, exercise, f"`{name}` = {value}: at least one is needed.", "count from 1.")
     require(measure(value) <= limit, exercise, f"`{name}` = {value}: {too_few(value, measure(value))}.", fix)
     require(value == 1 or measure(value - 1) > limit, exercise, f"`{name}` = {value}: too many: {too_many}.", fix)
@@ -159,9 +159,8 @@ def accepted(value: float, right: float, whole: bool = False, through=None) -> b
 
 def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), hint: str = "", *,
             whole: bool = False, also=(), through=None, limits=(), inputs: str = "") -> None:
-    """Return when ``value`` is ``right`` (or one of ``also``: the formula on an earlier answer as the attendee
-    rounded it); else one ``NotYet`` line, the first that applies: the named mistakes ``(value, problem, fix)`` it
-    matches (all where several do), too few digits, a broken bound ``(holds, problem, fix)``, which way it is off."""
+    """Return when ``value`` is ``right`` or one of ``also``; else one ``NotYet`` line: the named ``mistakes`` (value,
+    problem, fix) it matches, too few digits, a broken ``limits`` bound (holds, problem, fix), which way it is off."""
     rights = [r for r in (right, *also) if r is not None]
     if any(accepted(value, r, whole, through) for r in rights):
         return
@@ -235,8 +234,7 @@ def rounded_digits(value: float, right: float) -> int | None:
 
 
 def carried(given, rights, exercise: str, name: str, earlier: str) -> float:
-    """An earlier exercise's answer this one builds on, if that exercise's check accepts it against its ``rights``
-    (this answer is then judged from the attendee's own rounding); else ``NotYet``: fix that exercise first."""
+    """An earlier exercise's answer this one builds on, if that exercise accepts it; else ``NotYet``: fix it first."""
     answered_input(given, exercise, earlier, name)
     value = number(given, exercise, name, earlier=earlier)
     require(not rights or any(accepted(value, right) for right in rights), exercise,

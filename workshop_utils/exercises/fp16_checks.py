@@ -1,8 +1,6 @@
 """Notebook 03's exercises: fp16's range (gradients lost to 0, the largest safe loss scale) and a training step
 with autocast and GradScaler, run against the textbook step on a small model: GradScaler judges its own calls."""
 
-from __future__ import annotations
-
 import math
 import traceback
 
@@ -19,27 +17,23 @@ from .exercise_cells import NotYet, passed, require
 from .exercise_judging import attendee_error, attendee_function, called, checked, kit_input, number, verdict
 
 
-def _gradient_tensors(gradients) -> list[torch.Tensor] | None:
-    """The tensors ``gradients`` holds: one tensor or array, or a dict, list or tuple of them; else None."""
+def _gradient_tensors(gradients) -> tuple[list[torch.Tensor] | None, str]:
+    """The tensors ``gradients`` holds (one tensor or array, or a dict, list or tuple of them; else None), described."""
     held = list(gradients.values()) if isinstance(gradients, dict) else list(gradients) if isinstance(
         gradients, (list, tuple)) else [gradients]
     tensors = [torch.as_tensor(t) if type(t).__module__ == "numpy" else t for t in held]
-    return tensors if tensors and all(torch.is_tensor(t) for t in tensors) else None
-
-
-def _described(gradients, tensors) -> str:
-    return kind(gradients) if tensors is None or torch.is_tensor(gradients) else \
-        f"{kind(gradients)} of {len(tensors)} tensors"
+    tensors = tensors if tensors and all(torch.is_tensor(t) for t in tensors) else None
+    plural = tensors is not None and not torch.is_tensor(gradients)
+    return tensors, f"{kind(gradients)} of {len(tensors)} tensors" if plural else kind(gradients)
 
 
 @checked
 def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1.0,
                         exercise: str = "Exercise 3.1") -> bool:
     value = number(lost_fraction, exercise, "lost_fraction", "one number, a fraction between 0 and 1")
-    tensors = _gradient_tensors(gradients)
+    tensors, described = _gradient_tensors(gradients)
     kit_input(tensors is not None and len(tensors) == 1, f"{exercise}: `gradients` should be one tensor of "
-              f"gradients, got {_described(gradients, tensors)}.", "pass activation_grads, one tensor, as the check "
-                                                                   "cell does.")
+              f"gradients, got {described}.", "pass activation_grads, one tensor, as the check cell does.")
     g = tensors[0].detach().flatten().float().cpu()
     nonzero, cast_zero = g[g != 0], (g * scale).half() == 0
     kit_input(nonzero.numel() > 0, f"{exercise}: no non-zero gradient to judge against.",
@@ -67,13 +61,12 @@ OTHER_GRADIENTS = ({"parameters": torch.tensor([0.3, 1e-3, 0.0]), "activations":
 @checked
 def check_safe_loss_scale(safe_scale, gradients, dtype: torch.dtype = torch.float16,
                           exercise: str = "Exercise 3.2") -> bool:
-    """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max``; a product the cast still
-    rounds down to max (below 65,520 for float16) passes too: the cast itself decides. The answer's cell is then
-    run again on each of ``OTHER_GRADIENTS`` where it can be."""
+    """The largest power of two S with S x the largest gradient <= ``finfo(dtype).max`` (or that the cast still rounds
+    down to max: the cast decides); then the answer's cell run again on each of ``OTHER_GRADIENTS``."""
     value = number(safe_scale, exercise, "safe_scale", "one number, a power of two")
-    tensors = _gradient_tensors(gradients)
+    tensors, described = _gradient_tensors(gradients)
     kit_input(tensors is not None, f"{exercise}: `gradients` should be tensors of gradients (the dict `grads`), got "
-              f"{_described(gradients, tensors)}.", "pass grads, as the check cell does.")
+              f"{described}.", "pass grads, as the check cell does.")
     detail = _judge_scale(value, tensors, dtype, exercise)
     for other, kind_of in zip(OTHER_GRADIENTS, ("an activation's", "a parameter's")):
         again = f"{exercise} (your cell, run again on other gradients: the largest 0.5, {kind_of})"
@@ -118,41 +111,38 @@ def _amp_model(device: torch.device) -> nn.Module:
 
 
 def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str, zero_grad: bool = True):
-    """One step on a small seeded MLP with stale gradients in place: (model, scaler, loss, dtypes seen, optimizer);
-    with ``amp_step=None`` the textbook step. GradScaler's own refusal of calls out of order is the message."""
+    """One step (the textbook one for ``amp_step=None``) on a small seeded MLP with stale gradients in place:
+    (model, scaler, loss, dtypes seen, optimizer)."""
     model = _amp_model(device)
     images, labels = torch.randn(16, 32, device=device), torch.randint(0, 10, (16,), device=device)
     for p in model.parameters():
         p.grad = torch.full_like(p, 1e3)  # the previous step's gradients, which the step must clear
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # its state shows it was stepped
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=1)
-    dtypes = []
-    hook = model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
-    try:
-        if amp_step is not None:
-            def refused(err):  # GradScaler's own refusal gets the order as its fix, unless the weights are fp16
-                half = any(p.dtype == torch.float16 for p in model.parameters())
-                said_by = traceback.extract_tb(err.__traceback__)[-1].filename
-                return attendee_error(err, amp_step, exercise, "amp_step",
-                                      _HALF if half else _ORDER if "grad_scaler" in said_by else None)
+    dtypes = []  # the model is the trial's own: its hook needs no removing
+    model[0].register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+    if amp_step is not None:
+        def refused(err):  # GradScaler's own refusal of calls out of order gets the order as its fix, unless fp16
+            half = any(p.dtype == torch.float16 for p in model.parameters())
+            said_by = traceback.extract_tb(err.__traceback__)[-1].filename
+            return attendee_error(err, amp_step, exercise, "amp_step",
+                                  _HALF if half else _ORDER if "grad_scaler" in said_by else None)
 
-            loss = called(amp_step, exercise, "amp_step", model, images, labels, optimizer, scaler, failure=refused)
-        else:
-            if zero_grad:
-                optimizer.zero_grad(set_to_none=True)
-            with autocast("fp16", device):
-                loss = F.cross_entropy(model(images), labels)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-    finally:
-        hook.remove()
+        loss = called(amp_step, exercise, "amp_step", model, images, labels, optimizer, scaler, failure=refused)
+        return model, scaler, loss, dtypes, optimizer
+    if zero_grad:
+        optimizer.zero_grad(set_to_none=True)
+    with autocast("fp16", device):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
     return model, scaler, loss, dtypes, optimizer
 
 
 def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, tolerance: float = 0.02) -> bool:
-    """Every parameter moved as the reference step moved it, to ``tolerance``: fp16 rounding of a loss computed
-    another way moves the update by far less than 1%, every mistake by far more."""
+    """Every parameter moved as the reference step moved it, to ``tolerance``: fp16 rounding moves the update by far
+    less than 1%, every mistake by far more."""
     for p, q, s in zip(model.parameters(), reference.parameters(), start.parameters()):
         mine, theirs = p.detach().float() - s.detach().float(), q.detach().float() - s.detach().float()
         if p.shape != q.shape or not bool(torch.isfinite(mine).all()) or \
@@ -178,9 +168,8 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     require(scaler._scale is not None, exercise, "`amp_step` never used the `scaler` it is given: a GradScaler made "
             "in the step starts from its first scale every step.", "scale, step and update through `scaler`.")
     skipped, skipped_scaler, *_ = _amp_trial(amp_step, device, overflow, exercise)
-    require(_same_update(skipped, start, start, tolerance=0), exercise,
-            "a step whose gradients overflowed changed the weights.",
-            "let scaler.step(optimizer) decide: do not call optimizer.step() yourself.")
+    require(_same_update(skipped, start, start, tolerance=0), exercise, "a step whose gradients overflowed changed "
+            "the weights.", "let scaler.step(optimizer) decide: do not call optimizer.step() yourself.")
 
     def scaled(scaler, before: float, after: float, when: str) -> None:  # GradScaler halves, or doubles, once
         require(scaler.get_scale() == after, exercise, f"after {when} the scale went from 2^{math.log2(before):g} to "

@@ -1,6 +1,5 @@
-"""Exercise 6.1's job script: the template, the exercise's specification (``JOB_SPEC``), the answers filled in,
-and torchrun's options as data for the simulated torchrun.
-"""
+"""Exercise 6.1's job script: the template, its specification (``JOB_SPEC``), the answers filled in, torchrun's
+options as data for the simulated torchrun."""
 
 from __future__ import annotations
 

@@ -18,8 +18,7 @@ from .answer_values import Problem
 from .job_script_standins import Link, Loop, die_of, hostlist, say, status_code
 from .slurm_rules import SRUN, getopt_long, megabytes, slurm_signal, time_limit_s
 
-
-# ---------------------------------------------------------------------------------------------- srun
+_KILLED = {"SIGKILL": "Killed", "SIGTERM": "Terminated"}  # how srun words a task's end by these signals
 
 
 def srun(argv: list[str]) -> None:
@@ -29,42 +28,37 @@ def srun(argv: list[str]) -> None:
         say(f"srun: {problem}\nTry \"srun --help\" for more information", 1)
     options = dict(found)
     link = Link("srun", options=options, command=command)
-    job, config = os.environ.get("SLURM_JOB_ID"), link.config
+    job, config, names = os.environ.get("SLURM_JOB_ID"), link.config, link.config["nodes"]
     if not job:
         say("srun: error: no job allocation: SLURM_JOB_ID is not in the environment", 1)
     if not command:
         say("srun: fatal: No command given to execute.", 1)
-    names = config["nodes"]
     if "test-only" in options:
         say(f"srun: Job {job} to start at now using {config['cpus']} processors on nodes {names[0]} in partition "
             "cpu", 0)
-    step_nodes = list(range(len(names)))
-    if options.get("relative") is not None:
-        offset = int(options["relative"]) if options["relative"].isdigit() else -1
-        if not 0 <= offset < len(names):
-            say(f"srun: error: --relative={options['relative']} is beyond the job's {len(names)} node(s)", 1)
-        step_nodes = step_nodes[offset:]
-    if options.get("nodelist") is not None:
-        wanted = hostlist(options["nodelist"])
-        if any(name not in names for name in wanted):
-            say(f"srun: error: Requested node configuration is not available ({options['nodelist']} is not a node of "
-                f"job {job})", 1)
-        step_nodes = [k for k in step_nodes if names[k] in wanted]
-    if options.get("exclude") is not None:
-        step_nodes = [k for k in step_nodes if names[k] not in hostlist(options["exclude"])]
-    count = lambda key: int(options[key]) if (options.get(key) or "").isdigit() else None  # noqa: E731
+    relative = options.get("relative")
+    offset = 0 if relative is None else int(relative) if relative.isdigit() else -1
+    if not 0 <= offset < len(names):
+        say(f"srun: error: --relative={relative} is beyond the job's {len(names)} node(s)", 1)
+    wanted = names if options.get("nodelist") is None else hostlist(options["nodelist"])
+    if not set(wanted) <= set(names):
+        say(f"srun: error: Requested node configuration is not available ({options['nodelist']} is not a node of "
+            f"job {job})", 1)
+    excluded = hostlist(options.get("exclude") or "")
+    step_nodes = [k for k in range(offset, len(names)) if names[k] in wanted and names[k] not in excluded]
+    numbers = {key: int(value) for key, value in options.items() if (value or "").isdigit()}
     asked = int(re.match(r"\d*", options["nodes"]).group() or 0) or None if options.get("nodes") else None
-    if asked is not None and asked > len(step_nodes):
+    if asked and asked > len(step_nodes):
         say(f"srun: error: Only allocated {len(step_nodes)} nodes asked for {asked}", 1)
-    tasks = count("ntasks") or (count("ntasks-per-node") or 1) * (asked or len(step_nodes))
+    tasks = numbers.get("ntasks") or (numbers.get("ntasks-per-node") or 1) * (asked or len(step_nodes))
     if options.get("ntasks") is None and options.get("ntasks-per-node") is None and asked is None:
         tasks = int(os.environ.get("SLURM_NTASKS") or len(step_nodes))
     step_nodes = step_nodes[:asked or min(len(step_nodes), tasks)]
     per = -(-tasks // len(step_nodes)) if step_nodes else 0
     layout = [(k, t) for i, k in enumerate(step_nodes) for t in range(max(0, min(per, tasks - i * per)))]
     tres = re.search(r"cpu[=:](\d+)", options.get("tres-per-task") or "")
-    cpt = int(count("cpus-per-task") or (tres and tres.group(1)) or os.environ.get("SRUN_CPUS_PER_TASK") or 1)
-    need = {str(k): cpt * sum(1 for node, _ in layout if node == k) for k in step_nodes}
+    cpt = int(numbers.get("cpus-per-task") or (tres and tres.group(1)) or os.environ.get("SRUN_CPUS_PER_TASK") or 1)
+    need = {str(k): cpt * [node for node, _ in layout].count(k) for k in step_nodes}
     if any(n > config["cpus"] for n in need.values()) or not layout:
         say(f"srun: error: Unable to create step for job {job}: More processors requested than permitted", 1)
     limit = time_limit_s(options["time"]) if options.get("time") else None
@@ -75,15 +69,13 @@ def srun(argv: list[str]) -> None:
     if reply["busy"]:
         say(f"srun: Job {job} step creation temporarily disabled, retrying (Requested nodes are busy)")
         link.wait("granted")
-    env = _task_env(options.get("export"), job, reply["step"], names, step_nodes, layout, cpt)
-    limit = None if limit == float("inf") else limit
-    _run_step(link, options, command, env, layout, names, limit, megabytes(options.get("mem")) or (
-        megabytes(options.get("mem-per-cpu")) or 0) * cpt or None)
+    env = _task_env(options, reply["step"], names, step_nodes, layout, cpt)
+    _run_step(link, options, command, env, layout, names, None if limit == float("inf") else limit)
 
 
-def _task_env(export: str | None, job: str, step: int, names, step_nodes, layout, cpt) -> dict:
+def _task_env(options: dict, step: int, names, step_nodes, layout, cpt) -> dict:
     """The tasks' environment: srun's own (--export=ALL), none of it (NONE) or the variables named, then Slurm's."""
-    mode = (export or "ALL").split(",")
+    mode = (options.get("export") or "ALL").split(",")
     env = {k: v for k, v in os.environ.items() if mode[0].upper() == "ALL" or k.startswith("SLURM")}
     for item in mode:
         name, equals, value = item.partition("=")
@@ -93,40 +85,40 @@ def _task_env(export: str | None, job: str, step: int, names, step_nodes, layout
             env[name] = os.environ[name]
     env.update(SLURM_STEP_ID=str(step), SLURM_STEPID=str(step), SLURM_STEP_NUM_NODES=str(len(step_nodes)),
                SLURM_STEP_NUM_TASKS=str(len(layout)), SLURM_STEP_NODELIST=",".join(names[k] for k in step_nodes),
-               SLURM_CPUS_PER_TASK=str(cpt))
+               SLURM_CPUS_PER_TASK=str(cpt), JOBSIM_CPUS=str(cpt))
+    mem = megabytes(options.get("mem")) or (megabytes(options.get("mem-per-cpu")) or 0) * cpt
+    if mem:
+        env["JOBSIM_MEM_MB"] = str(mem)
     return env
 
 
-def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, names, limit, mem) -> None:
-    loop, tasks, codes = Loop(link), {}, {}
-    config = link.config
+def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, names, limit) -> None:
+    loop, tasks, codes, config = Loop(link), {}, {}, link.config
+    warning = slurm_signal(options.get("signal"))  # srun --signal: the step's tasks are warned before its end
+    end = min(config["end"], config["now"] + limit) if limit else config["end"]
 
     def start(node: int):
         for rank, (k, local) in enumerate(layout):
-            if k != node:
-                continue
-            task_env = dict(env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(local), SLURM_NODEID=str(k),
-                            SLURMD_NODENAME=names[k], JOBSIM_NODE=str(k), JOBSIM_CPUS=env["SLURM_CPUS_PER_TASK"])
-            if mem:
-                task_env["JOBSIM_MEM_MB"] = str(mem)
-            pid = os.fork()
-            if pid == 0:
-                _exec_task(options, command, task_env, rank, names[k])
-            tasks[pid] = (rank, k)
+            if k == node:
+                pid = os.fork()
+                if pid == 0:
+                    task_env = dict(env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(local), SLURM_NODEID=str(k),
+                                    SLURMD_NODENAME=names[k], JOBSIM_NODE=str(k))
+                    _exec_task(options, command, task_env, rank, names[k])
+                tasks[pid] = (rank, k)
         link.send(op="tasks", pids={str(pid): k for pid, (_, k) in tasks.items()})
 
     def on_message(message):
-        if message.get("tag", "").startswith("node "):
-            start(int(message["tag"].split()[1]))
-        elif message.get("tag") == "limit":
+        tag = message.get("tag", "")
+        if tag.startswith("node "):
+            start(int(tag.split()[1]))
+        elif tag == "limit":
             say(f"slurmstepd: error: *** STEP {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']} ON {names[layout[0][0]]} "
                 "CANCELLED DUE TO TIME LIMIT ***")
             signal_tasks(signal.SIGTERM)
             link.send(op="timer", s=config["kill_wait"], tag="kill")
-        elif message.get("tag") == "kill":
-            signal_tasks(signal.SIGKILL)
-        elif message.get("tag") == "warn":
-            signal_tasks(warning.signal)
+        elif tag in ("kill", "warn"):
+            signal_tasks(signal.SIGKILL if tag == "kill" else warning.signal)
 
     def signal_tasks(number):
         for pid in tasks:
@@ -140,9 +132,8 @@ def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, 
         codes[pid] = status_code(status)
         rank, k = tasks[pid]
         if codes[pid]:
-            killed = {"SIGKILL": "Killed", "SIGTERM": "Terminated"}
-            how = (f"Exited with exit code {codes[pid]}" if os.WIFEXITED(status) else
-                   killed.get(signal.Signals(os.WTERMSIG(status)).name, signal.Signals(os.WTERMSIG(status)).name))
+            name = "" if os.WIFEXITED(status) else signal.Signals(os.WTERMSIG(status)).name
+            how = _KILLED.get(name, name) if name else f"Exited with exit code {codes[pid]}"
             say(f"srun: error: {names[k]}: task {rank}: {how}")
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)  # what the task leaves behind ends with it, as slurmstepd does
@@ -150,13 +141,11 @@ def _run_step(link: Link, options: dict, command: list[str], env: dict, layout, 
             link.send(op="step_end", codes=list(codes.values()))
             sys.exit(max(codes.values()))
 
-    first = layout[0][0]
-    warning = slurm_signal(options.get("signal"))  # srun --signal: the step's tasks are warned before its end
-    end = min(config["end"], config["now"] + limit) if limit else config["end"]
     if limit:
         link.send(op="timer", at=end, tag="limit")
     if warning:
         link.send(op="timer", at=end - warning.lead_s, tag="warn")
+    first = layout[0][0]
     start(first)
     for k in sorted({k for k, _ in layout} - {first}):
         link.send(op="timer", s=config["skew"] * k, tag=f"node {k}")
@@ -170,9 +159,8 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
         if options.get("chdir"):
             os.chdir(options["chdir"])
         for fd, key in ((1, "output"), (2, "error")):
-            path = options.get(key)
-            if path:
-                path = re.sub(r"%[jJ]", env["SLURM_JOB_ID"], path).replace("%t", str(rank)).replace("%N", node)
+            if options.get(key):
+                path = re.sub(r"%[jJ]", env["SLURM_JOB_ID"], options[key]).replace("%t", str(rank)).replace("%N", node)
                 os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
         program = command[0]
         if "multi-prog" in options and not os.path.exists(program):
@@ -191,23 +179,17 @@ def _exec_task(options: dict, command: list[str], env: dict, rank: int, node: st
         os._exit(2)
 
 
-# ---------------------------------------------------------------------------------------------- torchrun
-
-
 def _sim(key: str):
     """One entry of sim.json, which ``job_script_run`` writes for the simulated programs."""
     with open(os.path.join(standins.SIM, "sim.json")) as file:
         return json.load(file)[key]
 
 
-def _torch(name: str):
-    """One of ``job_script.torch_modules``, loaded by path: importing PyTorch would take seconds."""
-    import importlib.util
+def _torch(name: str) -> dict:
+    """The globals of one of ``job_script.torch_modules``, run from its file: importing PyTorch would take seconds."""
+    import runpy
 
-    spec = importlib.util.spec_from_file_location(f"torch_{name}", _sim("torch")[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return runpy.run_path(_sim("torch")[name])
 
 
 def _torchrun_parser():
@@ -220,12 +202,12 @@ def _torchrun_parser():
         kind, flags, dest = option["kind"], option["flags"], option["dest"]
         type_ = {"int": int, "float": float}.get(option["type"], str)
         if kind in ("check_env", "store_true"):
-            parser.add_argument(*flags, dest=dest, action=actions.check_env if kind == "check_env" else kind)
+            parser.add_argument(*flags, dest=dest, action=actions["check_env"] if kind == "check_env" else kind)
         elif kind == "remainder":
             parser.add_argument(dest, nargs=argparse.REMAINDER)
         elif flags:
             parser.add_argument(*flags, dest=dest, type=type_, default=option["default"], choices=option["choices"],
-                                **({"action": actions.env} if kind == "env" else {}))
+                                **({"action": actions["env"]} if kind == "env" else {}))
         else:
             parser.add_argument(dest, type=type_)
     return parser
@@ -246,20 +228,17 @@ def _launch_config(args, cores: int) -> dict:
     low, high = int(parts[0]), int(parts[-1])
     if not 0 < low <= high:
         raise AssertionError(f"min_nodes must be > 0 and <= max_nodes, got min_nodes={low}, max_nodes={high}")
+    if args.nproc_per_node == "gpu":  # no GPU is visible to a job that asked for none
+        raise ValueError("Cuda is not available.")
     try:
-        nproc = int(args.nproc_per_node)
+        nproc = cores if args.nproc_per_node in ("cpu", "auto") else int(args.nproc_per_node)
     except ValueError:
-        if args.nproc_per_node in ("cpu", "auto"):  # no GPU is visible to a job that asked for none
-            nproc = cores
-        elif args.nproc_per_node == "gpu":
-            raise ValueError("Cuda is not available.") from None
-        else:
-            raise ValueError(f"Unsupported nproc_per_node value: {args.nproc_per_node}") from None
+        raise ValueError(f"Unsupported nproc_per_node value: {args.nproc_per_node}") from None
     rendezvous = _torch("rendezvous_utils")
-    conf = rendezvous._parse_rendezvous_config(args.rdzv_conf)
+    conf = rendezvous["_parse_rendezvous_config"](args.rdzv_conf)
     static = args.rdzv_backend == "static"
     endpoint = f"{args.master_addr}:{args.master_port}" if static and not args.rdzv_endpoint else args.rdzv_endpoint
-    host, port = rendezvous.parse_rendezvous_endpoint(endpoint, 29500 if static else 29400)
+    host, port = rendezvous["parse_rendezvous_endpoint"](endpoint, 29500 if static else 29400)
     if args.no_python and args.module:
         raise ValueError("Don't use both the '--no-python' flag and the '--module' flag at the same time.")
     return dict(backend=args.rdzv_backend, host=host, port=port, run_id=args.rdzv_id, min=low, max=high,
@@ -300,6 +279,8 @@ def torchrun(argv: list[str]) -> None:
         command = [python, "-u", *(["-m"] if args.module else []), args.training_script]
     command += args.training_script_args
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(standins.SIM, "fake"), env.get("PYTHONPATH")]))
+    found = shutil.which(command[0], path=env.get("PATH", "/bin:/usr/bin"))
+    program = python if command[0] == python else found or command[0]
     workers = {}
     for local in range(min(launch["nproc"], config["max_workers"])):
         rank = round_["rank_offset"] + local
@@ -309,8 +290,6 @@ def torchrun(argv: list[str]) -> None:
                           ROLE_WORLD_SIZE=str(round_["world"]), MASTER_ADDR=round_["master_addr"],
                           MASTER_PORT=str(round_["master_port"]), TORCHELASTIC_RESTART_COUNT="0",
                           TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts), TORCHELASTIC_RUN_ID=str(launch["run_id"]))
-        found = shutil.which(command[0], path=env.get("PATH", "/bin:/usr/bin"))
-        program = python if command[0] == python else found or command[0]
         try:
             workers[subprocess.Popen(command, executable=program, env=worker_env).pid] = rank
         except OSError as err:
@@ -352,10 +331,10 @@ def python(argv: list[str]) -> None:
     i = 0
     while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-", "-c") and not argv[i].startswith("-m"):
         i += 2 if argv[i] in ("-X", "-W") else 1
-    module = argv[i][2:] or (argv[i + 1] if i + 1 < len(argv) else "") if i < len(argv) and argv[i].startswith("-m") \
-        else None
-    if module == "torch.distributed.run":
-        return torchrun(argv[i + (1 if argv[i][2:] else 2):])
+    option = argv[i] if i < len(argv) else ""
+    module = option[2:] or "".join(argv[i + 1:i + 2])  # -mMODULE or -m MODULE
+    if option.startswith("-m") and module == "torch.distributed.run":
+        return torchrun(argv[i + (1 if option[2:] else 2):])
     os.execv(_sim("python"), [sys.argv[0], *argv])
 
 

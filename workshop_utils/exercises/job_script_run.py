@@ -174,10 +174,10 @@ def _build(sim: Path, script: str, run: JobRun) -> Path:
         _write(sim / "random.sh", f"unset RANDOM\nRANDOM={run.random}\n")
         env["BASH_ENV"] = str(sim / "random.sh")
     config = dict(sim=str(sim), env=env, cwd=str(sim / "work"), args=list(TRAINING), node_names=NODE_NAMES[:run.nodes],
-                  job_id=run.job_id, time_s=run.time_s, warning=run.warning, cpus_per_node=int(
-                      env["SLURM_CPUS_ON_NODE"]), skew_s=5, checkpoint_s=20, kill_wait_s=30,
-                  python=python, max_workers=4, fail=run.fail, spin_cpu_s=1, wall_s=120,
-                  most_starts=60, most_processes=MOST_PROCESSES, machine_sleep_s=MACHINE_SLEEP_S)
+                  job_id=run.job_id, time_s=run.time_s, warning=run.warning,
+                  cpus_per_node=int(env["SLURM_CPUS_ON_NODE"]), skew_s=5, checkpoint_s=20, kill_wait_s=30,
+                  python=python, max_workers=4, fail=run.fail, spin_cpu_s=1, wall_s=120, most_starts=60,
+                  most_processes=MOST_PROCESSES, machine_sleep_s=MACHINE_SLEEP_S)
     _write(sim / "config.json", json.dumps(config))
     return sim / "config.json"
 

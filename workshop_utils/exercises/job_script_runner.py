@@ -1,17 +1,14 @@
-"""Exercise 6.1's simulated job, the runner: PID 1 of the namespace the job script runs in.
-
-It starts a bystander Jupyter kernel on each node, then the batch shell, and serves the stand-ins: which node
-each process is on, steps' cores, the rendezvous, the job's clock. The clock moves only when nothing in the
-namespace can move by itself (two looks at /proc agree that every process waits); a sleep on the machine's
-clock is waited for up to ``machine_sleep_s`` in all, so what happens depends on the order of events, never on
-how fast this machine is. The job ends with the batch shell or at its limit; then outcome.json is written.
-Standard library only.
+"""Exercise 6.1's simulated job, the runner: PID 1 of the job's namespace, serving the stand-ins (nodes, steps'
+cores, the rendezvous, the job's clock). The clock moves only when two looks at /proc agree that every process waits,
+so what happens depends on the order of events, never on how fast this machine is. Standard library only.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import heapq
+import itertools
 import json
 import os
 import selectors
@@ -54,7 +51,7 @@ class Conn:
 class Runner:
     def __init__(self, config: dict):
         self.config, self.sim = config, config["sim"]
-        self.now, self.timers, self.seq = 0.0, [], 0
+        self.now, self.timers, self.order = 0.0, [], itertools.count()  # timers due at once run in order
         self.events, self.procs, self.steps, self.waiting, self.rounds = [], {}, {}, [], {}
         self.conns, self.bash, self.bash_status = {}, 0, None
         self.selector = selectors.DefaultSelector()
@@ -63,14 +60,11 @@ class Runner:
         self.slept = {}  # (pid, runs): the seconds each sleep on the machine's clock asked for
 
     # ------------------------------------------------------------------------------------------ bookkeeping
-
     def note(self, what: str, **details):
         self.events.append(dict(t=round(self.now, 3), what=what, **details))
 
     def at(self, when: float, action, *args, **kwargs):
-        """``action(*args, **kwargs)`` once the job's clock reaches ``when``; timers due at once run in order."""
-        self.seq += 1
-        heapq.heappush(self.timers, (when, self.seq, action, args, kwargs))
+        heapq.heappush(self.timers, (when, next(self.order), action, args, kwargs))
 
     @staticmethod
     def parent(pid: int) -> int:
@@ -123,7 +117,6 @@ class Runner:
             leaf for c in children for leaf in self.leaves_of(c["pid"])]
 
     # ------------------------------------------------------------------------------------------ processes
-
     def spawn(self, path: str, argv: list[str], env: dict, cwd: str, out: int | None = None) -> int:
         log = os.open(os.path.join(self.sim, "job.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         pid = os.fork()
@@ -165,14 +158,12 @@ class Runner:
                 self.note("signal", pid=pid, role="kernel", node=self.procs[pid]["node"],
                           signal=signal.Signals(os.WTERMSIG(status)).name)
             if pid == self.bash:
-                code = os.waitstatus_to_exitcode(status)
-                self.bash_status = code
+                self.bash_status = code = os.waitstatus_to_exitcode(status)
                 self.note("batch_end", status=code if code >= 0 else None,
                           signal=signal.Signals(-code).name if code < 0 else None)
                 self.ending = True  # what the batch shell started before it ended gets to say so first
 
     # ------------------------------------------------------------------------------------------ messages
-
     def receive(self, conn: Conn):
         try:
             data = conn.sock.recv(1 << 16)
@@ -245,12 +236,11 @@ class Runner:
     def grant(self, conn: Conn) -> bool:
         """A step without --overlap gets its cores only where no other step holds them."""
         step = self.steps[conn]
-        held = {}
+        held = collections.Counter()
         for other in self.steps.values():
             if other is not step and other["granted"]:
-                for node, cpus in other["cpus"].items():
-                    held[node] = held.get(node, 0) + cpus
-        if not step["overlap"] and any(held.get(node, 0) + cpus > self.config["cpus_per_node"]
+                held.update(other["cpus"])
+        if not step["overlap"] and any(held[node] + cpus > self.config["cpus_per_node"]
                                        for node, cpus in step["cpus"].items()):
             return False
         step["granted"] = True
@@ -274,7 +264,6 @@ class Runner:
         return None
 
     # ------------------------------------------------------------------------------------------ rendezvous
-
     def resolve(self, host: str, node: int) -> int | None:
         names = self.config["node_names"]
         if host in LOOPBACK or host.startswith("127."):
@@ -364,7 +353,6 @@ class Runner:
                 self.rdzv_error(conn, refused(self.config["node_names"][store[0]], store[1]), nobody_hosts=True)
 
     # ------------------------------------------------------------------------------------------ the clock
-
     def time_limit(self):
         """Slurm ends the job at its limit: SIGTERM to every process, SIGKILL kill_wait_s later."""
         self.note("time_limit", running=self.children_of(self.bash) if self.bash_status is None else [],
@@ -460,7 +448,6 @@ class Runner:
         self.base_cpu = {pid: ran for pid, (_, _, ran, _) in self.snapshot().items()}
 
     # ------------------------------------------------------------------------------------------ the run
-
     def start(self):
         listener = socket.socket(socket.AF_UNIX)
         listener.bind(os.path.join(self.sim, "sock"))

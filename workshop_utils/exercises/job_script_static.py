@@ -17,7 +17,7 @@ from .job_script import GAPS, JobSpec
 from .slurm_rules import (INT_MAX, NO_LIMIT, SBATCH, directives_and_first_command, getopt_long, megabytes,
                           node_range, slurm_signal, strtol, time_limit_s)
 
-_ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")  # spaces sbatch and bash do not split on
+ODD_SPACES = re.compile("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]")  # spaces sbatch and bash do not split on
 _ODD_DASHES = re.compile("(?:^|[\\s=])([\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+)[A-Za-z0-9]")
 _LONGEST_WORD = 10_000
 _BASH = re.compile(r"#!\s*(?:(?:/usr)?(?:/local)?/bin/bash|(?:/usr)?/bin/env\s+bash)(?:\s.*)?")
@@ -61,7 +61,7 @@ def text_problem(script: str) -> str | None:
     if "\r" in script:
         kind = "DOS line breaks (\\r\\n)" if "\r\n" in script else "old Mac line breaks (\\r alone)"
         return f"the script has {kind}: sbatch refuses it. Fix: save it with Unix line breaks (dos2unix)."
-    odd = _ODD_SPACES.search(script)
+    odd = ODD_SPACES.search(script)
     if odd:
         return (f"line {_line(script, odd.start())} holds a U+{ord(odd.group()):04X} space (a non-breaking space): "
                 "sbatch and bash take it for part of a word. Fix: replace it with a plain space.")
@@ -138,9 +138,7 @@ def _table_reading(arguments: list[str]) -> dict[str, str]:
     found, rest = getopt_long(arguments, SBATCH)
     if rest:
         raise Problem(f"Invalid directive found in batch script: {rest[0]}")
-    options = {}
-    for name, value in found:
-        options[name] = _table_value(name, value)
+    options = {name: _table_value(name, value) for name, value in found}
     return {name: "set" if value is None else value for name, value in options.items()}
 
 
@@ -164,6 +162,15 @@ def _table_value(name: str, value: str | None) -> str | None:
     return value
 
 
+_REFUSAL_FIXES = (  # what sbatch's refusal names, and the fix for it
+    (r"\$", "#SBATCH lines are read by sbatch, not by a shell: a $VARIABLE stays as written; give the value itself."),
+    ("--time", "a time sbatch reads: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (00:05:00)."),
+    ("--signal", "B:SIGNAL@SECONDS, e.g. B:USR1@60 (seconds alone, no unit)."),
+    ("node count", "--nodes=N, the whole number of nodes the job needs."),
+    ("[Nn]umeric|number of", "a whole number, 1 or more."),
+    ("--mem", "a size sbatch reads (a whole number, then K, M, G or T), or leave it out as the template does."))
+
+
 def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
     """(the options as sbatch reads them, the same as written); ``Problem`` for what sbatch refuses."""
     arguments, first_command, unread = directives_and_first_command(script)
@@ -179,19 +186,12 @@ def read_directives(script: str) -> tuple[dict[str, str], dict[str, str]]:
         read = (_sbatch_reading(script) if shutil.which("sbatch") else None) or _table_reading(arguments)
     except Problem as err:
         said = re.sub(r"\d{24,}", lambda m: f"{m.group()[:12]}… ({len(m.group())} digits)", str(err)).rstrip(".")
-        fix = ("#SBATCH lines are read by sbatch, not by a shell: a $VARIABLE stays as written; give the value "
-               "itself." if "$" in said else "a time sbatch reads: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
-               "D-HH:MM:SS (00:05:00)." if "--time" in said else "B:SIGNAL@SECONDS, e.g. B:USR1@60 (seconds alone, "
-               "no unit)." if "--signal" in said else "--nodes=N, the whole number of nodes the job needs." if
-               "node count" in said else "a whole number, 1 or more." if re.search("[Nn]umeric|number of", said) else
-               "a size sbatch reads (a whole number, then K, M, G or T), or leave it out as the template does." if
-               "--mem" in said else
-               "--option=VALUE with the option's whole name, one value for each option.")
+        fix = next((fix for pattern, fix in _REFUSAL_FIXES if re.search(pattern, said)),
+                   "--option=VALUE with the option's whole name, one value for each option.")
         raise Problem(f"sbatch would refuse the #SBATCH lines: {show(said, 200)}. Fix: {fix}") from None
-    foreign = next(((k, line) for k, line in enumerate(script.split("\n"), 1) if line.startswith(("#PBS", "#BSUB"))),
-                   None)
+    foreign = re.search(r"^#(PBS|BSUB).*", script, re.M)
     if foreign and "ignore-pbs" not in read:
-        raise Problem(f"line {foreign[0]}, {show(foreign[1], 60)}, is read by sbatch too: it "
+        raise Problem(f"line {_line(script, foreign.start())}, {show(foreign.group(), 60)}, is read by sbatch too: it "
                       "turns #PBS and #BSUB lines into options of the job, beside the #SBATCH lines. Fix: remove it "
                       "(or add --ignore-pbs); the template's #SBATCH lines ask for what the exercise needs.")
     return read, written
@@ -290,9 +290,8 @@ def request_problem(script: str, read: dict, written: dict, spec: JobSpec) -> st
     for name, why in _CHANGES_THE_JOB.items():
         if name in read:
             value = written.get(name)
-            return (f"#SBATCH --{name}{'=' + show(value) if value else ''}{line_of(script, '--' + name)} "
-                    f"{why}. Fix: leave --{name} out: the template's #SBATCH lines "
-                    "ask for what the exercise needs.")
+            return (f"#SBATCH --{name}{'=' + show(value) if value else ''}{line_of(script, '--' + name)} {why}. Fix: "
+                    f"leave --{name} out: the template's #SBATCH lines ask for what the exercise needs.")
     return _time_problem(read, written, spec, line_of(script, "#SBATCH --time") or line_of(script, "#SBATCH -t"))
 
 

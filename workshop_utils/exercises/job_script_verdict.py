@@ -55,6 +55,8 @@ class Judge:
         self.agents, self.trainings, self.sruns = (outcome.of("start", role=role) for role in roles)
         self.launches = {e["pid"]: e for e in outcome.of("launch")}
         self.end = next(iter(outcome.of("batch_end")), None)  # the batch shell's end, where it ended
+        self.agent = self.agents[0] if self.agents else {}
+        self.step = next((s for s in self.sruns if s["pid"] == self.agent.get("ppid")), {})  # the srun of torchrun
 
     def said(self, *patterns: str) -> str:
         found = _said(self.o.log, *patterns or (r"line \d+: ",))
@@ -67,11 +69,9 @@ class Judge:
 
     def launch(self, token: str = "torchrun") -> str:
         """The launch as the job ran it, and the script's line that holds ``token``, else torchrun."""
-        agent = self.agents[0] if self.agents else {}
-        srun = next((s for s in self.sruns if s["pid"] == agent.get("ppid")), None) or next(
-            (s for s in self.sruns if re.search(r"torchrun|torch\.distributed\.run", " ".join(s.get("argv") or []))),
-            None)
-        words = list((srun or agent).get("argv") or ["torchrun"])
+        srun = self.step or next((s for s in self.sruns if re.search(r"torchrun|torch\.distributed\.run",
+                                                                    " ".join(s.get("argv") or []))), {})
+        words = list((srun or self.agent).get("argv") or ["torchrun"])
         if words[-len(TRAINING):] == list(TRAINING):
             words[-len(TRAINING):] = ['"$@"']
         shown = " ".join([re.sub(r"^\S*/", "", words[0]), *words[1:]])
@@ -89,11 +89,9 @@ class Judge:
         shown = [show(re.sub(r"\S*/jobsim-[^/\s]+/", "", _bare(r["command"])), 50) for r in limit.get("running", [])]
         return "the batch shell was running: " + ", ".join(shown) if shown else "nothing else was running"
 
-    # ------------------------------------------------------------------------------------------ the kinds
-
     def stopped(self) -> str | None:
         """The check stopped the job before its end: a fork bomb, a long sleep on the machine's clock."""
-        event = next((e for e in self.o.events if e["what"] == self.o.reason), {})
+        event = next(iter(self.o.of(self.o.reason)), {})
         if self.o.reason == "runaway" and "processes" in event:
             return (f"{self.where}the check stopped the job: it ran more than {MOST_PROCESSES} processes at once, "
                     f"most of them {self.at(event.get('command') or '')} (a fork bomb). Fix: the template's lines, "
@@ -109,28 +107,26 @@ class Judge:
         if self.agents:
             return None
         start = f"{self.where}nothing started torchrun, so the job trained nothing: bash never got to run a launch: "
-        limit = next(iter(self.o.of("time_limit")), None)
-        if limit is not None and limit.get("waiting"):
-            return (f"{start}its time limit came while the batch shell waited for {self.at(limit['waiting'][-1])}, a "
-                    f"command that does not end by itself{self.said()}. Fix: before the launch, only commands that "
-                    "end; the launch in the background (&).")
-        srun = _said(self.o.log, r"^srun: (error|fatal|unrecognized|option|invalid)", r"slurmstepd: error",
-                     r"^srun: Job")
+        waiting = next(iter(self.o.of("time_limit")), {}).get("waiting")
+        if waiting:
+            return (f"{start}its time limit came while the batch shell waited for {self.at(waiting[-1])}, a command "
+                    f"that does not end by itself{self.said()}. Fix: before the launch, only commands that end; the "
+                    "launch in the background (&).")
+        srun = _said(self.o.log, r"^srun: (error|fatal|unrecognized|option|invalid|Job)|slurmstepd: error")
         if srun:
             return (f"{self.where}nothing started torchrun: srun did not start the launch {self.launch()}: {srun}. "
                     f"Fix: {LAUNCH_FIX}.")
-        unbound = re.search(r"line \d+: (\w+): unbound variable", self.said())
-        name = unbound.group(1) if unbound else ""
+        name = next(iter(re.findall(r"line \d+: (\w+): unbound variable", self.said())), "")  # bash's set -u
         unread = next((f"line {k}, `{show(line.rstrip(), 50)}`" for k, line in enumerate(self.script.split("\n"), 1)
                        if re.match(r"\s*#[\s#]*sbatch\s", line, re.I) and not line.startswith("#SBATCH")), None)
         if name.startswith("SLURM_") and unread:  # an option sbatch never read, so Slurm set no variable for it
             return (f"{start}{self.end_of_batch()}{self.said()}: {unread}, is no #SBATCH line to sbatch, which reads "
                     "only lines that begin with #SBATCH, in capitals. Fix: #SBATCH at the line's start.")
-        fix = ((f"read a variable Slurm sets in this job's batch shell, such as $SLURM_CPUS_PER_TASK, or give it a "
-                f"default, ${{{name}:-VALUE}}: Slurm sets {name} " + (
-                    "only in a job array" if "SLURM_ARRAY_" in name else "only for some jobs, or in srun's tasks"))
-               if name.startswith("SLURM_") else f"set {name} before it is read, or give it a default, "
-               f"${{{name}:-VALUE}}" if name else LAUNCH_FIX)
+        fix = f"set {name} before it is read, or give it a default, ${{{name}:-VALUE}}" if name else LAUNCH_FIX
+        if name.startswith("SLURM_"):
+            fix = (f"read a variable Slurm sets in this job's batch shell, such as $SLURM_CPUS_PER_TASK, or give it a "
+                   f"default, ${{{name}:-VALUE}}: Slurm sets {name} "
+                   + ("only in a job array" if "SLURM_ARRAY_" in name else "only for some jobs, or in srun's tasks"))
         killed = (" (a command of the script signalled it: kill $$, kill -9 -1 or pkill -u $USER reach the batch "
                   "shell too)" if (self.end or {}).get("signal") else "")
         return f"{start}{self.end_of_batch()}{killed}{self.said()}. Fix: {fix}."
@@ -138,16 +134,15 @@ class Judge:
     def wrong_launch(self) -> str | None:
         """The launch ran, but not as the exercise needs: where srun put torchrun, what torchrun read."""
         fix, said, quote, token = f"Fix: {LAUNCH_FIX}.", "", "", "torchrun"
-        counts = [sum(1 for a in self.agents if a["node"] == k) for k in range(self.nodes)]
+        counts = [[a["node"] for a in self.agents].count(k) for k in range(self.nodes)]
         error = next((e for e in self.o.events if e["what"] in ("torchrun_error", "rdzv_error")), None)
         if counts != [1] * self.nodes:
             said = ("the job started torchrun " + ", ".join(f"{c} time{'s' * (c > 1)} on {NODE_NAMES[k]}" if c else
                                                             f"none on {NODE_NAMES[k]}" for k, c in enumerate(counts))
                     + ", where the exercise needs one agent per node")
-            step = next((s for s in self.sruns if s["pid"] == self.agents[0]["ppid"]), {})
             asked = self.o.run.options.get("ntasks-per-node")
             if max(counts) > 1 and str(max(counts)) == asked and not {"ntasks", "ntasks-per-node"} & set(
-                    step.get("options") or {}):  # srun started as many tasks on a node as the job asked for
+                    self.step.get("options") or {}):  # srun started as many tasks on a node as the job asked for
                 said += (f": srun starts the tasks the job asks for on each node, and #SBATCH --ntasks-per-node="
                          f"{asked}{line_of(self.script, '#SBATCH --ntasks-per-node')} asks for {asked}")
                 fix = "Fix: #SBATCH --ntasks-per-node, the tasks (torchrun agents) srun starts on each node."
@@ -196,12 +191,12 @@ class Judge:
     def rendezvous(self) -> str | None:
         """The agents met once, all of them, at the first node."""
         joins, done = self.o.of("rdzv_join"), self.o.of("rdzv_done")
-        everyone = [d for d in done if len(d["nodes"]) == self.nodes]
-        if everyone and everyone[0]["store"][0] == 0:
+        everyone = next((d for d in done if len(d["nodes"]) == self.nodes), None)
+        if everyone and everyone["store"][0] == 0:
             return None
         if everyone:  # torchrun meets there; the exercise asks for the node the batch shell runs on
             return (f"{self.where}the launch {self.launch('--rdzv-endpoint')} ran wrong: the torchrun agents met at "
-                    f"{NODE_NAMES[everyone[0]['store'][0]]}, a node of the job but not its first, where the batch "
+                    f"{NODE_NAMES[everyone['store'][0]]}, a node of the job but not its first, where the batch "
                     f"shell runs and the exercise asks them to meet. Fix: {RDZV_FIX}.")
         left = ", ".join(NODE_NAMES[k] for k in range(self.nodes) if not done or k not in done[0]["nodes"])
         met = f"met, but {left} was left out of the rendezvous" if done else "never completed the rendezvous"
@@ -235,14 +230,12 @@ class Judge:
                     f"{self.launch()}), where the exercise gives each process one core. Fix: #SBATCH --cpus-per-task, "
                     "one core for each training process.")
         if threads != "1" or cores != spec.cores_per_task:
-            srun = next((s for s in self.sruns if s["pid"] == self.agents[0]["ppid"]), {})
-            bare = ("" if (srun.get("options") or {}).get("cpus-per-task") else ", srun starts torchrun without "
+            bare = ("" if (self.step.get("options") or {}).get("cpus-per-task") else ", srun starts torchrun without "
                     "--cpus-per-task: Slurm 22.05 to 23.02 then give its task one core")
             return (f"{where}OMP_NUM_THREADS={show(threads)} for {spec.procs_per_node} training processes on {cores} "
                     f"core(s) (the launch {self.launch()}{bare}), where the exercise gives each process one core and "
                     f"one thread. Fix: {CORES_FIX}.")
-        args, lost = first.get("args") or [], [t["rank"] for t in self.trainings if f"rank {t['rank']} of" not in
-                                                self.o.log]
+        args = first.get("args") or []
         if list(args) != list(TRAINING):
             gone = [w for w in TRAINING if w.startswith("--") and w not in args]
             got = (f"other arguments than the script was given ({show(' '.join(args), 70)}, without {' '.join(gone)})"
@@ -250,6 +243,7 @@ class Judge:
             return (f"the training got {got}: the launch does not pass \"$@\" on unchanged, or shift or set -- changed "
                     "them before it. Fix: \"$@\" at the end of the launch line, the arguments left as they are.")
         streams = [s for s in ("stdout", "stderr") if first.get(s) in ("closed", "/dev/null")]
+        lost = [t["rank"] for t in self.trainings if f"rank {t['rank']} of" not in self.o.log]
         if streams or lost:
             how = f"its {streams[0]} is {first[streams[0]]}" if streams else f"rank {lost[0]}'s lines are missing"
             return (f"the training's output never reached the job's log ({how}). Fix: no redirection on the launch "
@@ -269,18 +263,17 @@ class Judge:
 
     def warning_lost(self) -> str | None:
         """The warning reached every training process, and nothing else of the attendee's."""
-        warnings, spec, where = self.o.of("warning"), self.spec, self.where
-        wanted, total = f"SIG{spec.warning}", len(self.trainings)
-        if not warnings:
+        where, wanted = self.where, f"SIG{self.spec.warning}"
+        first = next(iter(self.o.of("warning")), None)
+        if first is None:
             return (f"{where}{self.end_of_batch()} before the warning came{self.said()}: the batch shell must wait "
                     f"while training runs. Fix: {WAIT_FIX}.")
-        first, given = warnings[0], show(self.written.get("signal", self.o.run.options.get("signal")))
         if not first["batch"] or first["signal"] != wanted:
+            given = show(self.written.get("signal", self.o.run.options.get("signal")))
             how = (f"sends {first['signal']}" if first["batch"] else f"has no B:, so Slurm sends {first['signal']} to "
                    "the job's steps (torchrun, which it ends), not to the batch shell: the script's trap never fires")
             return (f"--signal={given} {how}; the trap and the training loop listen for {wanted}. Fix: "
-                    f"--signal=B:{spec.warning}@N, N the seconds of warning.")
-        warned = {e["pid"] for e in self.o.of("signal", role="training", signal=wanted)}
+                    f"--signal=B:{self.spec.warning}@N, N the seconds of warning.")
         end = next((k for k, e in enumerate(self.o.events) if e["what"] == "time_limit"), len(self.o.events))
         others = sorted((e for e in self.o.events[:end] if e["what"] == "signal" and e["role"] in ("torchrun",
                          "kernel")), key=lambda e: e["role"] != "kernel")
@@ -308,7 +301,8 @@ class Judge:
             return (f"{where}the warning reached {other} on {NODE_NAMES[others[0]['node']]}, which "
                     f"{others[0]['signal']} ends{' (' + by + ')' if by else ''}: only the training processes may get "
                     f"it. Fix: {FORWARD_FIX}.")
-        if len(warned) < total:
+        warned = {e["pid"] for e in self.o.of("signal", role="training", signal=wanted)}
+        if len(warned) < len(self.trainings):
             takes = first.get("batch_takes")
             busy = _said(self.o.log, r"step creation temporarily disabled")
             names = " and ".join(sorted({"`" + show(re.sub(r"^\S*/", "", t.get("cmdline") or ""), 50) + "`" for t in
@@ -321,8 +315,8 @@ class Judge:
                    f"the trap's srun waited for the launch's cores: {busy}" if busy else by or idle or
                    _said(self.o.log, r"line \d+: ", r"^(pkill|killall|pgrep|srun|scancel|kill): ") or
                    "the trap signalled none of them")
-            return (f"{where}the warning reached {len(warned)} of {total} training processes ({why}). Fix: "
-                    f"{fix if why == idle else FORWARD_FIX}.")
+            return (f"{where}the warning reached {len(warned)} of {len(self.trainings)} training processes ({why}). "
+                    f"Fix: {fix if why == idle else FORWARD_FIX}.")
         return self.checkpoint_lost()
 
     def _idle(self, first: dict) -> tuple[str, str]:
@@ -336,8 +330,8 @@ class Judge:
         pid, command = running[-1]["pid"], self.at(running[-1]["command"])
         background = {s["pid"]: s.get("background") for s in self.o.of("start")}
         if all(background.get(r["pid"]) for r in running):
-            return f"after the warning nothing in the job ran: the trap does nothing ({command} ran in the " \
-                   "background)", FORWARD_FIX
+            return (f"after the warning nothing in the job ran: the trap does nothing ({command} ran in the "
+                    "background)", FORWARD_FIX)
         launch = background.get(pid) is False and pid in {a[k] for a in self.agents for k in ("pid", "ppid")}
         return ("after the warning nothing in the job ran: the trap does nothing, or bash had not run it yet (it runs "
                 f"a trap only once the command in the foreground ends; the batch shell was running "

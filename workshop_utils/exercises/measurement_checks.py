@@ -1,12 +1,10 @@
-"""Notebook 04's exercises: measure, then decide (the loader's workers, the batch that fits, the next fix).
-4.1's answer is a function: on a measured sweep some mistakes give the right numbers by chance, so the check also
-runs it on a sweep it builds, where every mistake gives its own answer."""
-
-from __future__ import annotations
+"""Notebook 04's exercises: measure, then decide (the loader's workers, the batch that fits, the next fix). 4.1's
+answer is a function, run on a sweep the check builds too: on a measured one some mistakes are right by chance."""
 
 import math
 
 import numpy as np
+import pandas as pd
 
 from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
@@ -17,11 +15,8 @@ from .exercise_judging import (attendee_function, called, checked, count, descri
 
 
 def constructed_loader_sweep(pinned: bool = True):
-    """A loader sweep with ``dataloader_sweep``'s columns where each mistake of 4.1 gives its own answer: (table,
-    starting row). The start is no extreme row; the fastest row waits neither least nor most, is unpinned and has no
-    worker (the fastest of the pinned rows, or of those with workers, is another)."""
-    import pandas as pd
-
+    """(table, starting row) of a loader sweep where each mistake of 4.1 gives its own answer: the start is no extreme
+    row; the fastest waits neither least nor most, is unpinned and has no worker."""
     rows = [(8, False, 1700.0, 0.10), (0, False, 2100.0, 0.12), (4, False, 1000.0, 0.30), (2, False, 1200.0, 0.25)]
     if pinned:
         rows += [(0, True, 1050.0, 0.50), (2, True, 1650.0, 0.04), (4, True, 2000.0, 0.08), (8, True, 1750.0, 0.18)]
@@ -81,8 +76,7 @@ def _same_answers(some, others) -> bool:
 
 @checked
 def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercise: str = "Exercise 4.1") -> bool:
-    """``loader_choice(sweep, start)``: the fastest row's workers, its speed-up over ``start`` and Amdahl's ceiling
-    1 / (1 - f) at ``start``, judged on the measured sweep and on ``constructed_loader_sweep``."""
+    """``loader_choice(sweep, start)``: the fastest row's workers, its speed-up and Amdahl's ceiling at ``start``."""
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
     rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
     kit_input(not rows.empty, f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
@@ -106,9 +100,8 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
 
 
 def _largest_batches(limit: float, intercept: float, slope: float) -> list[int]:
-    """The largest whole batch within the limit, first. Where the line meets the limit at a whole batch (to within
-    how the line was fitted: a hair either side), that batch and the one below, which floor division of the hair
-    below gives, are both right."""
+    """The largest whole batch within the limit, first; where the line meets the limit at a whole batch (to a hair
+    either side, as fitted), that batch and the one below are both right."""
     exact = (limit - intercept) / slope
     whole = round(exact)
     if abs(intercept + slope * whole - limit) <= 1e-10 * max(abs(limit), abs(intercept)):
@@ -117,12 +110,8 @@ def _largest_batches(limit: float, intercept: float, slope: float) -> list[int]:
 
 
 def _other_sweep():
-    """A sweep to run 4.2's cell on again, where a method that gave the right numbers on the notebook's sweep by
-    chance gives others: its peaks lie off one line (a slope from two rows is not the fit's), the row over the cap
-    lies far off it, and its limit, 640 MiB, is not the cpu profile's 600, and meets the line at batch 500.97
-    (rounding is not the floor)."""
-    import pandas as pd
-
+    """A sweep to run 4.2's cell on again: its peaks lie off one line (two rows give no fit's slope), the row over the
+    cap far off it, and its limit, 640 MiB (not the cpu profile's 600), meets the line at batch 500.97 (no floor)."""
     return pd.DataFrame({"batch_size": [32, 64, 128, 256, 512], "status": ["ok"] * 4 + [
         "over the 640 MiB memory cap at batch 512"], "peak_memory_mib": [61.0, 97.0, 178.0, 337.0, 1000.0]})
 
@@ -130,8 +119,7 @@ def _other_sweep():
 @checked
 def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: float,
                        exercise: str = "Exercise 4.2") -> bool:
-    """The slope of peak memory against batch size, and the largest batch the line keeps within ``limit_mib``; then
-    the answers' cell run again on ``_other_sweep`` where it can be."""
+    """Peak memory's slope against batch size and the largest batch within ``limit_mib``, then on ``_other_sweep``."""
     detail = _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, exercise)
     other, again = _other_sweep(), f"{exercise} (your cell, run again on another sweep: 640 MiB, batches 32 to 256)"
     judge_cell_again(("mib_per_sample", "largest_batch"), {"batch_sweep": other, "fitted": other[other.status == "ok"],
@@ -141,8 +129,6 @@ def check_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib: fl
 
 
 def _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, exercise: str) -> str:
-    import pandas as pd
-
     limit_fix = "keep the cell's first line, limit_mib = hp[\"memory_cap_mib\"] or the GPU's free memory in MiB."
     try:
         limit = number(limit_mib, exercise, "limit_mib")
@@ -163,8 +149,7 @@ def _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, e
     batches, peaks = numeric(fitted)
     unread = fitted[~(np.isfinite(batches) & np.isfinite(peaks))]
     first = unread.iloc[0] if len(unread) else {}
-    cells = [repr(v) if isinstance(v, str) else str(v) for v in (first.get(c) for c in ("batch_size",
-                                                                                       "peak_memory_mib"))]
+    cells = [repr(v) if isinstance(v, str) else str(v) for v in (first.get("batch_size"), first.get("peak_memory_mib"))]
     kit_input(unread.empty, f"{exercise}: a row of the sweep that fit has no finite number for its batch_size or "
               f"peak_memory_mib: batch_size = {short(cells[0], 30)}, peak_memory_mib = {short(cells[1], 30)}.",
               "sweep again, or drop that row from `batch_sweep` before the check.")
@@ -173,10 +158,9 @@ def _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, e
               "sweep from a smaller start batch or with a larger memory cap.")
     slope, intercept = (float(v) for v in np.polyfit(batches, peaks, 1))
     # a flat sweep fits a slope of float noise (2e-16), not 0: growth below a millionth of the peak is none
-    kit_input(slope * np.ptp(batches) > 1e-6 * peaks.abs().max(), f"{exercise}: the measured peak memory grows by "
-              f"less than a millionth of itself across the sweep (slope {slope:.3g} MiB a sample): too little for a "
-              "line to tell the batch that fits.",
-              "sweep again: on a shared machine another process can move the peak.")
+    kit_input(slope * np.ptp(batches) > 1e-6 * peaks.abs().max(), f"{exercise}: the measured peak memory grows by less "
+              f"than a millionth of itself across the sweep (slope {slope:.3g} MiB a sample): too little for a line to "
+              "tell the batch that fits.", "sweep again: on a shared machine another process can move the peak.")
     where = "at" if limit == intercept else "below"
     require(limit > intercept, exercise, f"`limit_mib` = {limit:.4g} MiB is {where} the line's intercept "
             f"({intercept:,.1f} MiB): no batch fits in it.", limit_fix)
@@ -205,15 +189,13 @@ def _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, e
 
 @checked
 def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exercise 4.3") -> bool:
-    """The top rung's largest part (parts that tie as wu.show_table shows them all are), and Amdahl's speed-up of
-    the step if that part ran twice as fast."""
+    """The top rung's largest part (ties as shown all are), and Amdahl's speed-up if it ran twice as fast."""
     kit_input(hasattr(breakdown, "columns"), f"{exercise}: `breakdown` should be the table, got "
               f"{described(breakdown)}.", "pass `breakdown`, the whole table, as the check cell does.")
     parts, top = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"], breakdown.iloc[-1]
     require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.")
-    require(isinstance(biggest_phase, str), exercise,
-            f"`biggest_phase` should be a column name (text), got {described(biggest_phase)}.",
-            f"assign the name of one of {', '.join(parts)}.")
+    require(isinstance(biggest_phase, str), exercise, f"`biggest_phase` should be a column name (text), got "
+            f"{described(biggest_phase)}.", f"assign the name of one of {', '.join(parts)}.")
     phase = biggest_phase if biggest_phase.endswith("_ms") else f"{biggest_phase}_ms"
     require(phase != "step_ms", exercise, "step_ms is the whole step, not a part of it.",
             f"compare only the parts: {', '.join(parts)}.")

@@ -24,7 +24,7 @@ from .exercise_cells import NotYet, Unsolved, passed
 from .exercise_judging import accepted, checked
 from .job_script import EXERCISE, GAPS, JOB_SCRIPT, JOB_SPEC, NEEDED_S, TRAINING, JobSpec, fill_job_script
 from .job_script_run import namespaces_problem
-from .job_script_static import read_directives, request_problem, syntax_problem, text_problem
+from .job_script_static import ODD_SPACES, read_directives, request_problem, syntax_problem, text_problem
 from .job_script_verdict import behaviour_problem
 from .slurm_rules import NO_LIMIT, array_ranges, array_tasks, time_limit_s, whole
 from .slurm_usage import ANSWERS, OTHER_JOB, USAGE, check_job_usage, next_request
@@ -66,8 +66,7 @@ def _judge_finished(job_id: str, output: Path, checkpoints: Path, result: Path, 
         return (f"job {job_id} ended {state}, exit code {record.get('ExitCode', '?')}: {show(last[0], 200)}. Fix: "
                 f"read {output.name}, the job's output.")
     nodes, cpus = whole(record.get("NumNodes")), whole(record.get("NumCPUs"))
-    need = spec.nodes * spec.cores_per_task
-    if nodes != spec.nodes or (cpus is not None and cpus < need):
+    if nodes != spec.nodes or (cpus is not None and cpus < spec.nodes * spec.cores_per_task):
         return (f"job {job_id} got {nodes} node(s) and {cpus} CPU(s): the exercise asks for one node with a core for "
                 "each training process. Fix: check the #SBATCH lines.")
     # Every rank is in the process group once it forms, and rank 0's record says how large it was. Each rank's
@@ -171,11 +170,8 @@ class Refusal(Exception):
 
 
 class RaisingParser(argparse.ArgumentParser):
-    def error(self, message):
+    def error(self, message):  # no flag of the training command prints and exits: help is off
         raise Refusal(message)
-
-    def exit(self, status=0, message=None):
-        raise Refusal(message or "stopped")
 
 
 @functools.cache
@@ -194,7 +190,7 @@ def _sweep_line(number: int, line: str) -> float | None:
     """The learning rate a sweep file's line sets (None: it sets none), read as the task reads it: split at white
     space (``read -r -a``), then the training command's flags; ``Problem`` where the command would stop."""
     shown = show(line)
-    odd = re.search("[\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000]", line)
+    odd = ODD_SPACES.search(line)
     odd = "\r" if "\r" in line else "\n" if "\n" in line else odd and odd.group()
     if odd:
         what = {"\r": "a carriage return (\\r), a Windows line end, which bash's read keeps in the flag's value",
@@ -284,7 +280,7 @@ def _sweep_problem(lines, spec, values: list[float]) -> str | None:
         return f"the lines set {read}, not {values}. Fix: the learning rates in their given order."
     if not isinstance(spec, str):
         return f"`array` is {kind(spec)}, not the text that goes after --array=. Fix: FIRST-LAST, as text."
-    ranges, _ = array_ranges(spec)
+    ranges = array_ranges(spec)
     wanted = list(range(len(lines)))
     count = sum(len(r) for r in ranges)
     if count > 10 * len(lines) + 100:

@@ -12,6 +12,13 @@ import signal as signals
 from .answer_values import Problem, show
 
 INT_MAX = 2**31 - 1
+NO_LIMIT = math.inf
+MAX_JOB_SIZE = 16384  # Slurm's MAX_JOB_SIZE_BITMAP: a list of node counts stays below it
+MAX_ARRAY_INDEX = 4_000_000  # Slurm's MaxArraySize is at most 4000001: no task id is larger
+# Slurm's sig_name2num table: a name with or without SIG, in any case, or a number.
+SLURM_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "STOP", "TSTP",
+                 "TTIN", "TTOU", "XCPU")
+_ID_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")  # FIRST[-LAST[:STEP]], in --nodes and --array
 
 
 def strtol(text: str) -> tuple[int | None, str]:
@@ -22,13 +29,8 @@ def strtol(text: str) -> tuple[int | None, str]:
 
 def whole(text) -> int | None:
     """A count as sbatch reads one (``parse_int``: the whole text a number, not negative, below INT_MAX)."""
-    if not isinstance(text, str):
-        return None
-    value, rest = strtol(text)
+    value, rest = strtol(text) if isinstance(text, str) else (None, "")
     return value if value is not None and 0 <= value < INT_MAX and not rest else None
-
-
-MAX_JOB_SIZE = 16384  # Slurm's MAX_JOB_SIZE_BITMAP: a list of node counts stays below it
 
 
 def _node_count(text: str) -> int:
@@ -43,19 +45,18 @@ def _node_count(text: str) -> int:
 
 
 def node_range(text) -> tuple[int, int]:
-    """``--nodes=N``, ``MIN-MAX`` or a list of counts as Slurm's ``verify_node_count`` reads it: (MIN, MAX),
-    MAX 0 for no maximum; ``Problem`` (the reason, without a fix) where sbatch refuses it."""
+    """``--nodes`` as Slurm's ``verify_node_count`` reads it: (MIN, MAX), MAX 0 for no maximum; ``Problem`` (the
+    reason, without a fix) where sbatch refuses it."""
     text = text if isinstance(text, str) else ""  # refused as the empty count is
-    if "," in text or ":" in text:
-        listed, counts = Problem(f'"{text}" is not a valid node count'), []
+    if "," in text or ":" in text:  # a list of counts
+        refused, counts = Problem(f'"{text}" is not a valid node count'), []
         for part in text.split(","):
-            found = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part)
+            found = _ID_RANGE.fullmatch(part)
             if not found or any(int(g) >= MAX_JOB_SIZE for g in found.groups() if g):
-                raise listed
-            low, high = int(found.group(1)), int(found.group(2) or found.group(1))
-            counts += range(low, high + 1, int(found.group(3) or 1))
+                raise refused
+            counts += range(int(found[1]), int(found[2] or found[1]) + 1, int(found[3] or 1))
         if not counts:
-            raise listed
+            raise refused
         return min(counts), max(counts)
     low_text, dash, high_text = text.partition("-")
     low = 1 if dash and not low_text.strip() else _node_count(low_text)
@@ -66,16 +67,13 @@ def node_range(text) -> tuple[int, int]:
 
 
 def megabytes(text) -> float | None:
-    """A memory size as Slurm's ``str_to_mbytes`` reads one (``--mem``, ``--mem-per-cpu``): a whole number, MiB,
-    or K, M, G or T after it (then a B or not); None where sbatch refuses it (1.5G, 2GiB, -1)."""
+    """A memory size as Slurm's ``str_to_mbytes`` reads one: a whole number, MiB, or K, M, G or T after it (then a
+    B or not); None where sbatch refuses it (1.5G, 2GiB, -1)."""
     value, rest = strtol(text) if isinstance(text, str) else (None, "")
     found = re.fullmatch(r"(?:([KMGT])B?)?\s*", rest.upper())
     if value is None or value < 0 or not found:
         return None
     return value * {"K": 2**-10, None: 1, "M": 1, "G": 2**10, "T": 2**20}[found.group(1)]
-
-
-NO_LIMIT = math.inf
 
 
 def time_limit_s(text) -> float | None:
@@ -89,16 +87,11 @@ def time_limit_s(text) -> float | None:
     if not found:
         return None
     days, *fields = found.groups()
-    numbers_ = [int(f) for f in fields if f is not None]
+    parts = [int(field) for field in fields if field is not None]
     # days-hours[:minutes[:seconds]] and hours:minutes:seconds start with hours, minutes[:seconds] with minutes
-    unit = 3600 if days is not None or len(numbers_) == 3 else 60
-    total = int(days or 0) * 86400 + sum(n * u for n, u in zip(numbers_, (unit, unit // 60, 1)))
+    unit = 3600 if days is not None or len(parts) == 3 else 60
+    total = int(days or 0) * 86400 + sum(part * scale for part, scale in zip(parts, (unit, unit // 60, 1)))
     return NO_LIMIT if total == 0 else 60 * math.ceil(total / 60)
-
-
-# Slurm's sig_name2num table: a name with or without SIG, in any case, or a number.
-SLURM_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "STOP", "TSTP",
-                 "TTIN", "TTOU", "XCPU")
 
 
 def _signal_number(text: str) -> int:
@@ -132,30 +125,27 @@ def slurm_signal(text) -> WarningSignal | None:
     return WarningSignal(number, value, bool(flags.group(1)))
 
 
-MAX_ARRAY_INDEX = 4_000_000  # Slurm's MaxArraySize is at most 4000001: no task id is larger
-
-
-def array_ranges(spec: str) -> tuple[list[range], int | None]:
-    """``--array=SPEC`` as Slurm reads it: (ranges of task ids, the %K limit or None); ``Problem`` if refused."""
+def array_ranges(spec: str) -> list[range]:
+    """``--array=SPEC`` as Slurm reads it: the ranges of task ids; ``Problem`` where Slurm refuses it."""
     body, percent, limit = spec.removeprefix("--array=").partition("%")
     count = whole(limit) if re.fullmatch(r"[0-9]+", limit) else None
     why = "" if not percent else "%K takes a whole number" if count is None else (
         f"%{limit} would let none run: %K with K of 1 or more, or no %" if count < 1 else "")
     ranges = []
     for part in body.split(","):
-        found = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part)
+        found = _ID_RANGE.fullmatch(part)
         if not found:
             why = why or "FIRST-LAST, e.g. 0-15"
             continue
         first, last, step = int(found[1]), int(found[2] or found[1]), int(found[3] or 1)
         if last < first or step < 1 or last > MAX_ARRAY_INDEX:
             why = why or f"FIRST <= LAST, a step of 1 or more, ids up to {MAX_ARRAY_INDEX}"
-            continue
-        ranges.append(range(first, last + 1, step))
+        else:
+            ranges.append(range(first, last + 1, step))
     if why:
         raise Problem(f"--array={show(spec)} is not a task list Slurm reads ({why}). Fix: FIRST-LAST, e.g. 0-15, "
                       "with %K to run at most K at a time.")
-    return ranges, count if percent else None
+    return ranges
 
 
 def array_tasks(spec) -> list[int] | None:
@@ -163,125 +153,113 @@ def array_tasks(spec) -> list[int] | None:
     if not isinstance(spec, str):
         return None
     try:
-        ranges, _ = array_ranges(spec)
+        return sorted({task for ids in array_ranges(spec) for task in ids})
     except Problem:
         return None
-    return sorted({task for r in ranges for task in r})
 
 
 # ---------------------------------------------------------------------------------------------- getopt_long
 
+# A command's options as getopt_long sees them: each long name in order with its argument (0 none, 1 required,
+# 2 optional), the short letters (letter -> long name), and the option each long name stands for (an alias's).
+OptionTable = collections.namedtuple("OptionTable", "long short alias")
 
-# A command's options as getopt_long sees them: each long name in order with its argument (0 none, 1 required, 2
-# optional), short letters (letter -> long name), aliases, and whether operands may come before options.
-OptionTable = collections.namedtuple("OptionTable", "program long short alias permute")
+
+def option_table(names: str, short: str, alias: dict) -> OptionTable:
+    """A table from Slurm's lists: each long name as Python's getopt spells it (name= takes an argument, name=? may
+    take one, a bare name none); the short letters as "Nnodes cc..." pairs (letter then its long name)."""
+    long = {name: {"": 0, "=": 1, "=?": 2}[argument] for name, argument in re.findall(r"([^\s=]+)(=\??|)", names)}
+    return OptionTable(long, {pair[0]: pair[1:] for pair in short.split()},
+                       {name: alias.get(name, name) for name in long})
 
 
-def option_table(program: str, names: str, no_argument: str, optional: str, short: str, alias=None,
-                 permute: bool = False) -> OptionTable:
-    """A table from Slurm's lists; the short letters as "Nnodes cc..." pairs (letter then its long name)."""
-    none, maybe = set(no_argument.split()), set(optional.split())
-    long = {name: 0 if name in none else 2 if name in maybe else 1 for name in names.split()}
-    letters = {pair[0]: pair[1:] for pair in short.split()}
-    return OptionTable(program, long, letters, dict(alias or {}), permute)
+def _long_name(body: str, table: OptionTable) -> str:
+    """The option ``--body`` names: itself, or the one option its name is a prefix of (aliases count as one)."""
+    name = body.partition("=")[0]
+    if name in table.long:
+        return name
+    matches = [option for option in table.long if option.startswith(name)]
+    if not matches:
+        raise Problem(f"unrecognized option '--{body}'")
+    differ = [option for option in matches
+              if (table.long[option], table.alias[option]) != (table.long[matches[0]], table.alias[matches[0]])]
+    if differ:
+        listed = " ".join(f"'--{option}'" for option in [matches[0], *differ])
+        raise Problem(f"option '--{body}' is ambiguous; possibilities: {listed}")
+    return matches[0]
 
 
 def getopt_long(args: list[str], table: OptionTable) -> tuple[list[tuple[str, str | None]], list[str]]:
     """(option, value) for each option in ``args`` as glibc's getopt_long reads them (a unique prefix names an
     option), then the operands; ``Problem`` with getopt's own words where it would stop."""
-    found, operands, i = [], [], 0
-    while i < len(args):
+    found, i = [], 0
+    # Slurm's tables do not permute: the first operand (or "--") ends the options
+    while i < len(args) and args[i].startswith("-") and args[i] not in ("-", "--"):
         arg = args[i]
-        if arg == "--":
-            return found, operands + args[i + 1:]
         if arg.startswith("--"):
-            body = arg[2:]
-            name, eq, value = body.partition("=")
-            if name not in table.long:
-                matches = [n for n in table.long if n.startswith(name)]
-                if not matches:
-                    raise Problem(f"unrecognized option '--{body}'")
-                first = matches[0]
-                differ = [m for m in matches if (table.long[m], table.alias.get(m, m)) !=
-                          (table.long[first], table.alias.get(first, first))]
-                if differ:
-                    listed = " ".join(f"'--{m}'" for m in [first, *differ])
-                    raise Problem(f"option '--{body}' is ambiguous; possibilities: {listed}")
-                name = first
-            argument = table.long[name]
-            if eq and argument == 0:
+            _, eq, value = arg[2:].partition("=")
+            name = _long_name(arg[2:], table)
+            if eq and table.long[name] == 0:
                 raise Problem(f"option '--{name}' doesn't allow an argument")
-            if not eq and argument == 1:
+            if not eq and table.long[name] == 1:
                 if i + 1 >= len(args):
                     raise Problem(f"option '--{name}' requires an argument")
                 i, value = i + 1, args[i + 1]
-            found.append((table.alias.get(name, name), value if eq or argument == 1 else None))
-        elif arg.startswith("-") and arg != "-":
+            found.append((table.alias[name], value if eq or table.long[name] == 1 else None))
+        else:
             for j, letter in enumerate(arg[1:], 2):  # the letters, each with what follows it (from j)
                 if letter not in table.short:
                     raise Problem(f"invalid option -- '{letter}'")
                 name = table.short[letter]
-                argument, rest = table.long[name], arg[j:]
-                if argument == 0:
-                    found.append((table.alias.get(name, name), None))
+                if table.long[name] == 0:
+                    found.append((table.alias[name], None))
                     continue
-                if not rest and argument == 1:
+                rest = arg[j:]
+                if not rest and table.long[name] == 1:
                     if i + 1 >= len(args):
                         raise Problem(f"option requires an argument -- '{letter}'")
                     i, rest = i + 1, args[i + 1]
-                found.append((table.alias.get(name, name), rest or None))
+                found.append((table.alias[name], rest or None))
                 break
-        elif table.permute:
-            operands.append(arg)
-        else:
-            return found, operands + args[i:]
         i += 1
-    return found, operands
+    operands = args[i:]
+    return found, operands[1:] if operands[:1] == ["--"] else operands
 
 
 SBATCH = option_table(
-    "sbatch",
-    "account acctg-freq array autocomplete batch begin bb bbf cluster-constraint chdir cluster clusters comment "
-    "consolidate-segments container container-id context contiguous constraint core-spec cores-per-socket cpu-freq "
-    "cpus-per-gpu cpus-per-task deadline delay-boot dependency distribution error exclude exclusive export "
-    "export-file external extra extra-node-info get-user-env gid gpu-bind gpu-freq gpus gpus-per-node "
-    "gpus-per-socket gpus-per-task gres gres-flags help hint hold ignore-pbs input job-name kill-on-invalid-dep "
-    "licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mem-update mincpus network nice "
-    "no-kill no-requeue nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node "
-    "ntasks-per-socket ntasks-per-tres oom-kill-step open-mode output overcommit oversubscribe parsable partition "
-    "prefer priority profile propagate qos quiet reboot requeue resources reservation resv-ports runtime segment "
-    "signal sockets-per-node spread-job spread-segments stepmgr switches tasks-per-node test-only thread-spec "
-    "threads-per-core time time-min tmp tres-bind tres-per-task uid use-min-nodes verbose version usage wait "
-    "wait-all-nodes wckey wrap",
-    "consolidate-segments contiguous external get-user-env help hold ignore-pbs no-requeue overcommit oversubscribe "
-    "parsable quiet reboot spread-job spread-segments stepmgr test-only use-min-nodes verbose version usage wait",
-    "exclusive nice no-kill oom-kill-step propagate requeue resv-ports",
+    "account= acctg-freq= array= autocomplete= batch= begin= bb= bbf= cluster-constraint= chdir= cluster= clusters= "
+    "comment= consolidate-segments container= container-id= context= contiguous constraint= core-spec= "
+    "cores-per-socket= cpu-freq= cpus-per-gpu= cpus-per-task= deadline= delay-boot= dependency= distribution= error= "
+    "exclude= exclusive=? export= export-file= external extra= extra-node-info= get-user-env gid= gpu-bind= gpu-freq= "
+    "gpus= gpus-per-node= gpus-per-socket= gpus-per-task= gres= gres-flags= help hint= hold ignore-pbs input= "
+    "job-name= kill-on-invalid-dep= licenses= mail-type= mail-user= mcs-label= mem= mem-bind= mem-per-cpu= "
+    "mem-per-gpu= mem-update= mincpus= network= nice=? no-kill=? no-requeue nodefile= nodelist= nodes= ntasks= "
+    "ntasks-per-core= ntasks-per-gpu= ntasks-per-node= ntasks-per-socket= ntasks-per-tres= oom-kill-step=? open-mode= "
+    "output= overcommit oversubscribe parsable partition= prefer= priority= profile= propagate=? qos= quiet reboot "
+    "requeue=? resources= reservation= resv-ports=? runtime= segment= signal= sockets-per-node= spread-job "
+    "spread-segments stepmgr switches= tasks-per-node= test-only thread-spec= threads-per-core= time= time-min= tmp= "
+    "tres-bind= tres-per-task= uid= use-min-nodes verbose version usage wait wait-all-nodes= wckey= wrap=",
     "Aaccount aarray bbegin Dchdir Mclusters Cconstraint Score-spec ccpus-per-task ddependency mdistribution eerror "
     "xexclude Bextra-node-info Ggpus hhelp Hhold iinput Jjob-name Llicenses kno-kill Fnodefile wnodelist Nnodes "
     "nntasks ooutput Oovercommit soversubscribe ppartition qqos Qquiet ttime vverbose Vversion Wwait",
     alias={"tasks-per-node": "ntasks-per-node"})
 
 SRUN = option_table(
-    "srun",
-    "accel-bind account acctg-freq async autocomplete bcast bcast-exclude begin bb bbf cluster-constraint chdir "
-    "cluster clusters comment compress consolidate-segments container container-id context contiguous constraint "
-    "core-spec cores-per-socket cpu-bind cpu_bind cpu-freq cpus-per-gpu cpus-per-task deadline debugger-test "
-    "delay-boot dependency disable-status distribution epilog error exact exclude exclusive export "
-    "external-launcher extra extra-node-info gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres "
-    "gres-flags help het-group hint hold ignore-signals immediate input interactive jobid job-name kill-on-bad-exit "
-    "label licenses mail-type mail-user threads mcs-label mem mem-bind mem-per-cpu mem-per-gpu mem-update mincpus "
-    "mpi msg-timeout multi-prog network nice no-allocate no-kill nodefile nodelist nodes ntasks ntasks-per-core "
-    "ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres oom-kill-step open-mode output overcommit "
-    "overlap oversubscribe pack-group parsable partition prefer preserve-env priority profile prolog propagate pty "
-    "qos quiet quit-on-interrupt reboot relative resources reservation resv-ports runtime segment send-libs signal "
-    "slurmd-debug sockets-per-node spread-job spread-segments stepmgr switches task-epilog task-prolog "
-    "tasks-per-node test-only thread-spec threads-per-core time time-min tmp treewidth tres-bind tres-per-task "
-    "unbuffered use-min-nodes verbose version usage wait wait-for-children wckey whole x11",
-    "async consolidate-segments contiguous debugger-test disable-status exact help hold interactive label "
-    "multi-prog no-allocate overcommit oversubscribe parsable preserve-env quiet quit-on-interrupt reboot spread-job "
-    "spread-segments stepmgr test-only unbuffered use-min-nodes verbose version usage wait-for-children whole",
-    "bcast compress exclusive external-launcher immediate kill-on-bad-exit nice no-kill oom-kill-step overlap "
-    "propagate pty resv-ports send-libs x11",
+    "accel-bind= account= acctg-freq= async autocomplete= bcast=? bcast-exclude= begin= bb= bbf= cluster-constraint= "
+    "chdir= cluster= clusters= comment= compress=? consolidate-segments container= container-id= context= contiguous "
+    "constraint= core-spec= cores-per-socket= cpu-bind= cpu_bind= cpu-freq= cpus-per-gpu= cpus-per-task= deadline= "
+    "debugger-test delay-boot= dependency= disable-status distribution= epilog= error= exact exclude= exclusive=? "
+    "export= external-launcher=? extra= extra-node-info= gpu-bind= gpu-freq= gpus= gpus-per-node= gpus-per-socket= "
+    "gpus-per-task= gres= gres-flags= help het-group= hint= hold ignore-signals= immediate=? input= interactive jobid= "
+    "job-name= kill-on-bad-exit=? label licenses= mail-type= mail-user= threads= mcs-label= mem= mem-bind= "
+    "mem-per-cpu= mem-per-gpu= mem-update= mincpus= mpi= msg-timeout= multi-prog network= nice=? no-allocate no-kill=? "
+    "nodefile= nodelist= nodes= ntasks= ntasks-per-core= ntasks-per-gpu= ntasks-per-node= ntasks-per-socket= "
+    "ntasks-per-tres= oom-kill-step=? open-mode= output= overcommit overlap=? oversubscribe pack-group= parsable "
+    "partition= prefer= preserve-env priority= profile= prolog= propagate=? pty=? qos= quiet quit-on-interrupt reboot "
+    "relative= resources= reservation= resv-ports=? runtime= segment= send-libs=? signal= slurmd-debug= "
+    "sockets-per-node= spread-job spread-segments stepmgr switches= task-epilog= task-prolog= tasks-per-node= "
+    "test-only thread-spec= threads-per-core= time= time-min= tmp= treewidth= tres-bind= tres-per-task= unbuffered "
+    "use-min-nodes verbose version usage wait= wait-for-children wckey= whole x11=?",
     "Aaccount bbegin Dchdir Mclusters Cconstraint Score-spec ccpus-per-task ddependency Xdisable-status "
     "mdistribution eerror xexclude Bextra-node-info Ggpus hhelp Hhold Iimmediate iinput Jjob-name "
     "Kkill-on-bad-exit llabel Llicenses Tthreads Zno-allocate kno-kill Fnodefile wnodelist Nnodes nntasks ooutput "
@@ -331,4 +309,3 @@ def directives_and_first_command(script: str) -> tuple[list[str], str | None, bo
         elif line.strip() and not line.lstrip().startswith("#"):
             return arguments, line, any(later.startswith(MAGIC) for later in lines[number + 1:])
     return arguments, None, False
-

@@ -1,8 +1,6 @@
 """Notebook 01's exercises: achieved TFLOP/s, a matrix multiply's TFLOP/s and MFU, each judged from the inputs the
 exercise names; MFU carries 1.1's and 1.2's answers as the attendee rounded them."""
 
-from __future__ import annotations
-
 import numbers
 
 import numpy as np
@@ -13,7 +11,7 @@ from ..spine.timing import Timings, time_repeats
 from ..system.hardware import as_device, peak_tflops
 from .answer_values import Problem, number_of
 from .exercise_cells import passed, require, require_answered
-from .exercise_judging import (answered_input, called, carried, checked, described, kit_input, kit_number, number,
+from .exercise_judging import (answered_input, called, carried, checked, described, kit_input, kit_numbers, number,
                                verdict, written)
 
 EXERCISE_N = {"cuda": 4096, "cpu": 1024}  # the n of Exercise 1.2's cell: a GPU's, and a CPU's (or any other)
@@ -22,10 +20,9 @@ EXERCISE_N = {"cuda": 4096, "cpu": 1024}  # the n of Exercise 1.2's cell: a GPU'
 @checked
 def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_s: float,
                           exercise: str = "Exercise 1.1") -> bool:
-    flops_per_sample, samples_per_s = (kit_number(given, exercise, f"the run's {name}", "rerun the training cell: a "
-                                                  "run that trained measures both.")
-                                       for name, given in (("flops_per_sample", flops_per_sample),
-                                                           ("samples_per_s", samples_per_s)))
+    rerun = "rerun the training cell: a run that trained measures both."
+    flops_per_sample, samples_per_s = kit_numbers(exercise, rerun, "the run's", flops_per_sample=flops_per_sample,
+                                                  samples_per_s=samples_per_s)
     value = number(achieved_tflops, exercise, "achieved_tflops", "one number, in TFLOP/s")
     verdict(value, flops_per_sample * samples_per_s / 1e12, exercise, "achieved_tflops", [],
             "achieved TFLOP/s = FLOPs per sample x samples per second / 1e12 (tera = 10^12).",
@@ -53,7 +50,7 @@ def _exercise_n(device) -> int:
 
 
 def _timed_workload(timed, n: int, device, exercise: str) -> None:
-    """``timed`` does one n x n float32 product on ``device``: 2 n^3 FLOPs as ``torch.utils.flop_counter`` counts."""
+    """``timed`` does one n x n float32 product on ``device``, as ``torch.utils.flop_counter`` counts."""
     answered_input(timed, exercise, "the exercise cell", "matmul")
     require(callable(timed), exercise, f"`matmul` should be the function you timed, got {described(timed)}.",
             "matmul = lambda: a @ b, and time it: wu.time_repeats(matmul, repeats=10, device=device).")
@@ -73,8 +70,7 @@ def _timed_workload(timed, n: int, device, exercise: str) -> None:
 
 @checked
 def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None = None, device=None,
-                        exercise: str = "Exercise 1.2", *, timings=None, precision: str = "fp32",
-                        timed=None) -> bool:
+                        exercise: str = "Exercise 1.2", *, timings=None, precision: str = "fp32", timed=None) -> bool:
     """2 n^3 FLOPs in the median of ``timings``, at most the data-sheet peak. With ``device`` the check times the
     multiply too and refuses only a gap beyond 20x: on a shared machine both timings move with others' work."""
     kit_input(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1,
@@ -130,7 +126,7 @@ def _device_name(name, exercise: str) -> str:
 def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
               exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
               samples_per_s: float | None = None, n: int | None = None, timings=None, seconds=None) -> bool:
-    """MFU = the achieved rate / the data-sheet peak, or / 1.2's measured rate without one: then MFU may exceed 1
+    """MFU = the achieved rate / the data-sheet peak, or / 1.2's measured rate without one: then it may exceed 1
     (a multiply timed on a busy machine), which the pass says instead of refusing a right division."""
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.")
     table_peak = peak_tflops(_device_name(device_name, exercise), precision)
