@@ -309,3 +309,21 @@ def test_sbatch_and_slurms_tables_read_the_directives_alike(edit, hide_sbatch):
     by_sbatch = job_script_static.read_directives(text)[0]
     hide_sbatch()
     assert meaning(job_script_static.read_directives(text)[0]) == meaning(by_sbatch)
+
+
+@needs_namespaces
+def test_the_stand_ins_answer_odd_arguments_as_the_tools_do_never_with_a_traceback():
+    """A review's finding: `timeout -s` with no signal and `pkill -0` crashed the stand-ins (a Python traceback in
+    the job's log, which a verdict may quote). They answer as coreutils and procps do; the script's verdict holds."""
+    odd = ("timeout -s; timeout --signal; timeout -k; pkill --signal= -f python; "
+           f"srun --overlap --ntasks-per-node=1 pkill -0 -f python; {FORWARD}")
+    text = script().replace(FORWARD, odd)
+    read, _ = job_script_static.read_directives(text)
+    run = job_script_run.JobRun(read, 300, (signal.SIGUSR1, 60, True))
+    outcome = job_script_run.simulate(text, run)
+    assert "Traceback" not in outcome.log, outcome.log[-2000:]
+    for said in ("timeout: option requires an argument -- 's'", "timeout: option '--signal' requires an argument",
+                 "timeout: option requires an argument -- 'k'", 'pkill: Unknown signal ""'):
+        assert said in outcome.log, outcome.log[-2000:]
+    assert outcome.of("signalled", signal="0"), "pkill -0 went unrecorded"
+    assert wu.check_job_script(text)

@@ -1,7 +1,6 @@
-"""Exercise 6.1's simulated cluster, the programs' side: the training processes and the tools in ``PROGRAMS``,
-each this one file under another name. Each tells the runner what it did and waits for it where the real program
-waits on a cluster; the work itself is real (bash runs the script, signals are sent). Standard library only, so
-that each starts in milliseconds.
+"""Exercise 6.1's simulated cluster, the programs' side: the training processes and the tools in ``PROGRAMS``, each
+this file under another name, tell the runner what they did and wait for it where the real program waits on a
+cluster; the work itself is real (signals are sent). Standard library only, so that each starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -211,7 +210,8 @@ def _signal_matches(argv: list[str], program: str, select, number: int, quiet: b
             hit.append(pid)
         except OSError as err:
             say(f"{program}: killing pid {pid} failed: {err.strerror}")
-    link.send(op="note", what="signalled", program=program, argv=sys.argv, signal=signal.Signals(number).name, hit=hit)
+    name = signal.Signals(number).name if number else "0"  # signal 0 only asks whether the process exists
+    link.send(op="note", what="signalled", program=program, argv=sys.argv, signal=name, hit=hit)
     if not hit and program == "killall" and not quiet:
         say(f"{select[-1]}: no process found")
     sys.exit(0 if hit else 1)
@@ -221,8 +221,10 @@ def pkill(argv: list[str]) -> None:
     number, rest = signal.SIGTERM, list(argv)
     for i, arg in enumerate(rest):  # procps: the first -SIGNAL anywhere, or --signal SIGNAL
         if arg.startswith("--signal"):
-            value = arg.partition("=")[2] or (rest[i + 1] if i + 1 < len(rest) else "")
-            number = _signal_number(value) or say(f"pkill: Unknown signal \"{value}\"", 2)
+            value = arg.partition("=")[2] if "=" in arg else rest[i + 1] if i + 1 < len(rest) else ""
+            number = _signal_number(value)
+            if number is None:
+                say(f"pkill: Unknown signal \"{value}\"", 2)
             del rest[i:i + (1 if "=" in arg else 2)]
             break
         if arg[:1] == "-" and _signal_number(arg[1:]) is not None:
@@ -260,12 +262,13 @@ def killall(argv: list[str]) -> None:
 def scontrol(argv: list[str]) -> None:
     link = Link("scontrol")
     words = [a for a in argv if not a.startswith("-")]
-    if len(words) >= 2 and "show".startswith(words[0]) and words[1].startswith("hostn"):
+    shows = len(words) >= 2 and "show".startswith(words[0])
+    if shows and words[1].startswith("hostn"):
         text = words[2] if len(words) > 2 else os.environ.get("SLURM_JOB_NODELIST")
         if not text:
             say("scontrol: error: No hostlist specified", 1)
         print("\n".join(hostlist(text)))
-    elif len(words) >= 2 and "show".startswith(words[0]) and "job".startswith(words[1]):
+    elif shows and "job".startswith(words[1]):
         config = link.config  # laid out as Slurm's: BatchHost, the first node, on a line of its own
         print(f"JobId={config['job']} JobName=ex61-train\n   JobState=RUNNING Reason=None\n   NumNodes="
               f"{len(config['nodes'])}\n   NodeList={os.environ.get('SLURM_JOB_NODELIST', '')}\n   BatchHost="
@@ -326,19 +329,32 @@ def sleep(argv: list[str]) -> None:
 
 def timeout(argv: list[str]) -> None:
     args, number, kill_after = list(argv), signal.SIGTERM, None
+
+    def value_of(arg: str, short: str) -> str:  # -sUSR1, -s USR1, --signal=USR1, --signal USR1
+        if arg.startswith(short) and len(arg) > 2:
+            return arg[2:]
+        if "=" in arg:
+            return arg.partition("=")[2]
+        if not args:
+            said = f"option '{arg}'" if arg.startswith("--") else f"option requires an argument -- '{arg[1]}'"
+            say(f"timeout: {said}{' requires an argument' * arg.startswith('--')}", 125)
+        return args.pop(0)
+
     while args and args[0].startswith("-") and args[0] != "-":
         arg = args.pop(0)
         if arg in ("-s", "--signal") or arg.startswith(("-s", "--signal=")):
-            value = arg[2:] if arg.startswith("-s") and len(arg) > 2 else arg.partition("=")[2] or args.pop(0)
-            number = _signal_number(value) or say(f"timeout: {value}: invalid signal", 125)
+            value = value_of(arg, "-s")
+            number = _signal_number(value)
+            if number is None:
+                say(f"timeout: {value}: invalid signal", 125)
         elif arg in ("-k", "--kill-after") or arg.startswith(("-k", "--kill-after=")):
-            kill_after = _seconds(arg[2:] if arg.startswith("-k") and len(arg) > 2 else
-                                  arg.partition("=")[2] or args.pop(0))
+            kill_after = _seconds(value_of(arg, "-k"))
     if len(args) < 2:
         say("timeout: missing operand", 125)
     import subprocess
 
-    link = Link("timeout", duration=_seconds(args[0]), command=args[1:])
+    duration = _seconds(args[0])
+    link = Link("timeout", duration=duration, command=args[1:])
     child = subprocess.Popen(args[1:])
     outcome = []
 
@@ -355,9 +371,9 @@ def timeout(argv: list[str]) -> None:
         if pid == child.pid:
             sys.exit(outcome[0] if outcome else status_code(status))
 
-    if _seconds(args[0]) > 0:
-        link.send(op="timer", s=_seconds(args[0]), tag="due")
-    Loop(link).run(on_message, lambda n: child.send_signal(n), on_child)
+    if duration > 0:
+        link.send(op="timer", s=duration, tag="due")
+    Loop(link).run(on_message, child.send_signal, on_child)
 
 
 def container(argv: list[str]) -> None:
