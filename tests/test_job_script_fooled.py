@@ -306,3 +306,69 @@ def test_a_rendezvous_at_each_nodes_own_host_names_only_the_endpoint_to_fix(simu
     """Its Fix listed --nnodes, --rdzv-backend and --rdzv-id too, which the script had right."""
     message = refused(answers(rdzv_endpoint="localhost:29500"), "never completed the rendezvous", "Fix: --rdzv-endpoint")
     assert "--rdzv-backend=c10d" not in message.split("Fix:")[1], message
+
+
+# ------------------------------------------------------------------------------------------ what the job draws
+
+
+@pytest.mark.parametrize("endpoint, words", [
+    # bash reads the id's last three digits as octal where they start with 0 (089: "value too great for base"),
+    # and finds none in a job id of one or two digits, as on a new cluster: some jobs never launch
+    (f'"$({FIRST}):$((29500 + ${{SLURM_JOB_ID: -3}}))"', ("value too great for base", "job's id was 199089")),
+    (f'"$({FIRST}):29${{SLURM_JOB_ID: -3}}"', ("port: 29,", "job's id was 7")),
+    (f'"$({FIRST}):$((29500 + ${{SLURM_JOB_ID: -4}} % 1000))"', ("operand expected", "job's id was 7")),
+    # RANDOM % 1000 + 1000 draws a port only root may listen on in some jobs
+    (f'"$({FIRST}):$((RANDOM % 1000 + 1000))"', ("port: 1000,", "$RANDOM was 0")),
+])
+def test_a_port_that_fails_for_some_job_ids_or_draws_is_refused_naming_the_draw(simulated, endpoint, words):
+    refused(answers(rdzv_endpoint=endpoint), *words, "--rdzv-endpoint=HOST:PORT")
+
+
+@pytest.mark.parametrize("endpoint", [f'"$({FIRST}):$((20000 + SLURM_JOB_ID % 30000))"',
+                                      f'"$({FIRST}):$((10000 + RANDOM))"'])
+def test_a_port_right_for_every_job_id_and_draw_passes(simulated, endpoint):
+    assert verdict(answers(rdzv_endpoint=endpoint)) == simulated
+
+
+# ------------------------------------------------------------------------------------------ the first node's name
+
+
+@pytest.mark.parametrize("host", ["$(python3 -c 'import socket; print(socket.gethostname())')",
+                                  "$(cat /proc/sys/kernel/hostname)",
+                                  "$(scontrol show node \"$(" + FIRST + ")\" | grep -oP 'NodeAddr=\\K\\S+')"])
+def test_the_batch_hosts_name_read_any_way_a_real_job_allows_passes(simulated, host):
+    """The batch shell runs on the job's first node: gethostname() there names it, as hostname does, and
+    scontrol show node gives its address."""
+    assert verdict(answers(rdzv_endpoint=f'"{host}:29500"')) == simulated
+
+
+def test_a_command_the_simulated_job_cannot_follow_is_said_to_be_the_checks_limit(simulated):
+    message = refused(answers(rdzv_endpoint='"$(scontrol show partition cpu | head -n 1):29500"'),
+                      "this simulated scontrol knows", "could not follow that command")
+    assert message.index("Fix:") < message.index("Note:"), message
+
+
+# ------------------------------------------------------------------------------------------ a gap's own text
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(rdzv_endpoint=f'“$({FIRST}):29500”'), ("U+201C", "typographic quote", "straight")),
+    (dict(rdzv_endpoint=f'"$({FIRST}):29500’"'), ("U+2019",)),
+    (dict(signal=b"B:USR1@60"), ("is bytes", "the b before the quotes")),
+    (dict(nproc_per_node="2 # one per core"), ("starts a comment in bash", "a line of its own above")),
+    (dict(rdzv_endpoint=f'"$({FIRST}):29500" # the first node'), ("starts a comment in bash",)),
+    (dict(nodes=" 1"), ("`nodes` starts with a space", "sbatch splits")),
+    (dict(time=" 00:05:00"), ("`time` starts with a space",)),
+])
+def test_a_gaps_own_text_is_named_before_any_run(change, words):
+    """Pasted quotes, bytes, a comment that would swallow the launch line's backslash, a space sbatch splits at:
+    named as what the attendee typed, not as what torchrun or sbatch then made of it."""
+    refused(answers(**change), *words)
+
+
+@pytest.mark.parametrize("change", [dict(rdzv_endpoint=f'"$({FIRST}):$((29500 + 10#$SLURM_JOB_ID % 1000))"'),
+                                    dict(rdzv_endpoint=f'"$({FIRST})":$((29500 + $# ))'),
+                                    dict(cpus_per_task="2  # one core per process")])
+def test_a_hash_that_starts_no_comment_in_bash_is_no_comment(simulated, change):
+    """# inside a word or after $ is no comment to bash; sbatch takes a comment after an #SBATCH value."""
+    assert verdict(answers(**change)) == simulated

@@ -35,7 +35,9 @@ def scalar(value):
         raise Problem("is None")
     if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
         raise Problem(f"is {value}, a truth value, not a number")
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, bytes):
+        raise Problem(f"is bytes ({show(value)}), neither text nor a number: the b before the quotes makes it bytes")
+    if isinstance(value, str):
         raise Problem(f"is text ({show(repr(value))}), not a number: the quotes make it a string")
     shape = getattr(value, "shape", None)
     if shape is not None and not isinstance(value, numbers.Number):

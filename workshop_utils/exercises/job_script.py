@@ -85,10 +85,20 @@ def _gap_text(gap: str, value, exercise: str) -> str:
         if "\n" in value or "\r" in value:
             raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) holds a line break, which would start a line of "
                          "its own.", f"only what goes after {flag}=, on one line.")
-        if gap not in DIRECTIVE_GAPS and value[:1].isspace():
+        curly = re.search("[\u2018\u2019\u201a\u201c\u201d\u201e\u00ab\u00bb]", value)
+        if curly:  # pasted from slides, a chat or a word processor
+            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) holds {curly.group()} (U+{ord(curly.group()):04X}), "
+                         "a typographic quote: bash and sbatch take it for a letter, not a quote.",
+                         "type the quotes again as straight ones, \" or '.")
+        if value[:1].isspace():
+            splits, reader = ("sbatch", "the #SBATCH line") if gap in DIRECTIVE_GAPS else ("the shell", "torchrun")
             what = "endpoint" if gap == "rdzv_endpoint" else "value"
-            raise NotYet(f"✗ {exercise}: `{gap}` starts with a space: the shell splits the word there, so torchrun "
+            raise NotYet(f"✗ {exercise}: `{gap}` starts with a space: {splits} splits the word there, so {reader} "
                          f"would get an empty {what} after {flag}=.", "no space after the =.")
+        if gap not in DIRECTIVE_GAPS and _comment_at(value) is not None:
+            raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) holds a # after a space, which starts a comment in "
+                         "bash: the rest of the launch line, its backslash too, would be lost.",
+                         f"only the value after {flag}=; a comment goes on a line of its own above the command.")
         try:
             words = sbatch_arguments(value) if gap in DIRECTIVE_GAPS else []
         except Problem:
@@ -111,6 +121,19 @@ def _gap_text(gap: str, value, exercise: str) -> str:
         raise NotYet(f"✗ {exercise}: `{gap}` = {shown} is not a whole number.",
                      f"what goes after {flag}= is text or a whole number.")
     return digits
+
+
+def _comment_at(text: str) -> int | None:
+    """Where a comment starts in ``text`` as bash reads a word list: a # that begins a word, outside quotes."""
+    quote = None
+    for at, char in enumerate(text):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and at and text[at - 1] in " \t":
+            return at
+    return None
 
 
 def fill_job_script(answers: dict, exercise: str = EXERCISE) -> str:

@@ -98,10 +98,11 @@ def _calling(module, function: str, args: str, kit: str = "sys.argv[1]") -> str:
 
 
 def _confined(keep: str, command: list[str]) -> list[str]:
-    """``command``, everything but the simulation's folder ``keep`` made read-only (``job_script_standins.confine``)."""
-    confine = _calling(job_script_standins, "confine", "sys.argv[2], sys.argv[3:]")
-    return ["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-I", "-S", "-c", confine, KIT, keep,
-            *command]
+    """``command``, everything but the simulation's folder ``keep`` made read-only, on a machine named as the job's
+    first node, where its batch shell runs (``job_script_standins.confine``)."""
+    confine = _calling(job_script_standins, "confine", "sys.argv[2], sys.argv[4:], sys.argv[3]")
+    return ["unshare", "--user", "--map-root-user", "--mount", "--uts", sys.executable, "-I", "-S", "-c", confine, KIT,
+            keep, NODE_NAMES[0], *command]
 
 
 @functools.cache

@@ -273,8 +273,17 @@ def scontrol(argv: list[str]) -> None:
         print(f"JobId={config['job']} JobName=ex61-train\n   JobState=RUNNING Reason=None\n   NumNodes="
               f"{len(config['nodes'])}\n   NodeList={os.environ.get('SLURM_JOB_NODELIST', '')}\n   BatchHost="
               f"{config['nodes'][0]}")
+    elif shows and words[1] in ("node", "nodes"):  # the job's nodes, as Slurm lays them out (a node's name is its
+        nodes = link.config["nodes"]                # address here, as on many clusters)
+        for name in hostlist(",".join(words[2:])) if len(words) > 2 else nodes:
+            if name not in nodes:
+                say(f"Node {name} not found", 1)
+            print(f"NodeName={name} Arch=x86_64 CoresPerSocket=8\n   CPUAlloc=2 CPUTot=16 CPULoad=0.10\n   "
+                  f"NodeAddr={name} NodeHostName={name}\n   RealMemory=64000 AllocMem=0 State=MIXED\n   "
+                  "Partitions=cpu\n")
     else:
-        say(f"scontrol: error: {' '.join(argv)}: this simulated scontrol knows show hostnames and show job only", 1)
+        say(f"scontrol: error: {' '.join(argv)}: this simulated scontrol knows show hostnames, show job and show "
+            "node only", 1)
 
 
 def hostname(argv: list[str]) -> None:
@@ -427,10 +436,15 @@ MOUNT_FLAGS = {"ro": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1 << 10
 MS_REMOUNT, MS_BIND, MS_REC = 1 << 5, 1 << 12, 1 << 14
 
 
-def confine(keep: str, argv: list[str]) -> None:
-    """Every mount read-only but ``keep`` (the simulation's folder), then ``argv``; run as root of a user and
-    mount namespace of its own, which needs no privilege. /proc and /sys stay: the job mounts a /proc of its own."""
+def confine(keep: str, argv: list[str], node: str) -> None:
+    """Every mount read-only but ``keep`` (the simulation's folder), the machine named ``node`` (so that any way of
+    asking, gethostname() or /proc/sys/kernel/hostname, names the batch shell's node), then ``argv``; run as root of
+    user, mount and UTS namespaces of its own, which need no privilege. /proc and /sys stay: the job mounts a /proc
+    of its own."""
     import ctypes
+
+    with contextlib.suppress(OSError):  # where it cannot, the job sees this machine's name, as before
+        socket.sethostname(node)
 
     libc = ctypes.CDLL(None, use_errno=True)
 

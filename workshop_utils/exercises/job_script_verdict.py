@@ -27,6 +27,8 @@ ENDPOINT_FIX = (f"Fix: {RDZV_FIX}.", "--rdzv-endpoint")  # the fix, and what nam
 CORES_FIX = ("#SBATCH --cpus-per-task, one core for each training process, srun --cpus-per-task="
              "\"$SLURM_CPUS_PER_TASK\" and OMP_NUM_THREADS=1, as in the template")
 
+FIRST_JOB = 1000  # the first run's job id
+
 _TEMPLATE_WAIT = re.compile(r"&[ \t]*(#[^\n]*)?\n(?:[ \t]*#[^\n]*\n)*[ \t]*" + re.escape(WAIT_LOOP))
 
 
@@ -61,6 +63,17 @@ class Judge:
     def said(self, *patterns: str) -> str:
         found = _said(self.o.log, *patterns or (r"line \d+: ",))
         return f" (the job's log says: {found})" if found else ""
+
+    def drawn(self) -> str:
+        """What this run drew that the next job may draw otherwise, where the script reads it: the job's id, bash's
+        $RANDOM."""
+        notes = []  # where the first run refuses a port, "port 0 (in job 1000)" names its id
+        reads_id = re.search(r"SLURM_JOB_?ID", self.script.replace('--rdzv-id="$SLURM_JOB_ID"', ""))
+        if reads_id and self.o.run.job_id != FIRST_JOB:
+            notes.append(f" (the job's id was {self.o.run.job_id} in this run: Slurm may give any job that id)")
+        if re.search(r"\bRANDOM\b", self.script):
+            notes.append(f" (bash's $RANDOM was {self.o.run.random} in this run: any job may draw that)")
+        return "".join(notes)
 
     def at(self, command: str) -> str:
         """`command` and the line of the script that holds it."""
@@ -122,14 +135,16 @@ class Judge:
         if name.startswith("SLURM_") and unread:  # an option sbatch never read, so Slurm set no variable for it
             return (f"{start}{self.end_of_batch()}{self.said()}: {unread}, is no #SBATCH line to sbatch, which reads "
                     "only lines that begin with #SBATCH, in capitals. Fix: #SBATCH at the line's start.")
-        fix = f"set {name} before it is read, or give it a default, ${{{name}:-VALUE}}" if name else LAUNCH_FIX
+        drawn = "" if name else self.drawn()  # what the job drew broke the launch line: its port
+        fix = (f"set {name} before it is read, or give it a default, ${{{name}:-VALUE}}" if name else
+               RDZV_FIX if drawn else LAUNCH_FIX)
         if name.startswith("SLURM_"):
             fix = (f"read a variable Slurm sets in this job's batch shell, such as $SLURM_CPUS_PER_TASK, or give it a "
                    f"default, ${{{name}:-VALUE}}: Slurm sets {name} "
                    + ("only in a job array" if "SLURM_ARRAY_" in name else "only for some jobs, or in srun's tasks"))
         killed = (" (a command of the script signalled it: kill $$, kill -9 -1 or pkill -u $USER reach the batch "
                   "shell too)" if (self.end or {}).get("signal") else "")
-        return f"{start}{self.end_of_batch()}{killed}{self.said()}. Fix: {fix}."
+        return f"{start}{self.end_of_batch()}{killed}{self.said()}{drawn}. Fix: {fix}."
 
     def wrong_launch(self) -> str | None:
         """The launch ran, but not as the exercise needs: where srun put torchrun, what torchrun read."""
@@ -153,8 +168,7 @@ class Judge:
             said = "timeout ends training on a clock of its own, without a checkpoint (#SBATCH --time limits the job)"
         elif error:
             said = f"torchrun on {NODE_NAMES[error['node']]} stopped: {show(error['error'].rstrip('.'), 200)}"
-            if "$RANDOM" in self.script:
-                said += f" (bash's $RANDOM was {self.o.run.random} in this run: any job may draw that)"
+            said += self.drawn() if re.search(r"port|endpoint", error["error"]) else ""
             if "$" in error["error"]:
                 said += " (bash expands nothing between single quotes)"
             if "Cuda is not available" in error["error"]:
@@ -386,16 +400,23 @@ def behaviour_problem(script: str, read: dict, written: dict, spec: JobSpec) -> 
     warning = slurm_signal(read.get("signal"))
     limit = int(time_limit_s(read["time"]))
     sent = warning and (warning.signal, warning.lead_s, warning.to_batch_shell)
-    # Job ids where % 1000 gives 0 and % 40000 or % 50000 pass 65535 above 29500; bash's $RANDOM fixed at 846
-    # (below 1024, where only root may listen), then at 32611 (near its largest): any job may draw either.
-    runs = [JobRun(read, limit, sent, nodes=1, job_id=1000, python="python3", random=846),
-            JobRun(read, limit, sent, nodes=2, job_id=199999, python="python3.11", random=32611),
-            JobRun(read, limit, sent, nodes=1, job_id=1000, fail=True)]
+    # Job ids any cluster gives: one where % 1000 gives 0; one where % 40000 or % 50000 pass 65535 above 29500 and
+    # whose last three digits bash reads as octal (089: "value too great for base"); one shorter than three digits,
+    # as on a new cluster. bash's $RANDOM fixed at 846 (below 1024, where only root may listen), at 32611 (near its
+    # largest), at 0: any job may draw each.
+    runs = [JobRun(read, limit, sent, nodes=1, job_id=FIRST_JOB, python="python3", random=846),
+            JobRun(read, limit, sent, nodes=2, job_id=199089, python="python3.11", random=32611),
+            JobRun(read, limit, sent, nodes=1, job_id=7, random=0, fail=True)]
     for run in runs:
         judge = Judge(script, simulate(script, run), spec, written)
-        kinds = (judge.stopped, judge.failed_run) if run.fail else (
+        kinds = (judge.stopped, judge.never_launched, judge.wrong_launch, judge.failed_run) if run.fail else (
             judge.stopped, judge.never_launched, judge.wrong_launch, judge.training_setup, judge.warning_lost)
         problem = next(filter(None, (kind() for kind in kinds)), None)
+        unknown = _said(judge.o.log, r"this simulat|the check's simulated job")  # a stand-in's limit, not bash's
+        if problem and unknown:
+            return (f"{problem} Note: the job's log says {unknown}: the check's simulated job could not follow that "
+                    "command, so a real job may have gone otherwise; with the commands of the template the check "
+                    "can judge.")
         if problem:
             return problem
     return None
