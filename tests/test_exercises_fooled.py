@@ -6,7 +6,9 @@ must name what happened (and not the mistake it was mistaken for).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import nbformat
 import numpy as np
 import pandas as pd
 import pytest
@@ -346,3 +348,160 @@ def test_r5_the_runs_numbers_and_an_accepted_ddp_time_carry(capsys):
     with pytest.raises(WorkshopError, match="`breakdown` should be the table") as caught:
         wu.check_next_fix("backward_ms", 1.25, PHASES.iloc[-1])
     assert type(caught.value) is WorkshopError
+
+
+# ---------------------------------------------------------------- the sixth review's findings (R6)
+
+MATMUL_N, MATMUL_S = 1024, 0.02  # a CPU's multiply of the exercise: 0.1074 TFLOP/s
+
+
+def _timings(shape=(MATMUL_N, MATMUL_N), dtype=torch.float32) -> Timings:
+    return Timings(seconds=np.full(10, MATMUL_S), output_shape=shape, output_dtype=dtype)
+
+
+def _matmul(timings, seconds=MATMUL_S, n=MATMUL_N, **given):
+    return wu.check_matmul_tflops(2 * MATMUL_N**3 / MATMUL_S / 1e12, n, seconds, "x86_64", timings=timings, **given)
+
+
+def _mfu(timings, seconds=MATMUL_S, n=MATMUL_N):  # 1.3 on a CPU, 1.1 and 1.2 right but for what is changed
+    rate = 2 * MATMUL_N**3 / MATMUL_S / 1e12
+    return wu.check_mfu(0.05 / rate, 0.05, "x86_64", "fp32", rate, flops_per_sample=5e7, samples_per_s=1000.0, n=n,
+                        timings=timings, seconds=seconds)
+
+
+def test_r6_f1_time_repeats_keeps_the_dtype_of_what_it_timed():
+    x = torch.ones(8, 8, dtype=torch.bfloat16)
+    assert wu.time_repeats(lambda: x @ x, repeats=2).output_dtype == torch.bfloat16
+    assert wu.time_repeats(lambda: None, repeats=2).output_dtype is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_r6_f1_1_2_refuses_timings_of_a_multiply_in_another_dtype(dtype, capsys):
+    a, b = torch.randn(MATMUL_N, MATMUL_N), torch.randn(MATMUL_N, MATMUL_N)
+    other = str(dtype).removeprefix("torch.")
+    said(refusal(lambda: _matmul(_timings(dtype=dtype), timed=lambda: a @ b)),
+         [f"`timings` measured a function that returned a {other} result, not the 1024 x 1024 float32",
+          "time the product itself"], ["correct"])
+    assert _matmul(_timings(), timed=lambda: a @ b) is True  # the same multiply in float32 passes
+
+
+@pytest.mark.parametrize("timings, seconds", [
+    (_timings(shape=(512, 512)), MATMUL_S), (_timings(shape=()), MATMUL_S), (_timings(shape=(1024, 2048)), MATMUL_S),
+    (_timings(dtype=torch.bfloat16), MATMUL_S), (_timings(), None),
+], ids=["512-product", "a-number", "1024x2048", "bfloat16", "seconds-none"])
+def test_r6_f2_1_3_refuses_what_1_2_refuses_naming_1_2_first_in_its_words(timings, seconds):
+    in_1_2 = refusal(lambda: _matmul(timings, seconds)).removeprefix("✗ Exercise 1.2: ")
+    problem, fix = in_1_2.split(" Fix: ")
+    said(refusal(lambda: _mfu(timings, seconds)),
+         [f"✗ Exercise 1.3: Exercise 1.2, which this exercise builds on, is not right yet: {problem}",
+          f"Fix: fix Exercise 1.2 first: {fix}"], ["correct"])
+
+
+def test_r6_f5_1_3_says_of_a_float_n_what_1_2_says(capsys):
+    for call, exercise in ((lambda: _matmul(_timings(), n=1024.0), "Exercise 1.2"),
+                           (lambda: _mfu(_timings(), n=1024.0), "Exercise 1.3: Exercise 1.2, which this exercise "
+                                                                  "builds on, is not right yet")):
+        with pytest.raises(WorkshopError) as caught:
+            call()
+        said(str(caught.value), [f"{exercise}: n = 1024.0 is no matrix size."], ["smaller than"])
+    assert _mfu(_timings()) is True
+
+
+NOTEBOOK_05 = Path(__file__).resolve().parent.parent / "notebooks" / "05_beyond_data_parallel.ipynb"
+
+
+def _exercise_05(answer: str) -> tuple[str, str, str]:
+    """(its inputs' cell, the solution's cell, the check cell) of notebook 05's exercise that sets ``answer``."""
+    cells = nbformat.read(NOTEBOOK_05, as_version=4).cells
+    at = next(i for i, c in enumerate(cells) if "exercise" in c.metadata.get("tags", []) and f"{answer} =" in c.source)
+    return cells[at - 1].source, cells[at].source, cells[at + 1].source
+
+
+def _notebook_05(answer: str, cell: str | None = None) -> dict:
+    """The exercise's inputs' cell, ``cell`` (the notebook's solution by default), then its check cell, run one after
+    another in one namespace with IPython's history (``_ih``), as a notebook runs them."""
+    inputs, solution, check = _exercise_05(answer)
+    namespace = {"wu": wu, "math": math, "_ih": [""]}  # math, as an earlier cell of the notebook imports it
+    checks = [line.strip().rstrip(";") for line in check.splitlines() if line.strip()]  # 5.1's cell checks twice
+    for source in (inputs, solution if cell is None else cell, f"ok = all([{', '.join(checks)}])"):
+        namespace["_ih"].append(source)
+        exec(source, namespace)
+    return namespace
+
+
+GIB = ("gib_per_byte = parameters / 2**30\n"
+       "zero3_share = (param_bytes + grad_bytes + optimizer_bytes) * gib_per_byte / budget_gib\n"
+       "zero1_share = optimizer_bytes * gib_per_byte / (budget_gib - (param_bytes + grad_bytes) * gib_per_byte)\n")
+BUBBLE = "bound = (stages - 1) / target - (stages - 1)\n"
+
+
+@pytest.mark.parametrize("answer, cell, named", [
+    ("zero3_gpus", GIB + "zero3_gpus, zero1_gpus = round(zero3_share), round(zero1_share)",
+     "(your cell, run again on other inputs: parameters = 13,000,000,000, budget_gib = 58): `zero3_gpus` = 3: at 3 "
+     "GPUs each holds"),
+    ("zero3_gpus", GIB + "zero3_gpus, zero1_gpus = math.ceil(zero3_share), round(zero1_share)",
+     "(your cell, run again on other inputs: parameters = 13,000,000,000, budget_gib = 58): `zero1_gpus` = 15: at 15 "
+     "GPUs each holds"),
+    ("microbatches", BUBBLE + "microbatches = round(bound)",
+     "(your cell, run again on other inputs: stages = 6, target = 0.15): `microbatches` = 28: with m = 28 the bubble"),
+    ("microbatches", BUBBLE + "microbatches = int(bound)",
+     "(your cell, run again on other inputs: stages = 6, target = 0.15): `microbatches` = 28: with m = 28 the bubble"),
+    ("microbatches", BUBBLE + "microbatches = bound",
+     "(your cell, run again on other inputs: stages = 6, target = 0.15): `microbatches` = 28.333333333333336 is not a "
+     "whole number"),
+], ids=["5.1-round", "5.1-zero1-round", "5.3-round", "5.3-int", "5.3-no-ceiling"])
+def test_r6_f3_a_rounding_right_by_chance_is_refused_on_other_inputs(answer, cell, named):
+    said(refusal(lambda: _notebook_05(answer, cell)), [f"✗ Exercise 5.{1 if 'gpus' in answer else 3} {named}"],
+         ["correct"])
+
+
+@pytest.mark.parametrize("answer, cell", [
+    ("zero3_gpus", None), ("microbatches", None),  # the notebook's own solutions
+    ("zero3_gpus", GIB + "zero3_gpus, zero1_gpus = math.ceil(zero3_share), math.ceil(zero1_share)"),
+    ("zero3_gpus", GIB + "zero3_gpus, zero1_gpus = -(-zero3_share // 1), -(-zero1_share // 1)"),
+    ("zero3_gpus", GIB + "zero3_gpus, zero1_gpus = np.ceil(zero3_share), np.ceil(zero1_share)"),
+    ("zero3_gpus", GIB + "zero3_gpus = next(p for p in range(1, 1000) if zero3_share / p * budget_gib <= "
+                         "budget_gib)\nzero1_gpus = 1\nwhile (param_bytes + grad_bytes) * gib_per_byte + "
+                         "optimizer_bytes * gib_per_byte / zero1_gpus > budget_gib:\n    zero1_gpus += 1"),
+    ("microbatches", BUBBLE + "microbatches = math.ceil(bound)"),
+    ("microbatches", BUBBLE + "microbatches = -(-bound // 1)"),
+    ("microbatches", "microbatches = math.ceil((stages - 1) * (1 - target) / target)"),
+    ("microbatches", "microbatches = next(m for m in range(1, 10**6) if (stages - 1) / (m + stages - 1) <= target)"),
+], ids=["5.1-solution", "5.3-solution", "5.1-ceil", "5.1-floor-division", "5.1-np-ceil", "5.1-loops", "5.3-ceil",
+        "5.3-floor-division", "5.3-ceil-of-another-form", "5.3-counting-up"])
+def test_r6_f3_a_right_method_passes_run_again(answer, cell):
+    assert _notebook_05(answer, "import numpy as np\n" + (cell or _exercise_05(answer)[1]))["ok"] is True
+
+
+def test_r6_f4_4_1_a_list_of_rows_is_no_sweep_table():
+    rows = LOADER.to_dict("records")
+    with pytest.raises(WorkshopError, match=r"Exercise 4.1: `loader_sweep` should be the sweep's table, got a list") \
+            as caught:
+        wu.check_loader_choice(loader_choice(), rows, 0)
+    assert type(caught.value) is WorkshopError and "the check itself failed" not in str(caught.value)
+
+
+def test_r6_f7_a_pass_line_shows_no_minus_zero(capsys):
+    assert wu.check_lost_fraction(-0.0, torch.rand(100, generator=torch.Generator().manual_seed(0)) + 1) is True
+    said(capsys.readouterr().out, ["(0% of the non-zero gradients"], ["-0%"])
+
+
+def test_r6_f7_a_tiny_mfu_is_shown_to_two_significant_digits(capsys):
+    tiny = 0.0008 / 67.0  # 0.0012% of an H100's float32 peak
+    assert wu.check_mfu(tiny, 0.0008, "NVIDIA H100 80GB HBM3", "fp32", 50.0) is True
+    said(capsys.readouterr().out, ["MFU 0.0012% of the data-sheet peak"], ["MFU 0.0%"])
+    assert wu.check_mfu(0.3, 20.1, "NVIDIA H100 80GB HBM3", "fp32", 50.0) is True  # from 1% on, one decimal
+    said(capsys.readouterr().out, ["MFU 30.0% of the data-sheet peak"], [])
+
+
+def test_r6_f7_a_speed_up_given_to_two_digits_is_shown_with_two(capsys):
+    sweep = loader_sweep([(0, False, 500.0, 127.0, 0.2), (2, False, 702.0, 120.0, 0.02)])  # 1.404x measured
+
+    def two_digits(sweep, start):  # the speed-up rounded to two significant digits, 1.4
+        workers, speedup, bound = loader_choice()(sweep, start)
+        return workers, float(f"{speedup:.2g}"), bound
+
+    assert wu.check_loader_choice(two_digits, sweep, 0) is True
+    said(capsys.readouterr().out, ["2 workers: 1.4x measured"], ["1.40x"])
+    assert wu.check_next_fix("backward_ms", 1.4, PHASES) is True  # 1 / (0.4 + 0.3) = 1.43
+    said(capsys.readouterr().out, ["twice as fast gives 1.4x"], ["1.40x"])

@@ -219,6 +219,16 @@ def written(value: float) -> str:
     return f"{value:.4g}" if value == 0 or not math.isfinite(value) or abs(value) >= 1e-4 else f"{value:.3e}"
 
 
+def as_given(value: float, decimals: int = 2) -> str:
+    """An accepted answer in a pass line, to ``decimals`` decimals or to the fewer it was given with: 1.4 reads 1.4,
+    not 1.40, which would claim a digit the attendee did not compute."""
+    text = f"{value:.{decimals}f}"
+    # rel 1e-7: a float32 holding the answer (np.float32(1.4)) is 1.39999998, still the 1.4 it was given as
+    if "." in text and math.isclose(float(text), value, rel_tol=1e-7):
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
 def rounded_digits(value: float, right: float) -> int | None:
     """The significant digits ``value`` keeps as ``right`` rounded to the decimals it was written with, or None.
     From 100 up tens and hundreds count too (300 keeps two digits of 304.9), below they do not (30 is no 32)."""

@@ -48,7 +48,8 @@ def check_lost_fraction(lost_fraction, gradients: torch.Tensor, scale: float = 1
             inputs=f"{nonzero.numel():,} non-zero values" + (f" scaled by {scale:g}" if scale != 1 else ""),
             limits=[(0 <= value <= 1, "a fraction of the values lies between 0 and 1.",
                      "divide the count of lost values by the count of non-zero values.")])
-    return passed(exercise, f"{format_number(100 * value)}% of the non-zero gradients become 0 in fp16")
+    # + 0.0: an answer of -0.0, which is right where nothing is lost, reads 0%, not -0%
+    return passed(exercise, f"{format_number(100 * value + 0.0)}% of the non-zero gradients become 0 in fp16")
 
 
 # Gradients to run 3.2's cell on again, where a method that gave the right power on the notebook's gradients by

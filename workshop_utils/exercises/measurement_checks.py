@@ -10,8 +10,17 @@ from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
 from .cell_again import judge_cell_again
 from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import (attendee_function, called, checked, count, described, kit_input, number, short,
-                               verdict)
+from .exercise_judging import (as_given, attendee_function, called, checked, count, described, kit_input, number,
+                               short, verdict)
+
+
+def _sweep_table(sweep, name: str, columns: set, exercise: str) -> None:
+    """One line where the sweep passed is no table with ``columns`` (its rows as a list of dicts, one row): an input
+    the check cell passes, not the answer."""
+    held = list(getattr(sweep, "columns", []))
+    got = short(f"a table of columns {held}", 80) if hasattr(sweep, "columns") else described(sweep)
+    kit_input(columns <= set(held), f"{exercise}: `{name}` should be the sweep's table, got {got}.",
+              f"pass `{name}`, the table the sweep cell made, as the check cell does.")
 
 
 def constructed_loader_sweep(pinned: bool = True):
@@ -78,6 +87,8 @@ def _same_answers(some, others) -> bool:
 def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercise: str = "Exercise 4.1") -> bool:
     """``loader_choice(sweep, start)``: the fastest row's workers, its speed-up and Amdahl's ceiling at ``start``."""
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
+    _sweep_table(loader_sweep, "loader_sweep", {"num_workers", "pin_memory", "samples_per_s", "data_wait_fraction"},
+                 exercise)
     rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
     kit_input(not rows.empty, f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
               "pass the table the notebook measured.")
@@ -92,11 +103,12 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
             "on a second sweep the check built, `loader_choice` gave the same answers as on yours: it reads the "
             "notebook's variables, not its arguments.", "compute from `sweep` and `start`, the function's arguments.")
     _judge_loader(built, table, start, second)
-    gain = (f" exceeds the {bound:.2f}x ceiling that the starting row's wait allows, so part of that gain is not the "
+    ceiling = as_given(bound)
+    gain = (f" exceeds the {ceiling}x ceiling that the starting row's wait allows, so part of that gain is not the "
             "loader's (noise, or the step itself changed)" if speedup > 1.02 * bound else
-            f", within the {bound:.2f}x that Amdahl allows" if speedup <= bound else
-            f", above the {bound:.2f}x that Amdahl allows by less than 2%, a measurement's noise")
-    return passed(exercise, f"{workers} workers: {speedup:.2f}x measured{gain}")
+            f", within the {ceiling}x that Amdahl allows" if speedup <= bound else
+            f", above the {ceiling}x that Amdahl allows by less than 2%, a measurement's noise")
+    return passed(exercise, f"{workers} workers: {as_given(speedup)}x measured{gain}")
 
 
 def _largest_batches(limit: float, intercept: float, slope: float) -> list[int]:
@@ -136,11 +148,7 @@ def _judge_batch_memory(mib_per_sample, largest_batch, batch_sweep, limit_mib, e
         limit = math.nan
     require(limit > 0, exercise, f"`limit_mib` = {short(repr(limit_mib), 40)} is no memory limit: it should be a "
             "number of MiB above 0.", limit_fix)
-    columns = list(getattr(batch_sweep, "columns", []))
-    got = short(f"a table of columns {columns}", 80) if hasattr(batch_sweep, "columns") else described(batch_sweep)
-    kit_input({"batch_size", "status", "peak_memory_mib"} <= set(columns),
-              f"{exercise}: `batch_sweep` should be the sweep's table, got {got}.",
-              "pass `batch_sweep`, the table the sweep cell made, as the check cell does.")
+    _sweep_table(batch_sweep, "batch_sweep", {"batch_size", "status", "peak_memory_mib"}, exercise)
 
     def numeric(table) -> list:  # batch sizes and peaks as floats, NaN where a cell holds no number
         return [pd.to_numeric(table[c], errors="coerce").astype(float) for c in ("batch_size", "peak_memory_mib")]
@@ -215,4 +223,4 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
         "Amdahl: 1 / ((1 - f) + f / 2), f = that part's ms / step_ms of the last row.",
         inputs=f"1 / ((1 - f) + f / 2), f = {share:.3g}, {phase}'s share of the top rung's step")
     return passed(exercise, f"{phase.removesuffix('_ms')} takes {share:.0%} of the step: twice as fast gives "
-                            f"{speedup:.2f}x")
+                            f"{as_given(speedup)}x")

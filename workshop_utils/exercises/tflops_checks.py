@@ -8,13 +8,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..spine.timing import Timings, time_repeats
+from ..system.errors import WorkshopError
 from ..system.hardware import as_device, peak_tflops
 from .answer_values import Problem, number_of
-from .exercise_cells import passed, require, require_answered
+from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import (answered_input, called, carried, checked, described, kit_input, kit_numbers, number,
                                verdict, written)
 
 EXERCISE_N = {"cuda": 4096, "cpu": 1024}  # the n of Exercise 1.2's cell: a GPU's, and a CPU's (or any other)
+EXERCISE_DTYPE = torch.float32  # what the multiply of Exercise 1.2's cell returns: the precision the model trained in
 
 
 @checked
@@ -45,6 +47,44 @@ def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
     return seconds
 
 
+def _matmul_seconds(n, seconds, timings, device, exercise: str, timed=None) -> tuple[float, float]:
+    """1.2's judgement of what its rate is computed from (n, the multiply timed, `timings`, `seconds`), which 1.3
+    applies too: (`seconds` as given, the seconds the rate should come from: `timings`' median where there is one)."""
+    kit_input(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1,
+              f"{exercise}: n = {n!r} is no matrix size.", "pass the n of the exercise cell.")
+    size = _exercise_n(device)
+    require(n >= size, exercise, f"n = {n}, but the exercise multiplies {size} x {size} matrices: a small multiply "
+            "leaves the device idle between calls and measures no peak.", f"keep the exercise cell's n ({size} here).")
+    if timed is not None:
+        _timed_workload(timed, int(n), device, exercise)
+    measured = None if timings is None else timed_seconds(timings, exercise)
+    given = number(seconds, exercise, "seconds", "one number, in seconds")
+    require(given > 0, exercise, f"`seconds` = {given:g}: a time must be above 0.",
+            "take the median of the timings: wu.time_repeats(...).median.")
+    _timed_output(timings, n, exercise)
+    if measured is None:
+        return given, given
+    verdict(given, float(np.median(measured)), exercise, "seconds", [], "seconds = timings.median, in seconds.",
+            inputs=f"the median of the {len(measured)} repeats in `timings`")
+    return given, float(np.median(measured))
+
+
+def _timed_output(timings, n: int, exercise: str) -> None:
+    """What the function `timings` measured returned (``time_repeats`` keeps its shape and dtype): the exercise's
+    float32 n x n product, or those seconds are another workload's (a bfloat16 one runs many times faster)."""
+    shape, dtype = getattr(timings, "output_shape", None), getattr(timings, "output_dtype", None)
+    if shape is not None and tuple(shape) != (n, n):
+        result = f"a {' x '.join(map(str, shape)) or 'single number'} result"
+    elif dtype is not None and dtype != EXERCISE_DTYPE:
+        result = f"a {str(dtype).removeprefix('torch.')} result"
+    else:
+        return
+    raise NotYet(f"✗ {exercise}: `timings` measured a function that returned {result}, not the {n} x {n} "
+                 f"{str(EXERCISE_DTYPE).removeprefix('torch.')} of the exercise's multiply: those seconds belong to "
+                 "another workload.", "time the product itself (matmul = lambda: a @ b, a and b made with n), then "
+                                      "run the cell again.")
+
+
 def _exercise_n(device) -> int:
     return EXERCISE_N["cuda"] if device is not None and torch.device(device).type == "cuda" else EXERCISE_N["cpu"]
 
@@ -73,27 +113,8 @@ def check_matmul_tflops(matmul_tflops, n: int, seconds, device_name: str | None 
                         exercise: str = "Exercise 1.2", *, timings=None, precision: str = "fp32", timed=None) -> bool:
     """2 n^3 FLOPs in the median of ``timings``, at most the data-sheet peak. With ``device`` the check times the
     multiply too and refuses only a gap beyond 20x: on a shared machine both timings move with others' work."""
-    kit_input(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1,
-              f"{exercise}: n = {n!r} is no matrix size.", "pass the n of the exercise cell.")
     device = None if device is None else as_device(device, exercise)
-    size = _exercise_n(device)
-    require(n >= size, exercise, f"n = {n}, but the exercise multiplies {size} x {size} matrices: a small multiply "
-            "leaves the device idle between calls and measures no peak.", f"keep the exercise cell's n ({size} here).")
-    if timed is not None:
-        _timed_workload(timed, int(n), device, exercise)
-    measured = None if timings is None else timed_seconds(timings, exercise)
-    given = number(seconds, exercise, "seconds", "one number, in seconds")
-    require(given > 0, exercise, f"`seconds` = {given:g}: a time must be above 0.",
-            "take the median of the timings: wu.time_repeats(...).median.")
-    shape = getattr(timings, "output_shape", None)
-    require(shape is None or tuple(shape) == (n, n), exercise, "`timings` measured a function that returned a "
-            f"{' x '.join(map(str, shape or ())) or 'single number'} result, not the {n} x {n} of the exercise's "
-            "multiply: those seconds belong to another workload.",
-            "time the product itself (matmul = lambda: a @ b, a and b made with n), then run the cell again.")
-    right_seconds = given if measured is None else float(np.median(measured))
-    if measured is not None:
-        verdict(given, right_seconds, exercise, "seconds", [], "seconds = timings.median, in seconds.",
-                inputs=f"the median of the {len(measured)} repeats in `timings`")
+    given, right_seconds = _matmul_seconds(n, seconds, timings, device, exercise, timed)
     value = number(matmul_tflops, exercise, "matmul_tflops", "one number, in TFLOP/s")
     right = 2 * n**3 / right_seconds / 1e12
     verdict(value, right, exercise, "matmul_tflops", [], "TFLOP/s = 2 * n**3 / seconds / 1e12: each multiply-add "
@@ -122,12 +143,23 @@ def _device_name(name, exercise: str) -> str:
     return name
 
 
+def _as_exercise_1_2_judged(n, seconds, timings, exercise: str) -> tuple[float, float]:
+    """``_matmul_seconds``, 1.2's own judgement of the timing its rate comes from, said with 1.2 named first: 1.3
+    builds on what 1.2 accepts, and refuses what 1.2 refuses in 1.2's words."""
+    try:
+        return _matmul_seconds(n, seconds, timings, None, f"{exercise}: Exercise 1.2, which this exercise builds on, "
+                                                         "is not right yet")
+    except WorkshopError as err:  # a kit input of 1.2 (its n) too: 1.2's cell is where it is fixed
+        raise type(err)(err.problem, f"fix Exercise 1.2 first: {err.fix}") from None
+
+
 @checked
 def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
               exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
               samples_per_s: float | None = None, n: int | None = None, timings=None, seconds=None) -> bool:
     """MFU = the achieved rate / the data-sheet peak, or / 1.2's measured rate without one: then it may exceed 1
-    (a multiply timed on a busy machine), which the pass says instead of refusing a right division."""
+    (a multiply timed on a busy machine), which the pass says instead of refusing a right division. With ``n`` and
+    ``timings`` (1.2's, as the check cell passes them with ``seconds``) that rate is judged as 1.2 judges it."""
     require_answered(mfu, exercise, "`mfu` is still the placeholder `...`.")
     table_peak = peak_tflops(_device_name(device_name, exercise), precision)
     exact = [flops_per_sample * samples_per_s / 1e12] if None not in (flops_per_sample, samples_per_s) else []
@@ -136,12 +168,10 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
     if not table_peak:
         rates = []  # 1.2's timings' rate, and as 1.2 accepts it, the rate from `seconds` as the attendee rounded it
         if n is not None and timings is not None:
-            answered_input(timings, exercise, "Exercise 1.2", "timings")
-            require(isinstance(n, numbers.Integral) and n >= EXERCISE_N["cpu"], exercise, f"n = {n!r} in Exercise "
-                    f"1.2 is smaller than the exercise's {EXERCISE_N['cpu']}.", "fix Exercise 1.2 first.")
-            median = float(np.median(timed_seconds(timings, exercise)))
-            rates = [2 * n**3 / median / 1e12] + ([] if seconds is None else [
-                2 * n**3 / carried(seconds, [median], exercise, "seconds", "Exercise 1.2") / 1e12])
+            for name, value in (("timings", timings), ("seconds", seconds)):
+                answered_input(value, exercise, "Exercise 1.2", name)
+            given, median = _as_exercise_1_2_judged(n, seconds, timings, exercise)
+            rates = [2 * n**3 / median / 1e12, 2 * n**3 / given / 1e12]
         peak = carried(measured_peak_tflops, rates, exercise, "matmul_tflops", "Exercise 1.2")
         exact_peak = rates[0] if rates else peak
         require(peak > 0, exercise, f"`matmul_tflops` = {peak:g} from Exercise 1.2 is no rate.",
@@ -173,7 +203,9 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
                     (value <= 1 or right > 1, "MFU above 1, but the achieved rate is below the peak here.",
                      f"{formula}, a fraction between 0 and 1.")])
     if right <= 1:
-        return passed(exercise, f"MFU {100 * value:.1f}% of {source}")
+        # to one decimal, or to two significant digits below 1%: a tiny MFU reads 0.0012%, never 0.0%
+        return passed(exercise, f"MFU {100 * value:.1f}% of {source}" if value >= 0.01 else
+                      f"MFU {100 * value:.2g}% of {source}")
     percent = 100 * (value if value > 1 else right)  # as many decimals as show it above 100 (100.4, not 100)
     percent = next((f"{percent:.{d}f}" for d in range(6) if round(percent, d) > 100), f"{percent:.6f}")
     return passed(exercise, f"MFU {percent}% of the measured matmul rate: above 100% means the multiply in Exercise "

@@ -139,9 +139,11 @@ class Timings:
     """Seconds per timed repeat or region (warm-up left out), and the statistics read from them."""
 
     seconds: np.ndarray
-    # The shape of the tensor the timed function returned (time_repeats), None otherwise: what a check reads to
-    # tell which workload these seconds belong to, with no second timing to compare.
+    # The shape and dtype of the tensor the timed function returned (time_repeats), None otherwise: what a check
+    # reads to tell which workload these seconds belong to, with no second timing to compare (a bfloat16 product of
+    # the same shape runs many times faster than a float32 one).
     output_shape: tuple | None = None
+    output_dtype: torch.dtype | None = None
 
     def __len__(self) -> int:
         return len(self.seconds)
@@ -238,7 +240,7 @@ def time_repeats(fn: Callable[[], object], repeats: int, warmup: int = 1, device
             before()
         fn()
     _synchronize(device)  # the warm-up's queued work is finished before the first timed call
-    marks, shape = [], None
+    marks, shape, dtype = [], None, None
     for _ in range(repeats):
         if before is not None:
             before()
@@ -246,10 +248,10 @@ def time_repeats(fn: Callable[[], object], repeats: int, warmup: int = 1, device
         start = _mark(device)
         out = fn()
         marks.append((start, _mark(device)))
-        shape = tuple(out.shape) if torch.is_tensor(out) else None
+        shape, dtype = (tuple(out.shape), out.dtype) if torch.is_tensor(out) else (None, None)
         del out  # the shape is kept, not the tensor: the next call runs with the memory it had before
     _synchronize(device)
-    return Timings(np.asarray([_seconds(a, b) for a, b in marks], dtype=float), shape)
+    return Timings(np.asarray([_seconds(a, b) for a, b in marks], dtype=float), shape, dtype)
 
 
 _STATUS = "/proc/self/status"
