@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import torch.distributed as dist
 import pytest
+from torch.distributed import all_reduce
 
 import workshop_utils as wu
 from workshop_utils.exercises import ddp_lab
@@ -1058,6 +1059,17 @@ def group_world_size(model):
         p.grad /= int(os.environ["GROUP_WORLD_SIZE"])
 
 
+def imported_by_name(model):
+    for p in model.parameters():  # from torch.distributed import all_reduce, at the cell's top
+        all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def summed_by_name(model):
+    for p in model.parameters():
+        all_reduce(p.grad)
+
+
 def shipped(function):
     """What check_average_gradients sends the ranks: the function's source and the modules it reads."""
     source, name = function_source(function, "Exercise 2.1")
@@ -1082,6 +1094,9 @@ RETURNING = {
     "async-then-wait": (async_then_wait, None),
     "async-without-wait": (async_without_wait, "4 of your collective calls ran with async_op=True, and nothing waited "
                                                "for the work it returns"),
+    # a collective imported by name is counted as dist.all_reduce is: not "no collective call" for a sum
+    "imported-by-name": (imported_by_name, None),
+    "summed-by-name": (summed_by_name, "sum over the 3 ranks"),
 }
 
 
@@ -1169,7 +1184,32 @@ def test_a_limit_reached_says_where_each_rank_was(tmp_path, monkeypatch):
     assert "reached the check's limit of 7 s" in said and "rank 0: finished" in said
     assert re.search(r"rank 1: drawing batch 3 of epoch 1, \d+ s before", said) and "rank 2: not started" in said
     assert "collective" not in said and "\n" not in said
+    assert "run fewer steps" in caught.value.fix
     assert what_ran(tmp_path, 1) == "rank 0: finished"
+
+
+def test_a_limit_reached_before_any_rank_got_past_its_start_names_the_rendezvous(tmp_path, monkeypatch):
+    """The PyTorch tutorial's MASTER_ADDR = 'localhost' and a port of its own in the script: no rank ever drew a
+    batch, so no idle limit started; "it was still going, pass a larger timeout_s" would send the attendee waiting."""
+    for rank in range(3):
+        note_progress(tmp_path, rank, "starting (before its first batch)")
+    monkeypatch.setattr(ddp_lab_files, "stream", lambda *a, **k: (_ for _ in ()).throw(
+        WorkshopError("The job ran longer than 7 s and was stopped.", "give it more time")))
+    with pytest.raises(NotYet) as caught:
+        run_nodes([], (2, 1), tmp_path, "cpu", 7, False, LAB_EXERCISE)
+    assert "with no rank past its start" in str(caught.value) and "MASTER_ADDR" in caught.value.fix
+    assert "larger timeout_s" not in caught.value.fix
+
+
+def test_a_limit_reached_in_exercise_2_1_asks_for_no_fewer_steps(tmp_path, monkeypatch):
+    """2.1 runs the attendee's function once per world: it has no steps to cut."""
+    for rank in range(3):
+        note_progress(tmp_path, rank, "in your function (world of 3)")
+    monkeypatch.setattr(ddp_lab_files, "stream", lambda *a, **k: (_ for _ in ()).throw(
+        WorkshopError("The job ran longer than 7 s and was stopped.", "give it more time")))
+    with pytest.raises(NotYet) as caught:
+        run_nodes([], (2, 1), tmp_path, "cpu", 7, False, "Exercise 2.1")
+    assert "larger timeout_s" in caught.value.fix and "steps" not in caught.value.fix
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -1229,6 +1269,14 @@ MISTAKES = {
          (THROUGHPUT_LINE, "{4 * seen * world_size / elapsed:.0f} samples/s")],
         ["every rank read the whole data set", "its keys carry DDP's `module.` prefix (module.",
          "samples/s, is far from the about"]),
+    # set_epoch moved into rank 0's logging block: rank 0 reshuffles, the others read the same order each epoch
+    # and overlap rank 0's shard from epoch 1 on (it passed: only rank 0's order was looked at)
+    "set_epoch on rank 0 only": (
+        [("        sampler.set_epoch(epoch)\n", ""),
+         ("            print(f\"epoch {epoch}: loss {loss.item():.4f}\", flush=True)  # rank 0's last batch\n",
+          "            print(f\"epoch {epoch}: loss {loss.item():.4f}\", flush=True)  # rank 0's last batch\n"
+          "            sampler.set_epoch(epoch + 1)\n")],
+        ["rank 1 read its shard in the same order in epochs 0 and 1: its sampler never reshuffled"]),
     # On two nodes (2 + 1 processes), rank 2 is LOCAL_RANK 0 on node 1: one node cannot show these.
     "rank from LOCAL_RANK, one rank's throughput": (
         [('rank = int(os.environ["RANK"])', 'rank = int(os.environ["LOCAL_RANK"])'),
@@ -1502,3 +1550,17 @@ def test_every_machine_runs_the_lab_as_two_plus_one_so_a_typed_world_size_fails(
     per_node = ddp_lab.lab_nodes(2)
     assert per_node == (2, 1) and sum(per_node) != 2
     assert ddp_lab.lab_device(sum(per_node)) == device
+
+
+def test_shards_that_overlap_only_after_epoch_0_are_named():
+    """Every rank reshuffles, but with its own epoch (set_epoch(epoch * (rank + 1))): apart in epoch 0 only."""
+    from workshop_utils.exercises.ddp_lab_judging import _data
+
+    def record(*epochs):
+        return {"epochs": [{"dataset": 0, "indices": list(indices)} for indices in epochs]}
+
+    records = [record(range(0, 10), range(9, -1, -1)), record(range(10, 20), [*range(0, 5), *range(25, 30)]),
+               record(range(20, 30), range(29, 19, -1))]
+    said = list(_data(records, [], None, 3, {}))
+    assert len(said) == 1 and said[0][0].startswith("ranks 0 and 1 share 50% of their samples in epoch 1"), said
+    assert "with the same epoch on every rank" in said[0][1]

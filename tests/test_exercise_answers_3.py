@@ -145,7 +145,9 @@ def test_a_line_continued_and_commented_reads_as_the_shell_reads_it(tmp_path):
 @pytest.mark.parametrize("line, words", [
     ("torchrun --nproc-per-node=2 {s}\necho hi", ["chains a second command"]),
     ("torchrun --nproc-per-node=2 {s} > log 2>&1", ["redirects output (log), which the check's shell does not"]),
-    ("torchrun --nproc-per-node=$(echo 2) {s}", ["shell expansion", "$(echo"]),
+    ("torchrun --nproc-per-node=$(echo 2) {s}", ["shell expansion", "$(echo 2)"]),
+    # shown whole, not cut at its first space
+    ("torchrun --nproc-per-node=2 --master-port=$((RANDOM % 1000 + 20000)) {s}", ["$((RANDOM % 1000 + 20000))"]),
     # bash opens these as network connections: the check's shell never does
     ("torchrun --nproc-per-node=2 {s} < /dev/tcp/127.0.0.1/9", ["shell expansion", "/dev/tcp/127.0.0.1/9"]),
     ("torchrun --nproc-per-node=2 {s} < /dev/udp/127.0.0.1/9", ["shell expansion", "/dev/udp/127.0.0.1/9"]),

@@ -153,8 +153,7 @@ def test_the_same_error_on_every_rank_is_said_once(tmp_path):
                                                                     "use a multiple of 2."))
              for rank in (0, 1)}
     cause = root_cause(report({rank: (1, path) for rank, path in files.items()}), world_size=2)
-    assert cause.line == ("rank 0 failed first: WorkshopError: Global batch 3 does not divide into 2 "
-                          "(then rank 1 failed with the same error)")
+    assert cause.line == "every rank failed with the same error: WorkshopError: Global batch 3 does not divide into 2"
     assert cause.fix == "use a multiple of 2.", "a WorkshopError's own fix"
 
 
@@ -440,3 +439,11 @@ def test_notebook_05s_demos_name_the_rank_that_failed(tmp_path, monkeypatch):
         wu.launch_demo("collectives-time", 2, "cpu", timeout_s=120, echo=False, max_mib=1, repeats=2)
     assert one_line(err).startswith("'collectives-time' on 2 cpu ranks: torchrun exited with status 1; rank 1 failed "
                                     "first: RuntimeError: rank 1's all-reduce fell over (then rank 0 ")
+
+
+def test_the_same_error_on_every_rank_blames_no_rank_first(tmp_path):
+    """An import every rank fails on is no rank's fault more than another's: no "first", no "consequences"."""
+    files = {rank: fail(tmp_path / f"{rank}.json", ModuleNotFoundError("No module named 'wandb'")) for rank in (0, 1, 2)}
+    cause = root_cause(report({rank: (1, path) for rank, path in files.items()}), world_size=3)
+    assert cause.line == "every rank failed with the same error: ModuleNotFoundError: No module named 'wandb'"
+    assert "consequences" not in cause.fix and "every rank met it" in cause.fix

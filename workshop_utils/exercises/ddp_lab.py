@@ -370,8 +370,12 @@ def _gradients(spec_file: str) -> None:
             try:
                 namespace = {"torch": torch, "dist": dist, "nn": nn, "__name__": "attendee"}
                 exec(compile(Path(source_file).read_text(), source_file, "exec"), namespace)  # noqa: S102 - theirs
-                with mock.patch.multiple(dist, **{op: watched(op, original, started, folder / f"rank{rank}.calls",
-                                                              unwaited) for op, original in originals.items()}):
+                watchers = {op: watched(op, original, started, folder / f"rank{rank}.calls", unwaited)
+                            for op, original in originals.items()}
+                for key, value in list(namespace.items()):  # imported by name: from torch.distributed import ...
+                    namespace[key] = next((watchers[op] for op, original in originals.items() if value is original),
+                                          value)
+                with mock.patch.multiple(dist, **watchers):
                     namespace[name](trial)
             except (Exception, SystemExit) as err:  # noqa: BLE001 - the attendee's code (sys.exit too): line, error
                 theirs = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == source_file]

@@ -127,9 +127,17 @@ def run_nodes(module_args: list[str], per_node: tuple[int, ...], folder: Path, d
     except WorkshopError as err:
         if "longer than" not in str(err):
             raise
-        raise NotYet(f"✗ {exercise}: the run reached the check's limit of {timeout_s:.0f} s and was stopped: "
-                     f"{what_ran(folder, ranks)}.", "it was still going (a rank that makes no progress is stopped "
-                                                    "sooner): pass a larger timeout_s, or run fewer steps.") from None
+        notes = _progress(folder, ranks, time.time()).values()
+        stopped = f"✗ {exercise}: the run reached the check's limit of {timeout_s:.0f} s and was stopped"
+        if all(note and note["what"].startswith("starting") for note in notes):  # the idle limit starts at a batch
+            raise NotYet(f"{stopped} with no rank past its start: {what_ran(folder, ranks)}.",
+                         "the ranks most likely never joined one process group: torchrun gives each rank "
+                         "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE for init_process_group(); a script that sets "
+                         "them itself (MASTER_ADDR = 'localhost', a port of its own) sends the ranks where torchrun's "
+                         "store does not listen, or each node to its own.") from None
+        steps = ", or run fewer steps" * any("batch" in (note or {}).get("what", "") for note in notes)
+        raise NotYet(f"{stopped}: {what_ran(folder, ranks)}.", "it was still going (a rank that makes no progress is "
+                     f"stopped sooner): pass a larger timeout_s{steps}.") from None
 
 
 def torchrun_agent(argv: list[str]) -> None:

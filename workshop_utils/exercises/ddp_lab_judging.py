@@ -116,9 +116,24 @@ def _data(records, params, out_dir, nproc, facts):
                + (": every rank read the whole data set." if shared >= 0.9 else "."),
                "give the DataLoader a DistributedSampler(dataset) in place of shuffle=True, with the same seed on "
                "every rank, so that the shards split one permutation (step 3).")
-    if epochs[0][0] == epochs[0][1]:
-        yield ("rank 0 read its shard in the same order in epochs 0 and 1: the sampler never reshuffled.",
-               "call sampler.set_epoch(epoch) at the start of every epoch (step 5), with shuffle=True in the sampler.")
+    same = next((rank for rank, mine in enumerate(epochs) if mine[0] == mine[1]), None)
+    if same is not None:
+        yield (f"rank {same} read its shard in the same order in epochs 0 and 1: "
+               + ("the sampler never reshuffled." if same == 0 else "its sampler never reshuffled, though rank 0's "
+                  "did."), "call sampler.set_epoch(epoch) at the start of every epoch on every rank (step 5), with "
+               "shuffle=True in the sampler.")
+    apart = not shared and same is None  # apart in epoch 0, and each rank reshuffled: apart in every epoch?
+    for epoch in range(1, min(map(len, epochs)) * apart):
+        shards = [set(e[epoch]) for e in epochs]
+        later = next(((len(shards[a] & shards[b]) / max(1, min(len(shards[a]), len(shards[b]))), a, b)
+                      for a in range(nproc) for b in range(a + 1, nproc)
+                      if len(shards[a] & shards[b]) > 0.1 * min(len(shards[a]), len(shards[b]))), None)
+        if later:
+            yield (f"ranks {later[1]} and {later[2]} share {later[0]:.0%} of their samples in epoch {epoch}, "
+                   "though not in epoch 0: their samplers reshuffled with different epochs.",
+                   "call sampler.set_epoch(epoch) with the same epoch on every rank, at the start of every epoch "
+                   "(step 5): the shards split one permutation only where every rank's is the same.")
+            break
     facts["samples_per_rank"] = len(epochs[0][0])
 
 

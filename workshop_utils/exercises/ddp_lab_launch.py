@@ -102,7 +102,8 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
          re.match(r"(\(\S+\) )?(\[[^\]\n]*\]|\S*)[$%] |>+ ", text))) if found), None)
     refuse(pasted, f"the command holds {pasted}.", "type the line as plain text: EXAMPLE.")
     expanded = next((t for t in text.split() if "$" in t or "`" in t or re.search("/dev/(tcp|udp)/", t)), None)
-    refuse(expanded, f"the command holds a shell expansion ({short(expanded or '', 40)}), which the check does not "
+    shown = text[text.find(expanded):] if expanded else ""  # from that word on: $((...)) and `...` hold spaces
+    refuse(expanded, f"the command holds a shell expansion ({short(shown, 60)}), which the check does not "
            "expand.", "write the values themselves, e.g. EXAMPLE (an f-string puts Python's values in).")
     refuse(not text, "the command has no launch line.", "write the launch line, e.g. EXAMPLE.")
     unquoted = re.sub(r"""\\.|'[^']*'|"(?:[^"\\]|\\.)*"|(?:^|(?<=[\s;&|(){}]))#.*""", "''", joined)  # as bash

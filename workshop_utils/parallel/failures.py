@@ -410,6 +410,10 @@ def _failed_first(first: RankFailure, others: list[RankFailure], lines, rank_out
                              "make each rank's share smaller: a smaller batch per rank, bf16, or activation "
                              "recompute; a GPU shared with another job has less free than its size.",
                              last, first, others)
+        if others and all(not o.consequence and o.error == first.error for o in others):  # no rank's fault more
+            return RootCause(first.rank, "exception", f"every rank failed with the same error: "  # than another's
+                             f"{_short(first.error)}", first.fix or f"read rank {first.rank}'s traceback (its last "
+                             "lines are shown): every rank met it, so it is in what they all run.", last, first, others)
         return RootCause(first.rank, "exception", f"rank {first.rank} failed first: {_short(first.error)}{after}",
                          first.fix or f"read rank {first.rank}'s own traceback (its last lines are shown): the other "
                                       "ranks' errors are consequences of it.", last, first, others)
