@@ -130,13 +130,10 @@ def _names(node) -> tuple[set, set]:
 
 def earlier_values(cell: str, namespace: dict, given, answers) -> list[str]:
     """The notebook's values from earlier cells, other than ``given``, that flow into the cell's ``answers`` (a
-    function that reads one of ``given`` too): a run on other inputs keeps them, so it speaks for the cell in part."""
-    try:
-        tree = ast.parse(cell)
-    except (SyntaxError, ValueError):
-        return []
+    function that reads one of ``given`` too): a run on other inputs keeps them, so it speaks for the cell in part.
+    Asked only after ``run_cell_again`` ran the cell, so that it parses."""
     statements, outside, defined = [], set(), set()
-    for statement in tree.body:
+    for statement in ast.parse(cell).body:
         stored, read = _names(statement)
         outside |= read - defined  # `x = int(x)` reads the notebook's x
         defined |= stored

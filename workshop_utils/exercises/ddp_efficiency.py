@@ -2,6 +2,8 @@
 
 import math
 
+import torch
+
 from ..parallel.comm_model import LINKS, ddp_buckets, predict_scaling, ring_all_reduce_s
 from .ddp_lab_files import EFFICIENCY_EXERCISE
 from .exercise_cells import passed, require
@@ -73,8 +75,6 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
             f"all: the answer, {shown}, keeps its communication only in digits that rounding to 1 removed.",
             "leave it unrounded (a Python float), or round to as many decimals as keep it below 1.")
     # the right value as bf16 or fp16 holds it is that one, whatever mistake it lands on too (but 0: an underflow)
-    import torch
-
     if value and value in {torch.tensor(right, dtype=torch.float64).to(half).item()
                            for half in (torch.bfloat16, torch.float16)}:
         value = right

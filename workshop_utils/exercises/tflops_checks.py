@@ -143,16 +143,6 @@ def _device_name(name, exercise: str) -> str:
     return name
 
 
-def _as_exercise_1_2_judged(n, seconds, timings, exercise: str) -> tuple[float, float]:
-    """``_matmul_seconds``, 1.2's own judgement of the timing its rate comes from, said with 1.2 named first: 1.3
-    builds on what 1.2 accepts, and refuses what 1.2 refuses in 1.2's words."""
-    try:
-        return _matmul_seconds(n, seconds, timings, None, f"{exercise}: Exercise 1.2, which this exercise builds on, "
-                                                         "is not right yet")
-    except WorkshopError as err:  # a kit input of 1.2 (its n) too: 1.2's cell is where it is fixed
-        raise type(err)(err.problem, f"fix Exercise 1.2 first: {err.fix}") from None
-
-
 @checked
 def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_peak_tflops,
               exercise: str = "Exercise 1.3", *, flops_per_sample: float | None = None,
@@ -170,7 +160,13 @@ def check_mfu(mfu, achieved_tflops, device_name: str, precision: str, measured_p
         if n is not None and timings is not None:
             for name, value in (("timings", timings), ("seconds", seconds)):
                 answered_input(value, exercise, "Exercise 1.2", name)
-            given, median = _as_exercise_1_2_judged(n, seconds, timings, exercise)
+            # 1.2's own judgement of the timing its rate comes from, with 1.2 named first: 1.3 builds on what 1.2
+            # accepts, and refuses what 1.2 refuses in 1.2's words
+            try:
+                given, median = _matmul_seconds(n, seconds, timings, None, f"{exercise}: Exercise 1.2, which this "
+                                                "exercise builds on, is not right yet")
+            except WorkshopError as err:  # a kit input of 1.2 (its n) too: 1.2's cell is where it is fixed
+                raise type(err)(err.problem, f"fix Exercise 1.2 first: {err.fix}") from None
             rates = [2 * n**3 / median / 1e12, 2 * n**3 / given / 1e12]
         peak = carried(measured_peak_tflops, rates, exercise, "matmul_tflops", "Exercise 1.2")
         exact_peak = rates[0] if rates else peak
