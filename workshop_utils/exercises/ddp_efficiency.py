@@ -15,14 +15,13 @@ def check_ddp_efficiency(efficiency, step_s: float, grad_bytes: float, world_siz
                          gpus_per_node: int = 8, exercise: str = EFFICIENCY_EXERCISE) -> float:
     """The efficiency without overlap at ``world_size`` GPUs, from ``predict_scaling``'s model, compared through the
     communication time it implies: near 1 and near 0 the mistakes' efficiencies agree to many digits."""
+    fix = "pass the inputs of the exercise's cell."
+    step_s = kit_number(step_s, exercise, "the cell's step_s", fix)
     # gradients past a PiB: bucket by bucket, the model would take hours
-    step_s, grad_bytes, world_size, gpus_per_node = (
-        kit_number(given, exercise, f"the cell's {name}", "pass the inputs of the exercise's cell.", least, whole, most)
-        for name, given, least, whole, most in (("step_s", step_s, 0, False, math.inf),
-                                                ("grad_bytes", grad_bytes, 0, False, 2.0**50),
-                                                ("world_size", world_size, 2, True, 2.0**20),
-                                                ("gpus_per_node", gpus_per_node, 1, True, 2.0**20)))
-    world_size, gpus_per_node = int(world_size), int(gpus_per_node)
+    grad_bytes = kit_number(grad_bytes, exercise, "the cell's grad_bytes", fix, most=2.0**50)
+    world_size = int(kit_number(world_size, exercise, "the cell's world_size", fix, least=2, whole=True, most=2.0**20))
+    gpus_per_node = int(kit_number(gpus_per_node, exercise, "the cell's gpus_per_node", fix, least=1, whole=True,
+                                   most=2.0**20))
     value = number(efficiency, exercise, "efficiency_64", "one number, a fraction")
     within, between = LINKS["nvlink4"], LINKS["ib_ndr"]
     row = predict_scaling(step_s, grad_bytes, [world_size], within, between, gpus_per_node).iloc[0]

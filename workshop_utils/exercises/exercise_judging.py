@@ -167,8 +167,7 @@ def verdict(value: float, right: float, exercise: str, name: str, mistakes=(), h
     matched, exact = {}, {}
     for wrong, problem, fix in mistakes:
         # a mistake whose value is right itself is never named (a right value rounded may land on it)
-        if wrong is None or math.isnan(wrong) or any(accepted(wrong, r, True) if whole else close(wrong, r, through)
-                                                     for r in rights):
+        if wrong is None or math.isnan(wrong) or any(wrong == r if whole else close(wrong, r, through) for r in rights):
             continue
         if accepted(value, wrong, whole and float(wrong).is_integer(), through):
             matched.setdefault(problem, fix)

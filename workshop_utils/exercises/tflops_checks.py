@@ -32,17 +32,17 @@ def check_achieved_tflops(achieved_tflops, flops_per_sample: float, samples_per_
     return passed(exercise, f"{written(value)} TFLOP/s")
 
 
-def timed_seconds(timings, exercise: str, name: str = "timings") -> np.ndarray:
-    require_answered(timings, exercise, f"`{name}` is still the placeholder `...`.",
+def timed_seconds(timings, exercise: str) -> np.ndarray:
+    require_answered(timings, exercise, "`timings` is still the placeholder `...`.",
                      "store what wu.time_repeats(...) returns in it, run that cell, then this one.")
     values = timings.seconds if isinstance(timings, Timings) else timings
     held = isinstance(values, (np.ndarray, list, tuple, torch.Tensor))
     values = [] if not held else list(values.reshape(-1)) if hasattr(values, "reshape") else list(values)
-    require(bool(values), exercise, f"`{name}` holds no repeats." if held else
-            f"`{name}` should be what wu.time_repeats returns, got {described(timings)}.",
-            f"{name} = wu.time_repeats(lambda: a @ b, repeats=10, device=device)")
-    seconds = np.array([number(v, exercise, f"{name}[{i}]") for i, v in enumerate(values)], dtype=float)
-    require(bool((seconds > 0).all()), exercise, f"`{name}` holds a time of {seconds.min():g} s.",
+    require(bool(values), exercise, "`timings` holds no repeats." if held else
+            f"`timings` should be what wu.time_repeats returns, got {described(timings)}.",
+            "timings = wu.time_repeats(lambda: a @ b, repeats=10, device=device)")
+    seconds = np.array([number(v, exercise, f"timings[{i}]") for i, v in enumerate(values)], dtype=float)
+    require(bool((seconds > 0).all()), exercise, f"`timings` holds a time of {seconds.min():g} s.",
             "a time is above 0: time with wu.time_repeats.")
     return seconds
 
