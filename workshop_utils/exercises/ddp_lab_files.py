@@ -225,9 +225,8 @@ def _progress(folder: Path, ranks: int, at: float) -> dict[int, dict | None]:
 
 def first_to_stall(folder: Path, ranks: int, at: float) -> tuple[int, float] | None:
     """(the rank, when) that stopped making progress first of those not finished, or None."""
-    last = {rank: note["time"] for rank, note in _progress(folder, ranks, at).items()
-            if note and note["what"] != "finished"}
-    return min(last.items(), key=lambda item: (item[1], item[0])) if last else None
+    return min(((rank, note["time"]) for rank, note in _progress(folder, ranks, at).items()
+                if note and note["what"] != "finished"), key=lambda item: (item[1], item[0]), default=None)
 
 
 def what_ran(folder: Path, ranks: int, at: float | None = None) -> str:

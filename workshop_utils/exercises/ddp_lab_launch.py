@@ -242,7 +242,10 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     for option, value, read, right in (("--nproc-per-node", parsed.nproc_per_node, determine_local_world_size, nproc),
                                        ("--nnodes", parsed.nnodes, parse_min_max_nnodes, (1, 1)),
                                        ("--node-rank", parsed.node_rank, int, 0)):  # it cannot read, it refuses below
-        got = None if value is None else _read(read, value)
+        try:
+            got = None if value is None else read(str(value))
+        except (ValueError, RuntimeError):
+            got = None
         if value is None or got not in (None, right):
             wrong.append(f"no {option} (so one process)" if value is None else f"{option}={value}" + (
                 f" ({got} here)" if read is determine_local_world_size and not str(value).strip().lstrip(
@@ -337,14 +340,6 @@ def _this_machine() -> set[str]:
     """The names and addresses by which this machine reaches itself ("" where torchrun takes localhost)."""
     return {"", "localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname(),
             *(a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses)}
-
-
-def _read(read, value):
-    """An option's value as torchrun's own ``read`` turns it into numbers ("02" is 2), or None where it would not."""
-    try:
-        return read(str(value))
-    except (ValueError, RuntimeError):
-        return None
 
 
 def _names(word: str, script: Path) -> bool:
