@@ -81,6 +81,15 @@ def test_3_3_a_call_out_of_order_is_refused_in_gradscalers_own_words(step, named
     said(refusal(lambda: wu.check_amp_step(step, CPU)), named, not_named)
 
 
+def test_3_3_a_step_that_gives_a_weight_another_shape_is_judged_not_called_the_checks_failure():
+    def reshaping(model, images, labels, optimizer, scaler):
+        loss = amp_step()(model, images, labels, optimizer, scaler)
+        next(model.parameters()).data = torch.zeros(7)  # no longer the layer's shape, nor one that broadcasts
+        return loss
+
+    said(refusal(lambda: wu.check_amp_step(reshaping, CPU)), ["changed the weights"], ["the check itself failed"])
+
+
 def test_3_3_the_solution_still_passes(capsys):
     assert wu.check_amp_step(amp_step(), CPU) is True
     assert capsys.readouterr().out.startswith("✓ Exercise 3.3: correct")

@@ -145,8 +145,10 @@ def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, toler
     """Every parameter moved as the reference step moved it, to ``tolerance``: fp16 rounding moves the update by far
     less than 1%, every mistake by far more."""
     for p, q, s in zip(model.parameters(), reference.parameters(), start.parameters()):
+        if p.shape != s.shape:  # a weight the step gave another shape moved unlike any step: compared, it raises
+            return False
         mine, theirs = p.detach().float() - s.detach().float(), q.detach().float() - s.detach().float()
-        if p.shape != q.shape or not bool(torch.isfinite(mine).all()) or \
+        if not bool(torch.isfinite(mine).all()) or \
                 float((mine - theirs).norm()) > tolerance * float(theirs.norm()) + 1e-7:
             return False
     return True
