@@ -324,8 +324,7 @@ def _gradients(spec_file: str) -> None:
         if round_ == 2:  # node 0's ranks, now a job of their own, as torchrun's environment would say
             teardown_distributed()
             if rank >= world:
-                note_progress(top, rank, "finished")
-                return
+                break
             os.environ.update(WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                               GROUP_RANK="0", GROUP_WORLD_SIZE="1", MASTER_PORT=str(spec["second_port"]),
                               TORCHELASTIC_USE_AGENT_STORE="False")

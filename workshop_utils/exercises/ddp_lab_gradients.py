@@ -85,9 +85,8 @@ def shipped_globals(function, exercise: str, given=("torch", "dist", "nn")) -> s
     of the notebook it reads, which the ranks do not have."""
     namespace = getattr(function, "__globals__", {})
     lines = []
-    for name in sorted(_global_names(function.__code__) - set(given)):
-        if name not in namespace:  # a builtin, or a name defined nowhere: a NameError the ranks report
-            continue
+    # the notebook's names alone: a builtin, or a name defined nowhere, is a NameError the ranks report
+    for name in sorted(_global_names(function.__code__) & namespace.keys() - set(given)):
         value = namespace[name]
         if inspect.ismodule(value) and value.__name__ != "__main__":
             lines.append(f"import {value.__name__} as {name}")

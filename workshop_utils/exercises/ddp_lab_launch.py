@@ -172,10 +172,10 @@ def read_launch_line(command, script: Path, nproc: int, exercise: str = LAB_EXER
     ours_set = next((name for name in assigned_names if name.startswith("LAB_") or name in KEPT), None)
     refuse(ours_set, f"the command sets {ours_set}, which the check's shell keeps for itself (a real shell would "
            "set it).", "leave it out: EXAMPLE.")
-    path = next((name for name in assigned_names if name in ("PATH", "BASH_CMDS")), None) or complaint(
-        r"\b(PATH): readonly variable")  # PATH=... in front of a command: restricted bash says so, and runs it
-    refuse(path, f"the command sets {path}: bash would look for torchrun there, not where the kernel finds it.",
-           f"leave {path} as it is: EXAMPLE.")
+    # PATH=... in front of a command: restricted bash says so, and runs it (BASH_CMDS, which bash reads too, is KEPT)
+    path = "PATH" in assigned_names or complaint(r"\b(PATH): readonly variable")
+    refuse(path, "the command sets PATH: bash would look for torchrun there, not where the kernel finds it.",
+           "leave PATH as it is: EXAMPLE.")
     refuse(background == "launch", "the command ends in &, which runs the launch in the background: nothing would "
            "wait for it to end." if joined.rstrip().endswith("&") else "the command runs the launch with &, in the "
            "background, which a launch line does not need: the check waits for the launch itself.",
