@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import shlex
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 from . import job_script_launch, job_script_runner, job_script_standins
 from .job_script import TRAINING, torch_modules, torchrun_options
 from .job_script_standins import PROGRAMS
+from .slurm_rules import whole
 
 KIT = str(Path(__file__).resolve().parents[2])
 STANDINS = ("srun", "torchrun", "python", "python3", *PROGRAMS)
@@ -56,18 +56,15 @@ class Outcome:
         return [e for e in self.events if e["what"] == what and all(e.get(k) == v for k, v in where.items())]
 
 
-def _count(text) -> int | None:
-    return int(text) if isinstance(text, str) and text.isdigit() else None
-
-
 def job_environment(run: JobRun, work: str, bin_dir: str) -> dict:
     """What slurmd gives a batch shell: the submitting shell's environment (a plain one here) and Slurm's."""
     nodes, options = run.nodes, run.options
     names = NODE_NAMES[:nodes]
-    per_node = _count(options.get("ntasks-per-node"))
-    ntasks = _count(options.get("ntasks")) or (per_node * nodes if per_node else None)
-    cpt = _count(options.get("cpus-per-task"))
-    cpus = (cpt or 1) * (per_node or math.ceil((ntasks or nodes) / nodes))
+    # before any run the check refuses --ntasks and a count that is not a whole number above 0
+    per_node = whole(options.get("ntasks-per-node"))
+    ntasks = per_node * nodes if per_node else None
+    cpt = whole(options.get("cpus-per-task"))
+    cpus = (cpt or 1) * (per_node or 1)
     listed = names[0] if nodes == 1 else f"gpu-a[017-{17 + nodes - 1:03d}]"
     env = dict(PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", HOME=work, USER="attendee",
                LOGNAME="attendee", LANG="C.UTF-8", SHELL="/bin/bash", HOSTNAME=SUBMIT_HOST, TMPDIR=work,

@@ -194,7 +194,7 @@ def _signal_number(text: str) -> int | None:
     return int(signal.Signals.__members__[name]) if name in signal.Signals.__members__ else None
 
 
-def _signal_matches(argv: list[str], program: str, select, number: int, quiet: bool = False) -> None:
+def _signal_matches(program: str, select, number: int, quiet: bool = False) -> None:
     """Signal the processes of this node that ``select`` (a pgrep command line) finds, as pkill or killall."""
     import subprocess
 
@@ -231,7 +231,7 @@ def pkill(argv: list[str]) -> None:
             number = _signal_number(arg[1:])
             del rest[i]
             break
-    _signal_matches(argv, "pkill", [a for a in rest if a not in ("-e", "--echo")], number)
+    _signal_matches("pkill", [a for a in rest if a not in ("-e", "--echo")], number)
 
 
 def killall(argv: list[str]) -> None:
@@ -255,7 +255,7 @@ def killall(argv: list[str]) -> None:
             names.append(arg)
     if not names:
         say("Usage: killall [OPTION]... [--] NAME...", 1)
-    _signal_matches(argv, "killall", [*select, *([] if regex else ["-x"]), "|".join(names) if regex else names[0]],
+    _signal_matches("killall", [*select, *([] if regex else ["-x"]), "|".join(names) if regex else names[0]],
                     number, quiet)
 
 

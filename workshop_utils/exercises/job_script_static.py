@@ -138,16 +138,15 @@ def _table_reading(arguments: list[str]) -> dict[str, str]:
     found, rest = getopt_long(arguments, SBATCH)
     if rest:
         raise Problem(f"Invalid directive found in batch script: {rest[0]}")
-    options = {name: _table_value(name, value) for name, value in found}
-    return {name: "set" if value is None else value for name, value in options.items()}
+    return {name: _table_value(name, value) for name, value in found}
 
 
 _SPECIFICATIONS = {"time": time_limit_s, "signal": slurm_signal, "mem": megabytes, "mem-per-cpu": megabytes,
                    "mem-per-gpu": megabytes}  # what reads each option's value: None where sbatch refuses it
 
 
-def _table_value(name: str, value: str | None) -> str | None:
-    """``value`` as sbatch keeps it; ``Problem`` in sbatch's words where it refuses it."""
+def _table_value(name: str, value: str | None) -> str:
+    """``value`` as sbatch keeps it ("set" for a bare flag); ``Problem`` in sbatch's words where it refuses it."""
     if name in _SPECIFICATIONS and _SPECIFICATIONS[name](value) is None:
         raise Problem(f"Invalid --{name} specification")
     if name == "nodes":
@@ -159,7 +158,7 @@ def _table_value(name: str, value: str | None) -> str | None:
         if number is None or rest or number <= 0:  # sbatch's parse_int: a number above 0, nothing after it
             raise Problem(f'Invalid numeric value "{value}" for --{name}')
         return str((number + 2**31) % 2**32 - 2**31)  # kept in a C int, as sbatch lists it
-    return value
+    return "set" if value is None else value
 
 
 _REFUSAL_FIXES = (  # what sbatch's refusal names, and the fix for it

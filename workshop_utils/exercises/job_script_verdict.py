@@ -412,11 +412,9 @@ def behaviour_problem(script: str, read: dict, written: dict, spec: JobSpec) -> 
         kinds = (judge.stopped, judge.never_launched, judge.wrong_launch, judge.failed_run) if run.fail else (
             judge.stopped, judge.never_launched, judge.wrong_launch, judge.training_setup, judge.warning_lost)
         problem = next(filter(None, (kind() for kind in kinds)), None)
-        unknown = _said(judge.o.log, r"this simulat|the check's simulated job")  # a stand-in's limit, not bash's
-        if problem and unknown:
-            return (f"{problem} Note: the job's log says {unknown}: the check's simulated job could not follow that "
-                    "command, so a real job may have gone otherwise; with the commands of the template the check "
-                    "can judge.")
         if problem:
-            return problem
+            unknown = _said(judge.o.log, r"this simulat|the check's simulated job")  # a stand-in's limit, not bash's
+            return problem + (f" Note: the job's log says {unknown}: the check's simulated job could not follow that "
+                              "command, so a real job may have gone otherwise; with the commands of the template the "
+                              "check can judge." if unknown else "")
     return None
