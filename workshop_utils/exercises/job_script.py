@@ -70,6 +70,8 @@ NEEDED_S = JOB_SPEC.needed_s
 TRAINING = ("--device", "cpu", "--batch-size", "16", "--train-size", "256", "--test-size", "64", "--steps", "12",
             "--epochs", "100", "--lr", "0.01", "--warmup-steps", "0", "--checkpoint-every", "4", "--log-every", "4",
             "--no-progress")
+# A comment as bash reads a word list: a # that begins a word, outside quotes (an unclosed quote runs to the end).
+_COMMENT = re.compile(r"""(?:[^'"]|'[^']*'|"[^"]*")*?[ \t]#""")
 # In words, not as code: the endpoint is the exercise's hardest gap, and a fix that spelled it out would hand it over.
 RDZV_FIX = ("--rdzv-endpoint=HOST:PORT, HOST the job's first node (the first name scontrol lists from the job's node "
             "list, read when the job runs) and PORT a free port of the job's own")
@@ -95,7 +97,7 @@ def _gap_text(gap: str, value, exercise: str) -> str:
             what = "endpoint" if gap == "rdzv_endpoint" else "value"
             raise NotYet(f"✗ {exercise}: `{gap}` starts with a space: {splits} splits the word there, so {reader} "
                          f"would get an empty {what} after {flag}=.", "no space after the =.")
-        if gap not in DIRECTIVE_GAPS and _comment_at(value) is not None:
+        if gap not in DIRECTIVE_GAPS and _COMMENT.match(value):
             raise NotYet(f"✗ {exercise}: `{gap}` ({show(value)}) holds a # after a space, which starts a comment in "
                          "bash: the rest of the launch line, its backslash too, would be lost.",
                          f"only the value after {flag}=; a comment goes on a line of its own above the command.")
@@ -121,19 +123,6 @@ def _gap_text(gap: str, value, exercise: str) -> str:
         raise NotYet(f"✗ {exercise}: `{gap}` = {shown} is not a whole number.",
                      f"what goes after {flag}= is text or a whole number.")
     return digits
-
-
-def _comment_at(text: str) -> int | None:
-    """Where a comment starts in ``text`` as bash reads a word list: a # that begins a word, outside quotes."""
-    quote = None
-    for at, char in enumerate(text):
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "#" and at and text[at - 1] in " \t":
-            return at
-    return None
 
 
 def fill_job_script(answers: dict, exercise: str = EXERCISE) -> str:
