@@ -9,15 +9,17 @@ namespaces are not permitted the check says so in one line and judges what no ru
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
 import pytest
 
 import workshop_utils as wu
-from workshop_utils.exercises import job_script_run, job_script_static
+from workshop_utils.exercises import job_script_run, job_script_standins, job_script_static
 from workshop_utils.exercises import slurm_exercises as se
 from test_slurm_exercise_answers import SOLVED, refused
 
@@ -327,3 +329,22 @@ def test_the_stand_ins_answer_odd_arguments_as_the_tools_do_never_with_a_traceba
         assert said in outcome.log, outcome.log[-2000:]
     assert outcome.of("signalled", signal="0"), "pkill -0 went unrecorded"
     assert wu.check_job_script(text)
+
+
+def test_a_stand_in_gets_every_message_the_runner_sent_whatever_one_read_brings():
+    """srun's stand-in waits for "step", then for "granted": sent close together, both arrive in one read, and
+    neither may be lost (the stand-in would wait for ever, and the job end at its time limit instead)."""
+    mine, runners = socket.socketpair()
+    mine.settimeout(10)  # a lost message fails the test instead of hanging it
+    link = job_script_standins.Link.__new__(job_script_standins.Link)
+    link.sock, link.buffer, link.inbox = mine, b"", []
+    sent = [dict(op="step", busy=True, step=1), dict(op="timer"), dict(op="timer"), dict(op="granted")]
+    runners.sendall(b"".join(json.dumps(message).encode() + b"\n" for message in sent))
+    try:
+        assert link.wait("step") == sent[0]
+        assert link.wait("granted") == sent[3]  # after the match in the same read
+        assert [link.wait("timer"), link.wait("timer")] == sent[1:3]  # already read, equal, both kept
+        assert link.inbox == []
+    finally:
+        mine.close()
+        runners.close()

@@ -42,13 +42,12 @@ class Link:
         return [json.loads(line) for line in lines]
 
     def wait(self, op: str) -> dict:
+        """The first message ``op`` the runner sent; the others keep their order, however many one read brought."""
         while True:
-            for message in self.inbox + self.read():
+            for at, message in enumerate(self.inbox):
                 if message.get("op") == op:
-                    self.inbox = [m for m in self.inbox if m is not message]
-                    return message
-                if message not in self.inbox:
-                    self.inbox.append(message)
+                    return self.inbox.pop(at)
+            self.inbox += self.read()
 
 
 class Loop:
