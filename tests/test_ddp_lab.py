@@ -1275,8 +1275,10 @@ MISTAKES = {
         [("        sampler.set_epoch(epoch)\n", ""),
          ("            print(f\"epoch {epoch}: loss {loss.item():.4f}\", flush=True)  # rank 0's last batch\n",
           "            print(f\"epoch {epoch}: loss {loss.item():.4f}\", flush=True)  # rank 0's last batch\n"
-          "            sampler.set_epoch(epoch + 1)\n")],
-        ["rank 1 read its shard in the same order in epochs 0 and 1: its sampler never reshuffled"]),
+          "            sampler.set_epoch(epoch + 1)\n"),
+         ("    if rank == 0:\n        out.mkdir", "    if rank == 1:\n        out.mkdir")],
+        ["rank 1 read its shard in the same order in epochs 0 and 1: its sampler never reshuffled",
+         "only rank 1 saved a checkpoint."]),
     # On two nodes (2 + 1 processes), rank 2 is LOCAL_RANK 0 on node 1: one node cannot show these.
     "rank from LOCAL_RANK, one rank's throughput": (
         [('rank = int(os.environ["RANK"])', 'rank = int(os.environ["LOCAL_RANK"])'),

@@ -159,9 +159,10 @@ def _checkpoint(records, params, out_dir, nproc, facts):
 
     savers = [r["rank"] for r in records if r["saves"]]
     if savers != [0]:
-        who = "every rank" if len(savers) == len(records) else f"{len(savers) or 'no'} ranks"
+        who = ("every rank" if len(savers) == len(records) else f"{len(savers)} ranks" if len(savers) > 1 else
+               f"only rank {savers[0]}" if savers else "no rank")
         yield (f"{who} saved a checkpoint" + (f" (ranks {', '.join(map(str, savers))} called torch.save)."
-                                              if savers else "."),
+                                              if len(savers) > 1 else "."),
                "save on global rank 0 alone, into args.out_dir: if rank == 0: torch.save(...), rank from RANK "
                "(steps 1 and 8).")
         return
