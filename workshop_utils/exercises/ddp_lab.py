@@ -217,8 +217,7 @@ def _crash(code: int, lines: list[str], folder: Path, per_node: tuple[int, ...],
                       f"where each rank was: {what_ran(folder, nproc, at)}.",
                       "find what that rank waits for after that point: a sleep or input(), a loop that never ends, "
                       "or a collective the other ranks never run (a barrier inside `if rank == 0:`).")
-    mistake = sampler_mistake([json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))], per_node,
-                              exercise)
+    mistake = sampler_mistake([json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))], exercise)
     if mistake is not None:  # a sampler that refused what it was given: named by what it was given
         return mistake
     stderr = {rank: read_output(folder / f"rank{rank}.stderr") for rank in range(nproc)}

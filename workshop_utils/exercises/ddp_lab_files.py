@@ -196,14 +196,18 @@ def failed_run(exercise: str, code: int, lines: list[str], nproc: int, folder: P
                   "the output above names the line; fix it and run this cell again.")
 
 
+def _scaled(startup_s: float) -> float:
+    return max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s)
+
+
 def scaled_limit(startup_s: float) -> float:
     """How long a rank may make no progress: what the caller gave, else scaled to what this machine took."""
-    return float(os.environ.get(IDLE_LIMIT) or max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s))
+    return float(os.environ.get(IDLE_LIMIT) or _scaled(startup_s))
 
 
 def limit_words(limit_s: float, startup_s: float) -> str:
     """The limit and where it came from: "38 s (5x the 7.5 s this machine took to start the rank, ...)"."""
-    if not math.isclose(limit_s, max(LIMIT_FLOOR_S, LIMIT_FACTOR * startup_s), rel_tol=1e-6):
+    if not math.isclose(limit_s, _scaled(startup_s), rel_tol=1e-6):
         return f"{limit_s:.0f} s (the limit the check was given)"
     return (f"{limit_s:.0f} s ({LIMIT_FACTOR:g}x the {startup_s:.1f} s this machine took to start the rank, and at "
             f"least {LIMIT_FLOOR_S:.0f} s)")

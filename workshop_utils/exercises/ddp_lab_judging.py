@@ -79,7 +79,7 @@ def _measured_throughput(records: list[dict]) -> tuple[float, float]:
     return at_least, max(at_least, drawn / max(1e-9, span))
 
 
-def sampler_mistake(records: list[dict], per_node: tuple[int, ...], exercise: str) -> NotYet | None:
+def sampler_mistake(records: list[dict], exercise: str) -> NotYet | None:
     """The first DistributedSampler given another rank or world size than its process's, named by what it was given
     (LOCAL_RANK, LOCAL_WORLD_SIZE); recorded before the sampler ran, so that one that refused them is named too."""
     for given, local, what in (("rank", "LOCAL_RANK", "rank"), ("num_replicas", "LOCAL_WORLD_SIZE", "world size")):
@@ -232,7 +232,7 @@ def findings(records: list[dict], params: list, out_dir: Path, per_node: tuple[i
     require(len(records) == nproc and world == str(nproc), exercise,
             f"{len(records)} process(es) ran (WORLD_SIZE={world}); the check runs {nproc}, "
             f"{' + '.join(map(str, per_node))} on two nodes.", f"launch with torchrun --nproc-per-node={per_node[0]}.")
-    sampler = sampler_mistake(records, per_node, exercise)
+    sampler = sampler_mistake(records, exercise)
     found = [sampler] if sampler else []
     for part in ((_model, _checkpoint, _output, _end) if sampler else (_data, _model, _checkpoint, _output, _end)):
         found += [NotYet(f"✗ {exercise}: {problem}", fix) for problem, fix in part(records, params, out_dir, nproc,

@@ -173,7 +173,7 @@ def inputs_kept(exercise: str, check: str) -> None:
         found = name in namespace and _difference(fingerprint(value), fingerprint(namespace[name]), name)
         if found:
             text, held = _given(value), namespace[name]
-            held = _given(held) if _given(held).startswith("wu.") else show(held)  # as Python shows it, in full
+            held = _given(held) if _given(held).startswith("wu.") else show(held)  # as Python shows it
             raise NotYet(f"✗ {exercise}: `{name}` = {held}, not the {text} the exercise gives: the check would judge "
                          f"your answer against it.", f"give `{name}` the exercise's value, {text}, in the cell above "
                          "your answer, and run the cells again from there.")
