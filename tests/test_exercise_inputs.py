@@ -5,6 +5,7 @@ that tried to fool the rule; the cells run in a real IPython shell, as a noteboo
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import re
@@ -43,6 +44,9 @@ def notebook():
     run(SETUP)
     yield run
     exercise_inputs._watched.pop(id(shell.user_ns), None)
+    # IPython's exit for this shell would reset it with a full gc.collect as pytest exits, one per shell: on a
+    # 2-core runner at the end of the suite, over a minute for this file's shells together
+    atexit.unregister(shell.atexit_operations)
     InteractiveShell.clear_instance()  # get_ipython() is None again for the tests after this one
 
 
