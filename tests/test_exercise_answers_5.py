@@ -682,3 +682,62 @@ def test_6_3_a_cell_that_sets_usage_anew_is_told_to_leave_it_not_to_compute_from
     said = capsys.readouterr().out
     assert "judged on this job alone" in said and "leave `usage` as the notebook set it" in said
     assert "compute each answer from `usage` in one cell" not in said  # which the cell already does
+
+
+# ---------------------------------------------------------------- 4.3 from f rounded; a measured table with a hole
+
+PHASES_43 = pd.DataFrame({"rung": ["baseline", "2x batch"], "step_ms": [948.0, 1809.0], "data_ms": [78.4, 19.6],
+                          "forward_ms": [332.0, 462.0], "backward_ms": [514.0, 1308.0], "optimizer_ms": [19.2, 15.3]})
+
+
+def amdahl_half(f: float) -> float:
+    return 1 / ((1 - f) + f / 2)
+
+
+@pytest.mark.parametrize("f", [0.72, 0.723, 0.7231])
+def test_4_3_a_speedup_built_from_f_rounded_to_two_or_more_digits_passes(f, capsys):
+    """f = 1308 / 1809 = 0.72305: an attendee who rounds f first, as any check takes a rounding, lands 0.2% off."""
+    assert wu.check_next_fix("backward_ms", amdahl_half(f), PHASES_43) is True
+    assert "✓ Exercise 4.3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer", [amdahl_half(0.7), amdahl_half(0.73), amdahl_half(0.725), 1.5625 * 0.997])
+def test_4_3_a_speedup_from_f_rounded_to_one_digit_or_wrongly_is_refused(answer):
+    """f = 0.7 keeps one digit of 0.723, 0.73 and 0.725 are no rounding of it, and a value near 0.72's speed-up
+    that no rounded f gives is no rounding either."""
+    with pytest.raises(NotYet, match=r"`step_speedup` = 1\.\d+ is not right"):
+        wu.check_next_fix("backward_ms", answer, PHASES_43)
+
+
+@pytest.mark.parametrize("column", ["backward_ms", "forward_ms", "step_ms"])
+def test_4_3_a_hole_in_the_top_rungs_row_is_named_as_the_table_not_the_answer(column):
+    """A NaN in the last row read as "takes — ms, less than another part" or as f = 1; it is the run's, not yours."""
+    table = PHASES_43.copy()
+    table.loc[1, column] = math.nan
+    with pytest.raises(WorkshopError, match=rf"`breakdown` holds no measured number \(NaN or text\) in {column}\. "
+                                            r"Fix: run the cell that made `breakdown` again") as caught:
+        wu.check_next_fix("backward_ms", amdahl_half(1308 / 1809), table)
+    assert not isinstance(caught.value, NotYet)
+    table.loc[0, column] = math.nan  # the baseline's row is no input of 4.3: its holes are not read
+    table.loc[1, column] = PHASES_43.loc[1, column]
+    assert wu.check_next_fix("backward_ms", amdahl_half(1308 / 1809), table) is True
+
+
+@pytest.mark.parametrize("row, column", [(0, "samples_per_s"), (2, "samples_per_s"), (0, "data_wait_fraction")])
+def test_4_1_a_hole_in_the_sweep_is_named_as_the_table_not_as_the_answers_nan(row, column):
+    """A NaN in the starting row was told "`measured_speedup` is nan"; one in another row passed unseen."""
+    sweep = loader_sweep(520.0)
+    sweep.loc[row, column] = math.nan
+    with pytest.raises(WorkshopError, match=rf"`loader_sweep` holds no measured number \(NaN or text\) in {column} "
+                                            "of some row") as caught:
+        wu.check_loader_choice(rounded_choice(None), sweep, 0)
+    assert not isinstance(caught.value, NotYet)
+
+
+@pytest.mark.parametrize("start", ["0", None, 0.5, -1, True])
+def test_4_1_a_starting_row_that_is_no_worker_count_is_named_so(start):
+    """"0" was told "no row of the table has 0 workers, unpinned", beside a row of 0 workers, unpinned."""
+    with pytest.raises(WorkshopError, match=r"the starting row's workers should be a whole number, got ") as caught:
+        wu.check_loader_choice(rounded_choice(None), loader_sweep(520.0), start)
+    assert not isinstance(caught.value, NotYet)
+    assert wu.check_loader_choice(rounded_choice(None), loader_sweep(520.0), 0.0) is True

@@ -10,8 +10,8 @@ from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
 from .cell_again import judge_cell_again
 from .exercise_cells import NotYet, passed, require, require_answered
-from .exercise_judging import (as_given, attendee_function, called, checked, count, described, kit_input, number,
-                               short, verdict)
+from .exercise_judging import (accepted, as_given, attendee_function, called, checked, count, described, kit_input,
+                               number, short, verdict)
 
 
 def _sweep_table(sweep, name: str, columns: set, exercise: str) -> None:
@@ -21,6 +21,15 @@ def _sweep_table(sweep, name: str, columns: set, exercise: str) -> None:
     got = short(f"a table of columns {held}", 80) if hasattr(sweep, "columns") else described(sweep)
     kit_input(columns <= set(held), f"{exercise}: `{name}` should be the sweep's table, got {got}.",
               f"pass `{name}`, the table the sweep cell made, as the check cell does.")
+
+
+def _measured(table, columns, exercise: str, name: str) -> None:
+    """One line where a measured table holds no number (a NaN, text) in a column the check reads: a run that went
+    wrong, which no answer can be judged against."""
+    empty = [c for c in columns if not pd.to_numeric(table[c], errors="coerce").notna().all()]
+    kit_input(not empty, f"{exercise}: `{name}` holds no measured number (NaN or text) in "
+              f"{', '.join(empty)}{'' if len(table) == 1 else ' of some row'}.",
+              f"run the cell that made `{name}` again, then this check.")
 
 
 def constructed_loader_sweep(pinned: bool = True):
@@ -89,6 +98,11 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
     _sweep_table(loader_sweep, "loader_sweep", {"num_workers", "pin_memory", "samples_per_s", "data_wait_fraction"},
                  exercise)
+    _measured(loader_sweep, ["samples_per_s", "data_wait_fraction"], exercise, "loader_sweep")
+    workers = pd.to_numeric(pd.Series([start_workers]), errors="coerce").iloc[0]
+    kit_input(not isinstance(start_workers, (bool, str, bytes)) and workers >= 0 and float(workers).is_integer(),
+              f"{exercise}: the starting row's workers should be a whole number, got {short(repr(start_workers), 40)}.",
+              "pass baseline.num_workers, as the check cell does.")
     rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
     kit_input(not rows.empty, f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
               "pass the table the notebook measured.")
@@ -201,6 +215,9 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
     kit_input(hasattr(breakdown, "columns"), f"{exercise}: `breakdown` should be the table, got "
               f"{described(breakdown)}.", "pass `breakdown`, the whole table, as the check cell does.")
     parts, top = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"], breakdown.iloc[-1]
+    kit_input("step_ms" in breakdown.columns and not breakdown.empty, f"{exercise}: `breakdown` should hold a row per "
+              "rung with its step_ms.", "pass `breakdown`, the whole table, as the check cell does.")
+    _measured(breakdown.iloc[[-1]], [*parts, "step_ms"], exercise, "breakdown")
     require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.")
     require(isinstance(biggest_phase, str), exercise, f"`biggest_phase` should be a column name (text), got "
             f"{described(biggest_phase)}.", f"assign the name of one of {', '.join(parts)}.")
@@ -215,12 +232,15 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
             "compare every _ms column of the last row (breakdown.iloc[-1]) but step_ms.")
     speedup, raw = number(step_speedup, exercise, "step_speedup", "one number, a ratio"), top[phase] / top.step_ms
     share = min(1.0, raw)
+    # built from f rounded as any check takes a rounding (0.72 for 0.723): the f it implies is that rounding
+    implied = 2 * (1 - 1 / speedup) if speedup > 0 else math.nan
     # the exercise says f is at most 1: taken uncapped, it is named
     verdict(speedup, 1 / ((1 - share) + share / 2), exercise, "step_speedup", [
         (1 / ((1 - raw) + raw / 2) if 1 < raw < 2 else None,
          f"f = {raw:.2g} is above 1: {phase}'s kernels ran on past the host's step, and no part is more than all "
          "of the step.", "cap f at 1, as the exercise says: f = min(1, ms / step_ms).")],
         "Amdahl: 1 / ((1 - f) + f / 2), f = that part's ms / step_ms of the last row.",
+        also=[speedup] if 0 < implied <= 1 and accepted(implied, share) else [],
         inputs=f"1 / ((1 - f) + f / 2), f = {share:.3g}, {phase}'s share of the top rung's step")
     return passed(exercise, f"{phase.removesuffix('_ms')} takes {share:.0%} of the step: twice as fast gives "
                             f"{as_given(speedup)}x")
