@@ -6,7 +6,7 @@ which is also the GiB/s mistake's value to two digits); an MFU built on seconds 
 right cell that reads a value from an earlier cell; a near-whole count shown as the whole number it is not; and
 the smaller things (an array of three, 35.0000%, "a int", warnings printed, 19224.0 GiB,
 GiB named GB). A one-element list, once accepted here too, is refused now: it is how a trailing comma
-looks (tests/test_exercises_fooled.py). The inputs and ``outcome`` are those of tests/test_exercise_answers.py.
+looks (tests/test_exercises_fooled.py). The inputs are those of tests/test_exercise_answers.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import time
 import warnings
 
 import numpy as np
@@ -23,7 +22,7 @@ import pytest
 import torch
 
 import workshop_utils as wu
-from test_exercise_answers import CALLS, GRADS, outcome
+from test_exercise_answers import CALLS, GRADS
 from workshop_utils.exercises.exercise_cells import NotYet
 from workshop_utils.spine.timing import Timings
 from workshop_utils.system.errors import WorkshopError
