@@ -87,7 +87,40 @@ def test_3_3_a_step_that_gives_a_weight_another_shape_is_judged_not_called_the_c
         next(model.parameters()).data = torch.zeros(7)  # no longer the layer's shape, nor one that broadcasts
         return loss
 
-    said(refusal(lambda: wu.check_amp_step(reshaping, CPU)), ["changed the weights"], ["the check itself failed"])
+    said(refusal(lambda: wu.check_amp_step(reshaping, CPU)), ["changed the model", "0.weight has the shape (7,)"],
+         ["the check itself failed", "optimizer.step() yourself"])
+
+
+def _then(change):
+    def step(model, images, labels, optimizer, scaler):
+        loss = amp_step()(model, images, labels, optimizer, scaler)
+        change(model)
+        return loss
+    return step
+
+
+def _replace_last(model):
+    model[2] = torch.nn.Identity()
+
+
+@pytest.mark.parametrize("change, named", [
+    # a layer gone from the end passed: compared layer by layer with the start, the shorter model ran out first
+    (_replace_last, "it removed 2.weight, 2.bias"),
+    (lambda model: setattr(model[2], "bias", None), "it removed 2.bias"),
+    # told "stepped an optimizer of its own": the new layer had no optimizer state
+    (lambda model: model.append(torch.nn.Linear(10, 10)), "it added 3.weight, 3.bias"),
+    # told "the check itself failed" (a tensor on meta compared with one on the CPU)
+    (lambda model: model.to("meta"), "0.weight has the device meta, not cpu"),
+    (lambda model: model.double(), "0.weight has the dtype torch.float64, not torch.float32"),
+], ids=["last-layer-replaced", "last-bias-removed", "layer-added", "moved-to-meta", "made-double"])
+def test_3_3_a_step_that_changes_the_model_itself_is_told_what_it_changed(change, named):
+    said(refusal(lambda: wu.check_amp_step(_then(change), CPU)), ["changed the model, not only its weights' values",
+                                                                  named], ["the check itself failed", "its own"])
+
+
+def test_3_3_a_model_made_half_after_the_step_is_told_autocast_chooses_float16():
+    said(refusal(lambda: wu.check_amp_step(_then(lambda model: model.half()), CPU)), ["dtype torch.float16",
+                                                                                      "let autocast"], [])
 
 
 def test_3_3_the_solution_still_passes(capsys):

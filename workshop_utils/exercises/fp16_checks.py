@@ -141,12 +141,28 @@ def _amp_trial(amp_step, device: torch.device, init_scale: float, exercise: str,
     return model, scaler, loss, dtypes, optimizer
 
 
+def _reshaped(model: nn.Module, start: nn.Module) -> str:
+    """What the step changed of the model but its weights' values (a layer gone or added, a shape, a dtype, the
+    device), in words; "" for nothing. A value compared layer by layer would miss a layer gone from the end."""
+    mine, before = dict(model.named_parameters()), dict(start.named_parameters())
+    gone, added = [n for n in before if n not in mine], [n for n in mine if n not in before]
+    if gone or added:
+        return "; ".join(f"{words} {', '.join(names)}" for words, names in (("it removed", gone), ("it added", added))
+                         if names)
+    for name, p in mine.items():
+        for what, now, was in (("shape", tuple(p.shape), tuple(before[name].shape)), ("dtype", p.dtype,
+                               before[name].dtype), ("device", p.device.type, before[name].device.type)):
+            if now != was:
+                return f"{name} has the {what} {now}, not {was}"
+    return ""
+
+
 def _same_update(model: nn.Module, reference: nn.Module, start: nn.Module, tolerance: float = 0.02) -> bool:
     """Every parameter moved as the reference step moved it, to ``tolerance``: fp16 rounding moves the update by far
     less than 1%, every mistake by far more."""
+    if _reshaped(model, start):
+        return False
     for p, q, s in zip(model.parameters(), reference.parameters(), start.parameters()):
-        if p.shape != s.shape:  # a weight the step gave another shape moved unlike any step: compared, it raises
-            return False
         mine, theirs = p.detach().float() - s.detach().float(), q.detach().float() - s.detach().float()
         if not bool(torch.isfinite(mine).all()) or \
                 float((mine - theirs).norm()) > tolerance * float(theirs.norm()) + 1e-7:
@@ -170,6 +186,10 @@ def check_amp_step(amp_step, device: torch.device, exercise: str = "Exercise 3.3
     # GradScaler sets its _scale on the first scaler.scale(loss): still None, the step scaled with another one
     require(scaler._scale is not None, exercise, "`amp_step` never used the `scaler` it is given: a GradScaler made "
             "in the step starts from its first scale every step.", "scale, step and update through `scaler`.")
+    changed = _reshaped(model, start)
+    require(not changed, exercise, f"`amp_step` changed the model, not only its weights' values: {changed}.",
+            _HALF if "dtype torch.float16" in changed else "leave the model as it is given: the step only moves its "
+            "weights, through scaler.step(optimizer).")
     skipped, skipped_scaler, *_ = _amp_trial(amp_step, device, overflow, exercise)
     require(_same_update(skipped, start, start, tolerance=0), exercise, "a step whose gradients overflowed changed "
             "the weights.", "let scaler.step(optimizer) decide: do not call optimizer.step() yourself.")
