@@ -1566,3 +1566,22 @@ def test_shards_that_overlap_only_after_epoch_0_are_named():
     said = list(_data(records, [], None, 3, {}))
     assert len(said) == 1 and said[0][0].startswith("ranks 0 and 1 share 50% of their samples in epoch 1"), said
     assert "with the same epoch on every rank" in said[0][1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old, new, verdict", [
+    ("    dist.destroy_process_group()\n", "    dist.destroy_process_group()\n    os._exit(0)\n", None),
+    ('        print(f"saved {out / \'checkpoint.pt\'}", flush=True)\n',
+     '        print(f"saved {out / \'checkpoint.pt\'}", flush=True)\n        os._exit(0)\n', "process group still open"),
+], ids=["after-closing-the-group", "rank-0-after-its-save"])
+def test_a_script_that_ends_with_os_exit_is_judged_when_it_ends_not_at_the_limit(tmp_path, old, new, verdict):
+    """A rank forked from its agent that ended by os._exit(0) returned no value to torchrun, which waited for it
+    until the check's limit ("it was still going"); torchrun running the script as a process sees exit status 0."""
+    script = mutated(tmp_path, old, new)
+    check = lambda: wu.check_ddp_lab(script, tmp_path, args=SMALL, echo=False, timeout_s=240)  # noqa: E731
+    if verdict is None:
+        assert check().ranks == 3
+    else:
+        with pytest.raises(NotYet, match=verdict):
+            check()
+    assert _processes_running(tmp_path) == []

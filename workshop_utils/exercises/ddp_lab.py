@@ -98,6 +98,27 @@ class Tee:
         return getattr(self._stream, name)
 
 
+class _ExitCalled(BaseException):
+    """The script's os._exit(code), in its rank's main thread: ended as SystemExit(code) would end it."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _exit_as_a_process_would(rank_pid: int, real_exit=os._exit):
+    """os._exit for the script's run. A rank forked from its agent (the CPU lab) tells torchrun that it ended by a
+    value it returns: ended by os._exit(0), it returns none, and the agent waits for it until the check's limit,
+    where torchrun running the script as a process of its own sees exit status 0 at once. So in the rank's main
+    thread os._exit ends the script as SystemExit would (a `finally` of the script still runs); anywhere else (a
+    forked DataLoader worker, a thread) it is the real one."""
+    def exit_(code: int) -> None:
+        if os.getpid() == rank_pid and threading.current_thread() is threading.main_thread():
+            raise _ExitCalled(code)
+        real_exit(code)
+    return exit_
+
+
 def _probe(folder: Path, script: str, args: list[str]) -> None:
     """Run ``script`` as ``__main__`` while recording what it does to PyTorch; write the record at the end."""
     import torch
@@ -165,11 +186,12 @@ def _probe(folder: Path, script: str, args: list[str]) -> None:
     sys.path.insert(0, str(Path(script).resolve().parent))  # as `python script` would
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as stop:
+        with mock.patch.object(os, "_exit", _exit_as_a_process_would(os.getpid())):
+            runpy.run_path(script, run_name="__main__")
+    except (SystemExit, _ExitCalled) as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code:
-            record["error"] = f"SystemExit: {stop.code}"
+            record["error"] = f"{'SystemExit' if isinstance(stop, SystemExit) else 'os._exit'}: {stop.code}"
             record_failure(stop)
     except BaseException as err:  # noqa: BLE001 - recorded, shown as the script's own traceback, then exit 1
         record["error"] = f"{type(err).__name__}: {err}"
