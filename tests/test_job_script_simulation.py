@@ -348,3 +348,16 @@ def test_a_stand_in_gets_every_message_the_runner_sent_whatever_one_read_brings(
     finally:
         mine.close()
         runners.close()
+
+
+@needs_namespaces
+@pytest.mark.parametrize("foreground", ["sleep 300", "srun --overlap --ntasks-per-node=1 sleep 300"])
+def test_a_step_with_overlap_holds_no_cores_from_a_launch_it_follows(foreground):
+    """Slurm counts no cores used for a step started with --overlap. The simulation counted them: the launch in the
+    background, racing a foreground `srun --overlap`, could wait for its cores, and the job was told "nothing
+    started torchrun". A foreground command that holds the trap past the warning is named, srun's as sleep's."""
+    text = script().replace(' "$@" &\n', f' "$@" &\npid=$!\n{foreground}\n').replace(
+        WAIT, "while ! wait $pid; do kill -0 $pid 2>/dev/null || break; done")
+    said = refused(lambda: wu.check_job_script(text), "the warning reached 0 of 2 training processes",
+                   f"the batch shell was running `{foreground}`")
+    assert "nothing started torchrun" not in said

@@ -234,11 +234,12 @@ class Runner:
             self.waiting.append(conn)
 
     def grant(self, conn: Conn) -> bool:
-        """A step without --overlap gets its cores only where no other step holds them."""
+        """A step without --overlap gets its cores only where no other step holds them. A step with --overlap holds
+        none: Slurm counts no cores used for it (a launch after `srun --overlap ... &` still starts)."""
         step = self.steps[conn]
         held = collections.Counter()
         for other in self.steps.values():
-            if other is not step and other["granted"]:
+            if other is not step and other["granted"] and not other["overlap"]:
                 held.update(other["cpus"])
         if not step["overlap"] and any(held[node] + cpus > self.config["cpus_per_node"]
                                        for node, cpus in step["cpus"].items()):
