@@ -547,3 +547,19 @@ def test_r6_f7_a_speed_up_given_to_two_digits_is_shown_with_two(capsys):
     said(capsys.readouterr().out, ["2 workers: 1.4x measured"], ["1.40x"])
     assert wu.check_next_fix("backward_ms", 1.4, PHASES) is True  # 1 / (0.4 + 0.3) = 1.43
     said(capsys.readouterr().out, ["twice as fast gives 1.4x"], ["1.40x"])
+
+
+def _generator_step(model, images, labels, optimizer, scaler):
+    yield amp_step()(model, images, labels, optimizer, scaler)
+
+
+async def _coroutine_step(model, images, labels, optimizer, scaler):
+    return amp_step()(model, images, labels, optimizer, scaler)
+
+
+@pytest.mark.parametrize("step, named", [(_generator_step, "is a generator (its body holds yield)"),
+                                         (_coroutine_step, "is a coroutine (async def)")], ids=["yield", "async"])
+def test_a_function_answer_that_a_call_does_not_run_is_named_for_what_it_is(step, named):
+    """Told "`amp_step` never ran the model": a generator's or a coroutine's body does not run when it is called."""
+    said(refusal(lambda: wu.check_amp_step(step, CPU)), [named, "without yield or async"], ["never ran the model"])
+    said(refusal(lambda: wu.check_loader_choice(step, None, 0)), [f"`loader_choice` {named}"], [])

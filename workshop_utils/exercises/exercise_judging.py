@@ -270,6 +270,12 @@ def attendee_function(function, exercise: str, name: str, arguments: str) -> Non
                      "write the function in the exercise cell and run it.")
     require(callable(function), exercise, f"`{name}` should be a function, got {described(function)}.",
             f"define it with def {name}({arguments}):")
+    # called, a generator or a coroutine function runs none of its body: say what it is, not what it never did
+    kind_of = ("a generator (its body holds yield)" if inspect.isgeneratorfunction(function) or
+               inspect.isasyncgenfunction(function) else "a coroutine (async def)"
+               if inspect.iscoroutinefunction(function) else "")
+    require(not kind_of, exercise, f"`{name}` is {kind_of}: a call runs none of its body.",
+            f"define it with def {name}({arguments}): and return the answer, without yield or async.")
 
 
 def called(function, exercise: str, name: str, *args, failure=None):
