@@ -361,3 +361,12 @@ def test_a_step_with_overlap_holds_no_cores_from_a_launch_it_follows(foreground)
     said = refused(lambda: wu.check_job_script(text), "the warning reached 0 of 2 training processes",
                    f"the batch shell was running `{foreground}`")
     assert "nothing started torchrun" not in said
+
+
+@needs_namespaces
+def test_a_kill_of_the_scripts_own_before_the_warning_is_named_not_the_launch_line():
+    """`kill -TERM $!` a few seconds after the launch was told to "keep the template's launch line", which it kept."""
+    text = script().replace(' "$@" &\n', ' "$@" &\nsleep 5; kill -TERM $!\n')
+    said = refused(lambda: wu.check_job_script(text), "training ended before the warning came: SIGTERM reached it 5 s "
+                   "into the job, sent by the script itself", "no kill, pkill or scancel of your own before it")
+    assert "keep the template's launch line" not in said

@@ -267,12 +267,21 @@ class Judge:
     def ended_early(self) -> str | None:
         """A training process that ended before the warning: a failed start, a kill, a step's limit."""
         warned_at = next((e["t"] for e in self.o.events if e["what"] in ("warning", "time_limit")), 1e12)
-        if not any(e["t"] < warned_at and ((e["what"] == "signal" and e["role"] == "training") or e["what"] ==
-                   "training_failed" or (e["what"] == "step_end" and any(e["codes"]))) for e in self.o.events):
+        first = next((e for e in self.o.events if e["t"] < warned_at and (
+            (e["what"] == "signal" and e["role"] == "training") or e["what"] == "training_failed" or
+            (e["what"] == "step_end" and any(e["codes"])))), None)
+        if first is None:
             return None
         local = next((x["local_addr"] for x in self.launches.values() if x.get("local_addr")), None)
         how = f" (--local-addr={local}: the ranks met at an address only its own node reaches)" if local else ""
         said = self.said(r"slurmstepd: error", r"DistNetworkError", r"Error: ", r"line \d+: ")
+        if first["what"] == "signal" and not (how or said):  # no tool said why: a kill of the script's own
+            saved = " and saved its checkpoint that early" if any(
+                e["what"] == "checkpoint" and e["t"] < warned_at for e in self.o.events) else ": no checkpoint"
+            return (f"{self.where}training ended before the warning came: {first['signal']} reached it "
+                    f"{first['t']:g} s into the job, sent by the script itself, not by Slurm's warning{saved}. Fix: "
+                    "signal the training only from the trap, when the warning comes: no kill, pkill or scancel of "
+                    "your own before it.")
         return f"{self.where}training ended before the warning came{how}{said}: no checkpoint. Fix: {LAUNCH_FIX}."
 
     def warning_lost(self) -> str | None:
