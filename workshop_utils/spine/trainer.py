@@ -291,7 +291,8 @@ class TrainingRun:
         self.bar = progress_bar(total=self.total_steps, initial=self.step, desc=config.name, unit="step",
                                 disable=not (config.progress and info.is_main),
                                 mininterval=2.0)  # headless logs get a line every 2 s, not every step
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+        # a step GradScaler skips (an overflow) is no scheduler called out of order: PyTorch's warning says it is
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
     # ---------------------------------------------------------------- set-up
 
