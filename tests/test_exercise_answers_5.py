@@ -24,6 +24,7 @@ import torch
 import workshop_utils as wu
 from test_exercise_answers import CALLS, GRADS
 from workshop_utils.exercises.exercise_cells import NotYet
+from workshop_utils.exercises.exercise_judging import KitDefect
 from workshop_utils.spine.timing import Timings
 from workshop_utils.system.errors import WorkshopError
 
@@ -713,8 +714,9 @@ def test_4_3_a_hole_in_the_top_rungs_row_is_named_as_the_table_not_the_answer(co
     """A NaN in the last row read as "takes — ms, less than another part" or as f = 1; it is the run's, not yours."""
     table = PHASES_43.copy()
     table.loc[1, column] = math.nan
-    with pytest.raises(WorkshopError, match=rf"`breakdown` holds no measured number \(NaN or text\) in {column}\. "
-                                            r"Fix: run the cell that made `breakdown` again") as caught:
+    with pytest.raises(WorkshopError, match=rf"`breakdown` holds no measured number \(NaN, inf or text\) in {column} "
+                                            r"of the row the exercise reads\. Fix: run the cell that made `breakdown` "
+                                            "again") as caught:
         wu.check_next_fix("backward_ms", amdahl_half(1308 / 1809), table)
     assert not isinstance(caught.value, NotYet)
     table.loc[0, column] = math.nan  # the baseline's row is no input of 4.3: its holes are not read
@@ -722,15 +724,23 @@ def test_4_3_a_hole_in_the_top_rungs_row_is_named_as_the_table_not_the_answer(co
     assert wu.check_next_fix("backward_ms", amdahl_half(1308 / 1809), table) is True
 
 
-@pytest.mark.parametrize("row, column", [(0, "samples_per_s"), (2, "samples_per_s"), (0, "data_wait_fraction")])
-def test_4_1_a_hole_in_the_sweep_is_named_as_the_table_not_as_the_answers_nan(row, column):
-    """A NaN in the starting row was told "`measured_speedup` is nan"; one in another row passed unseen."""
-    sweep = loader_sweep(520.0)
-    sweep.loc[row, column] = math.nan
-    with pytest.raises(WorkshopError, match=rf"`loader_sweep` holds no measured number \(NaN or text\) in {column} "
-                                            "of some row") as caught:
+@pytest.mark.parametrize("column, hole", [("samples_per_s", math.nan), ("data_wait_fraction", math.nan),
+                                          ("samples_per_s", "100"), ("data_wait_fraction", math.inf)])
+def test_4_1_a_hole_in_the_starting_row_is_named_as_the_table_not_as_the_answers_nan(column, hole):
+    """A NaN in the starting row was told "`measured_speedup` is nan"; text there, "your code raised TypeError"."""
+    sweep = loader_sweep(520.0).astype({column: object})
+    sweep.loc[0, column] = hole
+    with pytest.raises(WorkshopError, match=rf"`loader_sweep` holds no measured number \(NaN, inf or text\) in "
+                                            f"{column} of the row the exercise reads") as caught:
         wu.check_loader_choice(rounded_choice(None), sweep, 0)
     assert not isinstance(caught.value, NotYet)
+
+
+def test_4_1_a_row_without_a_measurement_is_no_candidate_for_the_fastest():
+    """A sweep row whose run measured nothing (NaN) is passed over, as idxmax passes it over; the rest is judged."""
+    sweep = loader_sweep(520.0)
+    sweep.loc[3, "samples_per_s"] = math.nan
+    assert wu.check_loader_choice(rounded_choice(None), sweep, 0) is True
 
 
 @pytest.mark.parametrize("start", ["0", None, 0.5, -1, True])
@@ -740,3 +750,13 @@ def test_4_1_a_starting_row_that_is_no_worker_count_is_named_so(start):
         wu.check_loader_choice(rounded_choice(None), loader_sweep(520.0), start)
     assert not isinstance(caught.value, NotYet)
     assert wu.check_loader_choice(rounded_choice(None), loader_sweep(520.0), 0.0) is True
+
+
+@pytest.mark.parametrize("hole", ["10", math.inf, None], ids=["text", "inf", "None"])
+def test_4_3_text_or_inf_in_the_judged_row_is_the_tables_not_the_checks_failure(hole):
+    """Text "10" in step_ms was a KitDefect (a division of text); inf passed with any answer near 1."""
+    table = PHASES_43.astype({"step_ms": object})
+    table.loc[1, "step_ms"] = hole
+    with pytest.raises(WorkshopError, match=r"holds no measured number \(NaN, inf or text\) in step_ms") as caught:
+        wu.check_next_fix("backward_ms", 1.0, table)
+    assert not isinstance(caught.value, (NotYet, KitDefect))

@@ -2,6 +2,7 @@
 answer is a function, run on a sweep the check builds too: on a measured one some mistakes are right by chance."""
 
 import math
+import numbers
 
 import numpy as np
 import pandas as pd
@@ -23,13 +24,15 @@ def _sweep_table(sweep, name: str, columns: set, exercise: str) -> None:
               f"pass `{name}`, the table the sweep cell made, as the check cell does.")
 
 
-def _measured(table, columns, exercise: str, name: str) -> None:
-    """One line where a measured table holds no number (a NaN, text) in a column the check reads: a run that went
-    wrong, which no answer can be judged against."""
-    empty = [c for c in columns if not pd.to_numeric(table[c], errors="coerce").notna().all()]
-    kit_input(not empty, f"{exercise}: `{name}` holds no measured number (NaN or text) in "
-              f"{', '.join(empty)}{'' if len(table) == 1 else ' of some row'}.",
-              f"run the cell that made `{name}` again, then this check.")
+def _measured(row, columns, exercise: str, name: str) -> None:
+    """One line where the row of a measured table that the exercise reads holds no number (NaN, inf, text) in a
+    column the check reads: a run that went wrong, which no answer can be judged against."""
+    def number(value) -> bool:
+        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+
+    empty = [c for c in columns if not number(row[c])]
+    kit_input(not empty, f"{exercise}: `{name}` holds no measured number (NaN, inf or text) in {', '.join(empty)} of "
+              "the row the exercise reads.", f"run the cell that made `{name}` again, then this check.")
 
 
 def constructed_loader_sweep(pinned: bool = True):
@@ -98,7 +101,6 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
     _sweep_table(loader_sweep, "loader_sweep", {"num_workers", "pin_memory", "samples_per_s", "data_wait_fraction"},
                  exercise)
-    _measured(loader_sweep, ["samples_per_s", "data_wait_fraction"], exercise, "loader_sweep")
     workers = pd.to_numeric(pd.Series([start_workers]), errors="coerce").iloc[0]
     kit_input(not isinstance(start_workers, (bool, str, bytes)) and workers >= 0 and float(workers).is_integer(),
               f"{exercise}: the starting row's workers should be a whole number, got {short(repr(start_workers), 40)}.",
@@ -106,6 +108,7 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
     rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
     kit_input(not rows.empty, f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
               "pass the table the notebook measured.")
+    _measured(rows.iloc[0], ["samples_per_s", "data_wait_fraction"], exercise, "loader_sweep")
     measured = _loader_answers(loader_choice, loader_sweep, rows.iloc[0], exercise)
     workers, speedup, bound = _judge_loader(measured, loader_sweep, rows.iloc[0], exercise)
     table, start = constructed_loader_sweep(pinned=bool(loader_sweep.pin_memory.any()))
@@ -217,7 +220,7 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
     parts, top = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"], breakdown.iloc[-1]
     kit_input("step_ms" in breakdown.columns and not breakdown.empty, f"{exercise}: `breakdown` should hold a row per "
               "rung with its step_ms.", "pass `breakdown`, the whole table, as the check cell does.")
-    _measured(breakdown.iloc[[-1]], [*parts, "step_ms"], exercise, "breakdown")
+    _measured(breakdown.iloc[-1], [*parts, "step_ms"], exercise, "breakdown")
     require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.")
     require(isinstance(biggest_phase, str), exercise, f"`biggest_phase` should be a column name (text), got "
             f"{described(biggest_phase)}.", f"assign the name of one of {', '.join(parts)}.")
