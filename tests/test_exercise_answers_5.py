@@ -760,3 +760,15 @@ def test_4_3_text_or_inf_in_the_judged_row_is_the_tables_not_the_checks_failure(
     with pytest.raises(WorkshopError, match=r"holds no measured number \(NaN, inf or text\) in step_ms") as caught:
         wu.check_next_fix("backward_ms", 1.0, table)
     assert not isinstance(caught.value, (NotYet, KitDefect))
+
+
+@pytest.mark.parametrize("start", [torch.tensor(0), np.array(0), np.int64(0)], ids=["tensor", "array", "int64"])
+def test_4_1_a_starting_worker_count_held_in_a_0d_tensor_is_read(start):
+    """A 0-d tensor or array was a KitDefect ("len() of a 0-d tensor"); the kit reads numbers one way everywhere."""
+    assert wu.check_loader_choice(rounded_choice(None), loader_sweep(520.0), start) is True
+
+
+def test_4_3_an_empty_table_is_named_not_the_checks_failure():
+    with pytest.raises(WorkshopError, match="should hold a row per rung") as caught:
+        wu.check_next_fix("backward_ms", 1.5, PHASES_43.iloc[0:0])
+    assert not isinstance(caught.value, KitDefect)

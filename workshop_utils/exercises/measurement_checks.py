@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..lessons.sweeps import METRICS, amdahl_speedup
 from ..system.display import format_number
+from .answer_values import Problem, number_of
 from .cell_again import judge_cell_again
 from .exercise_cells import NotYet, passed, require, require_answered
 from .exercise_judging import (accepted, as_given, attendee_function, called, checked, count, described, kit_input,
@@ -101,11 +102,14 @@ def check_loader_choice(loader_choice, loader_sweep, start_workers: int, exercis
     attendee_function(loader_choice, exercise, "loader_choice", "sweep, start")
     _sweep_table(loader_sweep, "loader_sweep", {"num_workers", "pin_memory", "samples_per_s", "data_wait_fraction"},
                  exercise)
-    workers = pd.to_numeric(pd.Series([start_workers]), errors="coerce").iloc[0]
-    kit_input(not isinstance(start_workers, (bool, str, bytes)) and workers >= 0 and float(workers).is_integer(),
+    try:  # the kit's reading of a number: a 0-d tensor too, and no text or truth value
+        workers = number_of(start_workers)
+    except Problem:
+        workers = math.nan
+    kit_input(workers >= 0 and workers.is_integer(),
               f"{exercise}: the starting row's workers should be a whole number, got {short(repr(start_workers), 40)}.",
               "pass baseline.num_workers, as the check cell does.")
-    rows = loader_sweep[(loader_sweep.num_workers == start_workers) & ~loader_sweep.pin_memory.astype(bool)]
+    rows = loader_sweep[(loader_sweep.num_workers == workers) & ~loader_sweep.pin_memory.astype(bool)]
     kit_input(not rows.empty, f"{exercise}: no row of the table has {start_workers} workers, unpinned.",
               "pass the table the notebook measured.")
     _measured(rows.iloc[0], ["samples_per_s", "data_wait_fraction"], exercise, "loader_sweep")
@@ -217,10 +221,10 @@ def check_next_fix(biggest_phase, step_speedup, breakdown, exercise: str = "Exer
     """The top rung's largest part (ties as shown all are), and Amdahl's speed-up if it ran twice as fast."""
     kit_input(hasattr(breakdown, "columns"), f"{exercise}: `breakdown` should be the table, got "
               f"{described(breakdown)}.", "pass `breakdown`, the whole table, as the check cell does.")
-    parts, top = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"], breakdown.iloc[-1]
     kit_input("step_ms" in breakdown.columns and not breakdown.empty, f"{exercise}: `breakdown` should hold a row per "
               "rung with its step_ms.", "pass `breakdown`, the whole table, as the check cell does.")
-    _measured(breakdown.iloc[-1], [*parts, "step_ms"], exercise, "breakdown")
+    parts, top = [c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"], breakdown.iloc[-1]
+    _measured(top, [*parts, "step_ms"], exercise, "breakdown")
     require_answered(biggest_phase, exercise, "`biggest_phase` is still the placeholder `...`.")
     require(isinstance(biggest_phase, str), exercise, f"`biggest_phase` should be a column name (text), got "
             f"{described(biggest_phase)}.", f"assign the name of one of {', '.join(parts)}.")
